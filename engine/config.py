@@ -1,0 +1,98 @@
+"""Configuration: model presets, engine knobs, and the loop-mode dispatch rules of the seed."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+MODES = ("normal", "overlap", "thread", "ahead")
+THREAD_MODES = ("thread", "ahead")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 512
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    intermediate: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    max_context: int = 1024
+
+
+MODEL_PRESETS = {
+    # Small enough that a CPU test forwards a batch in a few milliseconds.
+    "tiny": ModelConfig(),
+    # A GPU-sized model: big enough that the forward dominates host work, as in production.
+    "large": ModelConfig(vocab_size=32000, hidden=2048, layers=16, heads=16, kv_heads=4, head_dim=128,
+                         intermediate=5632, max_context=16384),
+}
+
+
+@dataclass
+class EngineConfig:
+    mode: str = "ahead"
+    model: str = "tiny"
+    page_size: int = 16
+    num_pages: int = 512
+    max_slots: int = 64
+    chunk_size: int = 128          # max tokens of one request in one batch (chunked prefill)
+    max_batch_tokens: int = 256    # per-batch token budget
+    max_batch_reqs: int = 16
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention_backend: str = "auto"  # auto | torch | triton
+    seed: int = 0
+    # Scheduler-side cost per admitted request, in microseconds of real host work (a stand-in for
+    # SGLang's admission cost: tokenizer bookkeeping, radix matching on a big tree, grammar setup).
+    admission_cost_us: float = 0.0
+    inject: frozenset = field(default_factory=frozenset)  # mutation switches (see engine/inject.py)
+    # Disaggregated-prefill dispatch conditions of the seed. The engine is a disaggregated prefill
+    # instance by default; the flags exist so dispatch can refuse what SGLang refuses.
+    disaggregation_mode: str = "prefill"
+    pp_size: int = 1
+    enable_overlap: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.model not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        if self.page_size < 1 or self.chunk_size < self.page_size:
+            raise ValueError("page_size must be >= 1 and chunk_size >= page_size")
+        # Non-final chunks end on a page boundary so that every KV send covers whole pages except the
+        # request's very last one (SGLang aligns the chunked-prefill size to the page size likewise).
+        self.chunk_size -= self.chunk_size % self.page_size
+        self.max_batch_tokens = max(self.max_batch_tokens, self.chunk_size)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return MODEL_PRESETS[self.model]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def mode_from_env(default: str = "overlap") -> str:
+    """The seed's two switches, under SGLang's names: FWD_THREAD alone is the validation mode,
+    both together enable admit-ahead; AHEAD without FWD_THREAD does nothing (as in SGLang)."""
+    if _env_flag("SGLANG_ENABLE_PREFILL_FWD_THREAD"):
+        return "ahead" if _env_flag("SGLANG_PREFILL_FWD_THREAD_AHEAD") else "thread"
+    return default
+
+
+def check_dispatch(cfg: EngineConfig) -> None:
+    """Refuse the configurations for which SGLang never enters these loops."""
+    if cfg.mode == "normal":
+        return
+    if cfg.disaggregation_mode != "prefill":
+        raise ValueError(f"mode {cfg.mode!r} needs a disaggregated prefill instance "
+                         f"(disaggregation_mode=prefill), got {cfg.disaggregation_mode!r}")
+    if cfg.pp_size != 1:
+        raise ValueError(f"mode {cfg.mode!r} needs pipeline parallel size 1, got {cfg.pp_size} "
+                         "(PP>1 has its own loop in SGLang)")
+    if not cfg.enable_overlap:
+        raise ValueError(f"mode {cfg.mode!r} needs overlap scheduling enabled; use --mode normal instead")

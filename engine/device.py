@@ -1,0 +1,121 @@
+"""Streams and events with CUDA semantics, on CUDA and on CPU.
+
+On CUDA these wrap `torch.cuda.Stream` / `torch.cuda.Event`: `launch(fn)` runs `fn` on the host with
+the stream current, so the kernels it enqueues run asynchronously on that stream.
+
+On CPU there is no device queue, so each stream is an in-order executor thread: `launch(fn)` enqueues
+`fn` and returns at once, and `fn` (torch ops, which release the GIL) runs later on the stream thread.
+Events are recorded into a stream's queue and complete when the stream reaches them; another stream
+can be made to wait for an event (its queue blocks there), and the host can query or synchronize.
+This reproduces what the overlap optimizations depend on: asynchronous submission, deferred
+completion, cross-stream dependencies, and the write-after-read hazard when a barrier is missing.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+
+
+class CpuEvent:
+    def __init__(self):
+        self._done = threading.Event()
+        self._recorded = False
+
+    def record(self, stream: "CpuStream") -> "CpuEvent":
+        self._recorded = True
+        self._done.clear()
+        stream.launch(self._done.set)
+        return self
+
+    def query(self) -> bool:
+        return (not self._recorded) or self._done.is_set()
+
+    def synchronize(self) -> None:
+        if self._recorded:
+            self._done.wait()
+
+
+class CpuStream:
+    """An in-order queue of host callables, executed by one thread named `stream:<name>`."""
+
+    def __init__(self, name: str, on_error=None):
+        self.name = name
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._on_error = on_error
+        self._thread = threading.Thread(target=self._run, name=f"stream:{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            fn = self._q.get()
+            if fn is None:
+                return
+            if self._error is not None:
+                # A failed stream completes its remaining events (so no waiter hangs) but runs no work.
+                if getattr(fn, "__self__", None) is not None and getattr(fn, "__name__", "") == "set":
+                    fn()
+                continue
+            try:
+                fn()
+            except BaseException as exc:  # surfaced on the host at the next synchronize/check
+                self._error = exc
+                if self._on_error:
+                    self._on_error(exc)
+
+    def launch(self, fn, *args) -> None:
+        self._q.put((lambda: fn(*args)) if args else fn)
+
+    def wait_event(self, event: CpuEvent) -> None:
+        if event._recorded:
+            self._q.put(event._done.wait)
+
+    def record_event(self) -> CpuEvent:
+        return CpuEvent().record(self)
+
+    def synchronize(self) -> None:
+        self.record_event().synchronize()
+        self.check()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"stream {self.name} failed: {self._error!r}") from self._error
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+
+class CudaStream:
+    def __init__(self, name: str, device, on_error=None):
+        self.name = name
+        self.s = torch.cuda.Stream(device=device)
+
+    def launch(self, fn, *args) -> None:
+        with torch.cuda.stream(self.s):
+            fn(*args)
+
+    def wait_event(self, event) -> None:
+        self.s.wait_event(event)
+
+    def record_event(self):
+        ev = torch.cuda.Event()
+        ev.record(self.s)
+        return ev
+
+    def synchronize(self) -> None:
+        self.s.synchronize()
+
+    def check(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.s.synchronize()
+
+
+def make_stream(name: str, device: torch.device):
+    if device.type == "cuda":
+        return CudaStream(name, device)
+    return CpuStream(name)

@@ -1,0 +1,36 @@
+"""Mutation switches: realistic bugs, each off by default, each turned on by name (`--inject NAME`).
+
+Every use site is marked `# MUTANT:` in the engine. `checker/fuzz.py` runs the engine with each one on
+and requires that a rule violation or a wrong output catches it."""
+from __future__ import annotations
+
+MUTANTS = {
+    "live-batch": "the forward worker reads the live batch, no snapshot",
+    "deepcopy-chunked-req": "a chunked Req is deep-copied, so the middle-chunk decrement lands on a copy",
+    "sample-before-collect": "deferred sampling of batch N is launched after submit(N+1), while forward N+1 runs",
+    "prefix-send-on-worker": "ahead mode passes early_send_prefix=True: the worker sends the cached prefix",
+    "no-war-barrier": "the next batch's staging write does not wait for forward N's reads",
+    "two-forwards": "input queue of capacity 2: the next batch is submitted before the previous is collected",
+    "non-idempotent-copy-for-forward": "copy_for_forward applied twice folds the logit bias twice",
+    "floor-page-count": "the sender rounds the tail page count down",
+    "free-slot-before-forward-done": "a finished request's slot and pages are freed while a forward still reads them",
+    "send-before-forward-done": "a chunk's KV is sent before the forward that writes it has finished",
+}
+
+_active: frozenset = frozenset()
+
+
+def set_active(names) -> None:
+    global _active
+    names = frozenset(names or ())
+    unknown = names - set(MUTANTS) - set(DECODE_MUTANTS)
+    if unknown:
+        raise ValueError(f"unknown mutant(s): {', '.join(sorted(unknown))}")
+    _active = names
+
+
+def on(name: str) -> bool:
+    return name in _active
+
+
+DECODE_MUTANTS: dict[str, str] = {}

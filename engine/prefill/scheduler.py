@@ -1,0 +1,381 @@
+"""The prefill scheduler: admission, run_batch, the WAR barrier, deferred sampling, result processing
+and the KV inflight queue. The four event loops that call these live in loops.py.
+
+Every ordering point emits a trace event (docs/trace-format.md); names follow SGLang's so the code
+can be read beside `disaggregation/prefill.py` and `managers/scheduler.py`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .. import inject
+from ..attention import ExtendMeta, make_backend
+from ..config import EngineConfig
+from ..device import make_stream
+from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
+from ..model import TinyLlama
+from ..request import Req, SamplingBatchInfo, ScheduleBatch
+from ..trace import NullTracer, obj_id
+from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
+
+
+class EngineError(RuntimeError):
+    """A failure that ends the run; the CLI prints its message on one line."""
+
+
+@dataclass
+class ForwardResult:
+    bid: int
+    bs: int
+    sampling: SamplingBatchInfo
+    done_event: object          # forward finished on the device (KV written, logits ready)
+    war_event: object           # forward finished reading the shared input buffers
+    future_slots: torch.Tensor = None
+    copy_event: object = None   # sampled tokens copied to the host
+    host_tokens: list | None = None
+
+
+class PrefillScheduler:
+    def __init__(self, cfg: EngineConfig, requests: list[Req], *, tracer=None, receiver=None, model=None):
+        self.cfg = cfg
+        self.tr = tracer or NullTracer()
+        self.device = torch.device(cfg.device)
+        mc = cfg.model_config
+        self.mc = mc
+        dtype = getattr(torch, cfg.dtype)
+        self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device)
+        self.backend = make_backend(cfg.attention_backend, self.device)
+        self.pool = KVPool(cfg.num_pages, cfg.page_size, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
+        self.req_to_token = ReqToTokenPool(cfg.max_slots, mc.max_context, self.device)
+        self.cache = PrefixCache(self.pool)
+        # Streams: staging writes on `schedule`, the model and sampling on `forward`, D2H on `copy`.
+        self.sched_stream = make_stream("schedule", self.device)
+        self.fwd_stream = make_stream("forward", self.device)
+        self.copy_stream = make_stream("copy", self.device)
+        # Persistent input buffers shared by every batch (as CUDA-graph buffers are): the reason the
+        # WAR barrier exists.
+        n, bs = cfg.max_batch_tokens, cfg.max_batch_reqs
+        self.buf_ids = torch.zeros(n, dtype=torch.int32, device=self.device)
+        self.buf_pos = torch.zeros(n, dtype=torch.int32, device=self.device)
+        self.buf_loc = torch.zeros(n, dtype=torch.int32, device=self.device)
+        self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
+        self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
+        self._future_next = 0
+        self.receiver = receiver or KVReceiverStore()
+        self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
+        self.astore = AttentionStore(self.pool, self.copy_stream)
+
+        self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        self.total = len(requests)
+        self.waiting: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.inflight: list[Req] = []
+        self.done: list[Req] = []
+        self.last_batch: ScheduleBatch | None = None
+        self._next_bid = 0
+        self.t0 = time.monotonic()
+        self.stats = dict(batches=0, tokens=0, uncached_tokens=0, cached_tokens=0)
+
+    # ---- loop-top steps ------------------------------------------------------------------------
+    def retire_ascache_writes(self) -> None:
+        self.astore.retire()
+
+    def ingest_requests(self) -> None:
+        now = time.monotonic() - self.t0
+        while self.arrivals and self.arrivals[0].arrival_s <= now:
+            req = self.arrivals.pop(0)
+            req.sender = KVSender(self.transfer, req.bootstrap_room, self.cfg.page_size)
+            self.waiting.append(req)
+
+    @property
+    def finished_all(self) -> bool:
+        return len(self.done) == self.total
+
+    def idle_wait(self) -> None:
+        """Nothing to run: sleep until the next arrival or a short poll interval."""
+        delay = 0.0005
+        if self.arrivals and not self.inflight:
+            delay = max(0.0, min(0.01, self.arrivals[0].arrival_s - (time.monotonic() - self.t0)))
+        time.sleep(delay)
+
+    # ---- admission -----------------------------------------------------------------------------
+    def get_next_batch(self) -> ScheduleBatch | None:
+        """Admission: fold the previous batch, continue the chunked request, admit waiting requests
+        (prefix match, slot and page allocation), cut chunks to the token budget, build inputs."""
+        cfg, ps = self.cfg, self.cfg.page_size
+        if self.last_batch is not None:
+            # As SGLang's filter_batch on the last batch: in place, keeping only the continuing chunk.
+            keep = [i for i, r in enumerate(self.last_batch.reqs) if r is self.chunked_req]
+            self.last_batch.filter(keep)
+            self.last_batch = None
+        budget = cfg.max_batch_tokens
+        picked: list[tuple[Req, int, int, bool]] = []
+        candidates = ([self.chunked_req] if self.chunked_req else []) + list(self.waiting)
+        self.chunked_req = None
+        for req in candidates:
+            if len(picked) >= cfg.max_batch_reqs or budget < ps:
+                break
+            if req.slot is None and not self._prepare(req):
+                break  # out of memory: keep FIFO order, try again next round
+            take = min(req.remaining, cfg.chunk_size, budget)
+            last = take == req.remaining
+            if not last:
+                take -= take % ps
+                if take == 0:
+                    break
+            if not self._alloc_pages(req, req.filled + take):
+                break
+            if req in self.waiting:
+                self.waiting.remove(req)
+            picked.append((req, req.filled, take, last))
+            req.filled += take
+            budget -= take
+            if not last:
+                self.chunked_req = req
+                break  # one chunked request at a time, as in SGLang
+            if cfg.admission_cost_us:
+                _busy_wait_us(cfg.admission_cost_us)
+        if not picked:
+            return None
+        return self._build_batch(picked)
+
+    def _prepare(self, req: Req) -> bool:
+        """First admission of a request: prefix-cache match, a req_to_token slot."""
+        if self.req_to_token.available == 0:
+            return False
+        nodes = self.cache.match(req.prompt, len(req.prompt) - 1)
+        self.cache.lock(nodes)
+        req.prefix_nodes = nodes
+        req.pages = [n.page for n in nodes]
+        req.prefix_len = req.filled = len(nodes) * self.cfg.page_size
+        req.prefix_sent = req.prefix_len == 0
+        req.slot = self.req_to_token.alloc()
+        if req.pages:
+            self.req_to_token.table[req.slot, :req.prefix_len] = self.pool.token_indices(req.pages, 0, req.prefix_len).to(self.device)
+        self.tr.emit("alloc", rid=req.rid, obj=obj_id(req), slot=req.slot)
+        self.stats["cached_tokens"] += req.prefix_len
+        return True
+
+    def _alloc_pages(self, req: Req, end: int) -> bool:
+        need = pages_for(end, self.cfg.page_size) - len(req.pages)
+        if need <= 0:
+            return True
+        if self.pool.available < need:
+            self.cache.evict(need - self.pool.available)
+        pages = self.pool.alloc(need)
+        if pages is None:
+            return False
+        start = len(req.pages) * self.cfg.page_size
+        req.pages.extend(pages)
+        stop = len(req.pages) * self.cfg.page_size
+        self.req_to_token.table[req.slot, start:stop] = self.pool.token_indices(req.pages, start, stop).to(self.device)
+        return True
+
+    def _build_batch(self, picked) -> ScheduleBatch:
+        bid = self._next_bid
+        self._next_bid += 1
+        reqs = [p[0] for p in picked]
+        ids, pos, loc = [], [], []
+        for req, start, take, last in picked:
+            ids.append(torch.tensor(req.prompt[start:start + take], dtype=torch.int32))
+            pos.append(torch.arange(start, start + take, dtype=torch.int32))
+            loc.append(self.req_to_token.table[req.slot, start:start + take].to("cpu"))
+        batch = ScheduleBatch(
+            bid=bid, reqs=reqs, starts=[p[1] for p in picked], extends=[p[2] for p in picked],
+            last_chunk=[p[3] for p in picked], input_ids=torch.cat(ids), positions=torch.cat(pos),
+            out_cache_loc=torch.cat(loc), sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device))
+        self.tr.emit("admit", batch=bid, rids=[r.rid for r in reqs])
+        for req, last in zip(reqs, batch.last_chunk):
+            if not last:
+                req.inflight_middle_chunks += 1
+                self.tr.emit("chunk_inc", rid=req.rid, obj=obj_id(req), value=req.inflight_middle_chunks)
+            elif inject.on("free-slot-before-forward-done"):
+                self._release(req)  # MUTANT: slot and pages freed as soon as the last chunk is scheduled
+        self.stats["batches"] += 1
+        self.stats["tokens"] += batch.num_tokens
+        self.last_batch = batch
+        return batch
+
+    # ---- the forward ---------------------------------------------------------------------------
+    def stage(self, batch: ScheduleBatch) -> None:
+        """Write the batch's inputs into the shared buffers, on the schedule stream. The stream waits
+        for the previous forward's reads (WAR barrier) because it is in order after that wait."""
+        self.tr.emit("stage", batch=batch.bid)
+        n = batch.num_tokens
+        ids, pos, loc = (t.to(self.device, non_blocking=True) for t in (batch.input_ids, batch.positions, batch.out_cache_loc))
+
+        def write():
+            self.buf_ids[:n].copy_(ids)
+            self.buf_pos[:n].copy_(pos)
+            self.buf_loc[:n].copy_(loc)
+
+        self.sched_stream.launch(write)
+        batch.stage_event = self.sched_stream.record_event()
+
+    def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
+        """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
+        if self.tr.enabled:
+            self.tr.emit("fwd_begin", batch=batch.bid, digest=batch.digest())
+        sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
+        if early_send_prefix:
+            for req in batch.reqs:
+                self.maybe_send_cached_prefix(batch, req)
+        if batch.stage_event is None:
+            self.stage(batch)
+        n, bs = batch.num_tokens, len(batch.reqs)
+        ext = batch.extends
+        start_loc = [0]
+        for e in ext[:-1]:
+            start_loc.append(start_loc[-1] + e)
+        dev = self.device
+        meta = ExtendMeta(
+            req_to_token=self.req_to_token.table,
+            req_slots=torch.tensor([r.slot for r in batch.reqs], dtype=torch.int32, device=dev),
+            prefix_lens=torch.tensor(batch.starts, dtype=torch.int32, device=dev),
+            extend_lens=torch.tensor(ext, dtype=torch.int32, device=dev),
+            extend_start_loc=torch.tensor(start_loc, dtype=torch.int32, device=dev),
+            max_extend_len=max(ext), out_cache_loc=self.buf_loc[:n],
+            host_slots=[r.slot for r in batch.reqs], host_prefix=list(batch.starts), host_extend=list(ext))
+        logit_rows = torch.tensor([s + e - 1 for s, e in zip(start_loc, ext)], dtype=torch.int64, device=dev)
+        self.fwd_stream.wait_event(batch.stage_event)
+
+        def forward():
+            logits = self.model.forward(self.buf_ids[:n], self.buf_pos[:n], self.buf_loc[:n], self.pool,
+                                        self.backend, meta, logit_rows)
+            self.logits_buf[:bs].copy_(logits)
+
+        self.fwd_stream.launch(forward)
+        done = self.fwd_stream.record_event()
+        result = ForwardResult(batch.bid, bs, sampling, done_event=done, war_event=done)
+        if inject.on("send-before-forward-done"):
+            for i, req in enumerate(batch.reqs):  # MUTANT: chunk KV sent without waiting for the forward
+                if not batch.last_chunk[i]:
+                    self._send(req, batch.starts[i] + batch.extends[i], None, last=False)
+        if sample_inline:
+            self._launch_sample(result)
+        if self.tr.enabled:
+            self.tr.emit("fwd_end", batch=batch.bid)
+        return result
+
+    def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
+        """Later writes to the shared buffers (on the schedule stream) wait for forward N's reads."""
+        self.tr.emit("war_barrier", batch=batch.bid)
+        if not inject.on("no-war-barrier"):
+            self.sched_stream.wait_event(result.war_event)
+
+    def maybe_send_cached_prefix(self, batch: ScheduleBatch, req: Req) -> None:
+        """The cached prefix's KV goes to decode before the suffix forward (it is already computed)."""
+        if req.prefix_sent:
+            return
+        req.prefix_sent = True
+        tokens, pages = req.sender.send(req, req.prefix_len, None, last=False)
+        self.tr.emit("prefix_send", batch=batch.bid, rid=req.rid, obj=obj_id(req), tokens=tokens, pages=pages)
+
+    # ---- deferred sampling ---------------------------------------------------------------------
+    def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
+        """Deferred sampling on the forward stream (shared with run_batch: logits buffer, future map),
+        hence only while no forward is being launched."""
+        self.tr.emit("sample", batch=result.bid)
+        self._launch_sample(result)
+
+    def _launch_sample(self, result: ForwardResult) -> None:
+        bs = result.bs
+        cap = self.future_map.shape[0]
+        start = self._future_next
+        self._future_next = (start + bs) % cap
+        slots = (torch.arange(start, start + bs) % cap).to(self.device)
+        bias = result.sampling.logit_bias
+
+        def sample():
+            self.future_map[slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
+
+        self.fwd_stream.launch(sample)
+        self.copy_stream.wait_event(self.fwd_stream.record_event())
+
+        def to_host():
+            result.host_tokens = self.future_map[slots].to("cpu").tolist()
+
+        self.copy_stream.launch(to_host)
+        result.future_slots = slots
+        result.copy_event = self.copy_stream.record_event()
+
+    # ---- result processing ---------------------------------------------------------------------
+    def process_batch_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
+        self.tr.emit("process_begin", batch=batch.bid)
+        result.copy_event.synchronize()
+        for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
+            s.check()
+        if self.transfer.error is not None:
+            raise EngineError(f"KV transfer failed: {self.transfer.error!r}")
+        finished = []
+        now = time.monotonic() - self.t0
+        for i, req in enumerate(batch.reqs):
+            end = batch.starts[i] + batch.extends[i]
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1
+                self.tr.emit("chunk_dec", rid=req.rid, obj=obj_id(req), value=req.inflight_middle_chunks)
+                if not inject.on("send-before-forward-done"):
+                    self._send(req, end, result.done_event, last=False)
+            else:
+                req.output_token = result.host_tokens[i]
+                req.first_token_s = now
+                self._send(req, len(req.prompt), result.done_event, last=True,
+                           meta={"first_token": req.output_token, "prompt_len": len(req.prompt), "rid": req.rid})
+                finished.append(req)
+        # The seed's cross-request batched staging: one gather for every request whose prefill is
+        # complete, before the AttentionStore write consumes the staging buffer.
+        self.astore.stage([r for r in finished if r.inflight_middle_chunks <= 0], result.done_event)
+        self.inflight.extend(finished)
+        self.stats["uncached_tokens"] += batch.num_tokens
+        self.tr.emit("process_end", batch=batch.bid)
+
+    def _send(self, req: Req, end: int, ready, *, last: bool, meta=None) -> None:
+        tokens, pages = req.sender.send(req, end, ready, last=last, meta=meta)
+        self.tr.emit("kv_send", rid=req.rid, obj=obj_id(req), tokens=tokens, pages=pages)
+
+    def process_inflight_queue(self) -> None:
+        """Release requests whose KV transfer and AttentionStore staging have completed."""
+        still = []
+        for req in self.inflight:
+            if req.sender.poll() and (req.as_event is None or req.as_event.query()):
+                if req.slot is not None:
+                    self._release(req)
+                req.finished = True
+                self.done.append(req)
+            else:
+                still.append(req)
+        self.inflight = still
+
+    def _release(self, req: Req) -> None:
+        self.tr.emit("release", rid=req.rid, obj=obj_id(req), slot=req.slot)
+        self.req_to_token.free(req.slot)
+        req.slot = None
+        n_full = len(req.prompt) // self.cfg.page_size
+        rejected = self.cache.insert(req.prompt, req.pages[:n_full])
+        self.pool.free(rejected + req.pages[n_full:])
+        self.cache.unlock(req.prefix_nodes)
+        req.prefix_nodes = []
+
+    # ---- shutdown and accounting ---------------------------------------------------------------
+    def close(self) -> None:
+        for s in (self.sched_stream, self.fwd_stream, self.copy_stream):
+            s.close()
+        self.transfer.close()
+
+    def leak_report(self) -> dict:
+        """What is still held at the end; all zeros after a clean run."""
+        return {
+            "slots_in_use": self.req_to_token.num_slots - self.req_to_token.available,
+            "pages_unaccounted": (self.pool.num_pages - 1) - self.pool.available - self.cache.cached_pages,
+            "locked_cache_pages": self.cache.locked_pages,
+            "inflight": len(self.inflight),
+        }
+
+
+def _busy_wait_us(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass

@@ -1,0 +1,80 @@
+"""The forward worker thread of the thread modes: one thread, input and output queues of capacity 1.
+
+`submit(N)` hands a snapshot to the worker; the worker runs `run_batch(N)`, applies the WAR barrier,
+makes `batch.copy()` for result processing and puts (result, copy) on the output queue; `collect()`
+takes it back on the scheduler thread. A worker exception is re-raised by `collect()`.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+from .. import inject
+from .scheduler import EngineError
+
+_STOP = object()
+
+
+class WorkerError(EngineError):
+    pass
+
+
+class ForwardWorker:
+    def __init__(self, sched):
+        self.sched = sched
+        cap = 2 if inject.on("two-forwards") else 1  # MUTANT: two-forwards
+        self.in_q: queue.Queue = queue.Queue(maxsize=cap)
+        self.out_q: queue.Queue = queue.Queue(maxsize=cap)
+        self.submitted = 0
+        self.collected = 0
+        self.thread = threading.Thread(target=self._loop, name="forward", daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while True:
+            item = self.in_q.get()
+            if item is _STOP:
+                return
+            batch, early_send_prefix = item
+            try:
+                result = self.sched.run_batch(batch, early_send_prefix=early_send_prefix)
+                self.sched.apply_war_barrier(batch, result)
+                copy = batch.copy()
+                self.sched.tr.emit("batch_copy", batch=batch.bid)
+                self.out_q.put((result, copy))
+            except BaseException as exc:  # reaches the scheduler thread through collect()
+                self.out_q.put(exc)
+
+    def submit(self, batch, *, early_send_prefix: bool) -> None:
+        self.sched.tr.emit("submit", batch=batch.bid)
+        self.submitted += 1
+        self.in_q.put((batch, early_send_prefix))
+
+    def collect(self):
+        while True:
+            try:
+                item = self.out_q.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise WorkerError("forward worker thread died without a result")
+        self.collected += 1
+        if isinstance(item, BaseException):
+            raise WorkerError(f"forward worker failed: {item!r}") from item
+        result, copy = item
+        self.sched.tr.emit("collect", batch=copy.bid)
+        return result, copy
+
+    @property
+    def in_flight(self) -> int:
+        return self.submitted - self.collected
+
+    def shutdown(self) -> None:
+        """Drain what was submitted, then stop the thread."""
+        while self.in_flight > 0:
+            try:
+                self.collect()
+            except WorkerError:
+                pass
+        self.in_q.put(_STOP)
+        self.thread.join(timeout=10)

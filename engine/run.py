@@ -1,0 +1,66 @@
+"""Run the prefill engine once: build the scheduler, run the chosen loop, return a summary."""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict
+
+import torch
+
+from . import inject
+from .config import EngineConfig, check_dispatch
+from .prefill.loops import LOOPS
+from .prefill.scheduler import PrefillScheduler
+from .trace import NullTracer, Tracer
+from .workload import WorkloadConfig, make_workload
+
+
+def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None = None, tracer=None,
+                keep_scheduler: bool = False) -> dict:
+    check_dispatch(cfg)
+    inject.set_active(cfg.inject)
+    torch.manual_seed(cfg.seed)
+    header = {"role": "prefill", "mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model,
+              "seed": cfg.seed, "workload_seed": wc.seed, "inject": sorted(cfg.inject)}
+    if tracer is None:
+        tracer = Tracer(header) if trace_path else NullTracer(header)
+    else:
+        tracer.header.update(header)
+    reqs = make_workload(wc, cfg.model_config.vocab_size)
+    sched = PrefillScheduler(cfg, reqs, tracer=tracer)
+    import threading
+    prev_name = threading.current_thread().name
+    threading.current_thread().name = "scheduler"
+    t0 = time.perf_counter()
+    error = None
+    try:
+        LOOPS[cfg.mode](sched)
+    except Exception as exc:  # summarised for the CLI; tests re-raise through `error`
+        error = exc
+    finally:
+        wall = time.perf_counter() - t0
+        threading.current_thread().name = prev_name
+        sched.close()
+        inject.set_active(())
+    leaks = sched.leak_report()
+    summary = {
+        "mode": cfg.mode, "requests": len(reqs), "finished": len(sched.done),
+        "batches": sched.stats["batches"], "input_tokens": sum(len(r.prompt) for r in reqs),
+        "uncached_tokens": sched.stats["uncached_tokens"], "cached_tokens": sched.stats["cached_tokens"],
+        "wall_s": wall, "uncached_tok_per_s": sched.stats["uncached_tokens"] / wall if wall else 0.0,
+        "attention_backend": sched.backend.name, "device": str(sched.device), "leaks": leaks,
+        "events": len(tracer.events) if tracer.enabled else 0, "error": repr(error) if error else None,
+    }
+    if trace_path:
+        tracer.write(trace_path, extra_header={"host": platform.node(), "config": _jsonable(asdict(cfg))})
+    if keep_scheduler:
+        summary["_scheduler"] = sched
+        summary["_requests"] = reqs
+        summary["_error"] = error
+    elif error is not None:
+        raise error
+    return summary
+
+
+def _jsonable(d):
+    return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}

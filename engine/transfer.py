@@ -1,0 +1,174 @@
+"""KV transfer (prefill → decode) and the host-side AttentionStore.
+
+A `KVSender` per request hands chunks to the `TransferEngine`, whose thread waits until the forward
+that wrote the chunk has finished on the device, gathers the pages' K/V and delivers them to a
+receiver. The in-process `KVReceiverStore` keeps what arrived per bootstrap room; the decode side
+(engine/decode/) installs its own receiver. Completion is polled by the prefill inflight queue.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from . import inject
+from .memory import pages_for
+
+
+@dataclass
+class KVChunk:
+    room: int
+    start: int                 # first position in the request
+    k: torch.Tensor            # [layers, tokens, Hkv, D]
+    v: torch.Tensor
+    pages: int
+    last: bool
+    meta: dict = field(default_factory=dict)   # with the last chunk: what decode needs (first token ...)
+
+
+class KVReceiverStore:
+    """Receiver for the embedded prefill-only run: assembles each room's KV on the host."""
+
+    def __init__(self):
+        self.rooms: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def deliver(self, chunk: KVChunk) -> None:
+        with self._lock:
+            r = self.rooms.setdefault(chunk.room, {"k": {}, "v": {}, "meta": None, "pages": 0})
+            r["k"][chunk.start] = chunk.k
+            r["v"][chunk.start] = chunk.v
+            r["pages"] += chunk.pages
+            if chunk.last:
+                r["meta"] = chunk.meta
+
+    def kv(self, room: int) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.rooms[room]
+        starts = sorted(r["k"])
+        return torch.cat([r["k"][s] for s in starts], 1), torch.cat([r["v"][s] for s in starts], 1)
+
+
+class TransferEngine:
+    def __init__(self, pool, receiver, *, device):
+        self.pool = pool
+        self.receiver = receiver
+        self.device = device
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="transfer", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            sender, idx, start, pages, ready, last, meta = item
+            try:
+                if ready is not None:
+                    ready.synchronize()  # the forward that wrote these pages has finished
+                k = self.pool.k[:, idx.long()].to("cpu", copy=True)
+                v = self.pool.v[:, idx.long()].to("cpu", copy=True)
+                self.receiver.deliver(KVChunk(sender.room, start, k, v, pages, last, meta))
+            except BaseException as exc:
+                self.error = exc
+            finally:
+                sender._done()
+
+    def enqueue(self, *item) -> None:
+        self._q.put(item)
+
+    def close(self):
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+
+class KVSender:
+    """One per request. `send` covers positions [start_send_idx, end) and advances the pointer."""
+
+    def __init__(self, engine: TransferEngine, room: int, page_size: int):
+        self.engine, self.room, self.ps = engine, room, page_size
+        self._pending = 0
+        self._lock = threading.Lock()
+        self.sent_last = False
+
+    def send(self, req, end: int, ready_event, *, last: bool, meta=None) -> tuple[int, int]:
+        start = req.start_send_idx
+        tokens = end - start
+        pages = pages_for(tokens, self.ps)
+        if inject.on("floor-page-count"):
+            pages = tokens // self.ps  # MUTANT: the tail page is rounded down and never sent
+        first_page = start // self.ps
+        page_ids = req.pages[first_page:first_page + pages]
+        idx = self.engine.pool.token_indices(page_ids, 0, len(page_ids) * self.ps)[:tokens]
+        with self._lock:
+            self._pending += 1
+        self.engine.enqueue(self, idx, start, pages, ready_event, last, meta or {})
+        req.start_send_idx = end
+        if last:
+            self.sent_last = True
+        return tokens, pages
+
+    def _done(self):
+        with self._lock:
+            self._pending -= 1
+
+    def poll(self) -> bool:
+        """True once the last chunk was sent and every chunk has been delivered."""
+        with self._lock:
+            return self.sent_last and self._pending == 0
+
+
+class AttentionStore:
+    """Host-side KV store for finished requests. Finished requests of one result-processing step are
+    staged together (one cross-request gather, the seed's batched staging) before the host write
+    consumes the staging buffer; `retire()` at the top of each loop moves completed writes in."""
+
+    def __init__(self, pool, copy_stream):
+        self.pool = pool
+        self.stream = copy_stream
+        self.pending: list[tuple] = []
+        self.store: dict[str, tuple[int, int]] = {}  # rid -> (tokens, bytes)
+        self.staged_batches = 0
+
+    def stage(self, reqs, ready_event) -> None:
+        if not reqs:
+            return
+        spans, idx = [], []
+        for r in reqs:
+            ti = self.pool.token_indices(r.pages, 0, len(r.prompt))
+            spans.append((r.rid, len(r.prompt)))
+            idx.append(ti)
+        idx = torch.cat(idx).to(self.pool.k.device)
+        holder = {}
+
+        def gather():  # one gather for all requests, then one device-to-host copy
+            holder["kv"] = torch.stack([self.pool.k[:, idx.long()], self.pool.v[:, idx.long()]]).to("cpu")
+
+        if ready_event is not None:
+            self.stream.wait_event(ready_event)
+        self.stream.launch(gather)
+        done = self.stream.record_event()
+        for r in reqs:
+            r.as_event = done
+        self.pending.append((done, spans, holder))
+        self.staged_batches += 1
+
+    def retire(self) -> int:
+        """Completes finished writes; returns how many were retired."""
+        keep, n = [], 0
+        for done, spans, holder in self.pending:
+            if done.query():
+                kv = holder.get("kv")
+                off = 0
+                for rid, tokens in spans:
+                    part = kv[:, :, off:off + tokens] if kv is not None else None
+                    self.store[rid] = (tokens, part.numel() * part.element_size() if part is not None else 0)
+                    off += tokens
+                n += 1
+            else:
+                keep.append((done, spans, holder))
+        self.pending = keep
+        return n
