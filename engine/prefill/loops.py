@@ -10,7 +10,6 @@ processing, S(N) deferred sampling.
 from __future__ import annotations
 
 from .. import inject
-from ..request import snapshot_for_forward
 from .scheduler import PrefillScheduler
 from .worker import ForwardWorker
 
@@ -60,7 +59,7 @@ def event_loop_thread(s: PrefillScheduler) -> None:
         while not s.finished_all or last:
             batch = _loop_top(s)
             if batch:
-                worker.submit(snapshot_for_forward(batch), early_send_prefix=True)
+                worker.submit(s.snapshot(batch), early_send_prefix=True)
                 result, copy = worker.collect()
             if last:
                 s.process_batch_result(*last)
@@ -89,7 +88,7 @@ def event_loop_ahead(s: PrefillScheduler) -> None:
                 if not late_sample:
                     s.launch_batch_sample_if_needed(previous[0])
             if batch:
-                snapshot = snapshot_for_forward(batch)
+                snapshot = s.snapshot(batch)
                 s.stage(snapshot)
                 send_on_worker = inject.on("prefix-send-on-worker")  # MUTANT when True
                 if not send_on_worker:

@@ -17,7 +17,7 @@ from ..config import EngineConfig
 from ..device import make_stream
 from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
 from ..model import TinyLlama
-from ..request import Req, SamplingBatchInfo, ScheduleBatch
+from ..request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from ..trace import NullTracer, obj_id
 from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
 
@@ -214,6 +214,13 @@ class PrefillScheduler:
 
         self.sched_stream.launch(write)
         batch.stage_event = self.sched_stream.record_event()
+
+    def snapshot(self, batch: ScheduleBatch) -> ScheduleBatch:
+        """Thread modes: isolate what the worker reads from the next admission's mutations."""
+        snap = snapshot_for_forward(batch)
+        if self.tr.enabled:
+            self.tr.emit("snapshot", batch=snap.bid, digest=snap.digest())
+        return snap
 
     def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""

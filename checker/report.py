@@ -1,0 +1,82 @@
+"""Human and JSON reports of a check: counts per rule on a pass; on a violation the rule, the events
+involved and a few events around them on each thread (found with a second pass over the file)."""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+from .trace_io import iter_events
+
+CONTEXT = 3
+MAX_SHOWN = 8
+
+
+def _brief(e: dict) -> str:
+    keys = [k for k in ("batch", "rid", "slot", "value", "tokens", "pages") if k in e]
+    args = ",".join(f"{k}={e[k]}" for k in keys)
+    return f"#{e['seq']} {e['ev']}({args})"
+
+
+def _context(path: str, seqs: set[int]) -> dict[int, dict]:
+    """seq -> {"event": e, "around": {thread: [brief, ...]}} for the involved seqs."""
+    out: dict[int, dict] = {}
+    recent: dict[str, deque] = defaultdict(lambda: deque(maxlen=CONTEXT))
+    after: dict[str, list] = defaultdict(list)   # thread -> [(seq, remaining)]
+    all_recent: deque = deque(maxlen=CONTEXT * 4)
+    for _, e in iter_events(path):
+        t = e["thread"]
+        for item in after[t]:
+            if item[1] > 0:
+                out[item[0]]["around"].setdefault(t, []).append(_brief(e))
+                item[1] -= 1
+        if e["seq"] in seqs:
+            around = {th: [_brief(x) for x in dq] for th, dq in recent.items() if dq}
+            around.setdefault(t, []).append("[" + _brief(e) + "]")
+            out[e["seq"]] = {"event": e, "around": around}
+            after[t].append([e["seq"], CONTEXT])
+        recent[t].append(e)
+        all_recent.append(e)
+    return out
+
+
+def text_report(result) -> str:
+    h = result.header
+    name = f"{result.path} ({h.get('role')}, mode={h.get('mode', '-')})"
+    if result.ok:
+        lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
+        for rule, checks in result.rules:
+            lines.append(f"  {rule.id:32s} {checks:7d} checks")
+        return "\n".join(lines)
+    lines = [f"FAIL {name}: {len(result.violations)} violation(s) of "
+             f"{len({v.rule.id for v in result.violations})} rule(s), {result.events} events"]
+    shown = result.violations[:MAX_SHOWN]
+    ctx = _context(result.path, {s for v in shown for s in v.seqs})
+    for v in shown:
+        lines.append(f"\n[{v.rule.id}] {v.rule.statement}")
+        lines.append(f"  {v.message}")
+        for s in v.seqs:
+            c = ctx.get(s)
+            if c is None:
+                continue
+            e = c["event"]
+            lines.append(f"  event {_brief(e)} on {e['thread']}")
+        threads: dict[str, list] = {}
+        for s in v.seqs:
+            for t, items in ctx.get(s, {}).get("around", {}).items():
+                threads.setdefault(t, [])
+                threads[t].extend(i for i in items if i not in threads[t])
+        for t, items in threads.items():
+            lines.append(f"    {t:>14s}: " + " · ".join(items))
+        lines.append(f"  seed: {v.rule.seed}")
+    if len(result.violations) > MAX_SHOWN:
+        lines.append(f"\n... and {len(result.violations) - MAX_SHOWN} more")
+    return "\n".join(lines)
+
+
+def json_report(result) -> dict:
+    return {
+        "path": result.path, "ok": result.ok, "events": result.events,
+        "header": {k: result.header.get(k) for k in ("role", "mode", "version", "page_size")},
+        "rules": [{"id": r.id, "checks": c} for r, c in result.rules],
+        "violations": [{"rule": v.rule.id, "statement": v.rule.statement, "message": v.message, "seqs": v.seqs}
+                       for v in result.violations],
+    }

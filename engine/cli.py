@@ -1,0 +1,121 @@
+"""`pdo`: the command-line entry point. Sub-commands: run, check, bootstrap (more come with spec,
+fuzz, bench and trace). Errors print one line and exit 2; never a traceback for bad input."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--mode", choices=["normal", "overlap", "thread", "ahead"], default=None,
+                   help="prefill loop (default: from SGLANG_ENABLE_PREFILL_FWD_THREAD / "
+                        "SGLANG_PREFILL_FWD_THREAD_AHEAD, else ahead)")
+    g.add_argument("--model", choices=["tiny", "large"], default="tiny")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (CUDA default), float16")
+    g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--num-pages", type=int, default=512)
+    g.add_argument("--chunk-size", type=int, default=128)
+    g.add_argument("--max-batch-tokens", type=int, default=256)
+    g.add_argument("--admission-cost-us", type=float, default=0.0,
+                   help="extra host work per admitted request (models a heavier scheduler)")
+    g.add_argument("--seed", type=int, default=0, help="model seed")
+    g.add_argument("--inject", action="append", default=[], metavar="MUTANT",
+                   help="turn on a realistic bug (see `pdo fuzz --list-mutants`)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--requests", type=int, default=24)
+    w.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
+    w.add_argument("--hit", type=float, default=0.8, help="prefix-hit ratio (the seed measured at 0.8)")
+    w.add_argument("--groups", type=int, default=3, help="distinct shared prefixes")
+    w.add_argument("--arrival", choices=["burst", "poisson"], default="burst")
+    w.add_argument("--rate", type=float, default=2000.0, help="requests/s for poisson arrival")
+    w.add_argument("--workload-seed", type=int, default=0)
+
+
+def build_configs(a):
+    import torch
+
+    from .config import EngineConfig, mode_from_env
+    from .workload import WorkloadConfig
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    lo, _, hi = a.prompt_len.partition(":")
+    cfg = EngineConfig(mode=a.mode or mode_from_env("ahead"), model=a.model, page_size=a.page_size,
+                       num_pages=a.num_pages, chunk_size=a.chunk_size, max_batch_tokens=a.max_batch_tokens,
+                       device=device, dtype=dtype, attention_backend=a.attention_backend, seed=a.seed,
+                       admission_cost_us=a.admission_cost_us, inject=frozenset(a.inject))
+    wc = WorkloadConfig(requests=a.requests, prompt_len=(int(lo), int(hi or lo)), hit=a.hit, groups=a.groups,
+                        arrival=a.arrival, rate=a.rate, seed=a.workload_seed)
+    return cfg, wc
+
+
+def cmd_run(a) -> int:
+    from .run import run_prefill
+
+    cfg, wc = build_configs(a)
+    s = run_prefill(cfg, wc, trace_path=a.trace)
+    if a.json:
+        print(json.dumps(s))
+        return 0
+    leaks = s["leaks"]
+    print(f"pdo run: mode={s['mode']} device={s['device']} attention={s['attention_backend']} "
+          f"requests={s['finished']}/{s['requests']} batches={s['batches']}")
+    print(f"  input tokens {s['input_tokens']} (uncached {s['uncached_tokens']}, cached {s['cached_tokens']}), "
+          f"wall {s['wall_s'] * 1e3:.1f} ms, uncached input {s['uncached_tok_per_s']:.0f} tok/s")
+    print(f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
+          f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
+          + (f"; trace: {a.trace} ({s['events']} events)" if a.trace else ""))
+    return 0 if not any(leaks.values()) else 1
+
+
+def cmd_check(a) -> int:
+    from checker.linear import check_file
+    from checker.report import json_report, text_report
+
+    results = [check_file(p) for p in a.traces]
+    if a.json:
+        print(json.dumps([json_report(r) for r in results], indent=1))
+    else:
+        print("\n".join(text_report(r) for r in results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="pdo", description="pd-overlap: run the instrumented engine, check its traces.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="run the prefill engine (optionally writing a trace)")
+    _add_engine_args(p)
+    p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
+    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_check)
+    p = sub.add_parser("bootstrap", help="run the bootstrap HTTP server alone", add_help=False)
+    p.set_defaults(fn=None)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "bootstrap":
+        from .bootstrap import main as bootstrap_main
+        return bootstrap_main(argv[1:])
+    a = parser.parse_args(argv)
+    try:
+        return a.fn(a)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one line, never a traceback, for anything the user can cause
+        from checker.trace_io import TraceFormatError
+
+        if isinstance(exc, (TraceFormatError, ValueError, OSError)) or type(exc).__name__.endswith("Error"):
+            print(f"pdo {a.cmd}: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The rules of allowed interleavings, as data (rules.toml, events.toml), and the models built on them."""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+HERE = pathlib.Path(__file__).parent
+KINDS = ("fifo", "complete", "disjoint", "order", "adjacent", "outside", "within", "thread", "equal",
+         "counter", "lifecycle", "page_count", "in_span", "decode")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    statement: str
+    modes: tuple
+    seed: str
+    kind: str
+    params: dict = field(default_factory=dict, hash=False, compare=False)
+    role: str = "prefill"
+
+    def applies(self, mode: str | None) -> bool:
+        return mode is None or mode in self.modes or "any" in self.modes
+
+    def __getitem__(self, key):
+        return self.params[key]
+
+    def get(self, key, default=None):
+        return self.params.get(key, default)
+
+
+def _load(name: str) -> dict:
+    with open(HERE / name, "rb") as f:
+        return tomllib.load(f)
+
+
+def load_rules() -> list[Rule]:
+    rules = []
+    for fname in ("rules.toml", "decode_rules.toml"):
+        if not (HERE / fname).exists():
+            continue
+        for raw in _load(fname)["rule"]:
+            raw = dict(raw)
+            base = {k: raw.pop(k) for k in ("id", "statement", "modes", "seed", "kind")}
+            role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
+            if base["kind"] not in KINDS:
+                raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
+            rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["seed"], base["kind"], raw, role))
+    ids = [r.id for r in rules]
+    if len(ids) != len(set(ids)):
+        raise ValueError("duplicate rule ids in spec/")
+    return rules
+
+
+def load_events() -> dict[str, dict[str, dict]]:
+    """role -> ev -> {"where": str, "fields": {name: type}}"""
+    return _load("events.toml")
+
+
+def rule_by_id(rule_id: str) -> Rule:
+    for r in load_rules():
+        if r.id == rule_id:
+            return r
+    raise KeyError(rule_id)
