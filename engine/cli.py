@@ -3,8 +3,12 @@ fuzz, bench and trace). Errors print one line and exit 2; never a traceback for 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+
+# Modules that add sub-commands: each defines `register(subparsers)`, setting `fn` on its parsers.
+PLUGINS: list[str] = []
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("bootstrap", help="run the bootstrap HTTP server alone", add_help=False)
     p.set_defaults(fn=None)
+    for mod in PLUGINS:
+        importlib.import_module(mod).register(sub)
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "bootstrap":
