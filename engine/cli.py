@@ -26,6 +26,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch-tokens", type=int, default=256)
     g.add_argument("--admission-cost-us", type=float, default=0.0,
                    help="extra host work per admitted request (models a heavier scheduler)")
+    g.add_argument("--launch-cost-us", type=float, default=0.0,
+                   help="host time per layer launch inside run_batch (models eager CUDA launch overhead)")
     g.add_argument("--seed", type=int, default=0, help="model seed")
     g.add_argument("--inject", action="append", default=[], metavar="MUTANT",
                    help="turn on a realistic bug (see `pdo fuzz --list-mutants`)")
@@ -51,7 +53,7 @@ def build_configs(a):
     cfg = EngineConfig(mode=a.mode or mode_from_env("ahead"), model=a.model, page_size=a.page_size,
                        num_pages=a.num_pages, chunk_size=a.chunk_size, max_batch_tokens=a.max_batch_tokens,
                        device=device, dtype=dtype, attention_backend=a.attention_backend, seed=a.seed,
-                       admission_cost_us=a.admission_cost_us, inject=frozenset(a.inject))
+                       admission_cost_us=a.admission_cost_us, launch_cost_us=a.launch_cost_us, inject=frozenset(a.inject))
     wc = WorkloadConfig(requests=a.requests, prompt_len=(int(lo), int(hi or lo)), hit=a.hit, groups=a.groups,
                         arrival=a.arrival, rate=a.rate, seed=a.workload_seed)
     return cfg, wc

@@ -48,6 +48,10 @@ class EngineConfig:
     # Scheduler-side cost per admitted request, in microseconds of real host work (a stand-in for
     # SGLang's admission cost: tokenizer bookkeeping, radix matching on a big tree, grammar setup).
     admission_cost_us: float = 0.0
+    # Host-side cost of launching one layer's kernels inside run_batch, in microseconds. Eager CUDA
+    # prefill spends real host time here (SGLang: ~20 kernel launches per layer); on CPU the stream
+    # thread computes, so without this the host path that the forward thread hides would be ~0.
+    launch_cost_us: float = 0.0
     inject: frozenset = field(default_factory=frozenset)  # mutation switches (see engine/inject.py)
     # Disaggregated-prefill dispatch conditions of the seed. The engine is a disaggregated prefill
     # instance by default; the flags exist so dispatch can refuse what SGLang refuses.

@@ -255,6 +255,9 @@ class PrefillScheduler:
             self.logits_buf[:bs].copy_(logits)
 
         self.fwd_stream.launch(forward)
+        if self.cfg.launch_cost_us:
+            for _ in range(self.mc.layers):
+                _busy_wait_us(self.cfg.launch_cost_us)
         done = self.fwd_stream.record_event()
         result = ForwardResult(batch.bid, bs, sampling, done_event=done, war_event=done)
         if inject.on("send-before-forward-done"):
