@@ -156,6 +156,12 @@ class AttentionStore:
         self.pending.append((done, spans, holder))
         self.staged_batches += 1
 
+    def drain(self) -> None:
+        """Shutdown: wait for every pending write and retire it."""
+        for done, _, _ in self.pending:
+            done.synchronize()
+        self.retire()
+
     def retire(self) -> int:
         """Completes finished writes; returns how many were retired."""
         keep, n = [], 0

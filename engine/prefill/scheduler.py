@@ -256,8 +256,9 @@ class PrefillScheduler:
 
         self.fwd_stream.launch(forward)
         if self.cfg.launch_cost_us:
+            # Modelled as driver time (GIL released), the part of a launch Python threads can overlap.
             for _ in range(self.mc.layers):
-                _busy_wait_us(self.cfg.launch_cost_us)
+                time.sleep(self.cfg.launch_cost_us * 1e-6)
         done = self.fwd_stream.record_event()
         result = ForwardResult(batch.bid, bs, sampling, done_event=done, war_event=done)
         if inject.on("send-before-forward-done"):
@@ -371,6 +372,7 @@ class PrefillScheduler:
 
     # ---- shutdown and accounting ---------------------------------------------------------------
     def close(self) -> None:
+        self.astore.drain()
         for s in (self.sched_stream, self.fwd_stream, self.copy_stream):
             s.close()
         self.transfer.close()
