@@ -1,0 +1,105 @@
+"""Every rule of spec/rules.toml: the canonical trace of each mode passes, and one hand-made violation
+per rule fails with that rule's id."""
+import copy
+
+import pytest
+
+from checker.linear import check_file
+from spec import load_rules
+
+from .trace_fixtures import canonical, find, move, move_before, write
+
+MODES = ("normal", "overlap", "thread", "ahead")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_canonical_trace_passes(mode, tmp_path):
+    r = check_file(write(tmp_path / "t.jsonl", mode, canonical(mode)))
+    assert r.ok, [(v.rule.id, v.message) for v in r.violations]
+    assert all(checks > 0 for rule, checks in r.rules if rule.kind not in ("page_count",)), \
+        [(rule.id, c) for rule, c in r.rules if c == 0]
+
+
+def _set(ev, batch=None, rid=None, **fields):
+    def edit(events):
+        events[find(events, ev, batch, rid)].update(fields)
+    return edit
+
+
+def _delete(ev, batch=None, rid=None):
+    def edit(events):
+        del events[find(events, ev, batch, rid)]
+    return edit
+
+
+def _after(ev, batch, target, tbatch, rid=None, trid=None):
+    def edit(events):
+        move(events, find(events, ev, batch, rid), find(events, target, tbatch, trid))
+    return edit
+
+
+def _before(ev, batch, target, tbatch, rid=None, trid=None):
+    def edit(events):
+        move_before(events, find(events, ev, batch, rid), find(events, target, tbatch, trid))
+    return edit
+
+
+def _dup(ev, batch):
+    def edit(events):
+        i = find(events, ev, batch)
+        events.insert(i + 1, copy.deepcopy(events[i]))
+    return edit
+
+
+VIOLATIONS = {
+    "P-fifo": ("normal", _dup("process_begin", 0)),
+    "P-complete": ("normal", _delete("war_barrier", 1)),
+    "P-complete-thread": ("thread", _delete("batch_copy", 1)),
+    "P-complete-sample": ("overlap", _delete("sample", 2)),
+    "P-one-forward": ("overlap", _after("fwd_end", 0, "fwd_begin", 1)),
+    "P-queue-capacity": ("ahead", _before("submit", 1, "collect", 0)),
+    "P-stage-before-forward": ("normal", _after("stage", 1, "fwd_end", 1)),
+    "P-war-after-forward": ("thread", _before("war_barrier", 1, "fwd_end", 1)),
+    "P-war-before-next-stage": ("overlap", _after("war_barrier", 0, "stage", 1)),
+    "P-process-after-forward": ("normal", _after("war_barrier", 0, "process_begin", 0)),
+    "P-sample-idle": ("ahead", _after("sample", 0, "fwd_begin", 1)),
+    "P-sample-before-process": ("overlap", _after("sample", 1, "process_begin", 1)),
+    "P-collect-before-sample": ("thread", _before("sample", 0, "collect", 0)),
+    "P-run-on-scheduler": ("normal", _set("fwd_begin", 1, thread="forward")),
+    "P-run-on-worker": ("ahead", _set("fwd_end", 1, thread="scheduler")),
+    "P-scheduler-thread": ("thread", _set("collect", 1, thread="forward")),
+    "P-normal-order": ("normal", _after("admit", 1, "fwd_end", 0)),
+    "P-overlap-order": ("overlap", _after("sample", 0, "admit", 1)),
+    "P-overlap-process-prev": ("overlap", _before("sample", 1, "process_begin", 0)),
+    "P-overlap-forward-before-prev": ("overlap", _after("fwd_end", 1, "process_begin", 0)),
+    "P-thread-collect-immediately": ("thread", _after("sample", 0, "submit", 1)),
+    "P-thread-order": ("thread", _after("snapshot", 1, "submit", 1)),
+    "P-thread-collect-before-prev": ("thread", _after("collect", 1, "process_end", 0)),
+    "P-ahead-build-first": ("ahead", _after("admit", 2, "collect", 1)),
+    "P-ahead-submit-before-process": ("ahead", _after("submit", 1, "process_begin", 0)),
+    "P-ahead-order": ("ahead", _after("snapshot", 1, "submit", 1)),
+    "P-worker-copy": ("thread", _before("batch_copy", 1, "war_barrier", 1)),
+    "P-snapshot-isolation": ("ahead", _set("fwd_begin", 1, digest="changed")),
+    "P-prefix-send-ahead": ("ahead", _after("prefix_send", 1, "fwd_begin", 1)),
+    "P-prefix-send-in-run-batch": ("overlap", _before("prefix_send", 1, "fwd_begin", 1)),
+    "P-chunk-counter": ("thread", _set("chunk_dec", rid="a", obj="a-copy")),
+    "P-release-once": ("normal", _delete("release", rid="c")),
+    "P-release-after-done": ("ahead", _before("release", None, "process_begin", 1, rid="a")),
+    "P-page-count": ("normal", _set("kv_send", rid="a", pages=0)),
+    "P-send-after-forward": ("overlap", _before("kv_send", None, "process_begin", 2, rid="c")),
+}
+
+
+def test_every_rule_has_a_violation_case():
+    prefill = {r.id for r in load_rules() if r.role == "prefill"}
+    assert prefill == set(VIOLATIONS), prefill ^ set(VIOLATIONS)
+
+
+@pytest.mark.parametrize("rule_id", sorted(VIOLATIONS))
+def test_violation_is_reported_with_rule_id(rule_id, tmp_path):
+    mode, edit = VIOLATIONS[rule_id]
+    events = canonical(mode)
+    edit(events)
+    r = check_file(write(tmp_path / "v.jsonl", mode, events))
+    ids = {v.rule.id for v in r.violations}
+    assert rule_id in ids, (rule_id, sorted(ids))
