@@ -17,6 +17,8 @@ import threading
 
 import torch
 
+from . import sync
+
 
 class CpuEvent:
     def __init__(self):
@@ -26,7 +28,7 @@ class CpuEvent:
     def record(self, stream: "CpuStream") -> "CpuEvent":
         self._recorded = True
         self._done.clear()
-        stream.launch(self._done.set)
+        stream._q.put(self)  # the stream sets it when it gets there
         return self
 
     def query(self) -> bool:
@@ -34,7 +36,14 @@ class CpuEvent:
 
     def synchronize(self) -> None:
         if self._recorded:
-            self._done.wait()
+            sync.ev_wait(self._done, "event.synchronize")
+
+
+class _Wait:
+    __slots__ = ("event",)
+
+    def __init__(self, event):
+        self.event = event
 
 
 class CpuStream:
@@ -44,33 +53,30 @@ class CpuStream:
         self.name = name
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
-        self._on_error = on_error
-        self._thread = threading.Thread(target=self._run, name=f"stream:{name}", daemon=True)
-        self._thread.start()
+        self._thread = sync.start_thread(self._run, f"stream:{name}")
 
     def _run(self):
         while True:
-            fn = self._q.get()
-            if fn is None:
+            item = sync.q_get(self._q, "stream.idle")
+            if item is None:
                 return
-            if self._error is not None:
-                # A failed stream completes its remaining events (so no waiter hangs) but runs no work.
-                if getattr(fn, "__self__", None) is not None and getattr(fn, "__name__", "") == "set":
-                    fn()
-                continue
-            try:
-                fn()
-            except BaseException as exc:  # surfaced on the host at the next synchronize/check
-                self._error = exc
-                if self._on_error:
-                    self._on_error(exc)
+            if isinstance(item, CpuEvent):
+                item._done.set()  # events complete even after a failure, so no waiter hangs
+            elif isinstance(item, _Wait):
+                sync.ev_wait(item.event._done, "stream.wait_event")
+            elif self._error is None:
+                sync.point("stream.task")
+                try:
+                    item()
+                except BaseException as exc:  # surfaced on the host at the next check()
+                    self._error = exc
 
     def launch(self, fn, *args) -> None:
         self._q.put((lambda: fn(*args)) if args else fn)
 
     def wait_event(self, event: CpuEvent) -> None:
         if event._recorded:
-            self._q.put(event._done.wait)
+            self._q.put(_Wait(event))
 
     def record_event(self) -> CpuEvent:
         return CpuEvent().record(self)
@@ -85,7 +91,8 @@ class CpuStream:
 
     def close(self) -> None:
         self._q.put(None)
-        self._thread.join(timeout=10)
+        if not sync.controlled():
+            self._thread.join(timeout=10)
 
 
 class CudaStream:

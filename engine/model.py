@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import sync
 from .config import ModelConfig
 
 
@@ -51,6 +52,7 @@ class TinyLlama:
         x = self.embed[input_ids.long()]
         t = x.shape[0]
         for li, L in enumerate(self.layers):
+            sync.point("layer")  # a place where another stream's work may interleave
             h = self._rms(x, L["attn_norm"])
             q = (h @ L["wq"].T).view(t, cfg.heads, cfg.head_dim)
             k = (h @ L["wk"].T).view(t, cfg.kv_heads, cfg.head_dim)

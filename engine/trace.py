@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
+
+from . import sync
 
 FORMAT = "pdo-trace"
 VERSION = 1
@@ -19,17 +22,17 @@ VERSION = 1
 class Tracer:
     enabled = True
 
-    def __init__(self, header: dict | None = None, *, controller=None):
+    def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
         self.events: list[dict] = []
         self._lock = threading.Lock()
         self._seq = 0
-        self.controller = controller
+        self._objs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._obj_count = 0
 
     def emit(self, ev: str, **fields) -> None:
         thread = threading.current_thread().name
-        if self.controller is not None:
-            self.controller.point(thread, ev, fields)
+        sync.point(ev)
         with self._lock:
             self._seq += 1
             self.events.append({"seq": self._seq, "t_ns": time.monotonic_ns(), "thread": thread, "ev": ev, **fields})
@@ -40,6 +43,16 @@ class Tracer:
             f.write(json.dumps(header) + "\n")
             for e in self.events:
                 f.write(json.dumps(e, separators=(",", ":")) + "\n")
+
+    def obj(self, x) -> str:
+        """Identity of a Python object for the trace: stable within a run (o1, o2, ... in order of first
+        sight), so a copy of a request shows up as a new identity and reruns compare byte for byte."""
+        with self._lock:
+            name = self._objs.get(x)
+            if name is None:
+                self._obj_count += 1
+                name = self._objs[x] = f"o{self._obj_count}"
+            return name
 
     def of(self, ev: str) -> list[dict]:
         return [e for e in self.events if e["ev"] == ev]
@@ -52,9 +65,7 @@ class NullTracer(Tracer):
         super().__init__(header)
 
     def emit(self, ev: str, **fields) -> None:  # noqa: D401 - deliberately nothing
-        return None
+        sync.point(ev)
 
-
-def obj_id(x) -> str:
-    """Identity of a Python object for the trace (the checker compares these, never dereferences)."""
-    return f"{id(x):x}"
+    def obj(self, x) -> str:
+        return ""

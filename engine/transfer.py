@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import inject
+from . import inject, sync
 from .memory import pages_for
 
 
@@ -57,12 +57,11 @@ class TransferEngine:
         self.device = device
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="transfer", daemon=True)
-        self._thread.start()
+        self._thread = sync.start_thread(self._run, "transfer")
 
     def _run(self):
         while True:
-            item = self._q.get()
+            item = sync.q_get(self._q, "transfer.idle")
             if item is None:
                 return
             sender, idx, start, pages, ready, last, meta = item
@@ -82,7 +81,8 @@ class TransferEngine:
 
     def close(self):
         self._q.put(None)
-        self._thread.join(timeout=10)
+        if not sync.controlled():
+            self._thread.join(timeout=10)
 
 
 class KVSender:

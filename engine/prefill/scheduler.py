@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import inject
+from .. import inject, sync
 from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
 from ..device import make_stream
 from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
 from ..model import TinyLlama
 from ..request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
-from ..trace import NullTracer, obj_id
+from ..trace import NullTracer
 from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
 
 
@@ -76,7 +76,7 @@ class PrefillScheduler:
         self.done: list[Req] = []
         self.last_batch: ScheduleBatch | None = None
         self._next_bid = 0
-        self.t0 = time.monotonic()
+        self.t0 = sync.now()
         self.stats = dict(batches=0, tokens=0, uncached_tokens=0, cached_tokens=0)
 
     # ---- loop-top steps ------------------------------------------------------------------------
@@ -84,7 +84,7 @@ class PrefillScheduler:
         self.astore.retire()
 
     def ingest_requests(self) -> None:
-        now = time.monotonic() - self.t0
+        now = sync.now() - self.t0
         while self.arrivals and self.arrivals[0].arrival_s <= now:
             req = self.arrivals.pop(0)
             req.sender = KVSender(self.transfer, req.bootstrap_room, self.cfg.page_size)
@@ -98,8 +98,8 @@ class PrefillScheduler:
         """Nothing to run: sleep until the next arrival or a short poll interval."""
         delay = 0.0005
         if self.arrivals and not self.inflight:
-            delay = max(0.0, min(0.01, self.arrivals[0].arrival_s - (time.monotonic() - self.t0)))
-        time.sleep(delay)
+            delay = max(0.0, min(0.01, self.arrivals[0].arrival_s - (sync.now() - self.t0)))
+        sync.sleep(delay)
 
     # ---- admission -----------------------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
@@ -155,7 +155,7 @@ class PrefillScheduler:
         req.slot = self.req_to_token.alloc()
         if req.pages:
             self.req_to_token.table[req.slot, :req.prefix_len] = self.pool.token_indices(req.pages, 0, req.prefix_len).to(self.device)
-        self.tr.emit("alloc", rid=req.rid, obj=obj_id(req), slot=req.slot)
+        self.tr.emit("alloc", rid=req.rid, obj=self.tr.obj(req), slot=req.slot)
         self.stats["cached_tokens"] += req.prefix_len
         return True
 
@@ -191,7 +191,7 @@ class PrefillScheduler:
         for req, last in zip(reqs, batch.last_chunk):
             if not last:
                 req.inflight_middle_chunks += 1
-                self.tr.emit("chunk_inc", rid=req.rid, obj=obj_id(req), value=req.inflight_middle_chunks)
+                self.tr.emit("chunk_inc", rid=req.rid, obj=self.tr.obj(req), value=req.inflight_middle_chunks)
             elif inject.on("free-slot-before-forward-done"):
                 self._release(req)  # MUTANT: slot and pages freed as soon as the last chunk is scheduled
         self.stats["batches"] += 1
@@ -283,7 +283,7 @@ class PrefillScheduler:
             return
         req.prefix_sent = True
         tokens, pages = req.sender.send(req, req.prefix_len, None, last=False)
-        self.tr.emit("prefix_send", batch=batch.bid, rid=req.rid, obj=obj_id(req), tokens=tokens, pages=pages)
+        self.tr.emit("prefix_send", batch=batch.bid, rid=req.rid, obj=self.tr.obj(req), tokens=tokens, pages=pages)
 
     # ---- deferred sampling ---------------------------------------------------------------------
     def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
@@ -322,12 +322,12 @@ class PrefillScheduler:
         if self.transfer.error is not None:
             raise EngineError(f"KV transfer failed: {self.transfer.error!r}")
         finished = []
-        now = time.monotonic() - self.t0
+        now = sync.now() - self.t0
         for i, req in enumerate(batch.reqs):
             end = batch.starts[i] + batch.extends[i]
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
-                self.tr.emit("chunk_dec", rid=req.rid, obj=obj_id(req), value=req.inflight_middle_chunks)
+                self.tr.emit("chunk_dec", rid=req.rid, obj=self.tr.obj(req), value=req.inflight_middle_chunks)
                 if not inject.on("send-before-forward-done"):
                     self._send(req, end, result.done_event, last=False)
             else:
@@ -345,7 +345,7 @@ class PrefillScheduler:
 
     def _send(self, req: Req, end: int, ready, *, last: bool, meta=None) -> None:
         tokens, pages = req.sender.send(req, end, ready, last=last, meta=meta)
-        self.tr.emit("kv_send", rid=req.rid, obj=obj_id(req), tokens=tokens, pages=pages)
+        self.tr.emit("kv_send", rid=req.rid, obj=self.tr.obj(req), tokens=tokens, pages=pages)
 
     def process_inflight_queue(self) -> None:
         """Release requests whose KV transfer and AttentionStore staging have completed."""
@@ -361,7 +361,7 @@ class PrefillScheduler:
         self.inflight = still
 
     def _release(self, req: Req) -> None:
-        self.tr.emit("release", rid=req.rid, obj=obj_id(req), slot=req.slot)
+        self.tr.emit("release", rid=req.rid, obj=self.tr.obj(req), slot=req.slot)
         self.req_to_token.free(req.slot)
         req.slot = None
         n_full = len(req.prompt) // self.cfg.page_size

@@ -7,9 +7,8 @@ takes it back on the scheduler thread. A worker exception is re-raised by `colle
 from __future__ import annotations
 
 import queue
-import threading
 
-from .. import inject
+from .. import inject, sync
 from .scheduler import EngineError
 
 _STOP = object()
@@ -27,12 +26,11 @@ class ForwardWorker:
         self.out_q: queue.Queue = queue.Queue(maxsize=cap)
         self.submitted = 0
         self.collected = 0
-        self.thread = threading.Thread(target=self._loop, name="forward", daemon=True)
-        self.thread.start()
+        self.thread = sync.start_thread(self._loop, "forward")
 
     def _loop(self):
         while True:
-            item = self.in_q.get()
+            item = sync.q_get(self.in_q, "worker.in_q")
             if item is _STOP:
                 return
             batch, early_send_prefix = item
@@ -41,19 +39,19 @@ class ForwardWorker:
                 self.sched.apply_war_barrier(batch, result)
                 copy = batch.copy()
                 self.sched.tr.emit("batch_copy", batch=batch.bid)
-                self.out_q.put((result, copy))
+                sync.q_put(self.out_q, (result, copy), "worker.out_q")
             except BaseException as exc:  # reaches the scheduler thread through collect()
-                self.out_q.put(exc)
+                sync.q_put(self.out_q, exc, "worker.out_q")
 
     def submit(self, batch, *, early_send_prefix: bool) -> None:
         self.sched.tr.emit("submit", batch=batch.bid)
         self.submitted += 1
-        self.in_q.put((batch, early_send_prefix))
+        sync.q_put(self.in_q, (batch, early_send_prefix), "submit")
 
     def collect(self):
         while True:
             try:
-                item = self.out_q.get(timeout=0.5)
+                item = sync.q_get_timeout(self.out_q, 0.5, "collect")
                 break
             except queue.Empty:
                 if not self.thread.is_alive():
@@ -76,5 +74,6 @@ class ForwardWorker:
                 self.collect()
             except WorkerError:
                 pass
-        self.in_q.put(_STOP)
-        self.thread.join(timeout=10)
+        sync.q_put(self.in_q, _STOP, "worker.stop")
+        if not sync.controlled():
+            self.thread.join(timeout=10)
