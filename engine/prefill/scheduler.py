@@ -39,7 +39,8 @@ class ForwardResult:
 
 
 class PrefillScheduler:
-    def __init__(self, cfg: EngineConfig, requests: list[Req], *, tracer=None, receiver=None, model=None):
+    def __init__(self, cfg: EngineConfig, requests: list[Req], *, tracer=None, receiver=None, model=None,
+                 on_ingest=None):
         self.cfg = cfg
         self.tr = tracer or NullTracer()
         self.device = torch.device(cfg.device)
@@ -67,6 +68,9 @@ class PrefillScheduler:
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
+        # PD: called for each request at intake, where a DP rank registers the room it serves with the
+        # bootstrap server (SGLang does it when the request's KV sender is created).
+        self.on_ingest = on_ingest
 
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
         self.total = len(requests)
@@ -88,6 +92,8 @@ class PrefillScheduler:
         while self.arrivals and self.arrivals[0].arrival_s <= now:
             req = self.arrivals.pop(0)
             req.sender = KVSender(self.transfer, req.bootstrap_room, self.cfg.page_size)
+            if self.on_ingest is not None:
+                self.on_ingest(req)
             self.waiting.append(req)
 
     @property
