@@ -50,8 +50,74 @@ def read_header(path: str, f) -> dict:
     return header
 
 
+# Events are decoded a chunk of lines at a time: the chunk's lines (each keeps its "\n") are joined
+# with "," into one JSON array and decoded by a single C call, about twice as fast as one json.loads
+# per line. The newline kept in every separator means no string can run from one line into the next
+# (a raw newline is invalid inside a JSON string), and the chunk is accepted only if it decodes to
+# exactly one JSON object per line. Anything else — a line that is not JSON, an event that fails
+# validation — is redone line by line by the exact reference path below, so error messages are the
+# same as with per-line decoding: file:line: field reason.
+_CHUNK_BYTES = 1 << 18   # lines per chunk: about 256 KiB of text
+
+
+def _compile_validator(spec: dict):
+    """A fast predicate for one event kind: True when the base keys and every field of `spec` have
+    the right type. False sends the event to the exact (slow) path, which says what is wrong."""
+    conds = ['type(e.get("seq")) is int', 'type(e.get("t_ns")) is int', 'type(e.get("thread")) is str',
+             'type(e.get("ev")) is str']
+    for name, typ in spec.items():
+        v = f"e.get({name!r})"
+        if typ == "int":
+            conds.append(f"type({v}) is int")
+        elif typ == "str":
+            conds.append(f"type({v}) is str")
+        elif typ == "list[str]":
+            conds.append(f"type({v}) is list and all(type(x) is str for x in {v})")
+        elif typ == "int|null":
+            conds.append(f"({name!r} in e and ({v} is None or type({v}) is int))")
+        else:
+            conds.append(f"_check_type({v}, {typ!r}) and {name!r} in e")
+    return eval(f"lambda e: {' and '.join(conds)}", {"_check_type": _check_type})
+
+
+def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str) -> None:
+    """The reference validation of one decoded event: raises TraceFormatError with the reason."""
+    if type(e) is not dict:
+        raise TraceFormatError(path, line_no, "an event must be a JSON object")
+    for key, typ in (("seq", int), ("t_ns", int), ("thread", str), ("ev", str)):
+        if type(e.get(key)) is not typ:
+            raise TraceFormatError(path, line_no, f"field '{key}': missing or not {typ.__name__}")
+    if e["seq"] <= last_seq:
+        raise TraceFormatError(path, line_no, f"field 'seq': {e['seq']} does not increase (previous {last_seq})")
+    spec = fields_of.get(e["ev"])
+    if spec is None:
+        raise TraceFormatError(path, line_no, f"field 'ev': unknown event {e['ev']!r} for role {role}")
+    for name, typ in spec.items():
+        if name not in e or not _check_type(e[name], typ):
+            raise TraceFormatError(path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}")
+
+
+def _decode_slow(path: str, line_no: int, line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(path, line_no, f"not JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def _unicode_error_line(path: str) -> tuple[int, str]:
+    """Where the first invalid UTF-8 line is (text-mode reading only says which buffer)."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return n, exc.reason
+    return 1, "invalid UTF-8"
+
+
 def iter_events(path: str, *, header_out: dict | None = None):
-    """Yield (line_no, event) for every event of the file, validated against spec/events.toml."""
+    """Yield (line_no, event) for every event of the file, validated against spec/events.toml.
+    Streams: memory is one chunk of lines, whatever the file size."""
     vocab = load_events()
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
@@ -60,33 +126,48 @@ def iter_events(path: str, *, header_out: dict | None = None):
             raise TraceFormatError(path, 1, f"not UTF-8 text ({e.reason})") from None
         if header_out is not None:
             header_out.update(header)
-        fields_of = {ev: spec.get("fields", {}) for ev, spec in vocab.get(header["role"], {}).items()}
+        role = header["role"]
+        fields_of = {ev: spec.get("fields", {}) for ev, spec in vocab.get(role, {}).items()}
+        valid = {ev: _compile_validator(spec) for ev, spec in fields_of.items()}
+        loads = json.loads
         last_seq = 0
         line_no = 1
-        loads = json.loads
-        try:
-            for line in f:
+        while True:
+            try:
+                raw = f.readlines(_CHUNK_BYTES)
+            except UnicodeDecodeError:
+                n, reason = _unicode_error_line(path)
+                raise TraceFormatError(path, n, f"not UTF-8 text ({reason})") from None
+            if not raw:
+                return
+            nums, lines = [], []
+            for line in raw:
                 line_no += 1
-                if not line.strip():
-                    continue
-                try:
-                    e = loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceFormatError(path, line_no, f"not JSON ({exc.msg} at column {exc.colno})") from None
-                if type(e) is not dict:
-                    raise TraceFormatError(path, line_no, "an event must be a JSON object")
-                for key, typ in (("seq", int), ("t_ns", int), ("thread", str), ("ev", str)):
-                    if type(e.get(key)) is not typ:
-                        raise TraceFormatError(path, line_no, f"field '{key}': missing or not {typ.__name__}")
-                if e["seq"] <= last_seq:
-                    raise TraceFormatError(path, line_no, f"field 'seq': {e['seq']} does not increase (previous {last_seq})")
-                last_seq = e["seq"]
-                spec = fields_of.get(e["ev"])
-                if spec is None:
-                    raise TraceFormatError(path, line_no, f"field 'ev': unknown event {e['ev']!r} for role {header['role']}")
-                for name, typ in spec.items():
-                    if name not in e or not _check_type(e[name], typ):
-                        raise TraceFormatError(path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}")
-                yield line_no, e
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(path, line_no + 1, f"not UTF-8 text ({exc.reason})") from None
+                if line.strip():
+                    nums.append(line_no)
+                    lines.append(line if line.endswith("\n") else line + "\n")
+            if not lines:
+                continue
+            try:
+                events = loads("[" + ",".join(lines) + "]")
+                ok = len(events) == len(lines)
+            except json.JSONDecodeError:
+                ok = False
+            if ok:
+                for n, e in zip(nums, events):
+                    if type(e) is dict:
+                        check = valid.get(e.get("ev"))
+                        seq = e.get("seq")
+                        if check is not None and check(e) and seq > last_seq:
+                            last_seq = seq
+                            yield n, e
+                            continue
+                    _validate_slow(path, n, e, last_seq, fields_of, role)  # raises, unless the fast check was too strict
+                    last_seq = e["seq"]
+                    yield n, e
+            else:
+                for n, line in zip(nums, lines):
+                    e = _decode_slow(path, n, line)
+                    _validate_slow(path, n, e, last_seq, fields_of, role)
+                    last_seq = e["seq"]
+                    yield n, e

@@ -8,7 +8,7 @@ import json
 import sys
 
 # Modules that add sub-commands: each defines `register(subparsers)`, setting `fn` on its parsers.
-PLUGINS: list[str] = []
+PLUGINS: list[str] = ["engine.bench", "checker.trace_cli"]
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -82,7 +82,13 @@ def cmd_check(a) -> int:
     from checker.linear import check_file
     from checker.report import json_report, text_report
 
+    if a.perfetto and len(a.traces) != 1:
+        raise ValueError("--perfetto takes exactly one trace")
     results = [check_file(p) for p in a.traces]
+    if a.perfetto:
+        from checker.perfetto import export, violations_of
+
+        export(a.traces[0], a.perfetto, violations=violations_of(results[0]))
     if a.json:
         print(json.dumps([json_report(r) for r in results], indent=1))
     else:
@@ -101,6 +107,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--perfetto", metavar="OUT", help="also write the trace as Chrome trace-event JSON, "
+                   "violations highlighted (ui.perfetto.dev)")
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("bootstrap", help="run the bootstrap HTTP server alone", add_help=False)
     p.set_defaults(fn=None)

@@ -1,0 +1,723 @@
+"""`pdo bench`: measurements of the engine and of its instruments.
+
+  pdo bench prefill         the four prefill loops, interleaved, at several prefix-hit ratios: uncached
+                            input tokens/s, TTFT, scheduler and forward busy time, overlap efficiency
+  pdo bench trace-overhead  the engine with tracing on vs off, and the cost of one trace event
+  pdo bench checker         throughput and peak memory of the linear checker on a big valid trace
+
+Every metric and how it is computed is described in docs/benchmarks.md ("Prefill overlap"). The
+trace-derived metrics use the spans of checker/perfetto.py:
+
+  S = admit and process spans on the scheduler thread   (scheduler time that could be hidden)
+  W = fwd spans (host-side run_batch), wherever they ran
+  scheduler busy = |S|, forward busy = |W|, hidden = |S ∩ W| (time, on the union of each)
+  overlap efficiency = |S ∩ W| / min(|S|, |W|)
+
+`bench` is a parser with sub-commands; another benchmark registers with one line in BENCH_PLUGINS
+(a module whose `register(bench_subparsers)` adds its sub-command).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+MODES = ("normal", "overlap", "thread", "ahead")
+BASELINE = "thread"
+
+# Modules adding `pdo bench <name>`: each defines `register(bench_subparsers)` (e.g. "engine.decode.bench").
+BENCH_PLUGINS: list[str] = []
+
+
+# ---- small helpers -------------------------------------------------------------------------------
+
+def _pct(xs, q: float) -> float:
+    """Percentile by linear interpolation (q in 0..100); nan for no data."""
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _median(xs) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _union(intervals) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersection(xs, ys) -> int:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    i = j = total = 0
+    while i < len(xs) and j < len(ys):
+        a, b = xs[i]
+        c, d = ys[j]
+        lo, hi = max(a, c), min(b, d)
+        if hi > lo:
+            total += hi - lo
+        if b < d:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "host": platform.node(),
+            "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+# ---- trace metrics -------------------------------------------------------------------------------
+
+def trace_metrics(events, role: str = "prefill") -> dict:
+    """Busy times and overlap efficiency of one run, from its events (dicts, in seq order)."""
+    from checker.perfetto import timeline_of
+
+    _, spans, _ = timeline_of(events, role)
+    sched = next((s.thread for s in spans if s.kind == "admit"), "scheduler")
+    s_iv = _union((s.t0, s.t1) for s in spans if s.thread == sched and s.kind in ("admit", "process"))
+    w_iv = _union((s.t0, s.t1) for s in spans if s.kind == "fwd")
+    admit = sum(s.dur for s in spans if s.thread == sched and s.kind == "admit")
+    process = sum(s.dur for s in spans if s.thread == sched and s.kind == "process")
+    collect = sum(s.dur for s in spans if s.kind == "collect")
+    s_len, w_len = _length(s_iv), _length(w_iv)
+    hidden = _intersection(s_iv, w_iv)
+    hideable = min(s_len, w_len)
+    batches = sum(1 for s in spans if s.kind == "fwd")
+    return {
+        "batches": batches,
+        "sched_busy_ms": s_len / 1e6, "admit_ms": admit / 1e6, "process_ms": process / 1e6,
+        "fwd_busy_ms": w_len / 1e6, "collect_wait_ms": collect / 1e6,
+        "hidden_ms": hidden / 1e6, "hideable_ms": hideable / 1e6,
+        "overlap_efficiency": hidden / hideable if hideable else 0.0,
+    }
+
+
+# ---- progress ------------------------------------------------------------------------------------
+
+class Progress:
+    """Progress of long runs on stderr: only when stderr is a TTY, or when forced (--progress).
+    Within a run, a monitor thread reads the run's trace events every `period` seconds (requests
+    released = done; KV-send tokens = uncached tokens prefilled) — nothing is added to the engine."""
+
+    def __init__(self, enabled: bool | None = None, period: float = 0.5, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.enabled = self.tty if enabled is None else enabled
+        self.period = period if self.tty else max(period, 2.0)
+        self._stop = None
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(("\r\033[K" if self.tty else "") + text + ("" if self.tty else "\n"))
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def watch(self, label: str, tracer, total: int):
+        """Context manager: report `label: done/total requests, tok/s` while the run goes on."""
+        return _Watch(self, label, tracer, total)
+
+
+class _Watch:
+    def __init__(self, prog: Progress, label: str, tracer, total: int):
+        self.p, self.label, self.tracer, self.total = prog, label, tracer, total
+        self.stop = threading.Event()
+        self.thread = None
+
+    def __enter__(self):
+        if self.p.enabled and getattr(self.tracer, "enabled", False):
+            self.thread = threading.Thread(target=self._run, name="bench-progress", daemon=True)
+            self.thread.start()
+        return self
+
+    def _run(self):
+        t0 = time.perf_counter()
+        seen = released = tokens = 0
+        while not self.stop.wait(self.p.period):
+            new = self.tracer.events[seen:]
+            seen += len(new)
+            for e in new:
+                ev = e["ev"]
+                if ev == "release":
+                    released += 1
+                elif ev == "kv_send":
+                    tokens += e.get("tokens", 0)
+            dt = time.perf_counter() - t0
+            self.p.line(f"{self.label}: {released}/{self.total} requests, {tokens / dt:,.0f} uncached tok/s")
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+# ---- pdo bench prefill ---------------------------------------------------------------------------
+
+QUICK = dict(reps=3, requests=160, hits=(0.0, 0.5, 0.8))
+FULL = dict(reps=7, requests=400, hits=(0.0, 0.5, 0.8))
+
+
+def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
+    """One traced run: the engine's summary plus TTFT and the trace metrics."""
+    from .run import run_prefill
+    from .trace import Tracer
+
+    tracer = Tracer()
+    if progress is not None and progress.enabled:
+        with progress.watch(label, tracer, wc.requests):
+            s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True)
+    else:
+        s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True)
+    if s["_error"] is not None:
+        raise s["_error"]
+    if s["finished"] != s["requests"] or any(s["leaks"].values()):
+        raise RuntimeError(f"bench run {cfg.mode} hit={wc.hit} did not finish cleanly: "
+                           f"{s['finished']}/{s['requests']} requests, leaks {s['leaks']}")
+    ttft = [(r.first_token_s - r.arrival_s) * 1e3 for r in s["_requests"] if r.first_token_s is not None]
+    out = {
+        "wall_s": s["wall_s"], "uncached_tokens": s["uncached_tokens"], "cached_tokens": s["cached_tokens"],
+        "uncached_tok_per_s": s["uncached_tok_per_s"], "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+        "events": len(tracer.events),
+    }
+    out.update(trace_metrics(tracer.events))
+    return out
+
+
+_PER_RUN = ("uncached_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "sched_busy_ms", "admit_ms", "process_ms",
+            "fwd_busy_ms", "collect_wait_ms", "hidden_ms", "overlap_efficiency", "wall_s", "batches",
+            "uncached_tokens")
+
+
+def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests: int = 160,
+                  engine: dict | None = None, workload: dict | None = None, progress: Progress | None = None,
+                  warmup: bool = True) -> dict:
+    """All `modes` interleaved (A B C D A B C D ...) at each hit ratio, `reps` times. Returns the
+    per-run numbers, their medians per (hit, mode) and the per-rep ratios against `thread`."""
+    from .config import EngineConfig
+    from .workload import WorkloadConfig
+
+    engine = dict(engine or {})
+    workload = dict(workload or {})
+    progress = progress or Progress(False)
+    modes = list(modes)
+    runs: dict[tuple, list[dict]] = {(h, m): [] for h in hits for m in modes}
+    if warmup:  # first-run costs (imports, allocator, thread start-up) out of the measurement
+        for m in modes:
+            run_one(EngineConfig(mode=m, **engine), WorkloadConfig(requests=max(8, requests // 10), hit=hits[-1],
+                                                                    **workload))
+    total = reps * len(hits) * len(modes)
+    k = 0
+    t_start = time.perf_counter()
+    for rep in range(reps):
+        for h in hits:
+            for m in modes:
+                k += 1
+                cfg = EngineConfig(mode=m, **engine)
+                wc = WorkloadConfig(requests=requests, hit=h, **workload)
+                r = run_one(cfg, wc, progress=progress, label=f"[{k}/{total}] hit={h} {m}")
+                r["rep"] = rep
+                runs[(h, m)].append(r)
+                progress.line(f"[{k}/{total}] hit={h} {m}: {r['uncached_tok_per_s']:,.0f} uncached tok/s, "
+                              f"overlap eff {r['overlap_efficiency']:.2f}, {time.perf_counter() - t_start:.0f} s")
+    progress.done()
+    results = []
+    for h in hits:
+        base = runs.get((h, BASELINE))
+        for m in modes:
+            rs = runs[(h, m)]
+            med = {key: _median([r[key] for r in rs]) for key in _PER_RUN}
+            entry = {"hit": h, "mode": m, "median": med, "runs": rs}
+            if base:
+                ratios = [r["uncached_tok_per_s"] / b["uncached_tok_per_s"] for r, b in zip(rs, base)]
+                entry["ratio_vs_thread"] = {"median": _median(ratios), "min": min(ratios), "max": max(ratios),
+                                            "per_rep": ratios}
+            results.append(entry)
+    headline = {}
+    for h in hits:
+        for e in results:
+            if e["hit"] == h and e["mode"] == "ahead" and "ratio_vs_thread" in e:
+                headline[str(h)] = {"ahead_over_thread": e["ratio_vs_thread"]["median"],
+                                    "ahead_overlap_efficiency": e["median"]["overlap_efficiency"]}
+    return {"benchmark": "prefill", "date": _now(), "machine": machine(), "modes": modes, "hits": list(hits),
+            "reps": reps, "requests": requests, "engine": engine, "workload": workload,
+            "results": results, "headline": headline}
+
+
+def format_prefill_table(res: dict) -> str:
+    head = (f"{'hit':>4} {'mode':8} {'tok/s':>8} {'vs thread':>16} {'TTFT p50':>9} {'p99':>8} "
+            f"{'sched busy':>10} {'fwd busy':>9} {'hidden':>8} {'overlap eff':>11}")
+    units = (f"{'':>4} {'':8} {'uncached':>8} {'median [min,max]':>16} {'ms':>9} {'ms':>8} "
+             f"{'ms':>10} {'ms':>9} {'ms':>8} {'':>11}")
+    lines = [head, units]
+    for e in res["results"]:
+        m = e["median"]
+        r = e.get("ratio_vs_thread")
+        ratio = f"{r['median']:.3f} [{r['min']:.2f},{r['max']:.2f}]" if r else "-"
+        lines.append(f"{e['hit']:>4} {e['mode']:8} {m['uncached_tok_per_s']:8.0f} {ratio:>16} "
+                     f"{m['ttft_p50_ms']:9.1f} {m['ttft_p99_ms']:8.1f} {m['sched_busy_ms']:10.1f} "
+                     f"{m['fwd_busy_ms']:9.1f} {m['hidden_ms']:8.1f} {m['overlap_efficiency']:11.2f}")
+    return "\n".join(lines)
+
+
+def plot_prefill(res: dict, out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hits, modes = res["hits"], res["modes"]
+    colors = {"normal": "#9e9e9e", "overlap": "#64b5f6", "thread": "#ffb74d", "ahead": "#43a047"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=110)
+    width = 0.8 / len(modes)
+    by = {(e["hit"], e["mode"]): e for e in res["results"]}
+    for i, m in enumerate(modes):
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(hits))]
+        rat = [by[(h, m)].get("ratio_vs_thread", {}).get("median", float("nan")) for h in hits]
+        lo = [r - by[(h, m)].get("ratio_vs_thread", {}).get("min", r) for h, r in zip(hits, rat)]
+        hi = [by[(h, m)].get("ratio_vs_thread", {}).get("max", r) - r for h, r in zip(hits, rat)]
+        ax1.bar(xs, rat, width, yerr=[lo, hi], capsize=2, color=colors.get(m), label=m, error_kw={"lw": 0.8})
+        eff = [by[(h, m)]["median"]["overlap_efficiency"] for h in hits]
+        ax2.bar(xs, eff, width, color=colors.get(m), label=m)
+    ax1.axhline(1.0, color="k", lw=0.6)
+    lows = [v for e in res["results"] for v in [e.get("ratio_vs_thread", {}).get("min", 1.0)]]
+    highs = [v for e in res["results"] for v in [e.get("ratio_vs_thread", {}).get("max", 1.0)]]
+    ax1.set_ylim(min(0.8, min(lows) - 0.05), max(1.2, max(highs) + 0.05))
+    for ax, title in ((ax1, "uncached input tokens/s vs thread"), (ax2, "overlap efficiency")):
+        ax.set_xticks(range(len(hits)))
+        ax.set_xticklabels([f"hit {h}" for h in hits])
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(labelsize=8)
+    ax2.set_ylim(0, 1.05)
+    ax1.legend(fontsize=7, ncol=2, loc="upper left")
+    eng = res.get("engine", {})
+    knobs = ", ".join(f"{k}={v}" for k, v in eng.items() if v)
+    fig.suptitle(f"pdo bench prefill: {res['reps']} reps x {res['requests']} requests, "
+                 f"{res['machine']['cpus']} CPUs" + (f" ({knobs})" if knobs else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+# ---- pdo bench trace-overhead --------------------------------------------------------------------
+
+def emit_cost_ns(n: int = 100_000) -> dict:
+    """Cost of one Tracer.emit of a typical event (batch + rid fields), from one thread, in ns; and of
+    writing it to a file."""
+    import tempfile
+
+    from .trace import Tracer
+
+    tr = Tracer({"role": "prefill"})
+    emit = tr.emit
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        emit("kv_send", rid="r1", obj="o1", tokens=16, pages=1)
+    t1 = time.perf_counter_ns()
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "t.jsonl")
+        t2 = time.perf_counter_ns()
+        tr.write(p)
+        t3 = time.perf_counter_ns()
+    return {"emit_ns": (t1 - t0) / n, "write_ns": (t3 - t2) / n, "events": n}
+
+
+def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 200, engine: dict | None = None,
+                         workload: dict | None = None, progress: Progress | None = None) -> dict:
+    """Interleaved runs with tracing on (Tracer, in memory, as `pdo run --trace` before the write)
+    and off (NullTracer): wall-time ratio per pair, and the per-event cost."""
+    from .config import EngineConfig
+    from .run import run_prefill
+    from .trace import NullTracer, Tracer
+    from .workload import WorkloadConfig
+
+    engine = dict(engine or {})
+    workload = dict(workload or {})
+    progress = progress or Progress(False)
+    cfg = EngineConfig(mode=mode, **engine)
+    wc = WorkloadConfig(requests=requests, **workload)
+    run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload))  # warm-up
+    pairs = []
+    for rep in range(reps):
+        row = {}
+        order = ("off", "on") if rep % 2 == 0 else ("on", "off")   # alternate who goes first
+        for which in order:
+            tr = Tracer() if which == "on" else NullTracer()
+            c0 = time.process_time()
+            s = run_prefill(cfg, wc, tracer=tr)
+            row[which] = {"wall_s": s["wall_s"], "cpu_s": time.process_time() - c0,
+                          "events": len(tr.events) if which == "on" else 0}
+        row["ratio"] = row["on"]["wall_s"] / row["off"]["wall_s"]
+        pairs.append(row)
+        progress.line(f"[{rep + 1}/{reps}] tracing on/off wall ratio {row['ratio']:.3f}")
+    progress.done()
+    ratios = [p["ratio"] for p in pairs]
+    events = _median([p["on"]["events"] for p in pairs])
+    d_wall = _median([p["on"]["wall_s"] - p["off"]["wall_s"] for p in pairs])
+    micro = emit_cost_ns()
+    return {
+        "benchmark": "trace-overhead", "date": _now(), "machine": machine(), "mode": mode, "reps": reps,
+        "requests": requests, "engine": engine, "workload": workload, "pairs": pairs,
+        "wall_ratio_median": _median(ratios), "wall_ratio_min": min(ratios), "wall_ratio_max": max(ratios),
+        "overhead_pct": (_median(ratios) - 1) * 100, "events_per_run": events,
+        "events_per_s_of_run": events / _median([p["on"]["wall_s"] for p in pairs]),
+        "in_run_ns_per_event": d_wall * 1e9 / events if events else float("nan"),
+        "emit_ns": micro["emit_ns"], "write_ns": micro["write_ns"], "target_pct": 3.0,
+    }
+
+
+def format_trace_overhead(r: dict) -> str:
+    return "\n".join([
+        f"tracing overhead, mode={r['mode']}, {r['reps']} interleaved on/off pairs of {r['requests']} requests:",
+        f"  wall time on/off: median {r['wall_ratio_median']:.4f} (min {r['wall_ratio_min']:.3f}, "
+        f"max {r['wall_ratio_max']:.3f}) -> overhead {r['overhead_pct']:+.2f}% (target <= {r['target_pct']:.0f}%)",
+        f"  events per run {r['events_per_run']:.0f} ({r['events_per_s_of_run']:,.0f} events/s of run time)",
+        f"  per event: Tracer.emit {r['emit_ns']:.0f} ns (single thread, tight loop); "
+        f"write to file {r['write_ns']:.0f} ns; in-run wall difference / events {r['in_run_ns_per_event']:.0f} ns",
+    ])
+
+
+# ---- pdo bench checker ---------------------------------------------------------------------------
+
+def make_big_trace(out: str, events: int, *, base: str | None = None, requests: int = 300,
+                   mode: str = "ahead") -> dict:
+    """A valid trace of at least `events` events: one engine trace (`base`, or a fresh run) repeated
+    with batches, requests, objects, seq and time renumbered so that every copy is a new stretch of
+    the same run. Returns {events, bytes, copies, base_events}."""
+    import tempfile
+
+    from checker.trace_io import iter_events
+
+    tmp = None
+    if base is None:
+        from .config import EngineConfig
+        from .run import run_prefill
+        from .workload import WorkloadConfig
+
+        tmp = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False)
+        tmp.close()
+        base = tmp.name
+        run_prefill(EngineConfig(mode=mode), WorkloadConfig(requests=requests), trace_path=base)
+    try:
+        header: dict = {}
+        evs = [e for _, e in iter_events(base, header_out=header)]
+    finally:
+        if tmp is not None:
+            os.unlink(tmp.name)
+    if not evs:
+        raise ValueError(f"{base}: no events to repeat")
+    nb = max((e["batch"] for e in evs if "batch" in e), default=-1) + 1
+    span = evs[-1]["t_ns"] - evs[0]["t_ns"] + 1000
+    copies = -(-events // len(evs))
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    n = 0
+    with open(out, "w") as f:
+        f.write(json.dumps(header) + "\n")
+        for k in range(copies):
+            suf = f".{k}" if k else ""
+            buf = []
+            for e in evs:
+                e = dict(e)
+                n += 1
+                e["seq"] = n
+                e["t_ns"] += k * span
+                if "batch" in e:
+                    e["batch"] += k * nb
+                if k:
+                    if "rid" in e:
+                        e["rid"] += suf
+                    if "rids" in e:
+                        e["rids"] = [r + suf for r in e["rids"]]
+                    if "obj" in e:
+                        e["obj"] += suf
+                buf.append(dumps(e))
+            f.write("\n".join(buf) + "\n")
+    return {"events": n, "bytes": os.path.getsize(out), "copies": copies, "base_events": len(evs)}
+
+
+_CHILD = r"""
+import json, resource, sys, time, tracemalloc
+from checker.linear import check_file
+from checker.trace_io import iter_events
+path, mode = sys.argv[1], sys.argv[2]
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = {"rss_before_kib": base}
+if mode == "parse":
+    t = time.perf_counter(); n = sum(1 for _ in iter_events(path)); dt = time.perf_counter() - t
+    out.update(events=n, seconds=dt)
+elif mode == "tracemalloc":
+    tracemalloc.start(); r = check_file(path); out.update(events=r.events, ok=r.ok)
+    out["tracemalloc_peak_bytes"] = tracemalloc.get_traced_memory()[1]
+else:
+    t = time.perf_counter(); r = check_file(path); dt = time.perf_counter() - t
+    out.update(events=r.events, seconds=dt, ok=r.ok, violations=len(r.violations))
+out["rss_peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps(out))
+"""
+
+
+def _child(path: str, mode: str) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", _CHILD, path, mode], capture_output=True, text=True, cwd=root,
+                       env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    if p.returncode != 0:
+        raise RuntimeError(f"checker child failed: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def bench_checker(*, events: int = 1_000_000, trace: str | None = None, keep: str | None = None,
+                  reps: int = 1, memory: bool = True, progress: Progress | None = None) -> dict:
+    """checker.linear.check_file on a big valid trace (made with make_big_trace unless `trace` is
+    given), each measurement in a fresh interpreter: events/s of the full check, of parsing alone,
+    and peak memory (RSS growth over the interpreter's start, and the tracemalloc peak)."""
+    import tempfile
+
+    progress = progress or Progress(False)
+    made = None
+    d = None
+    if trace is None:
+        if keep:
+            path = keep
+        else:
+            d = tempfile.mkdtemp(prefix="pdo-bench-")
+            path = os.path.join(d, "big.jsonl")
+        progress.line(f"writing a valid trace of >= {events:,} events to {path} ...")
+        made = make_big_trace(path, events)
+    else:
+        path = trace
+    try:
+        size = os.path.getsize(path)
+        checks, parses = [], []
+        for i in range(reps):
+            progress.line(f"[{i + 1}/{reps}] check_file ...")
+            checks.append(_child(path, "check"))
+            progress.line(f"[{i + 1}/{reps}] parse only ...")
+            parses.append(_child(path, "parse"))
+        tm = _child(path, "tracemalloc") if memory else None
+    finally:
+        if d is not None:
+            import shutil
+            shutil.rmtree(d, ignore_errors=True)
+    progress.done()
+    best = min(checks, key=lambda c: c["seconds"])
+    bestp = min(parses, key=lambda c: c["seconds"])
+    n = best["events"]
+    res = {
+        "benchmark": "checker", "date": _now(), "machine": machine(), "trace": trace or (keep or "(temporary)"),
+        "made": made, "events": n, "bytes": size, "ok": best["ok"], "reps": reps,
+        "seconds": best["seconds"], "events_per_s": n / best["seconds"],
+        "events_per_s_all": [c["events"] / c["seconds"] for c in checks],
+        "parse_seconds": bestp["seconds"], "parse_events_per_s": bestp["events"] / bestp["seconds"],
+        "rules_share": 1 - bestp["seconds"] / best["seconds"],
+        "rss_peak_mib": best["rss_peak_kib"] / 1024, "rss_growth_mib": (best["rss_peak_kib"] - best["rss_before_kib"]) / 1024,
+        "tracemalloc_peak_mib": tm["tracemalloc_peak_bytes"] / 2**20 if tm else None,
+        "target_events_per_s": 200_000,
+    }
+    return res
+
+
+def format_checker(r: dict) -> str:
+    return "\n".join([
+        f"checker.linear.check_file on {r['events']:,} events ({r['bytes'] / 2**20:.0f} MiB), "
+        f"result {'PASS' if r['ok'] else 'FAIL'}:",
+        f"  {r['events_per_s']:,.0f} events/s ({r['seconds']:.2f} s; target {r['target_events_per_s']:,}); "
+        f"parsing + validation alone {r['parse_events_per_s']:,.0f} events/s "
+        f"(rules take {r['rules_share'] * 100:.0f}% of the time)",
+        f"  memory: peak RSS {r['rss_peak_mib']:.0f} MiB (+{r['rss_growth_mib']:.0f} MiB over the interpreter's start)"
+        + (f", tracemalloc peak {r['tracemalloc_peak_mib']:.1f} MiB" if r["tracemalloc_peak_mib"] is not None else ""),
+    ])
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+def _floats(s: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def _add_engine_knobs(p) -> None:
+    g = p.add_argument_group("engine and workload")
+    g.add_argument("--model", choices=["tiny", "large"], default="tiny")
+    g.add_argument("--admission-cost-us", type=float, default=0.0,
+                   help="extra host work per admitted request (a heavier scheduler)")
+    g.add_argument("--launch-cost-us", type=float, default=None,
+                   help="host time per layer launch inside run_batch (eager launch overhead); "
+                        "default: 0 for trace-overhead, 1500 for prefill (see docs/benchmarks.md)")
+    g.add_argument("--max-batch-tokens", type=int, default=256)
+    g.add_argument("--chunk-size", type=int, default=128)
+    g.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
+    g.add_argument("--groups", type=int, default=3)
+    g.add_argument("--switch-interval-us", type=float, default=None,
+                   help="sys.setswitchinterval for the whole benchmark (default: Python's, 5000)")
+
+
+def _engine_workload(a, default_launch: float) -> tuple[dict, dict]:
+    lo, _, hi = a.prompt_len.partition(":")
+    launch = default_launch if a.launch_cost_us is None else a.launch_cost_us
+    engine = {"model": a.model, "admission_cost_us": a.admission_cost_us, "launch_cost_us": launch,
+              "max_batch_tokens": a.max_batch_tokens, "chunk_size": a.chunk_size}
+    workload = {"prompt_len": (int(lo), int(hi or lo)), "groups": a.groups}
+    return engine, workload
+
+
+def _progress(a) -> Progress:
+    return Progress(True if a.progress else None)
+
+
+def _switch(a):
+    if a.switch_interval_us:
+        sys.setswitchinterval(a.switch_interval_us * 1e-6)
+    return sys.getswitchinterval() * 1e6
+
+
+def _write_json(path: str | None, res: dict) -> None:
+    if not path:
+        return
+    text = json.dumps(res, indent=1, default=str)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def cmd_prefill(a) -> int:
+    if a.requests is not None and a.requests < 1:
+        raise ValueError("--requests must be >= 1")
+    base = QUICK if a.quick else FULL
+    reps = a.reps or base["reps"]
+    requests = a.requests or base["requests"]
+    hits = _floats(a.hits) if a.hits else base["hits"]
+    modes = [m.strip() for m in a.modes.split(",")] if a.modes else list(MODES)
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+    engine, workload = _engine_workload(a, DEFAULT_LAUNCH_COST_US)
+    switch = _switch(a)
+    res = bench_prefill(modes=modes, hits=hits, reps=reps, requests=requests, engine=engine, workload=workload,
+                        progress=_progress(a))
+    res["switch_interval_us"] = switch
+    res["command"] = "pdo " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pdo") else None
+    if a.json != "-":
+        print(format_prefill_table(res))
+        for h, v in res["headline"].items():
+            print(f"hit {h}: ahead / thread = {v['ahead_over_thread']:.3f}, "
+                  f"ahead overlap efficiency {v['ahead_overlap_efficiency']:.2f}")
+    _write_json(a.json, res)
+    if a.png:
+        plot_prefill(res, a.png)
+        if a.json != "-":
+            print(f"chart: {a.png}")
+    return 0
+
+
+def cmd_trace_overhead(a) -> int:
+    engine, workload = _engine_workload(a, 0.0)
+    _switch(a)
+    reps = a.reps or (3 if a.quick else 11)
+    requests = a.requests or (120 if a.quick else 300)
+    res = bench_trace_overhead(mode=a.mode, reps=reps, requests=requests, engine=engine, workload=workload,
+                               progress=_progress(a))
+    if a.json != "-":
+        print(format_trace_overhead(res))
+    _write_json(a.json, res)
+    return 0
+
+
+def cmd_checker(a) -> int:
+    events = a.events or (200_000 if a.quick else 1_000_000)
+    res = bench_checker(events=events, trace=a.trace, keep=a.keep, reps=a.reps or 1, memory=not a.no_memory,
+                        progress=_progress(a))
+    if a.json != "-":
+        print(format_checker(res))
+    _write_json(a.json, res)
+    return 0
+
+
+# Host time per layer launch used by `bench prefill` unless --launch-cost-us says otherwise.
+DEFAULT_LAUNCH_COST_US = 1500.0
+
+
+def register(sub) -> None:
+    import importlib
+
+    p = sub.add_parser("bench", help="benchmarks: prefill loops, tracing overhead, checker throughput")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="{prefill,trace-overhead,checker,...}")
+
+    q = bsub.add_parser("prefill", help="the four prefill loops, interleaved, at prefix hit 0.0/0.5/0.8")
+    q.add_argument("--quick", action="store_true", help="a small version (under two minutes on two cores)")
+    q.add_argument("--reps", type=int, default=None, help="rounds of A B C D per hit (default 7; quick 3)")
+    q.add_argument("--requests", type=int, default=None, help="requests per run (default 400; quick 160)")
+    q.add_argument("--hits", default=None, help="prefix-hit ratios, comma-separated (default 0,0.5,0.8)")
+    q.add_argument("--modes", default=None, help="loop modes, comma-separated (default all four)")
+    _add_engine_knobs(q)
+    q.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout, no table)")
+    q.add_argument("--png", metavar="FILE", help="write a chart (ratios vs thread, overlap efficiency)")
+    q.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a TTY")
+    q.set_defaults(fn=cmd_prefill)
+
+    t = bsub.add_parser("trace-overhead", help="engine wall time with tracing on vs off; ns per event")
+    t.add_argument("--quick", action="store_true")
+    t.add_argument("--mode", choices=list(MODES), default="ahead")
+    t.add_argument("--reps", type=int, default=None, help="on/off pairs (default 11; quick 3)")
+    t.add_argument("--requests", type=int, default=None, help="requests per run (default 300; quick 120)")
+    _add_engine_knobs(t)
+    t.add_argument("--json", metavar="FILE")
+    t.add_argument("--progress", action="store_true")
+    t.set_defaults(fn=cmd_trace_overhead)
+
+    c = bsub.add_parser("checker", help="linear checker throughput and peak memory on a big valid trace")
+    c.add_argument("--quick", action="store_true", help="200,000 events instead of 1,000,000")
+    c.add_argument("--events", type=int, default=None, help="size of the generated trace")
+    c.add_argument("--trace", metavar="FILE", help="measure this trace instead of generating one")
+    c.add_argument("--keep", metavar="FILE", help="write the generated trace here and keep it")
+    c.add_argument("--reps", type=int, default=None, help="measurements (best is reported)")
+    c.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
+    c.add_argument("--json", metavar="FILE")
+    c.add_argument("--progress", action="store_true")
+    c.set_defaults(fn=cmd_checker)
+
+    for mod in BENCH_PLUGINS:
+        importlib.import_module(mod).register(bsub)

@@ -1,0 +1,109 @@
+"""The benchmarks on tiny inputs: `pdo bench prefill` JSON fields and chart, the trace metrics
+(busy times, overlap efficiency) on hand-made events, the tracing-overhead and checker-throughput
+functions, the big-trace generator producing a valid trace, and progress lines."""
+import io
+import json
+
+import pytest
+
+from checker.linear import check_file
+from engine import bench
+from engine.cli import main
+
+
+def _ev(seq, t_us, thread, ev, **f):
+    return {"seq": seq, "t_ns": t_us * 1000, "thread": thread, "ev": ev, **f}
+
+
+def test_intervals():
+    u = bench._union([(5, 7), (0, 2), (1, 3), (6, 9), (10, 10)])
+    assert u == [(0, 3), (5, 9)] and bench._length(u) == 7
+    assert bench._intersection(u, [(2, 6), (8, 20)]) == 1 + 1 + 1
+    assert bench._pct([1, 2, 3, 4], 50) == 2.5 and bench._pct([7], 99) == 7
+
+
+def test_trace_metrics_overlap_efficiency():
+    # admission 0..100 overlaps fwd 50..150; processing 200..260 overlaps fwd 250..300 (us)
+    evs = [
+        _ev(1, 0, "scheduler", "process_end", batch=9),
+        _ev(2, 50, "forward", "fwd_begin", batch=0, digest="d"),
+        _ev(3, 100, "scheduler", "admit", batch=1, rids=["a"]),
+        _ev(4, 150, "forward", "fwd_end", batch=0),
+        _ev(5, 200, "scheduler", "process_begin", batch=0),
+        _ev(6, 250, "forward", "fwd_begin", batch=1, digest="d"),
+        _ev(7, 260, "scheduler", "process_end", batch=0),
+        _ev(8, 300, "forward", "fwd_end", batch=1),
+    ]
+    m = bench.trace_metrics(evs)
+    assert m["sched_busy_ms"] == pytest.approx(0.160) and m["fwd_busy_ms"] == pytest.approx(0.150)
+    assert m["admit_ms"] == pytest.approx(0.100) and m["process_ms"] == pytest.approx(0.060)
+    assert m["hidden_ms"] == pytest.approx(0.060) and m["hideable_ms"] == pytest.approx(0.150)
+    assert m["overlap_efficiency"] == pytest.approx(0.4) and m["batches"] == 2
+
+
+def test_bench_prefill_tiny_json_and_chart(tmp_path, capsys):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    assert main(["bench", "prefill", "--reps", "1", "--requests", "6", "--hits", "0.8", "--json", str(out),
+                 "--png", str(png), "--launch-cost-us", "100"]) == 0
+    table = capsys.readouterr().out
+    assert "ahead / thread" in table and "overlap eff" in table
+    res = json.loads(out.read_text())
+    assert res["modes"] == ["normal", "overlap", "thread", "ahead"] and res["hits"] == [0.8]
+    assert res["machine"]["cpus"] >= 1 and res["date"] and res["engine"]["launch_cost_us"] == 100
+    by = {(e["hit"], e["mode"]): e for e in res["results"]}
+    for mode in res["modes"]:
+        e = by[(0.8, mode)]
+        assert len(e["runs"]) == 1
+        for key in ("uncached_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "sched_busy_ms", "fwd_busy_ms",
+                    "overlap_efficiency", "hidden_ms", "collect_wait_ms"):
+            assert e["median"][key] == e["median"][key], (mode, key)   # not NaN
+        assert 0.0 <= e["median"]["overlap_efficiency"] <= 1.0
+        assert e["median"]["ttft_p50_ms"] <= e["median"]["ttft_p99_ms"]
+    assert by[(0.8, "thread")]["ratio_vs_thread"]["median"] == 1.0
+    for mode in ("normal", "overlap", "thread"):   # admission never runs beside run_batch in these loops
+        assert by[(0.8, mode)]["median"]["overlap_efficiency"] < 0.05
+    assert by[(0.8, "ahead")]["median"]["hidden_ms"] > 0
+    assert "0.8" in res["headline"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_prefill_rejects_bad_mode(capsys):
+    assert main(["bench", "prefill", "--modes", "thread,sideways", "--reps", "1", "--requests", "2"]) == 2
+    assert "sideways" in capsys.readouterr().err
+
+
+def test_trace_overhead_tiny():
+    r = bench.bench_trace_overhead(mode="thread", reps=1, requests=6)
+    assert r["pairs"][0]["on"]["events"] > 0 and r["pairs"][0]["off"]["events"] == 0
+    assert r["wall_ratio_median"] > 0 and r["emit_ns"] > 0 and r["write_ns"] > 0
+    assert "per event" in bench.format_trace_overhead(r)
+    c = bench.emit_cost_ns(1000)
+    assert 0 < c["emit_ns"] < 1e6
+
+
+def test_big_trace_is_valid_and_checker_bench_runs(tmp_path):
+    base = tmp_path / "base.jsonl"
+    assert main(["run", "--mode", "ahead", "--requests", "6", "--trace", str(base)]) == 0
+    big = tmp_path / "big.jsonl"
+    made = bench.make_big_trace(str(big), 1500, base=str(base))
+    assert made["events"] >= 1500 and made["copies"] >= 2
+    r = check_file(str(big))
+    assert r.ok and r.events == made["events"], [v.message for v in r.violations[:3]]
+    res = bench.bench_checker(trace=str(big), memory=True)
+    assert res["ok"] and res["events"] == made["events"] and res["events_per_s"] > 0
+    assert res["parse_events_per_s"] >= res["events_per_s"] * 0.5 and res["tracemalloc_peak_mib"] > 0
+    assert "events/s" in bench.format_checker(res)
+
+
+def test_progress_lines():
+    buf = io.StringIO()
+    p = bench.Progress(True, period=0.01, stream=buf)
+    p.line("[1/2] hit=0.8 thread: 100 uncached tok/s")
+    assert buf.getvalue().endswith("tok/s\n")   # not a TTY: whole lines, no carriage returns
+    assert bench.Progress(None, stream=io.StringIO()).enabled is False
+
+
+def test_bench_has_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench"])
+    assert "prefill" in capsys.readouterr().err
