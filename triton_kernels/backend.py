@@ -1,0 +1,62 @@
+"""The engine's attention-backend interface on top of the Triton kernels.
+
+Duck-typed on purpose: ``meta`` is any object with the ExtendMeta / DecodeMeta attributes, so this
+package does not depend on ``engine/``. Inputs may be [tokens, heads, head_dim] or flattened
+[tokens, heads * head_dim]; the output has the shape q came in with.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from triton_kernels.decode_attention import choose_num_kv_splits, decode_attention
+from triton_kernels.extend_attention import extend_attention
+from triton_kernels.kv_write import write_kv
+
+
+def _heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return t.view(t.shape[0], -1, head_dim) if t.dim() == 2 else t
+
+
+class TritonAttention:
+    name = "triton"
+
+    def __init__(self, sm_scale: float | None = None, num_kv_splits: int | None = None):
+        self.sm_scale = sm_scale  # None: 1/sqrt(head_dim)
+        self.num_kv_splits = num_kv_splits  # None: chosen per batch
+        # The same DecodeMeta serves every layer of a step: size the split once, not once per layer.
+        # Any split count gives the same result, so a stale choice could only cost speed.
+        self._splits_for: tuple[object, int] | None = None
+
+    def write_kv(self, k_pool, v_pool, loc, k, v) -> None:
+        head_dim = k_pool.shape[-1]
+        write_kv(k_pool, v_pool, loc, _heads(k, head_dim), _heads(v, head_dim))
+
+    def extend(self, q, k, v, k_pool, v_pool, meta) -> torch.Tensor:
+        head_dim = k_pool.shape[-1]
+        out = extend_attention(
+            _heads(q, head_dim), _heads(k, head_dim), _heads(v, head_dim), k_pool, v_pool,
+            meta.req_to_token, meta.req_slots, meta.prefix_lens, meta.extend_lens, meta.extend_start_loc,
+            int(meta.max_extend_len), sm_scale=self.sm_scale,
+        )
+        return out.view(q.shape)
+
+    def decode(self, q, k_pool, v_pool, meta) -> torch.Tensor:
+        head_dim = k_pool.shape[-1]
+        out = decode_attention(
+            _heads(q, head_dim), k_pool, v_pool, meta.req_to_token, meta.req_slots, meta.seq_lens,
+            sm_scale=self.sm_scale, num_kv_splits=self._num_kv_splits(meta, k_pool),
+        )
+        return out.view(q.shape)
+
+    def _num_kv_splits(self, meta, k_pool) -> int:
+        if self.num_kv_splits is not None:
+            return self.num_kv_splits
+        cached = self._splits_for
+        if cached is not None and cached[0] is meta:
+            return cached[1]
+        host_lens = getattr(meta, "host_seq_lens", None)  # the engine's host copy spares the sync
+        lens = host_lens if host_lens is not None else meta.seq_lens.tolist()
+        splits = choose_num_kv_splits(len(lens), k_pool.shape[1], max(lens, default=1), k_pool.device)
+        self._splits_for = (meta, splits)
+        return splits
