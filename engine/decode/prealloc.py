@@ -1,0 +1,250 @@
+"""The decode prealloc queue: which prefill DP rank holds each pending room, and receiver init.
+
+SGLang's `DecodePreallocQueue` with PR #35071's prefetch. Pending requests are grouped by bootstrap
+address. The DP-rank query (POST /query_dp_ranks) used to run only at the consumption point
+(`_resolve_pending_reqs`), an HTTP round trip on the scheduler's critical path; with prefetch, the
+top of every loop iteration submits it to a thread pool so it overlaps intake and the device, and the
+consumption point uses the future's answer when it still fits:
+
+  prefetch_prefill_dp_rank_queries()   top of each iteration
+    cancel futures of addresses with no pending request (stale)
+    per address: skip if a query is in flight (keeps one query per address, FIFO), skip if the
+    prefill side has not published its parallel info, query only rooms whose rank is unknown
+  _resolve_pending_reqs()              consumption point
+    rooms == prefetched rooms          -> future.result()                  source "prefetched"
+    prefetched rooms a prefix of rooms -> future.result() + sync tail      source "prefix"
+    otherwise                          -> cancel it, query synchronously   source "sync"
+
+Failures keep SGLang's meaning, "nothing known yet": the rooms stay pending and are asked again.
+What SGLang leaves unbounded is bounded here (see docs/decode.md): consecutive failed queries per
+address, time a room may stay unknown, attempts to fetch the parallel info; past a bound the
+requests concerned are aborted with an error, never left hanging.
+"""
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .. import bootstrap_client as bc
+from .. import inject
+from .request import DecodeReq, now
+
+
+@dataclass
+class Prefetch:
+    rooms: tuple
+    future: Future
+    qid: int
+    t_submit: float
+
+
+class DecodePreallocQueue:
+    def __init__(self, sched, dc, tracer):
+        self.sched = sched
+        self.dc = dc
+        self.tr = tracer
+        self.pending: list[DecodeReq] = []
+        self.prefill_info_table: dict[str, dict] = {}
+        self._queries: dict[str, Prefetch] = {}
+        self._executor = ThreadPoolExecutor(max_workers=dc.executor_workers, thread_name_prefix="prefetch")
+        self._qids = itertools.count()
+        self._info_attempts: dict[str, tuple[int, float]] = {}  # addr -> (failed attempts, last attempt)
+        self._query_failures: dict[str, int] = {}
+        self.memory_released = False
+        self.resolves: list[dict] = []  # per consumption point that needed a query: for the bench
+
+    def add(self, req: DecodeReq) -> None:
+        req.state, req.t_add = "pending", now()
+        self.pending.append(req)
+        self.tr.emit("req_add", rid=req.rid, room=req.room, addr=req.addr)
+
+    def _by_addr(self) -> dict[str, list[DecodeReq]]:
+        groups: dict[str, list[DecodeReq]] = {}
+        for r in self.pending:
+            groups.setdefault(r.addr, []).append(r)
+        return groups
+
+    # ---- prefetch, at the top of every loop iteration -----------------------------------------
+    def prefetch_prefill_dp_rank_queries(self, it: int) -> None:
+        self.tr.emit("prefetch_begin", iter=it)
+        groups = self._by_addr()
+        if not inject.on("no-stale-cancel"):  # MUTANT when on: stale futures are kept
+            for addr in set(self._queries) - set(groups):
+                self._cancel(addr, "stale")
+        for addr, reqs in groups.items():
+            rooms = tuple(r.room for r in reqs if r.prefill_dp_rank is None or inject.on("query-every-iteration"))
+            # MUTANT query-every-iteration: rooms whose rank is already known are asked again
+            reason = None
+            if self.memory_released:
+                reason = "released"
+            elif addr in self._queries and not inject.on("double-prefetch"):  # MUTANT: second query in flight
+                reason = "in_flight"
+            elif addr not in self.prefill_info_table and not inject.on("prefetch-before-published"):
+                reason = "not_published"  # MUTANT above: queries a prefill that has not published its info
+            elif not rooms:
+                reason = "all_known"
+            if reason is not None:
+                self.tr.emit("prefetch_skip", addr=addr, reason=reason)
+                continue
+            qid = next(self._qids)
+            fut = self._executor.submit(self._query, addr, rooms, qid, "prefetch")
+            self._queries[addr] = Prefetch(rooms, fut, qid, now())
+            self.tr.emit("prefetch_submit", addr=addr, rooms=list(rooms), qid=qid)
+        self.tr.emit("prefetch_end", iter=it)
+
+    def _cancel(self, addr: str, reason: str) -> None:
+        p = self._queries.pop(addr)
+        # Future.cancel() cannot stop a query already running: its answer is simply never used.
+        p.future.cancel()
+        self.tr.emit("prefetch_cancel", addr=addr, rooms=list(p.rooms), qid=p.qid, reason=reason)
+
+    def cancel_all(self, reason: str) -> None:
+        for addr in list(self._queries):
+            self._cancel(addr, reason)
+
+    def _query(self, addr: str, rooms: tuple, qid: int, source: str) -> tuple[dict | None, str | None]:
+        """One authoritative query (the client retries inside). Never raises: (result, error)."""
+        self.tr.emit("query_begin", addr=addr, rooms=list(rooms), qid=qid, source=source)
+        try:
+            result = bc.query_prefill_dp_ranks(addr, list(rooms), timeout_s=self.dc.query_timeout_s,
+                                               retries=self.dc.query_retries)
+            dp = self.prefill_info_table.get(addr, {}).get("dp_size")
+            bad = [r for r, k in result.items() if dp is not None and not 0 <= k < dp]
+            if bad:
+                raise bc.BootstrapError(addr, f"rank out of range for dp_size {dp} for room(s) {bad}")
+            result = {r: k for r, k in result.items() if r in rooms}
+            self.tr.emit("query_end", addr=addr, rooms=list(rooms), qid=qid, result={str(r): k for r, k in result.items()},
+                         error=None)
+            return result, None
+        except bc.BootstrapError as exc:
+            self.tr.emit("query_end", addr=addr, rooms=list(rooms), qid=qid, result=None, error=str(exc))
+            return None, str(exc)
+
+    # ---- consumption point ----------------------------------------------------------------------
+    def _ensure_prefill_info(self, groups: dict[str, list[DecodeReq]]) -> list[str]:
+        """Addresses whose parallel info is known; fetches it (GET /route) at most once per interval."""
+        ready = []
+        t = now()
+        for addr, reqs in groups.items():
+            if addr in self.prefill_info_table:
+                ready.append(addr)
+                continue
+            fails, last = self._info_attempts.get(addr, (0, -1e9))
+            if t - last < self.dc.info_retry_interval_s:
+                continue
+            error = None
+            try:
+                info = bc.get_prefill_info(addr, timeout=self.dc.query_timeout_s)
+            except bc.BootstrapError as exc:
+                info, error = None, str(exc)
+            self.tr.emit("prefill_info", addr=addr, published=info is not None, error=error)
+            if info is not None:
+                self.prefill_info_table[addr] = info
+                self._info_attempts.pop(addr, None)
+                ready.append(addr)
+                continue
+            fails += 1
+            self._info_attempts[addr] = (fails, t)
+            if fails >= self.dc.info_max_retries:
+                why = error or "prefill parallel info not published (503)"
+                for r in reqs:
+                    self.sched.abort(r, f"could not fetch prefill parallel info from {addr} after {fails} attempts: {why}")
+                self._info_attempts.pop(addr, None)
+        return ready
+
+    def _resolve_pending_reqs(self) -> None:
+        if not self.pending:
+            if not inject.on("no-stale-cancel"):  # MUTANT when on: nothing cancels leftovers
+                self.cancel_all("empty")
+            return
+        groups = self._by_addr()
+        for addr in self._ensure_prefill_info(groups):
+            need = [r for r in groups[addr] if r.prefill_dp_rank is None and r.state == "pending"]
+            if need:
+                self._resolve_addr(addr, need)
+        t = now()
+        for r in list(self.pending):
+            if r.prefill_dp_rank is None and t - r.t_add > self.dc.bootstrap_timeout_s:
+                self.sched.abort(r, f"room {r.room} still unknown to the bootstrap server after "
+                                    f"{self.dc.bootstrap_timeout_s:g} s")
+
+    def _resolve_addr(self, addr: str, need: list[DecodeReq]) -> None:
+        rooms = tuple(r.room for r in need)
+        p = self._queries.pop(addr, None)
+        t0 = now()
+        lead = (t0 - p.t_submit) if p is not None else 0.0
+        qid = None
+        if p is not None and (p.rooms == rooms or inject.on("prefetch-use-mismatched-rooms")):
+            # MUTANT prefetch-use-mismatched-rooms: the answer is used whatever rooms it was for
+            source, qid = "prefetched", p.qid
+            result, error = p.future.result()
+        elif p is not None and rooms[:len(p.rooms)] == p.rooms:
+            source, qid = "prefix", p.qid
+            result, error = p.future.result()
+            if error is None:
+                tail, error = self._query(addr, rooms[len(p.rooms):], next(self._qids), "sync")
+                result = None if error else {**result, **tail}
+        else:
+            if p is not None:
+                self._cancel_popped(addr, p, "mismatch")
+            source, lead = "sync", 0.0
+            result, error = self._query(addr, rooms, next(self._qids), "sync")
+        wait = now() - t0
+        self.resolves.append({"source": source, "wait_s": wait, "lead_s": lead, "error": error})
+        self.tr.emit("resolve", addr=addr, rooms=list(rooms), source=source, qid=qid, wait_ns=int(wait * 1e9),
+                     lead_ns=int(lead * 1e9), result={str(r): k for r, k in (result or {}).items()}, error=error)
+        if error is not None:
+            fails = self._query_failures[addr] = self._query_failures.get(addr, 0) + 1
+            if fails >= self.dc.query_failure_budget:
+                for r in need:
+                    self.sched.abort(r, f"DP-rank query to {addr} failed {fails} times in a row: {error}")
+                self._query_failures.pop(addr, None)
+            return
+        self._query_failures.pop(addr, None)
+        for r in need:
+            rank = result.get(r.room)
+            if rank is not None:
+                r.prefill_dp_rank = rank
+
+    def _cancel_popped(self, addr: str, p: Prefetch, reason: str) -> None:
+        p.future.cancel()
+        self.tr.emit("prefetch_cancel", addr=addr, rooms=list(p.rooms), qid=p.qid, reason=reason)
+
+    def pop_preallocated(self) -> list[DecodeReq]:
+        """Resolve ranks, then initialise receivers in arrival order while memory lasts. A request
+        whose rank is still unknown does not hold back younger ones; one that does not fit in memory
+        does (FIFO), and everything stays pending while memory is released."""
+        self._resolve_pending_reqs()
+        if self.memory_released:
+            return []
+        out = []
+        for r in list(self.pending):
+            if r.prefill_dp_rank is None:
+                continue
+            status = self.sched.init_receiver(r)
+            if status == "no_memory":
+                break
+            if status == "ok":
+                self.pending.remove(r)
+                out.append(r)
+        return out
+
+    def remove(self, req: DecodeReq) -> None:
+        if req in self.pending:
+            self.pending.remove(req)
+
+    # ---- memory occupation ----------------------------------------------------------------------
+    def release_memory_occupation(self) -> None:
+        if not inject.on("no-cancel-on-release"):  # MUTANT when on: futures outlive the release
+            self.cancel_all("release")
+        self.memory_released = True
+        self.tr.emit("release_memory")
+
+    def resume_memory_occupation(self) -> None:
+        self.memory_released = False
+        self.tr.emit("resume_memory")
+
+    def close(self) -> None:
+        self.cancel_all("shutdown")
+        self._executor.shutdown(wait=False, cancel_futures=True)

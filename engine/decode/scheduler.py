@@ -1,0 +1,412 @@
+"""The decode scheduler: intake, the prealloc and transfer queues, decode batches on the decode
+attention path, deferred sampling through the future map, and the WAR barrier. The two event loops
+that call these live in loops.py.
+
+A request's KV arrives from the prefill DP rank the bootstrap server named and is written into this
+instance's own paged pool (pages rounded up, as on the prefill side). Its first token comes with the
+last chunk; every further token is one decode step. In the overlap loop batch N+1 is built before
+batch N's tokens reach the host, so its inputs are references into the future map that the forward
+resolves on the device stream, after sample(N) (SGLang's overlap scheduler does the same).
+"""
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..attention import DecodeMeta, make_backend
+from ..config import EngineConfig
+from ..device import make_stream
+from ..memory import KVPool, ReqToTokenPool, pages_for
+from ..model import TinyLlama
+from ..trace import NullTracer
+from .config import DecodeConfig
+from .prealloc import DecodePreallocQueue
+from .request import DecodeReq, now
+from .transport import KVTransportError
+
+
+class DecodeError(RuntimeError):
+    """A failure that ends the decode run; the CLI prints its message on one line."""
+
+
+@dataclass
+class DecodeBatch:
+    bid: int
+    reqs: list
+    input_ids: torch.Tensor     # int64: token ids, or -(slot+1) for a future-map entry
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    seq_lens: list
+    bias: torch.Tensor
+    stage_event: object = None
+
+
+@dataclass
+class DecodeResult:
+    bid: int
+    bs: int
+    bias: torch.Tensor
+    done_event: object
+    refs: list | None = None
+    copy_event: object = None
+    host_tokens: list | None = None
+
+
+class DecodeScheduler:
+    def __init__(self, cfg: EngineConfig, dc: DecodeConfig, requests: list[DecodeReq], *, client, tracer=None,
+                 model=None, hooks=None):
+        self.cfg, self.dc = cfg, dc
+        self.tr = tracer or NullTracer()
+        self.client = client
+        self.hooks = hooks or {}
+        self.device = torch.device(cfg.device)
+        mc = self.mc = cfg.model_config
+        dtype = getattr(torch, cfg.dtype)
+        self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device)
+        self.backend = make_backend(cfg.attention_backend, self.device)
+        self.ps = cfg.page_size
+        self.pool = KVPool(dc.num_pages, self.ps, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
+        self.req_to_token = ReqToTokenPool(dc.max_slots, mc.max_context, self.device)
+        self.sched_stream = make_stream("schedule", self.device)
+        self.fwd_stream = make_stream("forward", self.device)
+        self.copy_stream = make_stream("copy", self.device)
+        bs = self.bs = dc.max_running
+        # Persistent inputs shared by every decode step (CUDA-graph style): why the WAR barrier exists.
+        self.buf_ids = torch.zeros(bs, dtype=torch.int64, device=self.device)
+        self.buf_pos = torch.zeros(bs, dtype=torch.int32, device=self.device)
+        self.buf_loc = torch.zeros(bs, dtype=torch.int32, device=self.device)
+        self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
+        self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
+        self._future_next = 0
+        self.prealloc = DecodePreallocQueue(self, dc, self.tr)
+
+        self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        self.by_room = {r.room: r for r in requests}
+        self.total = len(requests)
+        self.transfer: list[DecodeReq] = []
+        self.waiting: list[DecodeReq] = []
+        self.running: list[DecodeReq] = []
+        self.done: list[DecodeReq] = []
+        self.aborted: list[DecodeReq] = []
+        self.iter = 0
+        self._poll = 0
+        self._next_bid = 0
+        self.t0 = time.monotonic()
+        self.stats = dict(batches=0, decode_tokens=0, discarded_chunks=0, kv_pages=0)
+
+    # ---- loop-top steps ------------------------------------------------------------------------
+    def iter_begin(self) -> None:
+        self.iter += 1
+        self.tr.emit("iter_begin", iter=self.iter)
+        hook = self.hooks.get("iter")
+        if hook:
+            hook(self)
+
+    def prefetch(self) -> None:
+        if self.dc.prefetch:
+            self.prealloc.prefetch_prefill_dp_rank_queries(self.iter)
+        hook = self.hooks.get("after_prefetch")
+        if hook:
+            hook(self)
+
+    def ingest_requests(self) -> None:
+        t = time.monotonic() - self.t0
+        while self.arrivals and self.arrivals[0].arrival_s <= t:
+            req = self.arrivals.pop(0)
+            if self.dc.intake_cost_us:
+                _busy_wait_us(self.dc.intake_cost_us)
+            self.prealloc.add(req)
+
+    def process_decode_queue(self) -> None:
+        """SGLang polls the prealloc and transfer queues every `polling_interval` iterations."""
+        self._poll = (self._poll + 1) % self.dc.polling_interval
+        if self._poll:
+            return
+        self.transfer.extend(self.prealloc.pop_preallocated())
+        self.pop_transferred()
+
+    @property
+    def finished_all(self) -> bool:
+        return len(self.done) + len(self.aborted) == self.total
+
+    def idle_wait(self) -> None:
+        time.sleep(0.0005)
+
+    # ---- receivers and KV ------------------------------------------------------------------------
+    def init_receiver(self, r: DecodeReq) -> str:
+        """Preallocate the request's slot and pages, then pull its KV from the rank that holds it.
+        Returns "ok", "no_memory" (stays pending, FIFO) or "failed" (aborted)."""
+        n_pages = pages_for(r.kv_need, self.ps)
+        if r.kv_need > self.mc.max_context:
+            self.abort(r, f"prompt + max_new_tokens = {r.kv_need} exceeds max_context {self.mc.max_context}")
+            return "failed"
+        if self.req_to_token.available == 0 or self.pool.available < n_pages:
+            return "no_memory"
+        r.slot = self.req_to_token.alloc()
+        r.pages = self.pool.alloc(n_pages)
+        n = n_pages * self.ps
+        self.req_to_token.table[r.slot, :n] = self.pool.token_indices(r.pages, 0, n).to(self.device)
+        self.tr.emit("alloc", rid=r.rid, obj=self.tr.obj(r), slot=r.slot)
+        self.tr.emit("receiver_init", room=r.room, rank=r.prefill_dp_rank, rid=r.rid)
+        r.state, r.t_init = "transfer", now()
+        try:
+            self.client.pull(r.prefill_dp_rank, r.room)
+        except KVTransportError as exc:
+            r.state = "pending"  # still in the prealloc queue: abort takes it out and frees its memory
+            self.abort(r, str(exc))
+            return "failed"
+        return "ok"
+
+    def pop_transferred(self) -> None:
+        while True:
+            try:
+                rank, chunk = self.client.inbox.get_nowait()
+            except queue.Empty:
+                break
+            r = self.by_room.get(chunk.room)
+            if r is None or r.state != "transfer":
+                self.stats["discarded_chunks"] += 1  # the request was aborted meanwhile
+                continue
+            problem = self._check_chunk(r, rank, chunk)
+            if problem:
+                self.abort(r, problem)
+                continue
+            self._write_kv(r, chunk)
+        t = now()
+        for r in list(self.transfer):
+            if r.meta is not None and r.kv_tokens == r.prompt_len:
+                self._transfer_done(r)
+            elif t - r.t_init > self.dc.kv_timeout_s:
+                self.abort(r, f"KV of room {r.room} incomplete after {self.dc.kv_timeout_s:g} s "
+                              f"({r.kv_tokens}/{r.prompt_len} tokens from rank {r.prefill_dp_rank})")
+
+    def _check_chunk(self, r: DecodeReq, rank: int, chunk) -> str | None:
+        tokens = chunk.k.shape[1]
+        if rank != r.prefill_dp_rank:
+            return f"room {r.room}: KV from rank {rank}, receiver initialised for rank {r.prefill_dp_rank}"
+        if chunk.start % self.ps or chunk.pages != pages_for(tokens, self.ps) or chunk.start + tokens > r.prompt_len:
+            return (f"room {r.room}: malformed KV chunk (start {chunk.start}, {tokens} tokens, {chunk.pages} pages, "
+                    f"page size {self.ps}, prompt {r.prompt_len})")
+        if chunk.last and (chunk.meta.get("rid") != r.rid or chunk.meta.get("prompt_len") != r.prompt_len):
+            return f"room {r.room}: metadata {chunk.meta} does not match request {r.rid}"
+        return None
+
+    def _write_kv(self, r: DecodeReq, chunk) -> None:
+        """Into this instance's pool, on the schedule stream: the forward that first reads these pages
+        waits for a later staging event on the same stream."""
+        tokens = chunk.k.shape[1]
+        idx = self.pool.token_indices(r.pages, chunk.start, chunk.start + tokens)
+        k, v, dev, dtype = chunk.k, chunk.v, self.device, self.pool.k.dtype
+
+        def write():
+            i = idx.to(dev).long()
+            self.pool.k[:, i] = k.to(dev, dtype)
+            self.pool.v[:, i] = v.to(dev, dtype)
+
+        self.sched_stream.launch(write)
+        r.kv_tokens += tokens
+        r.kv_pages += chunk.pages
+        self.stats["kv_pages"] += chunk.pages
+        if chunk.last:
+            r.meta = dict(chunk.meta)
+        self.tr.emit("kv_recv", room=r.room, rank=r.prefill_dp_rank, start=chunk.start, tokens=tokens, pages=chunk.pages)
+
+    def _transfer_done(self, r: DecodeReq) -> None:
+        self.transfer.remove(r)
+        first = int(r.meta["first_token"])
+        r.output, r.n_gen, r.last_ref, r.seq_len = [first], 1, first, r.prompt_len
+        self.tr.emit("kv_done", room=r.room, rid=r.rid, first_token=first)
+        if r.n_gen >= r.max_new_tokens:
+            self._finish(r)
+        else:
+            r.state = "waiting"
+            self.waiting.append(r)
+
+    # ---- ends of a request -------------------------------------------------------------------------
+    def _free(self, r: DecodeReq) -> None:
+        if r.slot is not None:
+            self.tr.emit("release", rid=r.rid, obj=self.tr.obj(r), slot=r.slot)
+            self.req_to_token.free(r.slot)
+            self.pool.free(r.pages)
+            r.slot, r.pages = None, []
+
+    def _finish(self, r: DecodeReq) -> None:
+        self._free(r)
+        if r in self.running:
+            self.running.remove(r)
+        r.state = "done"
+        self.done.append(r)
+        self.tr.emit("req_done", rid=r.rid, room=r.room, tokens=len(r.output))
+
+    def abort(self, r: DecodeReq, reason: str) -> None:
+        """Abort from any state. A request inside an unprocessed decode batch is finished when that
+        batch has been processed (its pages are still being read)."""
+        if r.state in ("done", "aborted"):
+            return
+        if r.state == "running" and r.inflight > 0:
+            r.abort_requested = r.abort_requested or reason
+            return
+        if r.state == "pending":
+            self.prealloc.remove(r)
+        elif r.state == "transfer":
+            self.transfer.remove(r)
+            self.client.drop(r.prefill_dp_rank, r.room)
+        elif r.state == "waiting":
+            self.waiting.remove(r)
+        elif r.state == "running":
+            self.running.remove(r)
+        elif r.state == "new":
+            self.arrivals.remove(r)
+        self._free(r)
+        r.state, r.error = "aborted", reason
+        self.aborted.append(r)
+        self.tr.emit("req_abort", rid=r.rid, room=r.room, reason=reason)
+
+    # ---- decode batches ----------------------------------------------------------------------------
+    def get_next_batch(self) -> DecodeBatch | None:
+        for r in [r for r in self.running if r.abort_requested and r.inflight == 0]:
+            self.abort(r, r.abort_requested)
+        while self.waiting and len(self.running) < self.bs:
+            r = self.waiting.pop(0)
+            r.state = "running"
+            self.running.append(r)
+        reqs = [r for r in self.running if r.n_gen < r.max_new_tokens and not r.abort_requested]
+        if not reqs:
+            return None
+        bid = self._next_bid
+        self._next_bid += 1
+        ids = torch.tensor([r.last_ref for r in reqs], dtype=torch.int64)
+        pos = torch.tensor([r.seq_len for r in reqs], dtype=torch.int32)
+        loc = torch.stack([self.req_to_token.table[r.slot, r.seq_len] for r in reqs]).to("cpu")
+        bias = torch.zeros((len(reqs), self.mc.vocab_size), dtype=torch.float32)
+        for i, r in enumerate(reqs):
+            for tok, b in (r.logit_bias or {}).items():
+                bias[i, tok] = b
+        for r in reqs:
+            r.seq_len += 1
+            r.n_gen += 1
+            r.inflight += 1
+        batch = DecodeBatch(bid, reqs, ids, pos, loc, [r.seq_len for r in reqs], bias.to(self.device))
+        self.tr.emit("admit", batch=bid, rids=[r.rid for r in reqs])
+        self.stats["batches"] += 1
+        return batch
+
+    def stage(self, batch: DecodeBatch) -> None:
+        """Inputs into the shared buffers on the schedule stream, which is in order after the WAR
+        barrier's wait for the previous forward."""
+        self.tr.emit("stage", batch=batch.bid)
+        n = len(batch.reqs)
+        ids, pos, loc = (t.to(self.device, non_blocking=True) for t in (batch.input_ids, batch.positions, batch.out_cache_loc))
+
+        def write():
+            self.buf_ids[:n].copy_(ids)
+            self.buf_pos[:n].copy_(pos)
+            self.buf_loc[:n].copy_(loc)
+
+        self.sched_stream.launch(write)
+        batch.stage_event = self.sched_stream.record_event()
+
+    def run_batch(self, batch: DecodeBatch, *, sample_inline: bool = False) -> DecodeResult:
+        self.tr.emit("fwd_begin", batch=batch.bid)
+        self.stage(batch)
+        bs, dev = len(batch.reqs), self.device
+        slots = [r.slot for r in batch.reqs]
+        meta = DecodeMeta(req_to_token=self.req_to_token.table,
+                          req_slots=torch.tensor(slots, dtype=torch.int32, device=dev),
+                          seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
+                          out_cache_loc=self.buf_loc[:bs], host_slots=slots, host_seq_lens=list(batch.seq_lens))
+        rows = torch.arange(bs, device=dev)
+        self.fwd_stream.wait_event(batch.stage_event)
+
+        def forward():
+            ids = self.buf_ids[:bs]
+            # Inputs sampled by the previous step are still on the device: resolve them here, on the
+            # forward stream, after that step's sampling.
+            ids = torch.where(ids < 0, self.future_map[(-ids - 1).clamp(min=0)], ids)
+            logits = self.model.forward(ids, self.buf_pos[:bs], self.buf_loc[:bs], self.pool, self.backend, meta,
+                                        rows, decode=True)
+            self.logits_buf[:bs].copy_(logits)
+
+        self.fwd_stream.launch(forward)
+        result = DecodeResult(batch.bid, bs, batch.bias, done_event=self.fwd_stream.record_event())
+        if sample_inline:
+            self._launch_sample(batch, result)
+        self.tr.emit("fwd_end", batch=batch.bid)
+        return result
+
+    def apply_war_barrier(self, batch: DecodeBatch, result: DecodeResult) -> None:
+        self.tr.emit("war_barrier", batch=batch.bid)
+        self.sched_stream.wait_event(result.done_event)
+
+    def launch_batch_sample_if_needed(self, batch: DecodeBatch, result: DecodeResult) -> None:
+        self.tr.emit("sample", batch=batch.bid)
+        self._launch_sample(batch, result)
+
+    def _launch_sample(self, batch: DecodeBatch, result: DecodeResult) -> None:
+        bs, cap = result.bs, self.future_map.shape[0]
+        start = self._future_next
+        self._future_next = (start + bs) % cap
+        slots = (torch.arange(start, start + bs) % cap)
+        dev_slots, bias = slots.to(self.device), result.bias
+
+        def sample():
+            self.future_map[dev_slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
+
+        self.fwd_stream.launch(sample)
+        self.copy_stream.wait_event(self.fwd_stream.record_event())
+
+        def to_host():
+            result.host_tokens = self.future_map[dev_slots].to("cpu").tolist()
+
+        self.copy_stream.launch(to_host)
+        result.copy_event = self.copy_stream.record_event()
+        result.refs = [-(int(s) + 1) for s in slots]
+        for r, ref in zip(batch.reqs, result.refs):
+            r.last_ref = ref
+
+    def process_batch_result(self, batch: DecodeBatch, result: DecodeResult) -> None:
+        self.tr.emit("process_begin", batch=batch.bid)
+        result.copy_event.synchronize()
+        for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
+            s.check()
+        for r, tok, ref in zip(batch.reqs, result.host_tokens, result.refs):
+            r.inflight -= 1
+            r.output.append(int(tok))
+            self.stats["decode_tokens"] += 1
+            if r.last_ref == ref:
+                r.last_ref = int(tok)  # the future-map slot will be reused: keep the value on the host
+            if r.abort_requested and r.inflight == 0:
+                self.abort(r, r.abort_requested)
+            elif len(r.output) >= r.max_new_tokens:
+                self._finish(r)
+        self.tr.emit("process_end", batch=batch.bid)
+
+    # ---- memory occupation, shutdown, accounting ---------------------------------------------------
+    def release_memory_occupation(self) -> None:
+        self.prealloc.release_memory_occupation()
+
+    def resume_memory_occupation(self) -> None:
+        self.prealloc.resume_memory_occupation()
+
+    def close(self) -> None:
+        self.prealloc.close()
+        for s in (self.sched_stream, self.fwd_stream, self.copy_stream):
+            s.close()
+
+    def leak_report(self) -> dict:
+        return {
+            "slots_in_use": self.req_to_token.num_slots - self.req_to_token.available,
+            "pages_unaccounted": (self.pool.num_pages - 1) - self.pool.available,
+            "pending": len(self.prealloc.pending),
+            "queries_in_flight": len(self.prealloc._queries),
+            "unfinished": self.total - len(self.done) - len(self.aborted),
+        }
+
+
+def _busy_wait_us(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass

@@ -1,0 +1,310 @@
+"""Moving KV chunks from a prefill DP rank to the decode instance: both ends of the wire.
+
+Prefill side, one `KVServer` per DP rank: it is the receiver its TransferEngine delivers to. It keeps a
+room's chunks until a decode receiver pulls that room, then forwards what it holds and everything
+that follows. Decode side, one `KVClient`: `pull(rank, room)` is the receiver's handshake with the
+rank the bootstrap server named; chunks land in `inbox` as (rank, KVChunk) for the scheduler thread.
+
+A decode receiver initialised with the wrong rank asks a server that never had the room, so its KV
+never arrives: a wrong rank shows up as a timeout, never as silently right output.
+
+Two transports with the same interface:
+  in-process  (`pdo run --pd`): a lock and a callback.
+  ZMQ         (`pdo launch`): ROUTER on each prefill rank, one DEALER per rank on decode, over TCP
+              loopback. ZMQ keeps per-connection message order and frames, and a DEALER/ROUTER pair
+              gives the request/stream pattern (pull, then many chunks) without a broker; chunk
+              tensors travel as raw frames, no pickling.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+
+import torch
+
+from ..transfer import KVChunk
+
+
+class KVTransportError(RuntimeError):
+    pass
+
+
+class _Rooms:
+    """Per-room bookkeeping shared by both servers: buffered chunks, subscribers, what was sent."""
+
+    def __init__(self):
+        self.buffered: dict[int, list] = {}
+        self.subs: dict[int, object] = {}
+        self.done: set[int] = set()       # last chunk forwarded, or dropped by decode
+        self.delivered: set[int] = set()  # rooms whose last chunk reached this server
+
+    def unclaimed(self) -> list[int]:
+        return sorted(r for r in self.delivered if r not in self.done)
+
+
+# ---- in-process ------------------------------------------------------------------------------------
+
+class InProcKVServer:
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.endpoint = None
+        self._lock = threading.Lock()
+        self._rooms = _Rooms()
+
+    def deliver(self, chunk: KVChunk) -> None:
+        """Called on the prefill's transfer thread."""
+        r = self._rooms
+        with self._lock:
+            if chunk.last:
+                r.delivered.add(chunk.room)
+            if chunk.room in r.done:
+                return  # dropped by decode (request aborted): discard
+            sink = r.subs.get(chunk.room)
+            if sink is None:
+                r.buffered.setdefault(chunk.room, []).append(chunk)
+                return
+            if chunk.last:
+                r.done.add(chunk.room)
+        sink(self.rank, chunk)
+
+    def pull(self, room: int, sink) -> None:
+        r = self._rooms
+        with self._lock:
+            r.subs[room] = sink
+            held = r.buffered.pop(room, [])
+            if any(c.last for c in held):
+                r.done.add(room)
+        for c in held:
+            sink(self.rank, c)
+
+    def drop(self, room: int) -> None:
+        with self._lock:
+            self._rooms.subs.pop(room, None)
+            self._rooms.buffered.pop(room, None)
+            self._rooms.done.add(room)
+
+    def unclaimed(self) -> list[int]:
+        with self._lock:
+            return self._rooms.unclaimed()
+
+    def close(self) -> None:
+        pass
+
+
+class InProcKVClient:
+    def __init__(self, servers: dict[int, InProcKVServer]):
+        self.servers = servers
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def pull(self, rank: int, room: int) -> None:
+        server = self.servers.get(rank)
+        if server is None:
+            raise KVTransportError(f"no prefill DP rank {rank} (ranks: {sorted(self.servers)})")
+        server.pull(room, lambda r, c: self.inbox.put((r, c)))
+
+    def drop(self, rank: int, room: int) -> None:
+        if rank in self.servers:
+            self.servers[rank].drop(room)
+
+    def close(self) -> None:
+        pass
+
+
+# ---- ZMQ over TCP ------------------------------------------------------------------------------------
+
+def _encode(rank: int, chunk: KVChunk) -> list:
+    head = {"rank": rank, "room": chunk.room, "start": chunk.start, "pages": chunk.pages, "last": chunk.last,
+            "meta": chunk.meta, "shape": list(chunk.k.shape), "dtype": str(chunk.k.dtype).split(".")[-1]}
+    raw = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for t in (chunk.k, chunk.v)]
+    return [json.dumps(head).encode(), *raw]
+
+
+def _decode(frames) -> tuple[int, KVChunk]:
+    head = json.loads(bytes(frames[0]))
+    dtype = getattr(torch, head["dtype"])
+
+    def tensor(buf):
+        return torch.frombuffer(bytearray(buf), dtype=torch.uint8).view(dtype).reshape(head["shape"])
+
+    chunk = KVChunk(head["room"], head["start"], tensor(frames[1]), tensor(frames[2]), head["pages"], head["last"],
+                    head["meta"] or {})
+    return head["rank"], chunk
+
+
+class ZmqKVServer:
+    """ROUTER bound on a free port. Only the server thread touches the ROUTER; the transfer thread hands
+    chunks over an inproc PUSH/PULL pair (ZMQ sockets are not thread-safe)."""
+
+    def __init__(self, rank: int, host: str = "127.0.0.1"):
+        import zmq
+
+        self.rank = rank
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self.port = self._router.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{self.port}"
+        self._wake = f"inproc://kv-server-{rank}-{id(self):x}"
+        self._in = self._ctx.socket(zmq.PULL)
+        self._in.bind(self._wake)
+        self._local = threading.local()
+        self._pushes = []
+        self._rooms = _Rooms()
+        self._lock = threading.Lock()  # guards _rooms for readers on other threads
+        self.byes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"kv-server-{rank}", daemon=True)
+        self._thread.start()
+
+    def deliver(self, chunk: KVChunk) -> None:
+        push = getattr(self._local, "push", None)
+        if push is None:
+            push = self._local.push = self._ctx.socket(self._zmq.PUSH)
+            push.connect(self._wake)
+            self._pushes.append(push)
+        push.send_multipart(_encode(self.rank, chunk), copy=False)
+
+    def _serve(self) -> None:
+        zmq = self._zmq
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._in, zmq.POLLIN)
+        r = self._rooms
+        while not self._stop.is_set():
+            ready = dict(poller.poll(50))
+            if self._in in ready:
+                frames = self._in.recv_multipart(copy=False)
+                head = json.loads(bytes(frames[0]))
+                room = head["room"]
+                with self._lock:
+                    if head["last"]:
+                        r.delivered.add(room)
+                    if room in r.done:
+                        continue
+                    ident = r.subs.get(room)
+                    if ident is None:
+                        r.buffered.setdefault(room, []).append(frames)
+                        continue
+                    if head["last"]:
+                        r.done.add(room)
+                self._router.send_multipart([ident, *frames], copy=False)
+            if self._router in ready:
+                ident, raw = self._router.recv_multipart()
+                msg = json.loads(raw)
+                room = msg.get("room")
+                with self._lock:
+                    if msg["op"] == "bye":
+                        self.byes += 1
+                        continue
+                    if msg["op"] == "drop":
+                        r.subs.pop(room, None)
+                        r.buffered.pop(room, None)
+                        r.done.add(room)
+                        continue
+                    r.subs[room] = ident
+                    held = r.buffered.pop(room, [])
+                    if any(json.loads(bytes(f[0]))["last"] for f in held):
+                        r.done.add(room)
+                for frames in held:
+                    self._router.send_multipart([ident, *frames], copy=False)
+        self._router.close(linger=0)
+        self._in.close(linger=0)
+
+    def settled(self, rooms) -> bool:
+        """Every room in `rooms` was forwarded in full or dropped by decode."""
+        with self._lock:
+            return set(rooms) <= self._rooms.done
+
+    def unclaimed(self) -> list[int]:
+        with self._lock:
+            return self._rooms.unclaimed()
+
+    def close(self) -> None:
+        """After the prefill's transfer thread has stopped (its PUSH sockets are closed here)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for push in self._pushes:
+            push.close(linger=0)
+        self._ctx.term()
+
+
+class ZmqKVClient:
+    """One DEALER per prefill rank, owned by the client thread; the scheduler thread sends it commands
+    over an inproc pair. Rank endpoints come from the bootstrap server (GET /route), as SGLang's
+    receiver learns them."""
+
+    def __init__(self, bootstrap_url: str, *, timeout_s: float = 5.0):
+        import zmq
+
+        self._zmq = zmq
+        self.url = bootstrap_url
+        self.timeout_s = timeout_s
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ctx = zmq.Context()
+        self._cmd_addr = f"inproc://kv-client-{id(self):x}"
+        self._cmd_in = self._ctx.socket(zmq.PULL)
+        self._cmd_in.bind(self._cmd_addr)
+        self._cmd_out = self._ctx.socket(zmq.PUSH)
+        self._cmd_out.connect(self._cmd_addr)
+        self._cmd_lock = threading.Lock()
+        self._endpoints: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="kv-client", daemon=True)
+        self._thread.start()
+
+    def _endpoint(self, rank: int) -> str:
+        ep = self._endpoints.get(rank)
+        if ep is None:
+            from .. import bootstrap_client as bc
+            try:
+                info = bc.get_prefill_rank_info(self.url, dp_rank=rank, tp_rank=0, timeout=self.timeout_s)
+            except bc.BootstrapError as exc:
+                raise KVTransportError(f"cannot look up prefill rank {rank}: {exc}") from exc
+            if info is None:
+                raise KVTransportError(f"bootstrap server has no prefill rank {rank}")
+            ep = self._endpoints[rank] = f"tcp://{info['rank_ip']}:{info['rank_port']}"
+        return ep
+
+    def _send(self, msg: dict) -> None:
+        with self._cmd_lock:
+            self._cmd_out.send(json.dumps(msg).encode())
+
+    def pull(self, rank: int, room: int) -> None:
+        self._send({"op": "pull", "rank": rank, "ep": self._endpoint(rank), "room": room})
+
+    def drop(self, rank: int, room: int) -> None:
+        if rank in self._endpoints:
+            self._send({"op": "drop", "rank": rank, "ep": self._endpoints[rank], "room": room})
+
+    def bye(self, rank: int) -> None:
+        self._send({"op": "bye", "rank": rank, "ep": self._endpoint(rank)})
+
+    def _serve(self) -> None:
+        zmq = self._zmq
+        poller = zmq.Poller()
+        poller.register(self._cmd_in, zmq.POLLIN)
+        dealers: dict[int, object] = {}
+        by_sock: dict[object, int] = {}
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(50):
+                if sock is self._cmd_in:
+                    msg = json.loads(self._cmd_in.recv())
+                    d = dealers.get(msg["rank"])
+                    if d is None:
+                        d = dealers[msg["rank"]] = self._ctx.socket(zmq.DEALER)
+                        d.connect(msg["ep"])
+                        by_sock[d] = msg["rank"]
+                        poller.register(d, zmq.POLLIN)
+                    d.send(json.dumps({"op": msg["op"], "room": msg.get("room")}).encode())
+                else:
+                    self.inbox.put(_decode(sock.recv_multipart()))
+        for d in dealers.values():
+            d.close(linger=0)
+        self._cmd_in.close(linger=0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._cmd_out.close(linger=0)
+        self._ctx.term()

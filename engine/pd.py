@@ -1,0 +1,221 @@
+"""The embedded PD runner (`pdo run --pd`): bootstrap server, N prefill DP ranks and one decode
+instance in one process, each role on its own threads, KV over the in-process transport.
+
+  router ──► prefill rank i  (its own loop, any mode; PUT /route, POST /register_dp_rank per room)
+        └──► decode          (prealloc queue → POST /query_dp_ranks → pull KV from rank i → decode)
+
+Every role writes its own trace (a prefill trace per rank, one decode trace), as separate processes
+would; `pdo check` reads them together. `pdo launch` (engine/launch.py) runs the same roles as
+processes over ZMQ.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import asdict
+
+import torch
+
+from . import bootstrap_client as bc
+from . import inject
+from .bootstrap import BootstrapServer
+from .config import EngineConfig, check_dispatch
+from .decode.config import ROUTERS, DecodeConfig, PDError  # noqa: F401  (PDError re-exported)
+from .decode.loops import LOOPS as DECODE_LOOPS
+from .decode.request import DecodeReq
+from .decode.scheduler import DecodeScheduler
+from .decode.transport import InProcKVClient, InProcKVServer
+from .model import TinyLlama
+from .prefill.loops import LOOPS as PREFILL_LOOPS
+from .prefill.scheduler import PrefillScheduler
+from .trace import NullTracer, Tracer
+from .workload import WorkloadConfig, make_workload
+
+
+
+def route(reqs, dp: int, policy: str = "round_robin", seed: int = 0) -> list[int]:
+    """The DP rank each request goes to. Seeded, so every process of `pdo launch` agrees."""
+    if dp < 1:
+        raise ValueError(f"--dp must be >= 1, got {dp}")
+    if policy == "round_robin":
+        return [i % dp for i in range(len(reqs))]
+    if policy == "random":
+        rng = random.Random(seed)
+        return [rng.randrange(dp) for _ in reqs]
+    raise ValueError(f"unknown router {policy!r}; choose one of {', '.join(ROUTERS)}")
+
+
+def decode_requests(reqs, addr: str) -> list[DecodeReq]:
+    return [DecodeReq(r.rid, r.bootstrap_room, addr, list(r.prompt), r.max_new_tokens, r.logit_bias, r.arrival_s)
+            for r in reqs]
+
+
+def rank_info(rank: int, dp: int, page_size: int, port: int) -> dict:
+    """SGLang's PUT /route payload for a prefill rank with TP=PP=CP=1 and `dp` DP-attention ranks."""
+    return {"role": "Prefill", "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
+            "attn_dp_size": dp, "attn_dp_rank": rank, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1,
+            "system_dp_rank": 0, "rank_ip": "127.0.0.1", "rank_port": port, "page_size": page_size,
+            "kv_cache_dtype": "auto", "load_balance_method": "round_robin"}
+
+
+def registrar(url: str, rank: int, errors: list):
+    """The prefill ingest hook: register each room this rank serves. One attempt, as SGLang; a
+    failure leaves the room unknown, and decode aborts the request after its bootstrap timeout."""
+    def register(req):
+        try:
+            bc.register_dp_rank(url, req.bootstrap_room, rank)
+        except bc.BootstrapError as exc:
+            errors.append(f"room {req.bootstrap_room}: {exc}")
+    return register
+
+
+def trace_paths(trace_path: str | None, dp: int) -> tuple[str | None, list]:
+    if not trace_path:
+        return None, [None] * dp
+    stem = trace_path[:-6] if trace_path.endswith(".jsonl") else trace_path
+    return f"{stem}.decode.jsonl", [f"{stem}.prefill{i}.jsonl" for i in range(dp)]
+
+
+def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int = 1, router: str = "round_robin",
+           bootstrap_latency_ms: float = 0.0, latency_scope: str = "all", trace_path: str | None = None,
+           hooks: dict | None = None, bootstrap_url: str | None = None, prefill_delay_s: float = 0.0,
+           extra_decode_reqs=(), timeout_s: float = 120.0, verify: bool = True, server_hook=None) -> dict:
+    """Run all roles to completion and return a summary (outputs, aborts, waits, leaks, mismatches
+    against the single-process reference when `verify`)."""
+    check_dispatch(cfg)
+    torch.manual_seed(cfg.seed)
+    reqs = make_workload(wc, cfg.model_config.vocab_size)
+    ranks = route(reqs, dp, router, wc.seed)
+    server = None
+    if bootstrap_url is None:
+        server = BootstrapServer(latency_s=bootstrap_latency_ms / 1000.0, latency_scope=latency_scope,
+                                 expected_ranks=dp).start()
+        bootstrap_url = server.url
+    try:
+        if not bc.health(bootstrap_url, timeout=2.0):
+            raise PDError(f"bootstrap server at {bootstrap_url} is not reachable: start it first (pdo bootstrap)")
+        if server_hook:
+            server_hook(server)
+        inject.set_active(cfg.inject)  # once, for every role of the run
+        try:
+            return _run(cfg, wc, dc, reqs, ranks, dp, bootstrap_url, trace_path, hooks, prefill_delay_s,
+                        extra_decode_reqs, timeout_s, verify)
+        finally:
+            inject.set_active(())
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, extra, timeout_s, verify) -> dict:
+    addr = bc.base_url(url).split("://", 1)[1]  # SGLang's bootstrap_addr is host:port
+    model = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype), device=torch.device(cfg.device))
+    dpath, ppaths = trace_paths(trace_path, dp)
+    common = {"mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
+              "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp}
+    servers = {i: InProcKVServer(i) for i in range(dp)}
+    reg_errors: list[str] = []
+    prefills = []
+    for i in range(dp):
+        tr = Tracer({"role": "prefill", **common, "dp_rank": i}) if trace_path else NullTracer()
+        mine = [r for r, k in zip(reqs, ranks) if k == i]
+        prefills.append(PrefillScheduler(cfg, mine, tracer=tr, receiver=servers[i], model=model,
+                                         on_ingest=registrar(url, i, reg_errors)))
+    for r in extra:  # decode-only requests (tests: rooms no prefill rank serves); default address: this run's
+        r.addr = r.addr or addr
+    dreqs = decode_requests(reqs, addr) + list(extra)
+    dtr = Tracer({"role": "decode", **common, "mode": dc.loop, "prefill_mode": cfg.mode, "prefetch": dc.prefetch,
+                  "polling_interval": dc.polling_interval}) if trace_path else NullTracer()
+    decode = DecodeScheduler(cfg, dc, dreqs, client=InProcKVClient(servers), tracer=dtr, model=model, hooks=hooks)
+
+    errors: dict[str, BaseException] = {}
+
+    def prefill_main(i, s):
+        try:
+            if prefill_delay_s:
+                time.sleep(prefill_delay_s)  # a prefill that comes up late: decode sees 503 until then
+            bc.register_prefill_rank(url, rank_info(i, dp, cfg.page_size, 1 + i), retries=2, backoff_s=0.05)
+            s.t0 = t_start  # arrivals are relative to the common start
+            PREFILL_LOOPS[cfg.mode](s)
+        except BaseException as exc:
+            errors[f"prefill{i}"] = exc
+
+    def decode_main():
+        try:
+            decode.t0 = t_start
+            DECODE_LOOPS[dc.loop](decode)
+        except BaseException as exc:
+            errors["decode"] = exc
+
+    t_start = time.monotonic()
+    threads = [threading.Thread(target=prefill_main, args=(i, s), name="scheduler", daemon=True)
+               for i, s in enumerate(prefills)]
+    threads.append(threading.Thread(target=decode_main, name="scheduler", daemon=True))
+    for t in threads:
+        t.start()
+    deadline = t_start + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    wall = time.monotonic() - t_start
+    hung = [t for t in threads if t.is_alive()]
+    for s in prefills:
+        if not hung:
+            s.close()
+    decode.close()
+    if hung:
+        raise PDError(f"PD run did not finish within {timeout_s:g} s "
+                      f"(decode: {len(decode.done)} done, {len(decode.aborted)} aborted of {decode.total})")
+    if errors:
+        who, exc = next(iter(errors.items()))
+        raise PDError(f"{who} failed: {exc}") from exc
+
+    if trace_path:
+        for s, p in zip(prefills, ppaths):
+            s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
+        dtr.write(dpath, extra_header={"config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)})
+    summary = summarize(decode, wall)
+    summary.update(dp=dp, prefill_mode=cfg.mode, decode_mode=dc.loop, prefetch=dc.prefetch,
+                   registration_errors=reg_errors,
+                   prefill_leaks=[s.leak_report() for s in prefills],
+                   unclaimed_rooms=sorted(r for sv in servers.values() for r in sv.unclaimed()),
+                   traces=[p for p in [dpath, *ppaths] if p])
+    if verify:
+        from .reference import reference_generate
+        ref = reference_generate(cfg, [r for r in dreqs if r.rid in summary["outputs"]], model=model)
+        summary["mismatches"] = sorted(rid for rid, toks in summary["outputs"].items() if ref[rid] != toks)
+    return summary
+
+
+def summarize(decode: DecodeScheduler, wall: float) -> dict:
+    res = [x for x in decode.prealloc.resolves]
+    waits = sorted(x["wait_s"] for x in res)
+    leads = [x["lead_s"] for x in res if x["source"] != "sync"]
+    by_source: dict[str, int] = {}
+    for x in res:
+        by_source[x["source"]] = by_source.get(x["source"], 0) + 1
+    return {
+        "requests": decode.total, "finished": len(decode.done),
+        "outputs": {r.rid: r.output for r in decode.done},
+        "aborted": {r.rid: r.error for r in decode.aborted},
+        "wall_s": wall, "decode_tokens": decode.stats["decode_tokens"],
+        "decode_tok_per_s": decode.stats["decode_tokens"] / wall if wall else 0.0,
+        "iterations": decode.iter, "batches": decode.stats["batches"],
+        "resolve": {"count": len(res), "by_source": by_source,
+                    "errors": sum(1 for x in res if x["error"]),
+                    "mean_wait_ms": 1e3 * sum(waits) / len(waits) if waits else 0.0,
+                    "p99_wait_ms": 1e3 * waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else 0.0,
+                    "mean_lead_ms": 1e3 * sum(leads) / len(leads) if leads else 0.0},
+        "decode_leaks": decode.leak_report(),
+    }
+
+
+def _jsonable(d):
+    return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}
+
+
+def cmd_run_pd(a) -> int:
+    from .decode.cli import configs_from_args, print_summary
+
+    cfg, wc, dc, opts = configs_from_args(a)
+    return print_summary(run_pd(cfg, wc, dc, trace_path=a.trace, **opts), a.json, "pdo run --pd")
