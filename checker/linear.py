@@ -429,3 +429,18 @@ def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: d
 def _chain(first, it):
     yield from first
     yield from it
+
+
+def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:
+    """Each file against its role's rules, then every decode trace together with the prefill traces of
+    its DP ranks given alongside it (the cross-process rules, one extra Result per decode trace)."""
+    from .decode_templates import check_cross
+
+    rules = rules or load_rules()
+    return [check_file(p, rules=rules) for p in paths] + check_cross(list(paths), rules)
+
+
+# The decode rule kinds (spec/decode_rules.toml) live in their own module.
+from .decode_templates import TEMPLATES as _DECODE_TEMPLATES  # noqa: E402
+
+TEMPLATES.update(_DECODE_TEMPLATES)

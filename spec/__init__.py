@@ -11,7 +11,10 @@ except ModuleNotFoundError:  # Python 3.10
 
 HERE = pathlib.Path(__file__).parent
 KINDS = ("fifo", "complete", "disjoint", "order", "adjacent", "outside", "within", "thread", "equal",
-         "counter", "lifecycle", "page_count", "in_span", "decode")
+         "counter", "lifecycle", "page_count", "in_span", "decode",
+         # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
+         "prefetch_top", "one_inflight", "published_first", "unknown_rooms", "prefetch_match", "no_stale",
+         "release", "init_once", "init_fifo", "kv_recv", "req_end", "cross_rank", "cross_pages")
 
 
 @dataclass(frozen=True)

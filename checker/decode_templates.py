@@ -1,0 +1,522 @@
+"""Templates for the decode rule kinds of spec/decode_rules.toml, and the cross-process check.
+
+Same interface as checker/linear.py's templates (`events`, `on(e)`, `finish()`, `fail()`); linear.py
+merges TEMPLATES into its own. Most rules here follow one piece of state through the decode trace:
+the outstanding prefetched query per bootstrap address (submitted, then consumed by a resolve or
+cancelled), the rooms pending per address, the rank each room was resolved to.
+
+`check_cross` checks a decode trace against the prefill traces of its DP ranks (header `dp_rank`):
+what a receiver was told by the bootstrap server against what the prefill ranks actually did.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+SCHED = "scheduler"
+
+
+class DecodeTemplate:
+    events: tuple = ()
+
+    def __init__(self, rule, ctx):
+        self.rule, self.ctx = rule, ctx
+        self.checks = 0
+        self.violations: list = []
+
+    def fail(self, message: str, *seqs) -> None:
+        from .linear import Violation
+        self.violations.append(Violation(self.rule, message, [s for s in seqs if s is not None]))
+
+    def on(self, e: dict) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _rooms(e: dict) -> tuple:
+    rooms = e.get("rooms")
+    return tuple(rooms) if isinstance(rooms, list) else ()
+
+
+def _answered(e: dict) -> dict:
+    """{room: rank} of a resolve or query_end event (keys are strings in JSON)."""
+    res = e.get("result")
+    if not isinstance(res, dict):
+        return {}
+    out = {}
+    for k, v in res.items():
+        try:
+            out[int(k)] = v
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+class Outstanding:
+    """Prefetched queries not yet consumed or cancelled: addr -> (qid, rooms, seq)."""
+
+    def __init__(self):
+        self.by_addr: dict = {}
+        self.cancelled: set = set()
+
+    def on(self, e: dict):
+        ev, addr = e["ev"], e.get("addr")
+        if ev == "prefetch_submit":
+            prev = self.by_addr.get(addr)
+            self.by_addr[addr] = (e["qid"], _rooms(e), e["seq"])
+            return prev
+        if ev == "prefetch_cancel":
+            self.cancelled.add(e["qid"])
+            if addr in self.by_addr and self.by_addr[addr][0] == e["qid"]:
+                del self.by_addr[addr]
+        elif ev == "resolve" and e.get("qid") is not None:
+            if addr in self.by_addr and self.by_addr[addr][0] == e["qid"]:
+                del self.by_addr[addr]
+        return None
+
+
+class PrefetchTop(DecodeTemplate):
+    events = ("*",)
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.thread = rule.get("thread", SCHED)
+        self.enabled = ctx.header.get("prefetch", True)
+        self.iter = None          # (iter, seq) just begun, prefetch not seen yet
+        self.open = None          # (iter, seq) of a prefetch_begin without its prefetch_end
+
+    def on(self, e):
+        if e["thread"] != self.thread:
+            return
+        ev = e["ev"]
+        if not self.enabled:
+            if ev in ("prefetch_begin", "prefetch_submit"):
+                self.checks += 1
+                self.fail(f"{ev} although prefetch is off (header prefetch=false)", e["seq"])
+            return
+        if self.iter is not None:
+            it, s = self.iter
+            self.iter = None
+            self.checks += 1
+            if ev != "prefetch_begin" or e.get("iter") != it:
+                self.fail(f"iteration {it}: first step was {ev}, not prefetch_begin({it})", s, e["seq"])
+                if ev != "prefetch_begin":
+                    return
+            self.open = (e.get("iter"), e["seq"])
+            return
+        if ev == "iter_begin":
+            if self.open is not None:
+                self.fail(f"iteration {e['iter']} began inside prefetch call of iteration {self.open[0]}",
+                          self.open[1], e["seq"])
+                self.open = None
+            self.iter = (e["iter"], e["seq"])
+        elif ev == "prefetch_begin":
+            self.checks += 1
+            self.fail(f"prefetch_begin({e.get('iter')}) is not the first step of its iteration (a second call?)", e["seq"])
+        elif ev == "prefetch_end":
+            self.open = None
+
+    def finish(self):
+        if self.iter is not None and self.enabled:
+            self.checks += 1
+            self.fail(f"iteration {self.iter[0]} never called the prefetch", self.iter[1])
+
+
+class OneInflight(DecodeTemplate):
+    events = ("prefetch_submit", "prefetch_cancel", "resolve")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.out = Outstanding()
+
+    def on(self, e):
+        prev = self.out.on(e)
+        if e["ev"] == "prefetch_submit":
+            self.checks += 1
+            if prev is not None:
+                self.fail(f"query {e['qid']} submitted for {e['addr']} while query {prev[0]} for it is still "
+                          f"outstanding", prev[2], e["seq"])
+
+
+class PublishedFirst(DecodeTemplate):
+    events = ("prefill_info", "query_begin", "prefetch_submit")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.published = set()
+
+    def on(self, e):
+        if e["ev"] == "prefill_info":
+            if e.get("published") is True:
+                self.published.add(e["addr"])
+            return
+        self.checks += 1
+        if e["addr"] not in self.published:
+            self.fail(f"{e['ev']} (query {e.get('qid')}) to {e['addr']} before its prefill parallel info was "
+                      f"seen published", e["seq"])
+
+
+class UnknownRooms(DecodeTemplate):
+    events = ("resolve", "query_begin", "prefetch_cancel")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.known: dict = {}       # room -> seq of the resolve that answered it
+        self.cancelled = set()
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "prefetch_cancel":
+            self.cancelled.add(e["qid"])
+        elif ev == "resolve":
+            for room in _answered(e):
+                self.known.setdefault(room, e["seq"])
+        elif e["qid"] not in self.cancelled:  # a cancelled future that started anyway asks, unused
+            self.checks += 1
+            again = [r for r in _rooms(e) if r in self.known]
+            if again:
+                self.fail(f"query {e['qid']} to {e['addr']} asks for room(s) {again} whose rank is known",
+                          self.known[again[0]], e["seq"])
+
+
+class PrefetchMatch(DecodeTemplate):
+    events = ("prefetch_submit", "prefetch_cancel", "query_begin", "resolve")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.out = Outstanding()
+        self.submitted: dict = {}   # qid -> (addr, rooms, seq)
+        self.sync: dict = defaultdict(list)  # addr -> sync query rooms since its last resolve
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "prefetch_submit":
+            self.submitted[e["qid"]] = (e["addr"], _rooms(e), e["seq"])
+        elif ev == "query_begin" and e.get("source") == "sync":
+            self.sync[e["addr"]].append(_rooms(e))
+        if ev != "resolve":
+            self.out.on(e)
+            return
+        self.checks += 1
+        addr, rooms, src, qid, seq = e["addr"], _rooms(e), e.get("source"), e.get("qid"), e["seq"]
+        syncs, self.sync[addr] = self.sync[addr], []
+        outstanding = self.out.by_addr.get(addr)
+        self.out.on(e)
+        if src in ("prefetched", "prefix"):
+            sub = self.submitted.get(qid)
+            if sub is None or sub[0] != addr:
+                self.fail(f"resolve for {addr} uses query {qid}, never submitted for that address", seq)
+            elif qid in self.out.cancelled:
+                self.fail(f"resolve uses query {qid}, which was cancelled", sub[2], seq)
+            elif src == "prefetched" and sub[1] != rooms:
+                self.fail(f"prefetched answer for rooms {list(sub[1])} used for rooms {list(rooms)}", sub[2], seq)
+            elif src == "prefix":
+                n = len(sub[1])
+                if not (0 < n < len(rooms) and rooms[:n] == sub[1]):
+                    self.fail(f"answer for rooms {list(sub[1])} used as a prefix of {list(rooms)}", sub[2], seq)
+                elif e.get("error") is None and [rooms[n:]] != syncs:
+                    self.fail(f"prefix resolve of {list(rooms)}: tail {list(rooms[n:])} expected as one sync "
+                              f"query, got {[list(s) for s in syncs]}", sub[2], seq)
+        elif src == "sync":
+            if outstanding is not None:
+                self.fail(f"sync resolve for {addr} while prefetched query {outstanding[0]} was neither used nor "
+                          f"cancelled", outstanding[2], seq)
+            if syncs != [rooms]:
+                self.fail(f"sync resolve of {list(rooms)}: expected one sync query for exactly these rooms, "
+                          f"got {[list(s) for s in syncs]}", seq)
+        else:
+            self.fail(f"resolve with unknown source {src!r}", seq)
+
+
+class Pending:
+    """Rooms pending per address: added at req_add, gone at receiver_init or req_abort."""
+
+    def __init__(self):
+        self.addr_of: dict = {}
+        self.by_addr: dict = defaultdict(set)
+
+    def on(self, e: dict) -> None:
+        ev, room = e["ev"], e.get("room")
+        if ev == "req_add":
+            self.addr_of[room] = e["addr"]
+            self.by_addr[e["addr"]].add(room)
+        elif ev in ("receiver_init", "req_abort") and room in self.addr_of:
+            self.by_addr[self.addr_of[room]].discard(room)
+
+
+class NoStale(DecodeTemplate):
+    events = ("req_add", "receiver_init", "req_abort", "prefetch_submit", "prefetch_cancel", "resolve", "prefetch_end")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.out = Outstanding()
+        self.pending = Pending()
+
+    def on(self, e):
+        if e["ev"] == "prefetch_end":
+            for addr, (qid, rooms, s) in self.out.by_addr.items():
+                self.checks += 1
+                if not self.pending.by_addr.get(addr):
+                    self.fail(f"after prefetch call {e['iter']}: query {qid} for {addr} (rooms {list(rooms)}) is "
+                              f"still outstanding, no request pending there", s, e["seq"])
+            return
+        self.pending.on(e)
+        self.out.on(e)
+
+
+class Release(DecodeTemplate):
+    events = ("release_memory", "resume_memory", "prefetch_submit", "prefetch_cancel", "resolve", "receiver_init")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.out = Outstanding()
+        self.released = None
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "release_memory":
+            self.checks += 1
+            for addr, (qid, rooms, s) in self.out.by_addr.items():
+                self.fail(f"query {qid} for {addr} still outstanding at release_memory", s, e["seq"])
+            self.released = e["seq"]
+        elif ev == "resume_memory":
+            self.released = None
+        elif ev in ("prefetch_submit", "receiver_init") and self.released is not None:
+            self.checks += 1
+            what = f"room {e['room']}" if ev == "receiver_init" else f"query {e['qid']}"
+            self.fail(f"{ev} ({what}) after release_memory, before resume_memory", self.released, e["seq"])
+        self.out.on(e)
+
+
+class InitOnce(DecodeTemplate):
+    events = ("resolve", "receiver_init", "req_done")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.rank: dict = {}     # room -> (rank, seq)
+        self.inits: dict = {}    # room -> seq
+
+    def on(self, e):
+        ev, seq = e["ev"], e["seq"]
+        if ev == "resolve":
+            for room, rank in _answered(e).items():
+                if room in self.rank and self.rank[room][0] != rank:
+                    self.fail(f"room {room} resolved to rank {rank}, earlier to {self.rank[room][0]}", self.rank[room][1], seq)
+                self.rank.setdefault(room, (rank, seq))
+        elif ev == "receiver_init":
+            self.checks += 1
+            room = e["room"]
+            if room in self.inits:
+                self.fail(f"room {room} initialised twice", self.inits[room], seq)
+            self.inits.setdefault(room, seq)
+            if room not in self.rank:
+                self.fail(f"room {room} initialised (rank {e['rank']}) before any resolve answered its rank", seq)
+            elif self.rank[room][0] != e["rank"]:
+                self.fail(f"room {room} initialised with rank {e['rank']}, the bootstrap server said "
+                          f"{self.rank[room][0]}", self.rank[room][1], seq)
+        else:
+            self.checks += 1
+            if e["room"] not in self.inits:
+                self.fail(f"{e['rid']} (room {e['room']}) finished without a receiver", seq)
+
+
+class InitFifo(DecodeTemplate):
+    events = ("req_add", "resolve", "receiver_init", "req_abort")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.order: list = []    # rooms in arrival order
+        self.known: set = set()
+        self.gone: set = set()   # initialised or aborted
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "req_add":
+            self.order.append(e["room"])
+        elif ev == "resolve":
+            self.known.update(_answered(e))
+        elif ev == "req_abort":
+            self.gone.add(e["room"])
+        else:
+            self.checks += 1
+            room = e["room"]
+            for older in self.order:
+                if older == room:
+                    break
+                if older in self.known and older not in self.gone:
+                    self.fail(f"room {room} initialised before older room {older}, whose rank was known", e["seq"])
+                    break
+            self.gone.add(room)
+
+
+class KvRecv(DecodeTemplate):
+    events = ("receiver_init", "kv_recv")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.rank: dict = {}
+
+    def on(self, e):
+        if e["ev"] == "receiver_init":
+            self.rank[e["room"]] = (e["rank"], e["seq"])
+            return
+        self.checks += 1
+        init = self.rank.get(e["room"])
+        if init is None:
+            self.fail(f"KV for room {e['room']} written before its receiver was initialised", e["seq"])
+        elif init[0] != e["rank"]:
+            self.fail(f"KV for room {e['room']} from rank {e['rank']}, receiver initialised for rank {init[0]}",
+                      init[1], e["seq"])
+
+
+class ReqEnd(DecodeTemplate):
+    events = ("req_add", "kv_done", "req_done", "req_abort")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.added: dict = {}    # rid -> seq
+        self.kv: set = set()
+        self.ended: dict = {}
+
+    def on(self, e):
+        ev, rid, seq = e["ev"], e.get("rid"), e["seq"]
+        if ev == "req_add":
+            self.added[rid] = seq
+        elif ev == "kv_done":
+            self.kv.add(rid)
+        else:
+            self.checks += 1
+            if rid not in self.added:
+                self.fail(f"{ev} for {rid}, which never arrived", seq)
+            if rid in self.ended:
+                self.fail(f"{rid} ended twice", self.ended[rid], seq)
+            if ev == "req_done" and rid not in self.kv:
+                self.fail(f"{rid} finished before its KV arrived (no kv_done)", seq)
+            self.ended.setdefault(rid, seq)
+
+    def finish(self):
+        for rid, seq in self.added.items():
+            self.checks += 1
+            if rid not in self.ended:
+                self.fail(f"{rid} never finished nor aborted (a hang)", seq)
+
+
+TEMPLATES = {"prefetch_top": PrefetchTop, "one_inflight": OneInflight, "published_first": PublishedFirst,
+             "unknown_rooms": UnknownRooms, "prefetch_match": PrefetchMatch, "no_stale": NoStale, "release": Release,
+             "init_once": InitOnce, "init_fifo": InitFifo, "kv_recv": KvRecv, "req_end": ReqEnd}
+
+
+# ---- cross-process ----------------------------------------------------------------------------------
+
+class PrefillFacts:
+    """What the prefill traces say: which DP rank admitted each rid, and the KV it sent."""
+
+    def __init__(self):
+        self.ranks_of: dict = defaultdict(set)
+        self.sent: dict = defaultdict(lambda: [0, 0])  # (rank, rid) -> [tokens, pages]
+        self.ranks_seen: set = set()
+        self.dp_size = None
+
+    def add(self, path: str, header: dict) -> None:
+        from .trace_io import iter_events
+
+        rank = header["dp_rank"]
+        self.ranks_seen.add(rank)
+        self.dp_size = header.get("dp_size", self.dp_size)
+        for _, e in iter_events(path):
+            if e["ev"] == "admit":
+                for rid in e["rids"]:
+                    self.ranks_of[rid].add(rank)
+            elif e["ev"] in ("kv_send", "prefix_send") and "pages" in e:
+                s = self.sent[(rank, e["rid"])]
+                s[0] += e.get("tokens", 0)
+                s[1] += e["pages"]
+
+    @property
+    def complete(self) -> bool:
+        return self.dp_size is not None and self.ranks_seen >= set(range(self.dp_size))
+
+
+class CrossRank(DecodeTemplate):
+    events = ("receiver_init",)
+
+    def on(self, e):
+        facts = self.ctx.facts
+        ranks = facts.ranks_of.get(e["rid"])
+        if not ranks:
+            if facts.complete:
+                self.checks += 1
+                self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, but no prefill trace "
+                          f"admitted it", e["seq"])
+            return
+        self.checks += 1
+        if e["rank"] not in ranks or len(ranks) > 1:
+            self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, served by prefill rank(s) "
+                      f"{sorted(ranks)}", e["seq"])
+
+
+class CrossPages(DecodeTemplate):
+    events = ("receiver_init", "kv_recv", "req_done")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.init: dict = {}                              # room -> (rid, rank)
+        self.got: dict = defaultdict(lambda: [0, 0])      # room -> [tokens, pages]
+
+    def on(self, e):
+        ev, room = e["ev"], e["room"]
+        if ev == "receiver_init":
+            self.init[room] = (e["rid"], e["rank"])
+        elif ev == "kv_recv":
+            self.got[room][0] += e["tokens"]
+            self.got[room][1] += e["pages"]
+        elif room in self.init:
+            rid, rank = self.init[room]
+            if rank not in self.ctx.facts.ranks_seen:
+                return
+            self.checks += 1
+            sent = self.ctx.facts.sent.get((rank, rid), [0, 0])
+            if list(self.got[room]) != list(sent):
+                self.fail(f"{rid} (room {room}): decode received {self.got[room][0]} tokens in {self.got[room][1]} "
+                          f"pages, prefill rank {rank} sent {sent[0]} tokens in {sent[1]} pages", e["seq"])
+
+
+CROSS_TEMPLATES = {"cross_rank": CrossRank, "cross_pages": CrossPages}
+
+
+def check_cross(paths: list, rules: list) -> list:
+    """One Result per decode trace among `paths`, checked against every prefill trace among them that
+    names its DP rank; nothing when there is no such pair."""
+    from .linear import Ctx, Result
+    from .trace_io import iter_events, read_header
+
+    headers = {}
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            headers[p] = read_header(p, f)
+    prefills = [p for p in paths if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
+    decodes = [p for p in paths if headers[p]["role"] == "decode"]
+    if not prefills or not decodes:
+        return []
+    facts = PrefillFacts()
+    for p in prefills:
+        facts.add(p, headers[p])
+    results = []
+    for d in decodes:
+        header = {**headers[d], "role": "cross", "prefill_traces": prefills}
+        ctx = Ctx(header, headers[d].get("page_size", 1))
+        ctx.facts = facts
+        mode = headers[d].get("mode")
+        active = [CROSS_TEMPLATES[r.kind](r, ctx) for r in rules
+                  if r.role == "cross" and r.applies(mode) and r.kind in CROSS_TEMPLATES]
+        n = 0
+        for _, e in iter_events(d):
+            n += 1
+            for t in active:
+                if e["ev"] in t.events:
+                    t.on(e)
+        for t in active:
+            t.finish()
+        results.append(Result(d, header, n, [(t.rule, t.checks) for t in active], [v for t in active for v in t.violations]))
+    return results
