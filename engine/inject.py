@@ -33,4 +33,12 @@ def on(name: str) -> bool:
     return name in _active
 
 
-DECODE_MUTANTS: dict[str, str] = {}
+DECODE_MUTANTS: dict[str, str] = {
+    # engine/decode/prealloc.py; each is caught by the decode rule named after the dash
+    "prefetch-use-mismatched-rooms": "resolve uses a prefetched answer whatever rooms it was asked for — D-prefetch-match",
+    "no-stale-cancel": "futures of addresses with no pending request are never cancelled — D-no-stale",
+    "no-cancel-on-release": "release_memory_occupation leaves prefetched futures running — D-release-cancels",
+    "double-prefetch": "a second query is submitted while one is in flight for the address — D-one-query-per-addr",
+    "prefetch-before-published": "the prefetch queries a prefill that has not published its info — D-published-first",
+    "query-every-iteration": "the prefetch asks again for rooms whose rank is known — D-unknown-rooms-only",
+}
