@@ -9,6 +9,7 @@ import sys
 
 # Modules that add sub-commands: each defines `register(subparsers)`, setting `fn` on its parsers.
 PLUGINS: list[str] = ["engine.bench", "checker.trace_cli"]
+PLUGINS += ["engine.launch", "engine.decode.bench"]  # pdo launch, pdo bench decode
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -60,6 +61,9 @@ def build_configs(a):
 
 
 def cmd_run(a) -> int:
+    if a.pd:
+        from .pd import cmd_run_pd
+        return cmd_run_pd(a)
     from .run import run_prefill
 
     cfg, wc = build_configs(a)
@@ -79,12 +83,12 @@ def cmd_run(a) -> int:
 
 
 def cmd_check(a) -> int:
-    from checker.linear import check_file
+    from checker.linear import check_files
     from checker.report import json_report, text_report
 
     if a.perfetto and len(a.traces) != 1:
         raise ValueError("--perfetto takes exactly one trace")
-    results = [check_file(p) for p in a.traces]
+    results = check_files(a.traces)  # decode traces are also checked against the prefill traces given
     if a.perfetto:
         from checker.perfetto import export, violations_of
 
@@ -101,6 +105,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("run", help="run the prefill engine (optionally writing a trace)")
     _add_engine_args(p)
+    from .decode.cli import add_pd_args
+    add_pd_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(fn=cmd_run)
