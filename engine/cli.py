@@ -10,6 +10,7 @@ import sys
 # Modules that add sub-commands: each defines `register(subparsers)`, setting `fn` on its parsers.
 PLUGINS: list[str] = ["engine.bench", "checker.trace_cli"]
 PLUGINS += ["engine.launch", "engine.decode.bench"]  # pdo launch, pdo bench decode
+PLUGINS += ["checker.fuzz_cli"]  # pdo fuzz
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:

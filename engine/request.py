@@ -118,12 +118,12 @@ class ScheduleBatch:
         """Shallow: the Req objects stay the real ones."""
         return copy.copy(self)
 
-    def digest(self) -> str:
-        """Fingerprint of everything the forward reads."""
+    def digest(self, sampling: "SamplingBatchInfo | None" = None, name=id) -> str:
+        """Fingerprint of everything the forward reads (with the sampling state it will use)."""
         h = hashlib.blake2b(digest_size=8)
-        h.update(repr((self.bid, [(r.rid, id(r), r.slot) for r in self.reqs], self.starts, self.extends,
+        h.update(repr((self.bid, [(r.rid, name(r), r.slot) for r in self.reqs], self.starts, self.extends,
                        self.last_chunk)).encode())
-        for t in (self.input_ids, self.positions, self.out_cache_loc, self.sampling_info.logit_bias):
+        for t in (self.input_ids, self.positions, self.out_cache_loc, (sampling or self.sampling_info).logit_bias):
             h.update(t.detach().cpu().numpy().tobytes())
         return h.hexdigest()
 

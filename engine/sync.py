@@ -30,41 +30,47 @@ def point(label: str) -> None:
         CONTROLLER.point(label)
 
 
-def block_until(pred, label: str) -> None:
-    if CONTROLLER is not None and not pred():
-        CONTROLLER.block_until(pred, label)
+def _managed():
+    c = CONTROLLER
+    return c if c is not None and c.manages_current() else None
 
 
 def q_get(q, label: str):
     """queue.get that parks under control (works for Queue and SimpleQueue)."""
-    if CONTROLLER is None:
-        return q.get()
-    CONTROLLER.point(label) if not q.empty() else CONTROLLER.block_until(lambda: not q.empty(), label)
-    return q.get_nowait()
+    c = _managed()
+    if c is not None:
+        c.point(label) if not q.empty() else c.block_until(lambda: not q.empty(), label)
+        if not c.aborted:
+            return q.get_nowait()
+    return q.get()
 
 
 def q_get_timeout(q, timeout: float, label: str):
-    if CONTROLLER is None:
+    if _managed() is None:
         return q.get(timeout=timeout)
     return q_get(q, label)
 
 
 def q_put(q, item, label: str) -> None:
-    if CONTROLLER is None:
-        return q.put(item)
-    full = getattr(q, "full", lambda: False)
-    CONTROLLER.point(label) if not full() else CONTROLLER.block_until(lambda: not full(), label)
-    q.put_nowait(item)
+    c = _managed()
+    if c is not None:
+        full = getattr(q, "full", lambda: False)
+        c.point(label) if not full() else c.block_until(lambda: not full(), label)
+        if not c.aborted:
+            return q.put_nowait(item)
+    q.put(item)
 
 
 def ev_wait(ev: threading.Event, label: str) -> None:
-    if CONTROLLER is None:
-        ev.wait()
-    else:
-        block_until(ev.is_set, label)
+    c = _managed()
+    if c is not None and not ev.is_set():
+        c.block_until(ev.is_set, label)
+        if not c.aborted:
+            return
+    ev.wait()
 
 
-def now() -> float:
+def now() -> float:  # noqa: D103 - virtual under control
     return CONTROLLER.clock if CONTROLLER is not None else time.monotonic()
 
 

@@ -101,7 +101,15 @@ class PrefillScheduler:
         return len(self.done) == self.total
 
     def idle_wait(self) -> None:
-        """Nothing to run: sleep until the next arrival or a short poll interval."""
+        """Nothing to run: sleep until the next arrival or a short poll interval. With nothing left
+        that could make progress (no arrival, no transfer in flight) unfinished requests are stuck:
+        fail loudly instead of spinning forever."""
+        if not self.arrivals and not self.inflight and not self.finished_all:
+            stuck = [r.rid for r in self.waiting] + [r.rid for r in self.arrivals]
+            held = [r.rid for r in (self.chunked_req,) if r is not None]
+            raise EngineError(f"stuck: {self.total - len(self.done)} request(s) can never finish "
+                              f"(waiting: {stuck or '-'}, chunked: {held or '-'}; e.g. a middle-chunk count that "
+                              f"never returned to zero, or memory that was never freed)")
         delay = 0.0005
         if self.arrivals and not self.inflight:
             delay = max(0.0, min(0.01, self.arrivals[0].arrival_s - (sync.now() - self.t0)))
@@ -225,14 +233,14 @@ class PrefillScheduler:
         """Thread modes: isolate what the worker reads from the next admission's mutations."""
         snap = snapshot_for_forward(batch)
         if self.tr.enabled:
-            self.tr.emit("snapshot", batch=snap.bid, digest=snap.digest())
+            self.tr.emit("snapshot", batch=snap.bid, digest=snap.digest(name=self.tr.obj))
         return snap
 
     def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
-        if self.tr.enabled:
-            self.tr.emit("fwd_begin", batch=batch.bid, digest=batch.digest())
         sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
+        if self.tr.enabled:
+            self.tr.emit("fwd_begin", batch=batch.bid, digest=batch.digest(sampling, self.tr.obj))
         if early_send_prefix:
             for req in batch.reqs:
                 self.maybe_send_cached_prefix(batch, req)
