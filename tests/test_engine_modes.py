@@ -108,3 +108,13 @@ def test_worker_exception_reaches_scheduler():
             assert err is not None and "injected forward failure" in str(err)
     finally:
         sched_mod.PrefillScheduler.run_batch = orig
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
+    """Regression (found by the schedule fuzzer): a chunked request that cannot get pages for its
+    next chunk must stay first in line, not drop out of the queue."""
+    summary, _ = run_mode(mode, page_size=1, chunk_size=4, max_batch_tokens=6, num_pages=64,
+                          workload=WorkloadConfig(requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0))
+    assert summary["_error"] is None, summary["_error"]
+    assert summary["finished"] == 3 and not any(summary["leaks"].values())

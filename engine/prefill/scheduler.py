@@ -104,7 +104,9 @@ class PrefillScheduler:
         """Nothing to run: sleep until the next arrival or a short poll interval. With nothing left
         that could make progress (no arrival, no transfer in flight) unfinished requests are stuck:
         fail loudly instead of spinning forever."""
-        if not self.arrivals and not self.inflight and not self.finished_all:
+        progress = (len(self.done), self._next_bid, len(self.arrivals))
+        stalled, self._idle_mark = progress == getattr(self, "_idle_mark", None), progress
+        if stalled and not self.arrivals and not self.inflight and not self.finished_all:
             stuck = [r.rid for r in self.waiting] + [r.rid for r in self.arrivals]
             held = [r.rid for r in (self.chunked_req,) if r is not None]
             raise EngineError(f"stuck: {self.total - len(self.done)} request(s) can never finish "
@@ -127,13 +129,13 @@ class PrefillScheduler:
             self.last_batch = None
         budget = cfg.max_batch_tokens
         picked: list[tuple[Req, int, int, bool]] = []
-        candidates = ([self.chunked_req] if self.chunked_req else []) + list(self.waiting)
-        self.chunked_req = None
+        continuing, self.chunked_req = self.chunked_req, None
+        candidates = ([continuing] if continuing else []) + list(self.waiting)
         for req in candidates:
             if len(picked) >= cfg.max_batch_reqs or budget < ps:
                 break
             if req.slot is None and not self._prepare(req):
-                break  # out of memory: keep FIFO order, try again next round
+                break  # out of slots: keep FIFO order, try again next round
             take = min(req.remaining, cfg.chunk_size, budget)
             last = take == req.remaining
             if not last:
@@ -152,6 +154,8 @@ class PrefillScheduler:
                 break  # one chunked request at a time, as in SGLang
             if cfg.admission_cost_us:
                 _busy_wait_us(cfg.admission_cost_us)
+        if continuing is not None and all(p[0] is not continuing for p in picked):
+            self.chunked_req = continuing  # not admitted this round (no pages yet): stays first in line
         if not picked:
             return None
         return self._build_batch(picked)
