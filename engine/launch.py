@@ -57,6 +57,7 @@ def cmd_launch(a) -> int:
 
 def launch(cfg, wc, dc, *, out_dir: str, dp: int = 1, router: str = "round_robin", bootstrap_latency_ms: float = 0.0,
            latency_scope: str = "all", timeout_s: float = 120.0, verify: bool = True) -> dict:
+    """Run every role as a process; returns the decode's summary extended like run_pd's."""
     from .config import check_dispatch
     from .pd import route
 

@@ -12,6 +12,8 @@ def add_pd_args(p, *, launch: bool = False) -> None:
     if not launch:
         g.add_argument("--pd", action="store_true",
                        help="run prefill DP ranks, a decode instance and the bootstrap server in this process")
+        g.add_argument("--bootstrap-url", metavar="URL",
+                       help="use this bootstrap server (pdo bootstrap) instead of starting one in process")
     g.add_argument("--dp", type=int, default=1, help="prefill DP ranks")
     g.add_argument("--router", choices=ROUTERS, default="round_robin", help="request → DP rank (seeded)")
     g.add_argument("--decode-mode", choices=DECODE_LOOPS, default="overlap", help="decode event loop")
@@ -43,6 +45,8 @@ def configs_from_args(a):
                       intake_cost_us=a.decode_intake_cost_us, max_running=min(16, cfg.max_batch_reqs))
     opts = dict(dp=a.dp, router=a.router, bootstrap_latency_ms=a.bootstrap_latency_ms,
                 latency_scope=a.bootstrap_latency_scope, verify=not a.no_verify)
+    if getattr(a, "bootstrap_url", None):
+        opts["bootstrap_url"] = a.bootstrap_url
     return cfg, wc, dc, opts
 
 

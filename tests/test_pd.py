@@ -1,0 +1,93 @@
+"""PD disaggregation end to end: for every prefill mode × decode loop × prefetch on/off, the embedded
+run produces exactly the single-process reference's tokens, leaks nothing, and its traces (a decode
+trace, one per prefill rank) pass `pdo check` together. `pdo launch` (processes, ZMQ) once."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checker.linear import check_files
+from engine.config import MODES, EngineConfig
+from engine.decode.config import DecodeConfig
+from engine.pd import run_pd
+from engine.workload import WorkloadConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = dict(requests=8, prompt_len=(20, 100), hit=0.6, max_new_tokens=6, seed=5)
+
+
+def assert_clean(s):
+    assert s["finished"] == s["requests"] and not s["aborted"], s["aborted"]
+    assert s["mismatches"] == [], s["mismatches"]
+    assert not any(s["decode_leaks"].values()), s["decode_leaks"]
+    assert all(not any(p.values()) for p in s["prefill_leaks"]), s["prefill_leaks"]
+    assert s["unclaimed_rooms"] == [] and s["registration_errors"] == []
+
+
+def assert_traces_pass(paths):
+    results = check_files(paths)
+    assert {r.header["role"] for r in results} == {"decode", "prefill", "cross"}
+    bad = [(r.path, r.header["role"], v.rule.id, v.message) for r in results for v in r.violations]
+    assert not bad, bad[:5]
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+@pytest.mark.parametrize("loop", ["normal", "overlap"])
+@pytest.mark.parametrize("mode", MODES)
+def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
+    s = run_pd(EngineConfig(mode=mode), WorkloadConfig(**WORKLOAD), DecodeConfig(loop=loop, prefetch=prefetch),
+               dp=2, trace_path=str(tmp_path / "t.jsonl"))
+    assert_clean(s)
+    assert s["decode_tokens"] == WORKLOAD["requests"] * (WORKLOAD["max_new_tokens"] - 1)
+    by_source = s["resolve"]["by_source"]
+    assert ("prefetched" in by_source or "prefix" in by_source) == prefetch or not prefetch
+    assert_traces_pass(s["traces"])
+
+
+def test_random_router_three_ranks_long_outputs_and_a_full_decode_batch(tmp_path):
+    wc = WorkloadConfig(requests=20, prompt_len=(8, 200), hit=0.5, max_new_tokens=12, seed=11, arrival="poisson",
+                        rate=400)
+    s = run_pd(EngineConfig(mode="ahead", max_batch_tokens=128), wc, DecodeConfig(max_running=4), dp=3,
+               router="random", trace_path=str(tmp_path / "t.jsonl"))
+    assert_clean(s)
+    assert_traces_pass(s["traces"])
+
+
+def test_pdo_run_pd_cli_and_check(tmp_path):
+    trace = tmp_path / "run.jsonl"
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--pd", "--dp", "2", "--mode", "thread",
+                        "--decode-mode", "normal", "--requests", "6", "--max-new-tokens", "4", "--trace", str(trace),
+                        "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["mismatches"] == [] and len(s["traces"]) == 3
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "check", *s["traces"]], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.count("PASS") == 4, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--dp", "0"], "--dp must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--bootstrap-latency-ms", "-1"], "--bootstrap-latency-ms must be >= 0"),
+])
+def test_bad_pd_flags_are_one_line_errors(argv, reason):
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--pd", *argv], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 2 and reason in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_pdo_launch_processes_over_zmq_match_reference_and_traces_pass(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "launch", "--dp", "2", "--mode", "ahead", "--requests",
+                        "8", "--max-new-tokens", "6", "--trace-dir", str(tmp_path), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=170)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    s = json.loads(r.stdout)
+    assert_clean(s)
+    assert sorted(Path(p).name for p in s["traces"]) == ["decode.jsonl", "prefill0.jsonl", "prefill1.jsonl"]
+    assert_traces_pass(s["traces"])
