@@ -36,6 +36,7 @@ class Req:
     output_token: int | None = None
     first_token_s: float | None = None
     finished: bool = False
+    released: bool = False       # slot and pages returned to the pools
     as_event: object = None      # completion of the AttentionStore staging gather
     error: str | None = None
 

@@ -61,7 +61,7 @@ def test_admission_overlaps_forward_only_in_ahead(mode, expect, tmp_path):
     import json
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=16, prompt_len=(30, 60), hit=0.0, seed=1)
-    summary, _ = run_mode(mode, trace_path=str(trace), workload=wc, launch_cost_us=3000, max_batch_tokens=64,
+    summary, _ = run_mode(mode, trace_path=str(trace), workload=wc, launch_cost_us=10000, max_batch_tokens=64,
                           chunk_size=64)
     assert summary["_error"] is None
     events = [json.loads(l) for l in trace.read_text().splitlines()[1:]]

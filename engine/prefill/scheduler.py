@@ -211,7 +211,9 @@ class PrefillScheduler:
                 req.inflight_middle_chunks += 1
                 self.tr.emit("chunk_inc", rid=req.rid, obj=self.tr.obj(req), value=req.inflight_middle_chunks)
             elif inject.on("free-slot-before-forward-done"):
-                self._release(req)  # MUTANT: slot and pages freed as soon as the last chunk is scheduled
+                # MUTANT: slot and pages freed as soon as the last chunk is scheduled; the request still
+                # uses them (its forward reads the req_to_token row, its KV send reads the pages).
+                self._release(req, early=True)
         self.stats["batches"] += 1
         self.stats["tokens"] += batch.num_tokens
         self.last_batch = batch
@@ -370,7 +372,7 @@ class PrefillScheduler:
         still = []
         for req in self.inflight:
             if req.sender.poll() and (req.as_event is None or req.as_event.query()):
-                if req.slot is not None:
+                if not req.released:
                     self._release(req)
                 req.finished = True
                 self.done.append(req)
@@ -378,10 +380,12 @@ class PrefillScheduler:
                 still.append(req)
         self.inflight = still
 
-    def _release(self, req: Req) -> None:
+    def _release(self, req: Req, *, early: bool = False) -> None:
         self.tr.emit("release", rid=req.rid, obj=self.tr.obj(req), slot=req.slot)
         self.req_to_token.free(req.slot)
-        req.slot = None
+        req.released = True
+        if not early:
+            req.slot = None
         n_full = len(req.prompt) // self.cfg.page_size
         rejected = self.cache.insert(req.prompt, req.pages[:n_full])
         self.pool.free(rejected + req.pages[n_full:])
