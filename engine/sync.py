@@ -10,11 +10,23 @@ schedule replays the same way every time.
 """
 from __future__ import annotations
 
+import os
 import queue
+import random
 import threading
 import time
 
 CONTROLLER = None  # set by checker.fuzz.Controller.install()
+
+# Uncontrolled jitter (for real GPUs, where serialising threads would hide device concurrency): a
+# random delay of up to PDO_JITTER_US microseconds at every schedule point, seeded by PDO_JITTER_SEED.
+JITTER_US = float(os.environ.get("PDO_JITTER_US", "0") or 0)
+_jitter_rng = random.Random(int(os.environ.get("PDO_JITTER_SEED", "0") or 0))
+
+
+def set_jitter(us: float, seed: int = 0) -> None:
+    global JITTER_US, _jitter_rng
+    JITTER_US, _jitter_rng = us, random.Random(seed)
 
 
 class Deadlock(RuntimeError):
@@ -28,6 +40,8 @@ def controlled() -> bool:
 def point(label: str) -> None:
     if CONTROLLER is not None:
         CONTROLLER.point(label)
+    elif JITTER_US:
+        time.sleep(_jitter_rng.random() * JITTER_US * 1e-6)
 
 
 def _managed():

@@ -60,3 +60,17 @@ def test_hypothesis_drives_workload_and_schedule(mode, requests, hit, page_size,
                 max_batch_tokens=6 * page_size, workload_seed=wseed)
     out = run_case(case, Indices(choices))
     assert not out.failed, out.failures
+
+
+def test_uncontrolled_jitter_keeps_the_engine_correct():
+    """The cheap mode for GPUs: random delays at schedule points, no controller."""
+    from engine import sync
+    from tests.helpers import run_mode
+    from engine.workload import WorkloadConfig
+
+    sync.set_jitter(300, seed=5)
+    try:
+        summary, _ = run_mode("ahead", workload=WorkloadConfig(requests=8, prompt_len=(20, 90), hit=0.8, seed=4))
+    finally:
+        sync.set_jitter(0)
+    assert summary["_error"] is None and summary["finished"] == 8 and not any(summary["leaks"].values())
