@@ -144,8 +144,12 @@ class AttentionStore:
         idx = torch.cat(idx).to(self.pool.k.device)
         holder = {}
 
-        def gather():  # one gather for all requests, then one device-to-host copy
-            holder["kv"] = torch.stack([self.pool.k[:, idx.long()], self.pool.v[:, idx.long()]]).to("cpu")
+        pinned = self.pool.k.device.type == "cuda"
+
+        def gather():  # one gather for all requests, then one device-to-host copy (async on CUDA)
+            staged = torch.stack([self.pool.k[:, idx.long()], self.pool.v[:, idx.long()]])
+            host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=pinned)
+            holder["kv"] = host.copy_(staged, non_blocking=True)
 
         if ready_event is not None:
             self.stream.wait_event(ready_event)

@@ -36,6 +36,7 @@ class ForwardResult:
     future_slots: torch.Tensor = None
     copy_event: object = None   # sampled tokens copied to the host
     host_tokens: list | None = None
+    host_buf: torch.Tensor = None
 
 
 class PrefillScheduler:
@@ -225,12 +226,12 @@ class PrefillScheduler:
         for the previous forward's reads (WAR barrier) because it is in order after that wait."""
         self.tr.emit("stage", batch=batch.bid)
         n = batch.num_tokens
-        ids, pos, loc = (t.to(self.device, non_blocking=True) for t in (batch.input_ids, batch.positions, batch.out_cache_loc))
+        ids, pos, loc = batch.input_ids, batch.positions, batch.out_cache_loc
 
-        def write():
-            self.buf_ids[:n].copy_(ids)
-            self.buf_pos[:n].copy_(pos)
-            self.buf_loc[:n].copy_(loc)
+        def write():  # host-to-device copies enqueued on the schedule stream (async on CUDA)
+            self.buf_ids[:n].copy_(ids, non_blocking=True)
+            self.buf_pos[:n].copy_(pos, non_blocking=True)
+            self.buf_loc[:n].copy_(loc, non_blocking=True)
 
         self.sched_stream.launch(write)
         batch.stage_event = self.sched_stream.record_event()
@@ -326,10 +327,13 @@ class PrefillScheduler:
         self.fwd_stream.launch(sample)
         self.copy_stream.wait_event(self.fwd_stream.record_event())
 
-        def to_host():
-            result.host_tokens = self.future_map[slots].to("cpu").tolist()
+        host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+
+        def to_host():  # device-to-host on the copy stream; read after copy_event (process)
+            host.copy_(self.future_map[slots], non_blocking=True)
 
         self.copy_stream.launch(to_host)
+        result.host_buf = host
         result.future_slots = slots
         result.copy_event = self.copy_stream.record_event()
 
@@ -337,6 +341,7 @@ class PrefillScheduler:
     def process_batch_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         self.tr.emit("process_begin", batch=batch.bid)
         result.copy_event.synchronize()
+        result.host_tokens = result.host_buf.tolist()
         for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
             s.check()
         if self.transfer.error is not None:

@@ -1,0 +1,71 @@
+"""Snapshot semantics of the seed: shallow batch copy, idempotent copy_for_forward without the
+penalizer, shallow spec_info, Req objects by identity; in-place filter does not reach a snapshot."""
+import torch
+
+from engine import inject
+from engine.request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
+
+
+class Spec:
+    def __init__(self, n):
+        self.draft = list(range(n))
+
+    def filter_(self, keep):
+        self.draft = [self.draft[i] for i in keep]
+
+
+def _batch(n=3):
+    reqs = [Req(rid=f"r{i}", prompt=[1, 2, 3], bootstrap_room=i, logit_bias={i: 1.0}) for i in range(n)]
+    return ScheduleBatch(bid=0, reqs=reqs, starts=[0] * n, extends=[3] * n, last_chunk=[True] * n,
+                         input_ids=torch.arange(3 * n), positions=torch.arange(3 * n), out_cache_loc=torch.arange(3 * n),
+                         sampling_info=SamplingBatchInfo.build(reqs, 8, "cpu"), spec_info=Spec(n))
+
+
+def test_snapshot_is_isolated_from_in_place_filter():
+    live = _batch()
+    before = live.digest()
+    snap = snapshot_for_forward(live)
+    live.filter([1])
+    assert [r.rid for r in live.reqs] == ["r1"] and live.sampling_info.logit_bias.shape[0] == 1
+    assert [r.rid for r in snap.reqs] == ["r0", "r1", "r2"]
+    assert snap.sampling_info.logit_bias.shape[0] == 3 and snap.spec_info.draft == [0, 1, 2]
+    assert snap.digest() == before
+    assert all(a is b for a, b in zip(snap.reqs, _reqs_of(before, snap)))
+
+
+def _reqs_of(_, snap):
+    return snap.reqs
+
+
+def test_reqs_kept_by_identity_and_copy_is_shallow():
+    live = _batch()
+    snap = snapshot_for_forward(live)
+    assert all(a is b for a, b in zip(live.reqs, snap.reqs))
+    c = snap.copy()
+    assert c.reqs is snap.reqs and c is not snap
+
+
+def test_copy_for_forward_is_idempotent_and_drops_penalizer():
+    info = _batch().sampling_info
+    info.penalizer.accumulated += 0.5
+    once = info.copy_for_forward()
+    twice = once.copy_for_forward()
+    assert once.penalizer is None and twice.penalizer is None
+    assert torch.equal(once.logit_bias, twice.logit_bias)
+    assert torch.equal(once.logit_bias, info.logit_bias + 0.5)
+    assert once.logit_bias.data_ptr() != info.logit_bias.data_ptr() != twice.logit_bias.data_ptr()
+
+
+def test_mutants_change_these_semantics():
+    inject.set_active({"non-idempotent-copy-for-forward"})
+    try:
+        once = _batch().sampling_info.copy_for_forward()
+        assert not torch.equal(once.copy_for_forward().logit_bias, once.logit_bias)
+    finally:
+        inject.set_active(())
+    inject.set_active({"live-batch"})
+    try:
+        live = _batch()
+        assert snapshot_for_forward(live) is live
+    finally:
+        inject.set_active(())
