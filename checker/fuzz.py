@@ -413,18 +413,14 @@ def shrink(case: Case, schedule: list[str], failures: list[str], *, budget: int 
 
 
 def find_bug(case: Case, strategy: str, *, schedules: int, seed: int, on_progress=None):
-    """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or (None, stats)."""
-    events = 0
+    """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or
+    (None, events checked)."""
     if strategy == "dfs":
-        for i, (_, out) in enumerate(dfs_schedules(case, limit=schedules)):
-            events += out.events
-            if on_progress:
-                on_progress(i + 1, events, out.failed)
-            if out.failed:
-                return i, out
-        return None, events
-    for i in range(schedules):
-        out = run_case(case, make_strategy(strategy, seed * 100_003 + i))
+        runs = (out for _, out in dfs_schedules(case, limit=schedules))
+    else:
+        runs = (run_case(case, make_strategy(strategy, seed * 100_003 + i)) for i in range(schedules))
+    events = 0
+    for i, out in enumerate(runs):
         events += out.events
         if on_progress:
             on_progress(i + 1, events, out.failed)
