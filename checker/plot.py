@@ -55,7 +55,7 @@ def plot(path: str, out: str, *, batches: str | None = None, time_ms: str | None
     lane = {name: i for i, name in enumerate(order)}
     ms = lambda t: (t - t0) / 1e6  # noqa: E731
 
-    height = 1.3 + 0.5 * len(order)
+    height = 1.2 + 0.45 * len(order)
     fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)
     used = set()
     drawn = 0
@@ -91,10 +91,10 @@ def plot(path: str, out: str, *, batches: str | None = None, time_ms: str | None
     if kv:
         from matplotlib.lines import Line2D
         handles.append(Line2D([], [], color="#212121", lw=0.8, label="KV send"))
-    rows = 1 if len(handles) <= 4 else 2
-    fig.legend(handles=handles, fontsize=6.5, ncol=-(-len(handles) // rows), loc="lower center", frameon=False,
-               handlelength=1.2, columnspacing=1.0)
-    fig.tight_layout(rect=(0, 0.07 + 0.06 * rows, 1, 1))
-    fig.savefig(out)
+    fig.tight_layout()
+    axes_h = ax.get_position().height * fig.get_figheight()   # inches
+    ax.legend(handles=handles, fontsize=6.5, ncol=3 if len(handles) > 4 else len(handles), loc="upper center",
+              bbox_to_anchor=(0.5, -0.36 / axes_h), frameon=False, handlelength=1.2, columnspacing=1.0)
+    fig.savefig(out, bbox_inches="tight", pad_inches=0.04)
     plt.close(fig)
     return {"spans": drawn, "kv_sends": len(kv), "threads": order, "window_ms": (ms(lo_ns), ms(hi_ns))}

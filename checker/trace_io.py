@@ -63,10 +63,9 @@ _CHUNK_BYTES = 1 << 18   # lines per chunk: about 256 KiB of text
 def _compile_validator(spec: dict):
     """A fast predicate for one event kind: True when the base keys and every field of `spec` have
     the right type. False sends the event to the exact (slow) path, which says what is wrong."""
-    conds = ['type(e.get("seq")) is int', 'type(e.get("t_ns")) is int', 'type(e.get("thread")) is str',
-             'type(e.get("ev")) is str']
+    conds = ['type(e["seq"]) is int', 'type(e["t_ns"]) is int', 'type(e["thread"]) is str']
     for name, typ in spec.items():
-        v = f"e.get({name!r})"
+        v = f"e[{name!r}]"
         if typ == "int":
             conds.append(f"type({v}) is int")
         elif typ == "str":
@@ -74,10 +73,13 @@ def _compile_validator(spec: dict):
         elif typ == "list[str]":
             conds.append(f"type({v}) is list and all(type(x) is str for x in {v})")
         elif typ == "int|null":
-            conds.append(f"({name!r} in e and ({v} is None or type({v}) is int))")
+            conds.append(f"({v} is None or type({v}) is int)")
         else:
-            conds.append(f"_check_type({v}, {typ!r}) and {name!r} in e")
-    return eval(f"lambda e: {' and '.join(conds)}", {"_check_type": _check_type})
+            conds.append(f"_check_type({v}, {typ!r})")
+    src = f"def valid(e):\n    try:\n        return {' and '.join(conds)}\n    except KeyError:\n        return False\n"
+    scope = {"_check_type": _check_type}
+    exec(src, scope)
+    return scope["valid"]
 
 
 def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str) -> None:
@@ -155,13 +157,14 @@ def iter_events(path: str, *, header_out: dict | None = None):
                 ok = False
             if ok:
                 for n, e in zip(nums, events):
-                    if type(e) is dict:
-                        check = valid.get(e.get("ev"))
-                        seq = e.get("seq")
-                        if check is not None and check(e) and seq > last_seq:
-                            last_seq = seq
-                            yield n, e
-                            continue
+                    try:
+                        ok = valid[e["ev"]](e) and e["seq"] > last_seq
+                    except (KeyError, TypeError):   # not an object, no or unknown `ev`
+                        ok = False
+                    if ok:
+                        last_seq = e["seq"]
+                        yield n, e
+                        continue
                     _validate_slow(path, n, e, last_seq, fields_of, role)  # raises, unless the fast check was too strict
                     last_seq = e["seq"]
                     yield n, e

@@ -13,8 +13,9 @@ trace-derived metrics use the spans of checker/perfetto.py:
   scheduler busy = |S|, forward busy = |W|, hidden = |S ∩ W| (time, on the union of each)
   overlap efficiency = |S ∩ W| / min(|S|, |W|)
 
-`bench` is a parser with sub-commands; another benchmark registers with one line in BENCH_PLUGINS
-(a module whose `register(bench_subparsers)` adds its sub-command).
+`bench` is a parser with sub-commands. Another benchmark adds itself with one line: its module in
+BENCH_PLUGINS (its `register(bench_subparsers)` adds the sub-command), or, from a top-level plugin,
+`bench_subparsers(sub).add_parser("decode", ...)`.
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ import time
 
 MODES = ("normal", "overlap", "thread", "ahead")
 BASELINE = "thread"
+# Host time per layer launch (EngineConfig.launch_cost_us) that `bench prefill` models unless told
+# otherwise: 2 layers x 1 ms = 2 ms per batch, about a fifth of the emulated forward of a full batch —
+# the share eager launches take of a real prefill forward (tens of layers, ~20 launches each). The
+# engine's own default stays 0. docs/benchmarks.md shows the results for 0 to 5000.
+DEFAULT_LAUNCH_COST_US = 1000.0
 
 # Modules adding `pdo bench <name>`: each defines `register(bench_subparsers)` (e.g. "engine.decode.bench").
 BENCH_PLUGINS: list[str] = []
@@ -51,6 +57,18 @@ def _pct(xs, q: float) -> float:
 def _median(xs) -> float:
     xs = [x for x in xs if x == x]
     return statistics.median(xs) if xs else float("nan")
+
+
+def _ci95(xs, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the median of xs (seeded, so reruns print the same interval)."""
+    import random
+
+    xs = [x for x in xs if x == x]
+    if len(xs) < 2:
+        return (xs[0], xs[0]) if xs else (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
 def _union(intervals) -> list[tuple[int, int]]:
@@ -122,12 +140,16 @@ def trace_metrics(events, role: str = "prefill") -> dict:
     hidden = _intersection(s_iv, w_iv)
     hideable = min(s_len, w_len)
     batches = sum(1 for s in spans if s.kind == "fwd")
+    # hand-off latency: submit(N) on the scheduler to fwd_begin(N) on the worker (thread modes)
+    submit = {e["batch"]: e["t_ns"] for e in events if e["ev"] == "submit"}
+    handoff = [s.t0 - submit[s.batch] for s in spans if s.kind == "fwd" and s.batch in submit]
     return {
         "batches": batches,
         "sched_busy_ms": s_len / 1e6, "admit_ms": admit / 1e6, "process_ms": process / 1e6,
         "fwd_busy_ms": w_len / 1e6, "collect_wait_ms": collect / 1e6,
         "hidden_ms": hidden / 1e6, "hideable_ms": hideable / 1e6,
         "overlap_efficiency": hidden / hideable if hideable else 0.0,
+        "handoff_ms": sum(handoff) / len(handoff) / 1e6 if handoff else 0.0,
     }
 
 
@@ -193,10 +215,44 @@ class _Watch:
             self.thread.join()
 
 
+# ---- what-if: a device that does not hold the GIL -------------------------------------------------
+
+class gil_free_device:
+    """What-if, for `bench prefill --gil-free-device MS`: the model's forward becomes a wait of MS ms
+    per `max_batch_tokens` tokens (scaled by the batch's tokens) that releases the GIL, returning zero
+    logits and writing no KV. On CPU the emulated device is a Python thread: between torch ops its
+    forward holds the GIL, so it competes with the scheduler work that admit-ahead moves beside
+    run_batch. A GPU does not; this isolates the loops' own effect. Outputs are not meaningful."""
+
+    def __init__(self, ms_per_full_batch: float, full_batch_tokens: int):
+        self.ms, self.full = ms_per_full_batch, full_batch_tokens
+        self.orig = None
+
+    def __enter__(self):
+        import torch
+
+        from .model import TinyLlama
+
+        ms, full = self.ms, self.full
+        self.orig = TinyLlama.forward
+
+        def forward(model, input_ids, positions, out_cache_loc, pool, backend, meta, logit_rows, *, decode=False):
+            time.sleep(ms * 1e-3 * input_ids.shape[0] / full)
+            return torch.zeros((logit_rows.shape[0], model.cfg.vocab_size), device=input_ids.device)
+
+        TinyLlama.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        from .model import TinyLlama
+
+        TinyLlama.forward = self.orig
+
+
 # ---- pdo bench prefill ---------------------------------------------------------------------------
 
 QUICK = dict(reps=3, requests=160, hits=(0.0, 0.5, 0.8))
-FULL = dict(reps=7, requests=400, hits=(0.0, 0.5, 0.8))
+FULL = dict(reps=9, requests=300, hits=(0.0, 0.5, 0.8))
 
 
 def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
@@ -227,12 +283,12 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
 
 _PER_RUN = ("uncached_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "sched_busy_ms", "admit_ms", "process_ms",
             "fwd_busy_ms", "collect_wait_ms", "hidden_ms", "overlap_efficiency", "wall_s", "batches",
-            "uncached_tokens")
+            "uncached_tokens", "handoff_ms")
 
 
 def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests: int = 160,
                   engine: dict | None = None, workload: dict | None = None, progress: Progress | None = None,
-                  warmup: bool = True) -> dict:
+                  warmup: bool = True, gil_free_device_ms: float | None = None) -> dict:
     """All `modes` interleaved (A B C D A B C D ...) at each hit ratio, `reps` times. Returns the
     per-run numbers, their medians per (hit, mode) and the per-rep ratios against `thread`."""
     from .config import EngineConfig
@@ -242,6 +298,12 @@ def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests:
     workload = dict(workload or {})
     progress = progress or Progress(False)
     modes = list(modes)
+    if gil_free_device_ms:
+        with gil_free_device(gil_free_device_ms, EngineConfig(**engine).max_batch_tokens):
+            res = bench_prefill(modes=modes, hits=hits, reps=reps, requests=requests, engine=engine,
+                                workload=workload, progress=progress, warmup=warmup)
+        res["gil_free_device_ms"] = gil_free_device_ms
+        return res
     runs: dict[tuple, list[dict]] = {(h, m): [] for h in hits for m in modes}
     if warmup:  # first-run costs (imports, allocator, thread start-up) out of the measurement
         for m in modes:
@@ -271,14 +333,16 @@ def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests:
             entry = {"hit": h, "mode": m, "median": med, "runs": rs}
             if base:
                 ratios = [r["uncached_tok_per_s"] / b["uncached_tok_per_s"] for r, b in zip(rs, base)]
-                entry["ratio_vs_thread"] = {"median": _median(ratios), "min": min(ratios), "max": max(ratios),
-                                            "per_rep": ratios}
+                lo, hi = _ci95(ratios)
+                entry["ratio_vs_thread"] = {"median": _median(ratios), "ci95": [lo, hi], "min": min(ratios),
+                                            "max": max(ratios), "per_rep": ratios}
             results.append(entry)
     headline = {}
     for h in hits:
         for e in results:
             if e["hit"] == h and e["mode"] == "ahead" and "ratio_vs_thread" in e:
                 headline[str(h)] = {"ahead_over_thread": e["ratio_vs_thread"]["median"],
+                                    "ci95": e["ratio_vs_thread"]["ci95"],
                                     "ahead_overlap_efficiency": e["median"]["overlap_efficiency"]}
     return {"benchmark": "prefill", "date": _now(), "machine": machine(), "modes": modes, "hits": list(hits),
             "reps": reps, "requests": requests, "engine": engine, "workload": workload,
@@ -286,16 +350,16 @@ def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests:
 
 
 def format_prefill_table(res: dict) -> str:
-    head = (f"{'hit':>4} {'mode':8} {'tok/s':>8} {'vs thread':>16} {'TTFT p50':>9} {'p99':>8} "
+    head = (f"{'hit':>4} {'mode':8} {'tok/s':>8} {'vs thread':>18} {'TTFT p50':>9} {'p99':>8} "
             f"{'sched busy':>10} {'fwd busy':>9} {'hidden':>8} {'overlap eff':>11}")
-    units = (f"{'':>4} {'':8} {'uncached':>8} {'median [min,max]':>16} {'ms':>9} {'ms':>8} "
+    units = (f"{'':>4} {'':8} {'uncached':>8} {'median [95% CI]':>18} {'ms':>9} {'ms':>8} "
              f"{'ms':>10} {'ms':>9} {'ms':>8} {'':>11}")
     lines = [head, units]
     for e in res["results"]:
         m = e["median"]
         r = e.get("ratio_vs_thread")
-        ratio = f"{r['median']:.3f} [{r['min']:.2f},{r['max']:.2f}]" if r else "-"
-        lines.append(f"{e['hit']:>4} {e['mode']:8} {m['uncached_tok_per_s']:8.0f} {ratio:>16} "
+        ratio = f"{r['median']:.3f} [{r['ci95'][0]:.2f},{r['ci95'][1]:.2f}]" if r else "-"
+        lines.append(f"{e['hit']:>4} {e['mode']:8} {m['uncached_tok_per_s']:8.0f} {ratio:>18} "
                      f"{m['ttft_p50_ms']:9.1f} {m['ttft_p99_ms']:8.1f} {m['sched_busy_ms']:10.1f} "
                      f"{m['fwd_busy_ms']:9.1f} {m['hidden_ms']:8.1f} {m['overlap_efficiency']:11.2f}")
     return "\n".join(lines)
@@ -314,16 +378,17 @@ def plot_prefill(res: dict, out: str) -> None:
     for i, m in enumerate(modes):
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(hits))]
         rat = [by[(h, m)].get("ratio_vs_thread", {}).get("median", float("nan")) for h in hits]
-        lo = [r - by[(h, m)].get("ratio_vs_thread", {}).get("min", r) for h, r in zip(hits, rat)]
-        hi = [by[(h, m)].get("ratio_vs_thread", {}).get("max", r) - r for h, r in zip(hits, rat)]
+        ci = [by[(h, m)].get("ratio_vs_thread", {}).get("ci95", [r, r]) for h, r in zip(hits, rat)]
+        lo = [r - c[0] for r, c in zip(rat, ci)]
+        hi = [c[1] - r for r, c in zip(rat, ci)]
         ax1.bar(xs, rat, width, yerr=[lo, hi], capsize=2, color=colors.get(m), label=m, error_kw={"lw": 0.8})
         eff = [by[(h, m)]["median"]["overlap_efficiency"] for h in hits]
         ax2.bar(xs, eff, width, color=colors.get(m), label=m)
     ax1.axhline(1.0, color="k", lw=0.6)
-    lows = [v for e in res["results"] for v in [e.get("ratio_vs_thread", {}).get("min", 1.0)]]
-    highs = [v for e in res["results"] for v in [e.get("ratio_vs_thread", {}).get("max", 1.0)]]
+    lows = [e.get("ratio_vs_thread", {}).get("ci95", [1.0, 1.0])[0] for e in res["results"]]
+    highs = [e.get("ratio_vs_thread", {}).get("ci95", [1.0, 1.0])[1] for e in res["results"]]
     ax1.set_ylim(min(0.8, min(lows) - 0.05), max(1.2, max(highs) + 0.05))
-    for ax, title in ((ax1, "uncached input tokens/s vs thread"), (ax2, "overlap efficiency")):
+    for ax, title in ((ax1, "uncached input tokens/s vs thread (95% CI)"), (ax2, "overlap efficiency")):
         ax.set_xticks(range(len(hits)))
         ax.set_xticklabels([f"hit {h}" for h in hits])
         ax.set_title(title, fontsize=10)
@@ -332,8 +397,9 @@ def plot_prefill(res: dict, out: str) -> None:
     ax1.legend(fontsize=7, ncol=2, loc="upper left")
     eng = res.get("engine", {})
     knobs = ", ".join(f"{k}={v}" for k, v in eng.items() if v)
+    whatif = f", WHAT-IF GIL-free device {res['gil_free_device_ms']} ms" if res.get("gil_free_device_ms") else ""
     fig.suptitle(f"pdo bench prefill: {res['reps']} reps x {res['requests']} requests, "
-                 f"{res['machine']['cpus']} CPUs" + (f" ({knobs})" if knobs else ""), fontsize=9)
+                 f"{res['machine']['cpus']} CPUs" + (f" ({knobs})" if knobs else "") + whatif, fontsize=9)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -360,6 +426,50 @@ def emit_cost_ns(n: int = 100_000) -> dict:
         tr.write(p)
         t3 = time.perf_counter_ns()
     return {"emit_ns": (t1 - t0) / n, "write_ns": (t3 - t2) / n, "events": n}
+
+
+class _Accounting:
+    """For one traced run: the time spent inside the tracer (emit, obj) and in the digests computed
+    only when tracing is on (ScheduleBatch.digest), summed over all threads. Installed by patching
+    for that run only; the pairs that measure wall time use the plain Tracer."""
+
+    def __init__(self):
+        self.ns = {"emit": 0, "obj": 0, "digest": 0}
+        self.calls = {"emit": 0, "obj": 0, "digest": 0}
+
+    def wrap(self, kind, fn):
+        ns, calls, clock = self.ns, self.calls, time.perf_counter_ns
+
+        def timed(*a, **kw):
+            t = clock()
+            try:
+                return fn(*a, **kw)
+            finally:
+                ns[kind] += clock() - t
+                calls[kind] += 1
+        return timed
+
+
+def accounted_run(cfg, wc) -> dict:
+    """One traced run with the tracing work timed where it happens; returns its share of wall time."""
+    from . import request
+    from .run import run_prefill
+    from .trace import Tracer
+
+    acc = _Accounting()
+    tr = Tracer()
+    tr.emit = acc.wrap("emit", tr.emit)
+    tr.obj = acc.wrap("obj", tr.obj)
+    orig = request.ScheduleBatch.digest
+    request.ScheduleBatch.digest = acc.wrap("digest", orig)
+    try:
+        s = run_prefill(cfg, wc, tracer=tr)
+    finally:
+        request.ScheduleBatch.digest = orig
+    total = sum(acc.ns.values())
+    return {"wall_s": s["wall_s"], "events": len(tr.events), "ns": acc.ns, "calls": acc.calls,
+            "tracing_ms": total / 1e6, "share_of_wall": total / 1e9 / s["wall_s"],
+            "ns_per_event": total / max(1, len(tr.events))}
 
 
 def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 200, engine: dict | None = None,
@@ -395,6 +505,7 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     events = _median([p["on"]["events"] for p in pairs])
     d_wall = _median([p["on"]["wall_s"] - p["off"]["wall_s"] for p in pairs])
     micro = emit_cost_ns()
+    acc = [accounted_run(cfg, wc) for _ in range(3)]
     return {
         "benchmark": "trace-overhead", "date": _now(), "machine": machine(), "mode": mode, "reps": reps,
         "requests": requests, "engine": engine, "workload": workload, "pairs": pairs,
@@ -403,6 +514,9 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
         "events_per_s_of_run": events / _median([p["on"]["wall_s"] for p in pairs]),
         "in_run_ns_per_event": d_wall * 1e9 / events if events else float("nan"),
         "emit_ns": micro["emit_ns"], "write_ns": micro["write_ns"], "target_pct": 3.0,
+        "accounted": acc, "accounted_pct": _median([a["share_of_wall"] for a in acc]) * 100,
+        "accounted_ns_per_event": _median([a["ns_per_event"] for a in acc]),
+        "cpu_ratio_median": _median([p["on"]["cpu_s"] / p["off"]["cpu_s"] for p in pairs]),
     }
 
 
@@ -411,6 +525,9 @@ def format_trace_overhead(r: dict) -> str:
         f"tracing overhead, mode={r['mode']}, {r['reps']} interleaved on/off pairs of {r['requests']} requests:",
         f"  wall time on/off: median {r['wall_ratio_median']:.4f} (min {r['wall_ratio_min']:.3f}, "
         f"max {r['wall_ratio_max']:.3f}) -> overhead {r['overhead_pct']:+.2f}% (target <= {r['target_pct']:.0f}%)",
+        f"  process CPU time on/off: median {r['cpu_ratio_median']:.4f}",
+        f"  tracing work timed inside traced runs (emit, obj ids, digests; all threads): "
+        f"{r['accounted_pct']:.2f}% of wall time, {r['accounted_ns_per_event']:.0f} ns per event",
         f"  events per run {r['events_per_run']:.0f} ({r['events_per_s_of_run']:,.0f} events/s of run time)",
         f"  per event: Tracer.emit {r['emit_ns']:.0f} ns (single thread, tight loop); "
         f"write to file {r['write_ns']:.0f} ns; in-run wall difference / events {r['in_run_ns_per_event']:.0f} ns",
@@ -476,12 +593,16 @@ def make_big_trace(out: str, events: int, *, base: str | None = None, requests: 
 
 
 _CHILD = r"""
-import json, resource, sys, time, tracemalloc
+import json, sys, time, tracemalloc
+def vm(key):  # VmHWM / VmRSS of this process in KiB (ru_maxrss would include the parent's, from before exec)
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
 from checker.linear import check_file
 from checker.trace_io import iter_events
 path, mode = sys.argv[1], sys.argv[2]
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = {"rss_before_kib": base}
+out = {"rss_before_kib": vm("VmHWM")}
 if mode == "parse":
     t = time.perf_counter(); n = sum(1 for _ in iter_events(path)); dt = time.perf_counter() - t
     out.update(events=n, seconds=dt)
@@ -491,7 +612,7 @@ elif mode == "tracemalloc":
 else:
     t = time.perf_counter(); r = check_file(path); dt = time.perf_counter() - t
     out.update(events=r.events, seconds=dt, ok=r.ok, violations=len(r.violations))
-out["rss_peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out["rss_peak_kib"] = vm("VmHWM")
 print(json.dumps(out))
 """
 
@@ -563,7 +684,8 @@ def format_checker(r: dict) -> str:
         f"  {r['events_per_s']:,.0f} events/s ({r['seconds']:.2f} s; target {r['target_events_per_s']:,}); "
         f"parsing + validation alone {r['parse_events_per_s']:,.0f} events/s "
         f"(rules take {r['rules_share'] * 100:.0f}% of the time)",
-        f"  memory: peak RSS {r['rss_peak_mib']:.0f} MiB (+{r['rss_growth_mib']:.0f} MiB over the interpreter's start)"
+        f"  memory: peak RSS {r['rss_peak_mib']:.0f} MiB (+{r['rss_growth_mib']:.0f} MiB over the interpreter with the "
+        f"checker imported)"
         + (f", tracemalloc peak {r['tracemalloc_peak_mib']:.1f} MiB" if r["tracemalloc_peak_mib"] is not None else ""),
     ])
 
@@ -584,7 +706,7 @@ def _add_engine_knobs(p) -> None:
                    help="extra host work per admitted request (a heavier scheduler)")
     g.add_argument("--launch-cost-us", type=float, default=None,
                    help="host time per layer launch inside run_batch (eager launch overhead); "
-                        "default: 0 for trace-overhead, 1500 for prefill (see docs/benchmarks.md)")
+                        "default: 0 for trace-overhead, 1000 for prefill (see docs/benchmarks.md)")
     g.add_argument("--max-batch-tokens", type=int, default=256)
     g.add_argument("--chunk-size", type=int, default=128)
     g.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
@@ -637,14 +759,17 @@ def cmd_prefill(a) -> int:
     engine, workload = _engine_workload(a, DEFAULT_LAUNCH_COST_US)
     switch = _switch(a)
     res = bench_prefill(modes=modes, hits=hits, reps=reps, requests=requests, engine=engine, workload=workload,
-                        progress=_progress(a))
+                        progress=_progress(a), gil_free_device_ms=a.gil_free_device)
     res["switch_interval_us"] = switch
     res["command"] = "pdo " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pdo") else None
     if a.json != "-":
+        if a.gil_free_device:
+            print(f"WHAT-IF: the model's forward is a GIL-free wait of {a.gil_free_device} ms per full batch "
+                  "(no real compute); these are not the engine's own numbers")
         print(format_prefill_table(res))
         for h, v in res["headline"].items():
-            print(f"hit {h}: ahead / thread = {v['ahead_over_thread']:.3f}, "
-                  f"ahead overlap efficiency {v['ahead_overlap_efficiency']:.2f}")
+            print(f"hit {h}: ahead / thread = {v['ahead_over_thread']:.3f} (95% CI {v['ci95'][0]:.3f}.."
+                  f"{v['ci95'][1]:.3f}), ahead overlap efficiency {v['ahead_overlap_efficiency']:.2f}")
     _write_json(a.json, res)
     if a.png:
         plot_prefill(res, a.png)
@@ -676,10 +801,6 @@ def cmd_checker(a) -> int:
     return 0
 
 
-# Host time per layer launch used by `bench prefill` unless --launch-cost-us says otherwise.
-DEFAULT_LAUNCH_COST_US = 1500.0
-
-
 def register(sub) -> None:
     import importlib
 
@@ -688,11 +809,14 @@ def register(sub) -> None:
 
     q = bsub.add_parser("prefill", help="the four prefill loops, interleaved, at prefix hit 0.0/0.5/0.8")
     q.add_argument("--quick", action="store_true", help="a small version (under two minutes on two cores)")
-    q.add_argument("--reps", type=int, default=None, help="rounds of A B C D per hit (default 7; quick 3)")
-    q.add_argument("--requests", type=int, default=None, help="requests per run (default 400; quick 160)")
+    q.add_argument("--reps", type=int, default=None, help="rounds of A B C D per hit (default 9; quick 3)")
+    q.add_argument("--requests", type=int, default=None, help="requests per run (default 300; quick 160)")
     q.add_argument("--hits", default=None, help="prefix-hit ratios, comma-separated (default 0,0.5,0.8)")
     q.add_argument("--modes", default=None, help="loop modes, comma-separated (default all four)")
     _add_engine_knobs(q)
+    q.add_argument("--gil-free-device", type=float, metavar="MS", default=None,
+                   help="what-if: replace the model's forward by a GIL-free wait of MS ms per full batch "
+                        "(as a GPU's); not the engine's own numbers")
     q.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout, no table)")
     q.add_argument("--png", metavar="FILE", help="write a chart (ratios vs thread, overlap efficiency)")
     q.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a TTY")
@@ -719,5 +843,13 @@ def register(sub) -> None:
     c.add_argument("--progress", action="store_true")
     c.set_defaults(fn=cmd_checker)
 
+    p._pdo_bench_subparsers = bsub
     for mod in BENCH_PLUGINS:
         importlib.import_module(mod).register(bsub)
+
+
+def bench_subparsers(sub):
+    """For a plugin registered at the top level (engine/cli.py PLUGINS, after engine.bench): the
+    sub-parsers of `pdo bench`, so that `pdo bench decode` is one line:
+        bench_subparsers(sub).add_parser("decode", help=...)"""
+    return sub.choices["bench"]._pdo_bench_subparsers
