@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 
 # Modules that add sub-commands: each defines `register(subparsers)`, setting `fn` on its parsers.
@@ -123,6 +124,8 @@ def main(argv=None) -> int:
         importlib.import_module(mod).register(sub)
     if argv is None:
         argv = sys.argv[1:]
+        if hasattr(signal, "SIGPIPE"):  # `pdo check t.jsonl | head` ends quietly, like any Unix tool
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if argv and argv[0] == "bootstrap":
         from .bootstrap import main as bootstrap_main
         return bootstrap_main(argv[1:])
