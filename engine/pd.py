@@ -202,6 +202,8 @@ def summarize(decode: DecodeScheduler, wall: float) -> dict:
         "decode_tok_per_s": decode.stats["decode_tokens"] / wall if wall else 0.0,
         "iterations": decode.iter, "batches": decode.stats["batches"],
         "resolve": {"count": len(res), "by_source": by_source,
+                    "samples": [{"source": x["source"], "wait_ms": 1e3 * x["wait_s"], "lead_ms": 1e3 * x["lead_s"]}
+                                for x in res],
                     "errors": sum(1 for x in res if x["error"]),
                     "mean_wait_ms": 1e3 * sum(waits) / len(waits) if waits else 0.0,
                     "p99_wait_ms": 1e3 * waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else 0.0,

@@ -1,6 +1,185 @@
-"""`pdo bench decode`: the DP-rank prefetch against the synchronous baseline (being written)."""
+"""`pdo bench decode`: the DP-rank prefetch (PR #35071) against the synchronous baseline.
+
+For each bootstrap latency, runs with and without the prefetch alternate (on, off, on, off, ...) so
+drift on a shared machine hits both alike. Each run is a full embedded PD run (engine/pd.py) against
+a fresh `pdo bootstrap` process: the server has its own interpreter, as in a deployment, and no room
+registered by an earlier run is known to a later one. Per arm, over all its runs:
+
+  wait   time the decode scheduler is blocked at the consumption point (_resolve_pending_reqs) for
+         the DP-rank answer: future.result() (plus the sync tail), or the whole synchronous query;
+         mean and p99 over every consumption point that needed an answer
+  lead   from the prefetch submit to the consumption point that uses it (prefetched/prefix only)
+  tok/s  decode output tokens per second of decode wall time (median over runs)
+  errors failed consumption points, aborted requests; `identical` compares every run's tokens with
+         the single-process reference
+"""
 from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+
+LATENCIES_MS = (0.5, 2.0, 10.0)
 
 
 def register(sub) -> None:
-    return None
+    from ..bench import bench_subparsers
+
+    q = bench_subparsers(sub).add_parser("decode", help="decode DP-rank prefetch vs --no-prefetch at 0.5/2/10 ms "
+                                                        "bootstrap latency")
+    q.add_argument("--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS), help="ms, comma-separated")
+    q.add_argument("--reps", type=int, default=2, help="runs per arm and latency (default 2)")
+    q.add_argument("--requests", type=int, default=24)
+    q.add_argument("--max-new-tokens", type=int, default=24)
+    q.add_argument("--rate", type=float, default=8.0, help="request arrival rate (Poisson), per second")
+    q.add_argument("--prompt-len", default="700:1000", help="MIN:MAX prompt tokens (long: a busy prefill)")
+    q.add_argument("--chunk-size", type=int, default=1024, help="prefill chunk and batch token budget")
+    q.add_argument("--dp", type=int, default=2)
+    q.add_argument("--mode", default="normal", help="prefill loop")
+    q.add_argument("--decode-mode", choices=["normal", "overlap"], default="overlap")
+    q.add_argument("--polling-interval", type=int, default=1,
+                   help="decode polls its prealloc queue every N iterations (SGLang's "
+                        "--disaggregation-decode-polling-interval)")
+    q.add_argument("--recv-wait-us", type=float, default=17000.0,
+                   help="decode's wait in request intake per iteration, between the loop top and the consumption "
+                        "point (default: the seed's measured prefetch lead, 17.35 ms rounded down)")
+    q.add_argument("--latency-scope", choices=["all", "query_dp_ranks"], default="all")
+    q.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    q.set_defaults(fn=cmd_decode)
+
+
+def cmd_decode(a) -> int:
+    lat = [float(x) for x in a.latencies.split(",") if x.strip()]
+    if not lat or any(x < 0 for x in lat) or a.reps < 1 or a.requests < 1:
+        raise ValueError("--latencies must be non-negative numbers, --reps and --requests >= 1")
+    lo, _, hi = a.prompt_len.partition(":")
+    res = bench_decode(latencies_ms=lat, reps=a.reps, requests=a.requests, max_new_tokens=a.max_new_tokens,
+                       rate=a.rate, prompt_len=(int(lo), int(hi or lo)), chunk_size=a.chunk_size, dp=a.dp,
+                       mode=a.mode, decode_mode=a.decode_mode,
+                       polling_interval=a.polling_interval, recv_wait_us=a.recv_wait_us,
+                       latency_scope=a.latency_scope, progress=not a.json)
+    print(json.dumps(res, indent=1) if a.json else markdown(res))
+    return 0 if res["ok"] else 1
+
+
+class _Bootstrap:
+    """A `pdo bootstrap` process on a free port, for one run."""
+
+    def __init__(self, latency_ms: float, scope: str, dp: int):
+        self.p = subprocess.Popen([sys.executable, "-m", "engine.cli", "bootstrap", "--port", "0", "--latency-ms",
+                                   str(latency_ms), "--latency-scope", scope, "--expected-ranks", str(dp)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("line", self.p.stdout.readline()), daemon=True)
+        t.start()
+        t.join(30)
+        if "listening on " not in box.get("line", ""):
+            self.close()
+            raise RuntimeError("bootstrap server did not start for the bench")
+        self.url = box["line"].strip().rsplit(" ", 1)[1]
+
+    def close(self) -> None:
+        self.p.terminate()
+        try:
+            self.p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+def bench_decode(*, latencies_ms=LATENCIES_MS, reps=2, requests=24, max_new_tokens=24, rate=8.0,
+                 prompt_len=(700, 1000), chunk_size=1024, dp=2, mode="normal", decode_mode="overlap",
+                 polling_interval=1, recv_wait_us=17000.0, latency_scope="all", progress=False) -> dict:
+    from ..config import EngineConfig
+    from ..pd import run_pd
+    from ..workload import WorkloadConfig
+    from .config import DecodeConfig
+
+    cfg = EngineConfig(mode=mode, chunk_size=chunk_size, max_batch_tokens=chunk_size)
+    wc = WorkloadConfig(requests=requests, prompt_len=prompt_len, hit=0.0, max_new_tokens=max_new_tokens,
+                        arrival="poisson", rate=rate, seed=1)
+    rows = []
+    for lat in latencies_ms:
+        arms = {True: [], False: []}
+        for rep in range(reps):
+            for prefetch in (True, False):
+                dc = DecodeConfig(loop=decode_mode, prefetch=prefetch, polling_interval=polling_interval,
+                                  recv_wait_us=recv_wait_us)
+                server = _Bootstrap(lat, latency_scope, dp)
+                try:
+                    s = run_pd(cfg, wc, dc, dp=dp, bootstrap_url=server.url)
+                finally:
+                    server.close()
+                arms[prefetch].append(s)
+                if progress:
+                    r = s["resolve"]
+                    print(f"  {lat:g} ms prefetch={'on ' if prefetch else 'off'} rep {rep + 1}/{reps}: wait "
+                          f"{r['mean_wait_ms']:.3f} ms over {r['count']} {r['by_source']}", file=sys.stderr)
+        rows.append({"latency_ms": lat, "prefetch": _arm(arms[True]), "no_prefetch": _arm(arms[False])})
+    for row in rows:
+        on, off = row["prefetch"], row["no_prefetch"]
+        row["wait_cut"] = off["mean_wait_ms"] / on["mean_wait_ms"] if on["mean_wait_ms"] > 0 else float("inf")
+    ok = all(a["errors"] == 0 and a["aborted"] == 0 and a["identical"] for r in rows
+             for a in (r["prefetch"], r["no_prefetch"]))
+    return {"bench": "decode", "date": datetime.date.today().isoformat(), "host": platform.node(),
+            "cpus": _cpus(), "config": {"requests": requests, "max_new_tokens": max_new_tokens, "rate": rate,
+                                        "prompt_len": list(prompt_len), "chunk_size": chunk_size,
+                                        "dp": dp, "prefill_mode": mode, "decode_mode": decode_mode,
+                                        "polling_interval": polling_interval, "recv_wait_us": recv_wait_us,
+                                        "latency_scope": latency_scope, "reps": reps},
+            "rows": rows, "ok": ok}
+
+
+def _arm(runs: list) -> dict:
+    samples = [x for s in runs for x in s["resolve"]["samples"]]
+    waits = sorted(x["wait_ms"] for x in samples)
+    leads = [x["lead_ms"] for x in samples if x["source"] != "sync"]
+    by_source: dict = {}
+    for x in samples:
+        by_source[x["source"]] = by_source.get(x["source"], 0) + 1
+    return {
+        "consumption_points": len(samples), "by_source": by_source,
+        "mean_wait_ms": statistics.fmean(waits) if waits else 0.0,
+        "p99_wait_ms": _pct(waits, 99), "mean_lead_ms": statistics.fmean(leads) if leads else 0.0,
+        "decode_tok_per_s": statistics.median(s["decode_tok_per_s"] for s in runs),
+        "errors": sum(s["resolve"]["errors"] for s in runs), "aborted": sum(len(s["aborted"]) for s in runs),
+        "identical": all(s["mismatches"] == [] for s in runs),
+        "leaks": any(any(s["decode_leaks"].values()) for s in runs),
+    }
+
+
+def _pct(xs, q):
+    if not xs:
+        return 0.0
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _cpus() -> int:
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def markdown(res: dict) -> str:
+    c = res["config"]
+    lines = [f"pdo bench decode — {res['date']}, {res['cpus']} CPUs; {c['requests']} requests (Poisson "
+             f"{c['rate']:g}/s, prompts {c['prompt_len'][0]}-{c['prompt_len'][1]} tokens), {c['max_new_tokens']} new "
+             f"tokens each; {c['dp']} prefill DP ranks ({c['prefill_mode']}, {c['chunk_size']}-token batches); decode "
+             f"{c['decode_mode']}, polling interval {c['polling_interval']}, intake wait {c['recv_wait_us'] / 1e3:g} ms; "
+             f"latency scope {c['latency_scope']}; {c['reps']} runs per arm", "",
+             "| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) | lead mean (ms) "
+             "| decode tok/s | errors | outputs |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in res["rows"]:
+        for name, key in (("prefetch", "prefetch"), ("--no-prefetch", "no_prefetch")):
+            a = row[key]
+            lines.append(f"| {row['latency_ms']:g} ms | {name} | {a['consumption_points']} | {a['mean_wait_ms']:.3f} | "
+                         f"{a['p99_wait_ms']:.3f} | {a['mean_lead_ms']:.3f} | {a['decode_tok_per_s']:.0f} | "
+                         f"{a['errors'] + a['aborted']} | {'identical' if a['identical'] else 'MISMATCH'} |")
+        lines.append(f"| | **wait cut** | | **{row['wait_cut']:.1f}×** | | | | | |")
+    return "\n".join(lines)

@@ -24,8 +24,8 @@ def add_pd_args(p, *, launch: bool = False) -> None:
     g.add_argument("--decode-polling-interval", type=int, default=1,
                    help="poll the prealloc/transfer queues every N iterations (SGLang's "
                         "--disaggregation-decode-polling-interval)")
-    g.add_argument("--decode-intake-cost-us", type=float, default=0.0,
-                   help="host work per request received by decode (models process_input_requests)")
+    g.add_argument("--decode-recv-wait-us", type=float, default=0.0,
+                   help="decode's wait in request intake per iteration (models recv_requests' TP broadcast)")
     g.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per request")
     g.add_argument("--no-verify", action="store_true", help="skip the comparison with the single-process reference")
 
@@ -42,7 +42,7 @@ def configs_from_args(a):
     cfg, wc = build_configs(a)
     wc.max_new_tokens = a.max_new_tokens
     dc = DecodeConfig(loop=a.decode_mode, prefetch=not a.no_prefetch, polling_interval=a.decode_polling_interval,
-                      intake_cost_us=a.decode_intake_cost_us, max_running=min(16, cfg.max_batch_reqs))
+                      recv_wait_us=a.decode_recv_wait_us, max_running=min(16, cfg.max_batch_reqs))
     opts = dict(dp=a.dp, router=a.router, bootstrap_latency_ms=a.bootstrap_latency_ms,
                 latency_scope=a.bootstrap_latency_scope, verify=not a.no_verify)
     if getattr(a, "bootstrap_url", None):

@@ -11,7 +11,9 @@ class DecodeConfig:
     loop: str = "overlap"             # event_loop_normal_disagg_decode | event_loop_overlap_disagg_decode
     prefetch: bool = True             # PR #35071; False is the synchronous baseline (--no-prefetch)
     polling_interval: int = 1         # --disaggregation-decode-polling-interval
-    intake_cost_us: float = 0.0       # host work per received request (stands in for process_input_requests)
+    # Request intake's wait per iteration: SGLang's recv_requests broadcasts new requests to the attention
+    # TP group every iteration, blocking (GIL released) between the loop top and the consumption point.
+    recv_wait_us: float = 0.0
     max_running: int = 16             # requests decoded together (max_running_requests)
     num_pages: int = 512
     max_slots: int = 64

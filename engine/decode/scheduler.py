@@ -113,12 +113,11 @@ class DecodeScheduler:
             hook(self)
 
     def ingest_requests(self) -> None:
+        if self.dc.recv_wait_us:
+            time.sleep(self.dc.recv_wait_us * 1e-6)
         t = time.monotonic() - self.t0
         while self.arrivals and self.arrivals[0].arrival_s <= t:
-            req = self.arrivals.pop(0)
-            if self.dc.intake_cost_us:
-                _busy_wait_us(self.dc.intake_cost_us)
-            self.prealloc.add(req)
+            self.prealloc.add(self.arrivals.pop(0))
 
     def process_decode_queue(self) -> None:
         """SGLang polls the prealloc and transfer queues every `polling_interval` iterations."""
@@ -405,8 +404,3 @@ class DecodeScheduler:
             "unfinished": self.total - len(self.done) - len(self.aborted),
         }
 
-
-def _busy_wait_us(us: float) -> None:
-    end = time.perf_counter() + us * 1e-6
-    while time.perf_counter() < end:
-        pass
