@@ -12,6 +12,7 @@ import sys
 PLUGINS: list[str] = ["engine.bench", "checker.trace_cli"]
 PLUGINS += ["engine.launch", "engine.decode.bench"]  # pdo launch, pdo bench decode
 PLUGINS += ["checker.fuzz_cli"]  # pdo fuzz
+PLUGINS += ["spec.cli"]  # pdo spec table | prove | docs
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -88,6 +89,9 @@ def cmd_check(a) -> int:
     from checker.linear import check_files
     from checker.report import json_report, text_report
 
+    if a.engine == "z3":  # the second checker: rules as z3 constraints, unsat cores on a violation
+        from checker.z3check import main_check
+        return main_check(a.traces, json_out=a.json)
     if a.perfetto and len(a.traces) != 1:
         raise ValueError("--perfetto takes exactly one trace")
     results = check_files(a.traces)  # decode traces are also checked against the prefill traces given
@@ -115,6 +119,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--engine", choices=["linear", "z3"], default="linear", help="checker (default: linear)")
     p.add_argument("--perfetto", metavar="OUT", help="also write the trace as Chrome trace-event JSON, "
                    "violations highlighted (ui.perfetto.dev)")
     p.set_defaults(fn=cmd_check)
