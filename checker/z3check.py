@@ -55,13 +55,18 @@ class Z3Result:
         return sorted(self.cores)
 
 
-def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
-               max_obligations: int = MAX_OBLIGATIONS) -> Z3Result:
-    t0 = time.perf_counter()
+def _load(path):
     header: dict = {}
     events = [e for _, e in iter_events(path, header_out=header)]
     if not header:  # an empty trace still has its header read by iter_events
         next(iter_events(path, header_out=header), None)
+    return header, events
+
+
+def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
+               max_obligations: int = MAX_OBLIGATIONS, rlimit: int = 0) -> Z3Result:
+    t0 = time.perf_counter()
+    header, events = _load(path)
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
     U = TraceUniverse(header, events)
@@ -82,7 +87,7 @@ def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WIND
     by_seq = {e["seq"]: e for e in events}
     for i in range(0, len(todo), window):
         res.windows += 1
-        _solve_window(todo[i:i + window], res, by_seq, timeout_ms, i // window)
+        _solve_window(todo[i:i + window], res, by_seq, timeout_ms, i // window, rlimit)
     if res.cores:
         res.status = "fail"
     elif res.uncovered:
@@ -91,13 +96,15 @@ def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WIND
     return res
 
 
-def _solve_window(chunk, res: Z3Result, by_seq: dict, timeout_ms: int, index: int) -> None:
+def _solve_window(chunk, res: Z3Result, by_seq: dict, timeout_ms: int, index: int, rlimit: int = 0) -> None:
     chunk = [(r, f, evs) for r, f, evs in chunk if r.id not in res.cores]  # one core per rule is enough
     if not chunk:
         return
     # First the verdict: positions fixed outright, one literal per rule.
     s = z3.Solver()
     s.set(timeout=timeout_ms)
+    if rlimit:
+        s.set(rlimit=rlimit)
     rule_lit = {r.id: z3.Bool(f"rule:{r.id}") for r, _, _ in chunk}
     seen = {}
     for _, _, evs in chunk:
@@ -105,7 +112,11 @@ def _solve_window(chunk, res: Z3Result, by_seq: dict, timeout_ms: int, index: in
             seen.setdefault(e.seq, e)
     s.add(conj(*[e.pos == e.seq for e in seen.values()]),
           conj(*[implies(rule_lit[r.id], f) for r, f, _ in chunk]))
-    if s.check(*rule_lit.values()) == z3.sat:
+    got = s.check(*rule_lit.values())
+    if got == z3.sat:
+        return
+    if got != z3.unsat:
+        res.uncovered.append(f"window {index}: rules {', '.join(sorted(rule_lit))} not decided ({s.reason_unknown()})")
         return
     for rid, lit in rule_lit.items():
         got = s.check(lit)
@@ -145,6 +156,24 @@ def _minimise(s, lits) -> list[int]:
             core = {str(c) for c in s.unsat_core()}
             keep = [x for x in trial if str(x) in core]
     return [int(str(x)[1:]) for x in keep]
+
+
+def conflicts(path: str, rule_id: str, seqs) -> bool:
+    """Do the positions of exactly these events (the others free) contradict the rule? A reported core
+    is a conflict, and dropping any one of its events leaves none: that is what minimal means."""
+    from spec import rule_by_id
+
+    header, events = _load(path)
+    rule = rule_by_id(rule_id)
+    U = TraceUniverse(header, events)
+    keep = set(seqs)
+    s = z3.Solver()
+    for f, evs in obligations(rule, U):
+        anchors = evs if isinstance(f, bool) else evs[:1]
+        if all(e.seq in keep for e in anchors):
+            s.add(as_z3(f))
+    s.add(*[e.pos == e.seq for e in U.events if e.seq in keep])
+    return s.check() == z3.unsat
 
 
 # ---- reports ---------------------------------------------------------------------------------------

@@ -1129,7 +1129,7 @@ class Model:
     behind a literal so every query chooses what it assumes and cores name what a proof used."""
 
     def __init__(self, mode: str, k: int = 4, *, workload: Workload | None = None, drop=(), mutants=(),
-                 timeout_ms: int = 60000, rules=None, page_size: int = 16):
+                 timeout_ms: int = 60000, rlimit: int = 0, rules=None, page_size: int = 16):
         t0 = time.perf_counter()
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
@@ -1149,6 +1149,8 @@ class Model:
         self.engine_ids = list(engine)
         self.solver = z3.Solver()
         self.solver.set(timeout=timeout_ms)
+        if rlimit:   # a deterministic budget (z3 resource units), for tests of the UNKNOWN path
+            self.solver.set(rlimit=rlimit)
         self._distinct = set()   # compared pairs whose distinctness is asserted
         self.solver.add(*frame(self.U, self._distinct))
         self.lit, self._by_lit, self._extra = {}, {}, {}

@@ -1,0 +1,232 @@
+"""The formal model (spec/z3model.py, spec/abstract.py): the seed's tables computed by z3, the safety
+properties proved with minimal rule sets, the loop model checked against the rules, the executable
+model against both checkers and the loop model, budgets reported as UNKNOWN, docs/spec.md current.
+
+PDO_SLOW=1 raises the number of generated schedules."""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checker.linear import check_file
+from engine.cli import main as pdo
+from spec import abstract, docgen
+from spec import z3model as zm
+
+SLOW = os.environ.get("PDO_SLOW") == "1"
+K = 3
+
+# The seed's four-mode table (../shared/seeds/README.md, §1): where run_batch runs, whether admission
+# of the next batch can overlap a run_batch that has not returned, and the result-processing order.
+SEED_TABLE = {
+    "normal": ("scheduler", False, "run(N) → process(N)"),
+    "overlap": ("scheduler", False, "run(N) → process(N-1) → sample(N)"),
+    "thread": ("worker", False, "keeps the old pipeline order"),
+    "ahead": ("worker", True, "build(N) → collect/sample(N-1) → submit(N) → process(N-1)"),
+}
+SEED_STEADY = [  # (scheduler step begins with, worker) — seed, AHEAD steady state, steps 1-7
+    ("process_batch_result(N-1)", "run_batch(N)"),
+    ("build batch N+1", "still run_batch(N)"),
+    ("collect(N)", "returns result and batch copy, then idle"),
+    ("sample(N)", "idle"),
+    ("submit(N+1)", "starts run_batch(N+1)"),
+    ("process_batch_result(N)", "run_batch(N+1)"),
+    ("build batch N+2", "still run_batch(N+1)"),
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {mode: zm.Model(mode, K) for mode in zm.MODES}
+
+
+# ---- the seed's tables ------------------------------------------------------------------------------
+
+def test_mode_table_equals_the_seed():
+    table, differ = zm.mode_table(K)
+    assert not any(differ.values()), f"rules and engine model disagree: {differ}"
+    for mode, (where, overlaps, order) in SEED_TABLE.items():
+        row = table["modes"][mode]
+        assert row["run_batch_on"] == where
+        assert row["admission_overlaps_unreturned_run_batch"] is overlaps
+        assert row["processing_order"].startswith(order), row["processing_order"]
+    # "keeps the old pipeline order": the thread loop's order is the overlap loop's
+    assert table["modes"]["thread"]["processing_order"].endswith(table["modes"]["overlap"]["processing_order"])
+
+
+def test_table_json_cli(capsys):
+    assert pdo(["spec", "table", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert set(got) == {"modes"} and set(got["modes"]) == set(zm.MODES)
+    for row in got["modes"].values():
+        assert row["run_batch_on"] in ("scheduler", "worker")
+        assert isinstance(row["admission_overlaps_unreturned_run_batch"], bool)
+        assert isinstance(row["processing_order"], str)
+
+
+def test_ahead_steady_state_equals_the_seed():
+    rows, answer = zm.ahead_steady_table()
+    assert answer.status == "sat"
+    assert [(i, w) for i, _, w in rows] == [(i + 1, w) for i, (_, w) in enumerate(SEED_STEADY)]
+    for (_, sched, _), (want, _) in zip(rows, SEED_STEADY):
+        assert sched.startswith(want), (sched, want)
+
+
+def test_table_cli_prints_times(capsys):
+    assert pdo(["spec", "table"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" s\n") > 40 and "| thread loop, AHEAD on | worker | yes |" in out
+
+
+# ---- proofs -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", zm.MODES)
+def test_vacuity_and_conformance(models, mode):
+    M = models[mode]
+    rules_sat, both_sat, overlap = zm.vacuity(M)
+    assert rules_sat.status == "sat" and both_sat.status == "sat"
+    # the intended overlap: possible in ahead, impossible in the other modes
+    assert overlap.status == ("sat" if mode == "ahead" else "unsat")
+    bad = [(q.what, q.status) for q in zm.conformance(M) if q.status != "unsat"]
+    assert not bad, f"the loop model of {mode} violates {bad}"
+
+
+@pytest.mark.parametrize("mode", zm.MODES)
+def test_properties_proved_with_minimal_sets(models, mode):
+    M = models[mode]
+    for p in zm.PROPERTIES:
+        if not p.applies(mode):
+            continue
+        pr = zm.prove(M, p)
+        assert pr.status == "PROVED" and pr.engine == "PROVED", (p.id, pr.status, pr.note)
+        # the device-side WAR property needs the stream semantics; everything else follows from rules
+        assert pr.basis == ("engine+rules" if p.id == "war-device" else "rules"), (p.id, pr.basis)
+        if p.id == "war-device":
+            assert "E:streams" in pr.core and "P-war-before-next-stage" in pr.core
+        # minimal: without any one member, z3 finds a counterexample
+        bad = zm.neg(p.formula(M.U))
+        for name in pr.core:
+            rest = [x for x in pr.core if x != name]
+            assert M.check(rest, bad).status == "sat", f"{p.id}/{mode}: {name} is not needed"
+
+
+def test_dropping_a_rule_gives_a_counterexample(capsys):
+    from spec.cli import prove_mode
+
+    lines = []
+    counts = prove_mode("ahead", K, basis="rules", drop=["P-one-forward"], props=["one-forward"], say=lines.append)
+    assert counts["REFUTED"] == 1
+    text = "\n".join(lines)
+    assert "counterexample" in text and "| fwd_begin(" in text   # a two-lane timeline
+    M = zm.Model("ahead", K, drop=["P-one-forward"])
+    pr = zm.prove(M, next(p for p in zm.PROPERTIES if p.id == "one-forward"), basis="rules")
+    assert pr.status == "REFUTED"
+    sched = M.schedule(pr.counterexample)
+    depth, worst = 0, 0   # the counterexample really has two run_batch spans open at once
+    for e in sched:
+        depth += {"fwd_begin": 1, "fwd_end": -1}.get(e.name, 0)
+        worst = max(worst, depth)
+    assert worst >= 2
+
+
+@pytest.mark.parametrize("mutant,prop,rules", [
+    ("two-forwards", "war-device", {"P-queue-capacity", "P-war-before-next-stage"}),
+    ("no-war-barrier", "war-device", set()),
+    ("sample-before-collect", "sample-idle", {"P-sample-idle", "P-collect-before-sample"}),
+    ("prefix-send-on-worker", None, {"P-prefix-send-ahead"}),
+])
+def test_loop_mutants(mutant, prop, rules):
+    """A mutated loop model: the engine alone no longer proves the property, and it violates the rules."""
+    M = zm.Model("ahead", K, mutants=[mutant])
+    if prop:
+        pr = zm.prove(M, next(p for p in zm.PROPERTIES if p.id == prop))
+        assert pr.engine == "REFUTED"
+    violated = {q.what for q in zm.conformance(M) if q.status == "sat"}
+    assert rules <= violated, violated
+
+
+def test_budget_is_unknown_never_proved(capsys):
+    M = zm.Model("ahead", K, rlimit=1000)
+    pr = zm.prove(M, zm.PROPERTIES[0])
+    assert pr.status == "UNKNOWN"
+    assert pdo(["spec", "prove", "--mode", "normal", "--batches", "2", "--timeout", "0.001"]) == 3
+    assert "UNKNOWN" in capsys.readouterr().out
+
+
+def test_prove_cli_small(capsys):
+    assert pdo(["spec", "prove", "--mode", "normal", "--batches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "PROVED" in out and "0 refuted" in out and " s  " in out
+
+
+# ---- the loop model, the abstract model and the checkers --------------------------------------------
+
+@pytest.mark.parametrize("mode", zm.MODES)
+def test_z3_schedules_pass_the_linear_checker(models, mode, tmp_path):
+    """A schedule z3 finds for the loop model alone, and one for loop ∧ rules, written as a trace."""
+    M = models[mode]
+    for use in (M.engine_ids, M.engine_ids + M.rule_ids):
+        a = M.check(use)
+        assert a.status == "sat"
+        header, events = M.to_trace(a.model)
+        r = check_file(abstract.write_trace(tmp_path / "w.jsonl", header, events))
+        assert r.ok, [(v.rule.id, v.message) for v in r.violations]
+
+
+@settings(max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(zm.MODES), seed=st.integers(0, 2**32 - 1))
+def test_abstract_schedules_pass_the_linear_checker(mode, seed, tmp_path_factory):
+    header, events = abstract.run(mode, random.Random(seed))
+    kinds = {e["ev"] for e in events}
+    assert {"admit", "fwd_begin", "process_end", "release"} <= kinds
+    path = abstract.write_trace(tmp_path_factory.mktemp("a") / "t.jsonl", header, events)
+    r = check_file(path)
+    assert r.ok, [(v.rule.id, v.message) for v in r.violations]
+
+
+@settings(max_examples=40 if SLOW else 8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(zm.MODES), seed=st.integers(0, 2**32 - 1))
+def test_abstract_schedules_are_loop_model_schedules(mode, seed):
+    header, events = abstract.run(mode, random.Random(seed), abstract.Config(requests=4))
+    a = zm.fits_engine(mode, header, events)
+    assert a.status == "sat", f"{mode}: the loop model does not admit this schedule ({a.reason})"
+
+
+def test_abstract_model_covers_drains_idle_iterations_and_overlap():
+    """Over a few seeds the abstract model produces the interesting shapes: an admission inside a
+    run_batch (ahead), a pipeline drain, slot reuse, a request allocated before the batch admitting it."""
+    seen = set()
+    for seed in range(30):
+        _, ev = abstract.run("ahead", random.Random(seed))
+        pos = {(e["ev"], e.get("batch")): e["seq"] for e in ev if "batch" in e}
+        n = max(e["batch"] for e in ev if e["ev"] == "admit")
+        for b in range(n):
+            if pos[("fwd_begin", b)] < pos[("admit", b + 1)] < pos[("fwd_end", b)]:
+                seen.add("admit inside run_batch")
+            if pos[("process_end", b)] < pos[("admit", b + 1)]:
+                seen.add("drain")
+        slots = [e["slot"] for e in ev if e["ev"] == "alloc"]
+        if len(slots) != len(set(slots)):
+            seen.add("slot reuse")
+        for i, e in enumerate(ev):
+            if e["ev"] == "alloc" and not any(x["ev"] == "admit" and e["rid"] in x["rids"] for x in ev[i:i + 3]):
+                seen.add("alloc ahead of admission")
+    assert seen == {"admit inside run_batch", "drain", "slot reuse", "alloc ahead of admission"}, seen
+
+
+def test_docs_are_generated_from_spec():
+    with open(docgen.DEFAULT, encoding="utf-8") as f:
+        committed = f.read()
+    assert committed == docgen.generate(), "docs/spec.md is stale: run `pdo spec docs`"
+
+
+@pytest.mark.parametrize("mode", zm.MODES)
+def test_docs_example_schedules_are_valid(mode, tmp_path):
+    header, events = docgen.example(mode)
+    assert check_file(abstract.write_trace(tmp_path / "e.jsonl", header, events)).ok
+    assert zm.fits_engine(mode, header, events).status == "sat"

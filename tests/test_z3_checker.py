@@ -1,0 +1,176 @@
+"""`pdo check --engine z3` (checker/z3check.py), the independent second checker: it agrees with the
+linear checker (verdict and violated rule ids) on schedules of the abstract model and on mutations of
+them, its unsat cores are minimal conflicts, it handles long traces, and a budget it exhausts is
+UNKNOWN, never PASS.
+
+PDO_SLOW=1 raises the number of generated traces."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checker import z3check
+from checker.linear import check_file as linear_check
+from engine.cli import main as pdo
+from spec import abstract, load_rules
+
+SLOW = os.environ.get("PDO_SLOW") == "1"
+MODES = abstract.MODES
+MUTATIONS = ("swap", "drop", "duplicate", "move", "thread", "obj", "digest")
+
+
+def mutate(events: list[dict], kind: str, rnd: random.Random) -> list[dict]:
+    """One edit of a trace; seq is renumbered so the file stays well-formed."""
+    ev = copy.deepcopy(events)
+    i = rnd.randrange(len(ev))
+    if kind == "swap":
+        j = rnd.randrange(len(ev))
+        ev[i], ev[j] = ev[j], ev[i]
+    elif kind == "drop":
+        del ev[i]
+    elif kind == "duplicate":
+        ev.insert(rnd.randrange(len(ev) + 1), copy.deepcopy(ev[i]))
+    elif kind == "move":
+        e = ev.pop(i)
+        ev.insert(rnd.randrange(len(ev) + 1), e)
+    elif kind == "thread":
+        ev[i]["thread"] = "forward" if ev[i]["thread"] == "scheduler" else "scheduler"
+    elif kind in ("obj", "digest"):
+        having = [e for e in ev if kind in e]
+        if having:
+            rnd.choice(having)[kind] = rnd.choice(["o1", "o2", "o99"] if kind == "obj" else ["d0", "d1", "dX"])
+    for k, e in enumerate(ev, 1):
+        e["seq"], e["t_ns"] = k, k * 1000
+    return ev
+
+
+def verdicts(path):
+    lin = linear_check(path)
+    z = z3check.check_file(path)
+    return sorted({v.rule.id for v in lin.violations}), lin.ok, z
+
+
+def assert_agree(path):
+    lin_ids, lin_ok, z = verdicts(path)
+    assert z.status != "unknown", z.uncovered
+    assert (lin_ok, lin_ids) == (z.ok, z.violated), f"linear {lin_ids}, z3 {z.violated}: {path}"
+    return lin_ids, z
+
+
+@settings(max_examples=300 if SLOW else 60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=st.sampled_from(MODES), seed=st.integers(0, 2**32 - 1),
+       kind=st.sampled_from((None,) + MUTATIONS))
+def test_checkers_agree_on_generated_traces(mode, seed, kind, tmp_path_factory):
+    rnd = random.Random(seed)
+    header, events = abstract.run(mode, rnd, abstract.Config(requests=4))
+    if kind:
+        events = mutate(events, kind, rnd)
+    path = abstract.write_trace(tmp_path_factory.mktemp("z") / "t.jsonl", header, events)
+    ids, z = assert_agree(path)
+    if kind is None:
+        assert z.ok
+    for rid, core in z.cores.items():   # each core: the rule and a minimal conflicting set of events
+        seqs = [e["seq"] for e in core.events]
+        assert z3check.conflicts(path, rid, seqs)
+        for s in seqs:
+            assert not z3check.conflicts(path, rid, [x for x in seqs if x != s]), (rid, seqs, s)
+
+
+def test_checkers_agree_on_the_hand_written_fixtures(tmp_path):
+    """The canonical trace of each mode and the one-violation-per-rule traces of the rule tests."""
+    trace_fixtures = pytest.importorskip("tests.trace_fixtures")
+    violations = pytest.importorskip("tests.test_rules_violations").VIOLATIONS
+    for mode in MODES:
+        ids, _ = assert_agree(trace_fixtures.write(tmp_path / f"{mode}.jsonl", mode, trace_fixtures.canonical(mode)))
+        assert ids == []
+    for rid, (mode, edit) in sorted(violations.items()):
+        events = trace_fixtures.canonical(mode)
+        edit(events)
+        ids, z = assert_agree(trace_fixtures.write(tmp_path / f"{rid}.jsonl", mode, events))
+        assert rid in ids and rid in z.cores
+
+
+def test_core_names_the_conflict(tmp_path):
+    header, events = abstract.run("ahead", random.Random(3), abstract.Config(requests=3))
+    i = next(k for k, e in enumerate(events) if e["ev"] == "fwd_end" and e["batch"] == 0)
+    j = next(k for k, e in enumerate(events) if e["ev"] == "fwd_begin" and e["batch"] == 1)
+    events.insert(j + 1, events.pop(i))    # fwd_end(0) now comes after fwd_begin(1): two forwards
+    for k, e in enumerate(events, 1):
+        e["seq"] = k
+    path = abstract.write_trace(tmp_path / "t.jsonl", header, events)
+    ids, z = assert_agree(path)
+    core = {(e["ev"], e.get("batch")) for e in z.cores["P-one-forward"].events}
+    assert core == {("fwd_begin", 0), ("fwd_begin", 1), ("fwd_end", 0)}
+    text = z3check.text_report(z)
+    assert "minimal conflict: rule P-one-forward + 3 event(s)" in text
+
+
+def test_long_trace(tmp_path):
+    """Over 10,000 events: windows keep it linear. One late violation is still found, with the linear
+    checker's rule ids."""
+    header, events = abstract.run("ahead", random.Random(5), abstract.Config(requests=420, max_slots=8))
+    assert len(events) >= 10_000
+    k = max(i for i, e in enumerate(events) if e["ev"] == "sample")
+    i = next(i for i in range(k, 0, -1) if events[i]["ev"] == "collect")
+    events[i], events[k] = events[k], events[i]   # the last sample before its collect
+    for n, e in enumerate(events, 1):
+        e["seq"] = n
+    path = abstract.write_trace(tmp_path / "long.jsonl", header, events)
+    t0 = time.perf_counter()
+    ids, z = assert_agree(path)
+    assert ids and z.windows > 5
+    assert time.perf_counter() - t0 < 240
+
+
+def test_unknown_is_never_a_pass(tmp_path, capsys):
+    header, events = abstract.run("thread", random.Random(1), abstract.Config(requests=3))
+    path = abstract.write_trace(tmp_path / "t.jsonl", header, events)
+    small = z3check.check_file(path, max_obligations=10)
+    assert small.status == "unknown" and not small.ok and "size budget" in small.uncovered[0]
+    starved = z3check.check_file(path, rlimit=10)
+    assert starved.status == "unknown" and not starved.ok
+    assert "not covered (UNKNOWN, not a pass)" in z3check.text_report(starved)
+    assert z3check.check_file(path).ok
+
+
+def test_cli(tmp_path, capsys):
+    header, events = abstract.run("overlap", random.Random(2), abstract.Config(requests=3))
+    good = abstract.write_trace(tmp_path / "good.jsonl", header, events)
+    bad_events = copy.deepcopy(events)
+    next(e for e in bad_events if e["ev"] == "fwd_begin")["digest"] = "dX"   # not checked in overlap
+    next(e for e in bad_events if e["ev"] == "war_barrier")["thread"] = "forward"
+    bad = abstract.write_trace(tmp_path / "bad.jsonl", header, bad_events)
+    assert pdo(["check", "--engine", "z3", good]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert pdo(["check", "--engine", "z3", "--json", good, bad]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert [r["ok"] for r in got] == [True, False]
+    assert {v["rule"] for v in got[1]["violations"]} == {"P-run-on-scheduler", "P-war-after-forward"}
+    assert all(v["seqs"] for v in got[1]["violations"])
+
+
+def test_every_prefill_kind_is_encoded():
+    from spec.z3model import ENCODERS
+
+    kinds = {r.kind for r in load_rules() if r.role == "prefill"}
+    assert kinds <= set(ENCODERS), kinds - set(ENCODERS)
+
+
+@pytest.mark.parametrize("mode", ["thread", "ahead"])
+def test_engine_trace(mode, tmp_path):
+    """A trace of the real engine (tiny model, CPU)."""
+    run = pytest.importorskip("engine.run")
+    from engine.config import EngineConfig
+    from engine.workload import WorkloadConfig
+
+    path = str(tmp_path / "e.jsonl")
+    run.run_prefill(EngineConfig(mode=mode, device="cpu"), WorkloadConfig(requests=6), trace_path=path)
+    ids, z = assert_agree(path)
+    assert ids == [] and z.ok
