@@ -257,6 +257,8 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, default=0)
     a = p.parse_args(argv)
     try:
+        import torch
+        torch.set_num_threads(1)  # a role process runs several threads already (see engine/reference.py)
         return (prefill_main if a.role == "prefill" else decode_main)(a)
     except Exception as exc:  # one line on stderr; the parent reports it
         print(f"{a.role}: error: {exc}", file=sys.stderr)

@@ -29,6 +29,7 @@ from .decode.transport import InProcKVClient, InProcKVServer
 from .model import TinyLlama
 from .prefill.loops import LOOPS as PREFILL_LOOPS
 from .prefill.scheduler import PrefillScheduler
+from .reference import intra_op_threads
 from .trace import NullTracer, Tracer
 from .workload import WorkloadConfig, make_workload
 
@@ -99,8 +100,9 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
             server_hook(server)
         inject.set_active(cfg.inject)  # once, for every role of the run
         try:
-            return _run(cfg, wc, dc, reqs, ranks, dp, bootstrap_url, trace_path, hooks, prefill_delay_s,
-                        extra_decode_reqs, timeout_s, verify)
+            with intra_op_threads(1):  # every role has its own threads already
+                return _run(cfg, wc, dc, reqs, ranks, dp, bootstrap_url, trace_path, hooks, prefill_delay_s,
+                            extra_decode_reqs, timeout_s, verify)
         finally:
             inject.set_active(())
     finally:

@@ -7,6 +7,8 @@ the request's logit bias, the rule both prefill and decode sample with.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .attention import DecodeMeta, ExtendMeta, TorchAttention
@@ -23,10 +25,22 @@ def reference_generate(cfg: EngineConfig, requests, *, model: TinyLlama | None =
     model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=dev)
     backend = TorchAttention()
     out = {}
-    with torch.inference_mode():
+    with torch.inference_mode(), intra_op_threads(1):
         for r in requests:
             out[r.rid] = _generate(model, backend, mc, r, dtype, dev)
     return out
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    """Tiny ops gain nothing from intra-op parallelism; with several roles on threads of one process
+    it only oversubscribes the cores (5x slower on two CPUs). Restored on exit (a process-wide knob)."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 def _generate(model, backend, mc, r, dtype, dev) -> list[int]:

@@ -35,9 +35,11 @@ def register(sub) -> None:
     q.add_argument("--reps", type=int, default=2, help="runs per arm and latency (default 2)")
     q.add_argument("--requests", type=int, default=24)
     q.add_argument("--max-new-tokens", type=int, default=24)
-    q.add_argument("--rate", type=float, default=8.0, help="request arrival rate (Poisson), per second")
-    q.add_argument("--prompt-len", default="700:1000", help="MIN:MAX prompt tokens (long: a busy prefill)")
-    q.add_argument("--chunk-size", type=int, default=1024, help="prefill chunk and batch token budget")
+    q.add_argument("--rate", type=float, default=10.0, help="request arrival rate (Poisson), per second")
+    q.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
+    q.add_argument("--prefill-launch-cost-us", type=float, default=200000.0,
+                   help="prefill host time per layer launch (EngineConfig.launch_cost_us, GIL released): the "
+                        "default makes a prefill iteration ~0.4 s, a large model's prefill step")
     q.add_argument("--dp", type=int, default=2)
     q.add_argument("--mode", default="normal", help="prefill loop")
     q.add_argument("--decode-mode", choices=["normal", "overlap"], default="overlap")
@@ -58,7 +60,7 @@ def cmd_decode(a) -> int:
         raise ValueError("--latencies must be non-negative numbers, --reps and --requests >= 1")
     lo, _, hi = a.prompt_len.partition(":")
     res = bench_decode(latencies_ms=lat, reps=a.reps, requests=a.requests, max_new_tokens=a.max_new_tokens,
-                       rate=a.rate, prompt_len=(int(lo), int(hi or lo)), chunk_size=a.chunk_size, dp=a.dp,
+                       rate=a.rate, prompt_len=(int(lo), int(hi or lo)), launch_cost_us=a.prefill_launch_cost_us, dp=a.dp,
                        mode=a.mode, decode_mode=a.decode_mode,
                        polling_interval=a.polling_interval, recv_wait_us=a.recv_wait_us,
                        latency_scope=a.latency_scope, progress=not a.json)
@@ -90,17 +92,17 @@ class _Bootstrap:
             self.p.kill()
 
 
-def bench_decode(*, latencies_ms=LATENCIES_MS, reps=2, requests=24, max_new_tokens=24, rate=8.0,
-                 prompt_len=(700, 1000), chunk_size=1024, dp=2, mode="normal", decode_mode="overlap",
+def bench_decode(*, latencies_ms=LATENCIES_MS, reps=2, requests=24, max_new_tokens=24, rate=10.0,
+                 prompt_len=(24, 160), launch_cost_us=200000.0, dp=2, mode="normal", decode_mode="overlap",
                  polling_interval=1, recv_wait_us=17000.0, latency_scope="all", progress=False) -> dict:
     from ..config import EngineConfig
     from ..pd import run_pd
     from ..workload import WorkloadConfig
     from .config import DecodeConfig
 
-    cfg = EngineConfig(mode=mode, chunk_size=chunk_size, max_batch_tokens=chunk_size)
-    wc = WorkloadConfig(requests=requests, prompt_len=prompt_len, hit=0.0, max_new_tokens=max_new_tokens,
-                        arrival="poisson", rate=rate, seed=1)
+    cfg = EngineConfig(mode=mode, launch_cost_us=launch_cost_us)
+    wc = WorkloadConfig(requests=requests, prompt_len=prompt_len, max_new_tokens=max_new_tokens, arrival="poisson",
+                        rate=rate, seed=1)
     rows = []
     for lat in latencies_ms:
         arms = {True: [], False: []}
@@ -126,7 +128,7 @@ def bench_decode(*, latencies_ms=LATENCIES_MS, reps=2, requests=24, max_new_toke
              for a in (r["prefetch"], r["no_prefetch"]))
     return {"bench": "decode", "date": datetime.date.today().isoformat(), "host": platform.node(),
             "cpus": _cpus(), "config": {"requests": requests, "max_new_tokens": max_new_tokens, "rate": rate,
-                                        "prompt_len": list(prompt_len), "chunk_size": chunk_size,
+                                        "prompt_len": list(prompt_len), "prefill_launch_cost_us": launch_cost_us,
                                         "dp": dp, "prefill_mode": mode, "decode_mode": decode_mode,
                                         "polling_interval": polling_interval, "recv_wait_us": recv_wait_us,
                                         "latency_scope": latency_scope, "reps": reps},
@@ -169,7 +171,8 @@ def markdown(res: dict) -> str:
     c = res["config"]
     lines = [f"pdo bench decode — {res['date']}, {res['cpus']} CPUs; {c['requests']} requests (Poisson "
              f"{c['rate']:g}/s, prompts {c['prompt_len'][0]}-{c['prompt_len'][1]} tokens), {c['max_new_tokens']} new "
-             f"tokens each; {c['dp']} prefill DP ranks ({c['prefill_mode']}, {c['chunk_size']}-token batches); decode "
+             f"tokens each; {c['dp']} prefill DP ranks ({c['prefill_mode']}, host path {2 * c['prefill_launch_cost_us'] / 1e3:g} ms "
+             f"per iteration); decode "
              f"{c['decode_mode']}, polling interval {c['polling_interval']}, intake wait {c['recv_wait_us'] / 1e3:g} ms; "
              f"latency scope {c['latency_scope']}; {c['reps']} runs per arm", "",
              "| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) | lead mean (ms) "
