@@ -587,6 +587,258 @@ ENCODERS = {"fifo": enc_fifo, "complete": enc_complete, "disjoint": enc_disjoint
             "page_count": enc_page_count, "in_span": enc_in_span}
 
 
+# ---- the decode kinds of spec/decode_rules.toml (checker/decode_templates.py) ---------------------
+# Prefetched DP-rank queries, one per bootstrap address: a prefetch_submit is outstanding until a
+# prefetch_cancel or a resolve of its address names its qid. Rooms are pending from req_add until
+# receiver_init or req_abort; a room's rank is known from the first resolve that answers it.
+
+def _rooms_of(e):
+    r = e.f.get("rooms")
+    return tuple(r) if isinstance(r, (list, tuple)) else ()
+
+
+def _answers(e) -> dict:
+    res = e.f.get("result")
+    out = {}
+    for k, v in (res.items() if isinstance(res, dict) else ()):
+        try:
+            out[int(k)] = v
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+def _by(evs, key):
+    out = defaultdict(list)
+    for e in evs:
+        out[key(e)].append(e)
+    return out
+
+
+def _latest(U, y, x, same):
+    """y is the latest of `same` before x (known statically in a trace)."""
+    if U.ordered:
+        return True
+    return conj(*[neg(conj(ex(z), lt(y, z), lt(z, x))) for z in same if z is not y and z is not x])
+
+
+def _outstanding(U, x, subs, closers):
+    """A query of this address is outstanding just before x: its latest submit is not yet closed."""
+    alts, refs = [], []
+    for y in U.last_before(x, subs):
+        mine = [z for z in closers if z.f.get("qid") == y.f["qid"]]
+        refs += [y, *mine]
+        closed = disj(*[conj(ex(z), lt(y, z), lt(z, x)) for z in mine])
+        alts.append(conj(ex(y), lt(y, x), _latest(U, y, x, subs), neg(closed)))
+    return disj(*alts), refs
+
+
+def _query_state(U):
+    subs = _by(U.named("prefetch_submit"), lambda e: e.f["addr"])
+    closers = _by([e for e in U.named("prefetch_cancel") + U.named("resolve") if e.f.get("qid") is not None],
+                  lambda e: e.f["addr"])
+    if U.ordered:
+        for lst in closers.values():
+            lst.sort(key=lambda e: e.seq)
+    return subs, closers
+
+
+def _before_any(U, x, cands):
+    return disj(*[conj(ex(a), lt(a, x)) for a in cands])
+
+
+# one_inflight: no prefetch_submit for an address while one of its queries is outstanding.
+def enc_one_inflight(rule, U):
+    subs, closers = _query_state(U)
+    for a, lst in subs.items():
+        for x in lst:
+            out, refs = _outstanding(U, x, [y for y in lst if y is not x], closers.get(a, []))
+            yield implies(ex(x), neg(out)), [x, *refs]
+
+
+# published_first: every query_begin and prefetch_submit to an address after a prefill_info that saw
+# it published.
+def enc_published_first(rule, U):
+    published = _by([e for e in U.named("prefill_info") if e.f.get("published") is True], lambda e: e.f["addr"])
+    for x in U.named("query_begin") + U.named("prefetch_submit"):
+        cands = published.get(x.f["addr"], [])
+        yield implies(ex(x), _before_any(U, x, cands)), [x, *cands]
+
+
+# unknown_rooms: a query (unless its qid was cancelled before it began) asks for no room that a
+# resolve answered before it.
+def enc_unknown_rooms(rule, U):
+    answered = defaultdict(list)
+    for r in U.named("resolve"):
+        for room in _answers(r):
+            answered[room].append(r)
+    cancels = _by(U.named("prefetch_cancel"), lambda e: e.f["qid"])
+    for x in U.named("query_begin"):
+        cancelled = _before_any(U, x, cancels.get(x.f["qid"], []))
+        known = [r for room in _rooms_of(x) for r in answered.get(room, [])]
+        yield implies(conj(ex(x), neg(cancelled)), neg(_before_any(U, x, known))), \
+            [x, *cancels.get(x.f["qid"], []), *known]
+
+
+def _pending(U, x, adds, gone):
+    """Some room of this address is pending at x: added before x, not initialised or aborted since."""
+    alts = []
+    for a in adds:
+        ends = gone.get(a.f["room"], [])
+        alts.append(conj(ex(a), lt(a, x), neg(disj(*[conj(ex(g), lt(a, g), lt(g, x)) for g in ends]))))
+    return disj(*alts)
+
+
+# no_stale: at every prefetch_end, each address with an outstanding query has a pending room.
+def enc_no_stale(rule, U):
+    subs, closers = _query_state(U)
+    adds = _by(U.named("req_add"), lambda e: e.f["addr"])
+    gone = _by(U.named("receiver_init") + U.named("req_abort"), lambda e: e.f["room"])
+    for x in U.named("prefetch_end"):
+        for a, lst in subs.items():
+            out, refs = _outstanding(U, x, lst, closers.get(a, []))
+            if out is False:
+                continue
+            yield implies(conj(ex(x), out), _pending(U, x, adds.get(a, []), gone)), [x, *refs]
+
+
+# release: at release_memory no query is outstanding; between it and the next resume_memory no
+# prefetch_submit and no receiver_init.
+def enc_release(rule, U):
+    subs, closers = _query_state(U)
+    resumes = U.named("resume_memory")
+    releases = U.named("release_memory")
+    for x in releases:
+        for a, lst in subs.items():
+            out, refs = _outstanding(U, x, lst, closers.get(a, []))
+            if out is not False:
+                yield implies(ex(x), neg(out)), [x, *refs]
+    for x in U.named("prefetch_submit") + U.named("receiver_init"):
+        for r in U.last_before(x, releases):
+            resumed = disj(*[conj(ex(m), lt(r, m), lt(m, x)) for m in resumes])
+            yield implies(conj(ex(x), ex(r), lt(r, x)), resumed), [x, r, *resumes]
+
+
+# init_once: every resolve agrees with the first answer for a room; a receiver_init comes after its
+# room was answered, with that rank, and once; a finished request's room was initialised before.
+def enc_init_once(rule, U):
+    answered = defaultdict(list)
+    for r in U.named("resolve"):
+        for room, rank in _answers(r).items():
+            answered[room].append((r, rank))
+    inits = _by(U.named("receiver_init"), lambda e: e.f["room"])
+    for room, lst in answered.items():
+        for (r1, k1), (r2, k2) in zip(lst, lst[1:]) if U.ordered else \
+                [(p, q) for p in lst for q in lst if p is not q]:
+            same = eq(k1, k2)
+            if same is not True:
+                yield implies(conj(ex(r1), ex(r2), lt(r1, r2)), same), [r1, r2]
+    for room, lst in inits.items():
+        for x in lst:
+            others = [y for y in lst if y is not x]
+            ans = answered.get(room, [])
+            first_ok = disj(*[conj(ex(r), lt(r, x), eq(k, x.f["rank"]),
+                                   *[neg(conj(ex(r2), lt(r2, r))) for r2, _ in ans if r2 is not r]) for r, k in ans])
+            yield implies(ex(x), conj(first_ok, neg(_before_any(U, x, others)))), [x, *[r for r, _ in ans], *others]
+    for x in U.named("req_done"):
+        cands = inits.get(x.f["room"], [])
+        yield implies(ex(x), _before_any(U, x, cands)), [x, *cands]
+
+
+# init_fifo: no receiver_init while an older request (added earlier) has a known rank and is neither
+# initialised nor aborted.
+def enc_init_fifo(rule, U):
+    adds = U.named("req_add")
+    answered = defaultdict(list)
+    for r in U.named("resolve"):
+        for room in _answers(r):
+            answered[room].append(r)
+    gone = _by(U.named("receiver_init") + U.named("req_abort"), lambda e: e.f["room"])
+    first_add = {}
+    for a in adds:
+        first_add.setdefault(a.f["room"], a)
+    for x in U.named("receiver_init"):
+        room = x.f["room"]
+        mine = first_add.get(room)
+        for o in adds:
+            if o.f["room"] == room:
+                continue
+            older = conj(ex(o), lt(o, x), lt(o, mine)) if mine is not None else conj(ex(o), lt(o, x))
+            known = _before_any(U, x, answered.get(o.f["room"], []))
+            done = _before_any(U, x, [g for g in gone.get(o.f["room"], []) if g is not x])
+            if known is False:
+                continue
+            yield implies(conj(ex(x), older, known), done), \
+                [x, o, *([mine] if mine else []), *answered.get(o.f["room"], []), *gone.get(o.f["room"], [])]
+
+
+# kv_recv: a room's KV comes after its receiver_init, from the rank of the latest one before it.
+def enc_kv_recv(rule, U):
+    inits = _by(U.named("receiver_init"), lambda e: e.f["room"])
+    for x in U.named("kv_recv"):
+        lst = inits.get(x.f["room"], [])
+        alts = [conj(ex(y), lt(y, x), _latest(U, y, x, lst), eq(y.f["rank"], x.f["rank"])) for y in U.last_before(x, lst)]
+        yield implies(ex(x), disj(*alts)), [x, *lst]
+
+
+# req_end: each req_done/req_abort follows the request's req_add, is its only end, and a req_done
+# follows its kv_done; every request added ends.
+def enc_req_end(rule, U):
+    adds = _by(U.named("req_add"), lambda e: e.f["rid"])
+    kv = _by(U.named("kv_done"), lambda e: e.f["rid"])
+    ends = U.named("req_done") + U.named("req_abort")
+    if U.ordered:
+        ends.sort(key=lambda e: e.seq)
+    by_rid = _by(ends, lambda e: e.f["rid"])
+    for x in ends:
+        rid = x.f["rid"]
+        others = [y for y in by_rid[rid] if y is not x]
+        body = conj(_before_any(U, x, adds.get(rid, [])), neg(_before_any(U, x, others)),
+                    _before_any(U, x, kv.get(rid, [])) if x.name == "req_done" else True)
+        yield implies(ex(x), body), [x, *adds.get(rid, []), *others, *(kv.get(rid, []) if x.name == "req_done" else [])]
+    for rid, lst in adds.items():
+        for a in lst:
+            yield implies(ex(a), disj(*[ex(y) for y in by_rid.get(rid, [])])), [a]
+
+
+# prefetch_top: on `thread`, each iter_begin is followed by prefetch_begin of the same iteration, a
+# prefetch_begin comes only right after an iter_begin, and no iteration begins inside a prefetch call.
+# With the header's prefetch off: no prefetch_begin or prefetch_submit at all.
+def enc_prefetch_top(rule, U):
+    T = U.tid(rule.get("thread", "scheduler"))
+    enabled = getattr(U, "header", {}).get("prefetch", True)
+    if not enabled:
+        for x in U.named("prefetch_begin") + U.named("prefetch_submit"):
+            yield neg(conj(ex(x), eq(th(x), T))), [x]
+        return
+    calls = U.named("prefetch_begin") + U.named("prefetch_end")
+    if U.ordered:
+        calls = sorted([e for e in calls if e.thread == T], key=lambda e: e.seq)
+    for x in U.named("iter_begin"):
+        nxt = U.on_thread_between(T, x, None)[:1] if U.ordered else U.named("prefetch_begin")
+        alts = [conj(ex(y), eq(th(y), T), lt(x, y), y.name == "prefetch_begin", y.f.get("iter") == x.f["iter"],
+                     *[neg(conj(ex(z), eq(th(z), T), lt(x, z), lt(z, y))) for z in U.on_thread_between(T, x, y)
+                       if z is not x and z is not y]) for y in nxt]
+        yield implies(conj(ex(x), eq(th(x), T)), disj(*alts)), [x, *nxt]
+        for y in U.last_before(x, calls):
+            if y.name == "prefetch_begin":
+                quiet = conj(*[neg(conj(ex(z), eq(th(z), T), lt(y, z), lt(z, x))) for z in calls if z is not y]) \
+                    if not U.ordered else True
+                yield implies(conj(ex(x), eq(th(x), T), ex(y), eq(th(y), T), lt(y, x), quiet), False), [x, y]
+    for y in U.named("prefetch_begin"):
+        prev = U.last_before(y, U.on_thread(T)) if U.ordered else U.named("iter_begin")
+        alts = [conj(ex(z), eq(th(z), T), lt(z, y), z.name == "iter_begin",
+                     *[neg(conj(ex(w), eq(th(w), T), lt(z, w), lt(w, y))) for w in U.on_thread_between(T, z, y)
+                       if w is not z and w is not y]) for z in prev]
+        yield implies(conj(ex(y), eq(th(y), T)), disj(*alts)), [y, *prev]
+
+
+ENCODERS.update({"one_inflight": enc_one_inflight, "published_first": enc_published_first,
+                 "unknown_rooms": enc_unknown_rooms, "no_stale": enc_no_stale, "release": enc_release,
+                 "init_once": enc_init_once, "init_fifo": enc_init_fifo, "kv_recv": enc_kv_recv,
+                 "req_end": enc_req_end, "prefetch_top": enc_prefetch_top})
+
+
 def register_kind(kind: str, encoder) -> None:
     """For new template kinds (the decode rules): `encoder(rule, universe)` yields (formula, events)."""
     ENCODERS[kind] = encoder

@@ -163,6 +163,51 @@ def test_every_prefill_kind_is_encoded():
     assert kinds <= set(ENCODERS), kinds - set(ENCODERS)
 
 
+# ---- decode traces: the rules whose kinds have an encoding -------------------------------------------
+
+def assert_agree_encoded(path):
+    lin = linear_check(path)
+    z = z3check.check_file(path)
+    encoded = {r.id for r, _ in z.rules}
+    assert z.status != "unknown", z.uncovered
+    want = sorted({v.rule.id for v in lin.violations} & encoded)
+    assert want == z.violated, f"linear {want}, z3 {z.violated}: {path}"
+    return want, z
+
+
+def _decode_fixtures():
+    return pytest.importorskip("tests.test_decode_rules")
+
+
+def test_checkers_agree_on_the_decode_fixtures(tmp_path):
+    d = _decode_fixtures()
+    ids, z = assert_agree_encoded(d.write(tmp_path / "base.jsonl", d.base()))
+    assert ids == [] and len(z.not_encoded) <= 1   # prefetch_match has no encoding yet
+    for rid, edit in sorted(d.VIOLATIONS.items()):
+        ids, z = assert_agree_encoded(d.write(tmp_path / f"{rid}.jsonl", edit(d.base())))
+        assert rid in ids or rid in z.not_encoded
+
+
+@settings(max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(MUTATIONS + ("rooms", "rank", "addr", "qid")))
+def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
+    d = _decode_fixtures()
+    rnd = random.Random(seed)
+    base = tmp_path_factory.mktemp("d") / "base.jsonl"
+    d.write(base, d.base())
+    lines = open(base).read().splitlines()
+    header, events = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    for _ in range(1 + rnd.randrange(2)):
+        if kind in ("rooms", "rank", "addr", "qid"):
+            having = [e for e in events if kind in e]
+            e = rnd.choice(having)
+            e[kind] = {"rooms": [rnd.randrange(1, 4)], "rank": rnd.randrange(2), "addr": "127.0.0.1:1",
+                       "qid": rnd.randrange(3)}[kind]
+        else:
+            events = mutate(events, kind, rnd)
+    assert_agree_encoded(abstract.write_trace(base.parent / "m.jsonl", header, events))
+
+
 @pytest.mark.parametrize("mode", ["thread", "ahead"])
 def test_engine_trace(mode, tmp_path):
     """A trace of the real engine (tiny model, CPU)."""
