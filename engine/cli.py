@@ -65,7 +65,7 @@ def build_configs(a):
 
 def cmd_run(a) -> int:
     if a.pd:
-        from .pd import cmd_run_pd
+        from .decode.cli import cmd_run_pd
         return cmd_run_pd(a)
     from .run import run_prefill
 

@@ -34,7 +34,6 @@ from .trace import NullTracer, Tracer
 from .workload import WorkloadConfig, make_workload
 
 
-
 def route(reqs, dp: int, policy: str = "round_robin", seed: int = 0) -> list[int]:
     """The DP rank each request goes to. Seeded, so every process of `pdo launch` agrees."""
     if dp < 1:
@@ -217,9 +216,3 @@ def summarize(decode: DecodeScheduler, wall: float) -> dict:
 def _jsonable(d):
     return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}
 
-
-def cmd_run_pd(a) -> int:
-    from .decode.cli import configs_from_args, print_summary
-
-    cfg, wc, dc, opts = configs_from_args(a)
-    return print_summary(run_pd(cfg, wc, dc, trace_path=a.trace, **opts), a.json, "pdo run --pd")

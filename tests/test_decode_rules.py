@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from checker.decode_templates import check_cross
-from checker.linear import check_file, check_files
+from checker.linear import check_file
 from spec import load_rules
 
 ROOT = Path(__file__).resolve().parents[1]

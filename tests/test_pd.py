@@ -43,8 +43,8 @@ def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
                dp=2, trace_path=str(tmp_path / "t.jsonl"))
     assert_clean(s)
     assert s["decode_tokens"] == WORKLOAD["requests"] * (WORKLOAD["max_new_tokens"] - 1)
-    by_source = s["resolve"]["by_source"]
-    assert ("prefetched" in by_source or "prefix" in by_source) == prefetch or not prefetch
+    if not prefetch:  # with prefetch on, which path a room takes depends on timing (tests/test_pd_faults.py
+        assert set(s["resolve"]["by_source"]) <= {"sync"}  # forces the prefetched and prefix paths)
     assert_traces_pass(s["traces"])
 
 

@@ -31,14 +31,14 @@ def add_pd_args(p, *, launch: bool = False) -> None:
 
 
 def configs_from_args(a):
-    from ..cli import build_configs
-
     if a.dp < 1:
         raise ValueError(f"--dp must be >= 1, got {a.dp}")
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     if a.bootstrap_latency_ms < 0:
         raise ValueError(f"--bootstrap-latency-ms must be >= 0, got {a.bootstrap_latency_ms}")
+    from ..cli import build_configs
+
     cfg, wc = build_configs(a)
     wc.max_new_tokens = a.max_new_tokens
     dc = DecodeConfig(loop=a.decode_mode, prefetch=not a.no_prefetch, polling_interval=a.decode_polling_interval,
@@ -48,6 +48,13 @@ def configs_from_args(a):
     if getattr(a, "bootstrap_url", None):
         opts["bootstrap_url"] = a.bootstrap_url
     return cfg, wc, dc, opts
+
+
+def cmd_run_pd(a) -> int:
+    cfg, wc, dc, opts = configs_from_args(a)  # bad flags fail here, before torch is imported
+    from ..pd import run_pd
+
+    return print_summary(run_pd(cfg, wc, dc, trace_path=a.trace, **opts), a.json, "pdo run --pd")
 
 
 def summary_ok(s: dict) -> bool:

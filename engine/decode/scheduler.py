@@ -28,10 +28,6 @@ from .request import DecodeReq, now
 from .transport import KVTransportError
 
 
-class DecodeError(RuntimeError):
-    """A failure that ends the decode run; the CLI prints its message on one line."""
-
-
 @dataclass
 class DecodeBatch:
     bid: int
