@@ -53,7 +53,8 @@ class InProcKVServer:
         self._rooms = _Rooms()
 
     def deliver(self, chunk: KVChunk) -> None:
-        """Called on the prefill's transfer thread."""
+        """Called on the prefill's transfer thread. Sinks are called under the lock: a room's chunks
+        reach decode in send order even while a pull is flushing the buffered ones."""
         r = self._rooms
         with self._lock:
             if chunk.last:
@@ -66,17 +67,16 @@ class InProcKVServer:
                 return
             if chunk.last:
                 r.done.add(chunk.room)
-        sink(self.rank, chunk)
+            sink(self.rank, chunk)
 
     def pull(self, room: int, sink) -> None:
         r = self._rooms
         with self._lock:
             r.subs[room] = sink
-            held = r.buffered.pop(room, [])
-            if any(c.last for c in held):
-                r.done.add(room)
-        for c in held:
-            sink(self.rank, c)
+            for c in r.buffered.pop(room, []):
+                if c.last:
+                    r.done.add(room)
+                sink(self.rank, c)
 
     def drop(self, room: int) -> None:
         with self._lock:
