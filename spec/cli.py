@@ -25,7 +25,9 @@ def register(subparsers) -> None:
     t.add_argument("--json", action="store_true", help='print {"modes": {...}} only')
     t.set_defaults(fn=cmd_table)
     v = sub.add_parser("prove", help="prove the safety properties for K batches, or print counterexamples")
-    v.add_argument("--mode", choices=zm.MODES, action="append", help="default: all four")
+    v.add_argument("--role", choices=["prefill", "decode"], default="prefill",
+                   help="decode: the prefetch of DP-rank queries over K iterations (no loop model yet)")
+    v.add_argument("--mode", choices=zm.MODES, action="append", help="default: all of the role's modes")
     v.add_argument("--batches", type=int, default=4, metavar="K")
     v.add_argument("--basis", choices=["auto", "rules", "engine"], default="auto",
                    help="prove from the rules alone, else engine ∧ rules (auto); or from one of them only")
@@ -103,12 +105,13 @@ def _status(a: zm.Answer, want: str | None = None) -> str:
 
 
 def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=None, timeout_s=60.0,
-               hidden=False, say=_say) -> dict:
+               hidden=False, say=_say, role="prefill") -> dict:
     """Runs and prints everything `pdo spec prove` says about one mode; returns counts."""
     t0 = time.perf_counter()
-    M = zm.Model(mode, k, drop=drop, mutants=mutants, timeout_ms=int(timeout_s * 1000))
+    M = zm.Model(mode, k, drop=drop, mutants=mutants, timeout_ms=int(timeout_s * 1000), role=role)
     U = M.U
-    say(f"== mode {mode}, K={k} batches: {len(U.events)} events, {len(U.hidden)} hidden points; "
+    unit = "iterations" if role == "decode" else "batches"
+    say(f"== {role} mode {mode}, K={k} {unit}: {len(U.events)} events, {len(U.hidden)} hidden points; "
         f"{len(M.rule_ids)} rules, {len(M.engine_ids)} engine groups"
         + (f"; without {', '.join(drop)}" if drop else "") + (f"; mutants {', '.join(mutants)}" if mutants else "")
         + f"; built in {M.build_seconds:.2f} s")
@@ -116,16 +119,25 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
         say(f"   rules of kinds without an encoding (not used): {', '.join(M.not_encoded)}")
     counts = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
     say("  vacuity")
-    want_overlap = "sat" if mode == "ahead" else "unsat"
-    for q, want in zip(zm.vacuity(M), ("sat", "sat", want_overlap)):
-        note = {"sat": "intended", "unsat": "impossible, as designed"}[want] if "inside" in q.what else ""
+    if role == "decode":
+        checks = [(zm.Query("the rules admit a schedule", M.check(M.rule_ids)), "sat", ""),
+                  (zm.Query("a resolve uses a prefetched answer (engine ∧ rules)",
+                            M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(U))), "sat", "intended")]
+    else:
+        want_overlap = "sat" if mode == "ahead" else "unsat"
+        checks = [(q, want, ({"sat": "intended", "unsat": "impossible, as designed"}[want] if "inside" in q.what else ""))
+                  for q, want in zip(zm.vacuity(M), ("sat", "sat", want_overlap))]
+    for q, want, note in checks:
         say(f"    {_status(q.answer, want):10s} {q.answer.seconds:7.3f} s  {q.what}" + (f" — {note}" if note else ""))
         if q.status == "unknown":
             counts["UNKNOWN"] += 1
         elif q.status != want:
             counts["problems"] += 1
-    say("  conformance: the loop model satisfies each rule (engine ∧ ¬rule is UNSAT)")
-    for q in zm.conformance(M):
+    if role == "decode":
+        say("  conformance: none (no loop model of engine/decode/ yet; its one engine fact is E:server)")
+    else:
+        say("  conformance: the loop model satisfies each rule (engine ∧ ¬rule is UNSAT)")
+    for q in (zm.conformance(M) if role != "decode" else []):
         say(f"    {_status(q.answer, 'unsat'):10s} {q.answer.seconds:7.3f} s  {q.what}")
         if q.status == "sat":
             counts["problems"] += 1
@@ -135,7 +147,7 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
         elif q.status == "unknown":
             counts["UNKNOWN"] += 1
     say(f"  properties (basis: {basis}; 'rules' = from the rules alone)")
-    for p in zm.PROPERTIES:
+    for p in zm.properties(role):
         if not p.applies(mode) or (props and p.id not in props):
             continue
         pr = zm.prove(M, p, basis=basis)
@@ -146,7 +158,7 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
             say(f"      counterexample ({pr.basis}): {p.statement}")
             for line in zm.timeline(M, pr.counterexample, hidden=hidden):
                 say("      " + line)
-        elif pr.engine == "REFUTED":
+        elif pr.engine == "REFUTED" and role != "decode":
             a = M.check(M.engine_ids, zm.neg(p.formula(U)))
             if a.status == "sat":
                 say(f"      the loop model alone violates it ({a.seconds:.3f} s):")
@@ -160,10 +172,15 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
 def cmd_prove(a) -> int:
     t0 = time.perf_counter()
     total = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
-    for mode in a.mode or zm.MODES:
-        drop = [r for r in a.drop if any(x.id == r and x.applies(mode) for x in zm.load_rules())]
-        c = prove_mode(mode, a.batches, basis=a.basis, drop=drop, mutants=a.inject if mode == "ahead" else (),
-                       props=a.property, timeout_s=a.timeout, hidden=a.hidden)
+    modes = a.mode or (zm.DECODE_MODES if a.role == "decode" else zm.MODES)
+    bad = [m for m in modes if a.role == "decode" and m not in zm.DECODE_MODES]
+    if bad:
+        raise ValueError(f"decode modes are {', '.join(zm.DECODE_MODES)}, not {', '.join(bad)}")
+    for mode in modes:
+        drop = [r for r in a.drop if any(x.id == r and x.role == a.role and x.applies(mode) for x in zm.load_rules())]
+        c = prove_mode(mode, a.batches, basis=a.basis, drop=drop,
+                       mutants=a.inject if (mode == "ahead" and a.role == "prefill") else (),
+                       props=a.property, timeout_s=a.timeout, hidden=a.hidden, role=a.role)
         for key in total:
             total[key] += c[key]
         _say()

@@ -73,6 +73,19 @@ def generate() -> str:
     unused = [r.id for r in prefill if not any(r.id in pr.core for pr in minimal.values())]
     out += ["", "Rules in no minimal set (they guard the traces, not these properties): " + ", ".join(unused) + ".", ""]
 
+    out += ["### Decode: the DP-rank prefetch", "",
+            f"A symbolic decode universe: {K_DOCS} loop iterations, two bootstrap addresses, three rooms; per",
+            "address and iteration a prefetched and a synchronous query, per room its request's life, one",
+            "release/resume of memory. There is no loop model of engine/decode/ yet: the one engine fact",
+            "is `E:server` (a resolve answers what the bootstrap server says).", "",
+            "| property | mode | verdict | minimal set |", "|---|---|---|---|"]
+    for mode in zm.DECODE_MODES:
+        M = zm.Model(mode, K_DOCS, role="decode")
+        for p in zm.DECODE_PROPERTIES:
+            pr = zm.prove(M, p)
+            out.append(f"| {p.id} | {mode} | {pr.status} from {pr.basis} | {', '.join(pr.core)} |")
+    out += [""] + [f"- **{p.id}**: {p.statement} Seed: {p.seed}" for p in zm.DECODE_PROPERTIES] + [""]
+
     out += ["## The engine model", "",
             "Written from engine/prefill/loops.py; every rule is checked against it (`pdo spec prove`:",
             "conformance), and every schedule of spec/abstract.py is one of its schedules (tests).", "",

@@ -913,15 +913,43 @@ def batch_event_names() -> list[str]:
     return [ev for ev, spec in _vocab().items() if "batch" in spec["fields"] and "rid" not in spec["fields"]]
 
 
-class ModelUniverse(Universe):
+class SymbolicUniverse(Universe):
+    """Events with symbolic position, thread, existence and fields, made by key."""
+
+    def __init__(self, page_size: int = 16):
+        super().__init__()
+        self.page_size = page_size
+        self.by_key: dict = {}
+        self.compared: set = set()   # (a, b) for every a < b some constraint states
+
+    def _mk(self, name, batch, key, f, vocab, always=False, extra=()):
+        lab = key_label(key)
+        for fname in list(vocab[name]["fields"]) + list(extra):
+            if fname not in f and fname not in ("batch", "rid", "rids"):
+                f[fname] = z3.Int(f"{fname}:{lab}")
+        e = Ev(name, batch, key, z3.Real(f"t:{lab}"), z3.Int(f"thread:{lab}"),
+               True if always else z3.Bool(f"emitted:{lab}"), f, cmp=self.compared)
+        self.by_key[key] = self.add(e)
+        return e
+
+    def hide(self, key, thread) -> Ev:
+        """An engine-internal point (queue put/get, device work, ...): not in traces, not in rules."""
+        lab = key_label(key)
+        e = Ev(key[0], None, key, z3.Real(f"t:{lab}"), thread, True, {}, hidden=True, cmp=self.compared)
+        self.by_key[key] = self.add(e)
+        return e
+
+    def get(self, key):
+        return self.by_key.get(key)
+
+
+class ModelUniverse(SymbolicUniverse):
     """Every event a mode could emit for the workload, each with symbolic position, thread,
     existence and fields (objects, slots, counter values, digests, token and page counts)."""
 
     def __init__(self, workload: Workload, page_size: int = 16):
-        super().__init__()
-        self.W, self.K, self.page_size = workload, workload.K, page_size
-        self.by_key: dict = {}
-        self.compared: set = set()   # (a, b) for every a < b some constraint states
+        super().__init__(page_size)
+        self.W, self.K = workload, workload.K
         vocab = _vocab()
         for n, chunks in enumerate(workload.batches):
             for name in batch_event_names():
@@ -943,34 +971,14 @@ class ModelUniverse(Universe):
             for name in ("dev_stage", "dev_forward"):
                 self.hide((name, n), STREAM)
 
-    def _mk(self, name, batch, key, f, vocab, always=False, extra=()):
-        lab = key_label(key)
-        for fname in list(vocab[name]["fields"]) + list(extra):
-            if fname not in f and fname not in ("batch", "rid", "rids"):
-                f[fname] = z3.Int(f"{fname}:{lab}")
-        e = Ev(name, batch, key, z3.Real(f"t:{lab}"), z3.Int(f"thread:{lab}"),
-               True if always else z3.Bool(f"emitted:{lab}"), f, cmp=self.compared)
-        self.by_key[key] = self.add(e)
-        return e
-
-    def hide(self, key, thread) -> Ev:
-        """An engine-internal point (queue put/get, device work, ...): not in traces, not in rules."""
-        lab = key_label(key)
-        e = Ev(key[0], None, key, z3.Real(f"t:{lab}"), thread, True, {}, hidden=True, cmp=self.compared)
-        self.by_key[key] = self.add(e)
-        return e
-
     def b(self, name, n) -> Ev:
         return self.by_key[(name, n)]
 
     def r(self, name, rid, n=None) -> Ev:
         return self.by_key[(name, rid) if n is None else (name, rid, n)]
 
-    def get(self, key):
-        return self.by_key.get(key)
 
-
-def frame(U: ModelUniverse, done: set | None = None) -> list:
+def frame(U: SymbolicUniverse, done: set | None = None) -> list:
     """What every schedule is: an interleaving of two host threads. Only events that some constraint
     compares must be at distinct positions: two tied events that nothing compares can be put in
     either order without changing the truth of any atom, so every model is an interleaving after
@@ -980,7 +988,7 @@ def frame(U: ModelUniverse, done: set | None = None) -> list:
     return out + distinct_compared(U, done)
 
 
-def distinct_compared(U: ModelUniverse, done: set | None = None) -> list:
+def distinct_compared(U: SymbolicUniverse, done: set | None = None) -> list:
     """a != b for the compared pairs not in `done` (which it updates)."""
     done = set() if done is None else done
     out = []
@@ -1027,11 +1035,14 @@ class _Program:
         """process_inflight_queue."""
         self.windows.append(self._window("iteration_end", guard))
 
-    def order(self) -> list:
+    def order(self, floating=()) -> list:
         """Each active slot comes after the previous active one: for each slot and each earlier slot
         that may be the previous active one (back to the last unconditional slot), a difference
-        constraint guarded by both being active and the slots between being inactive."""
+        constraint guarded by both being active and the slots between being inactive. Floating events
+        (allocs, releases) sit in windows, so never inside any other pair of neighbouring slots: an
+        implied lemma, which spares z3 a case split over every window (10x on the adjacency rule)."""
         out = []
+        opens = {w[1] for w in self.windows + self.tops}
         active = [(g, e) for g, e in self.slots if g is not False]
         for j, (gj, ej) in enumerate(active):
             for i in range(j - 1, -1, -1):
@@ -1042,7 +1053,10 @@ class _Program:
                 if any(g is gi for g in between):
                     continue        # active with i: i is never right before j, an earlier slot may be
                 self.U.compared.add((ei, ej))
-                out.append(implies(conj(gi, gj, *[neg(g) for g in between]), ei.pos < ej.pos))
+                guard = conj(gi, gj, *[neg(g) for g in between])
+                out.append(implies(guard, ei.pos < ej.pos))
+                if ei not in opens:
+                    out += [implies(guard, neg(conj(lt(ei, z), lt(z, ej)))) for z in floating]
                 if gi is True:
                     break
         return out
@@ -1164,7 +1178,8 @@ def engine_model(U: ModelUniverse, mode: str, mutants=()) -> dict[str, list]:
     for e in U.events:
         g["E:threads"].append(e.thread == (FWD if e.name in on_worker else SCHED))
 
-    g["E:program-order"] += sched.order() + (worker.order() if worker else [])
+    floating = [r(name, rid) for rid in W.requests() for name in ("alloc", "release")]
+    g["E:program-order"] += sched.order(floating) + (worker.order() if worker else [])
     def inside(e, windows):
         return disj(*[conj(gd, lt(lo, e), lt(e, hi)) for gd, lo, hi in windows])
 
@@ -1232,6 +1247,98 @@ ENGINE_GROUPS = {
     "E:snapshot": "the worker's run_batch reads the snapshot it was handed",
     "E:sender": "the sender ships ceil(tokens / page_size) pages",
 }
+
+
+# ---- the decode prefetch, symbolically: a few iterations, addresses and rooms ------------------------
+# Every event the prefetch and its consumption could log for the rooms of two bootstrap addresses
+# over `iterations` loop iterations: per address and iteration a prefetched query (submit, its pool
+# thread's query_begin, a cancel, a resolve that uses it) and a synchronous one (query_begin and
+# resolve on the scheduler); per room its request's life; one release/resume of memory. Positions,
+# threads, existence and the ranks a resolve or receiver_init carries are symbolic; the decode rules
+# are read through the same encodings as the traces. No loop model of engine/decode/ yet: the one
+# engine fact is that a resolve answers what the bootstrap server says.
+
+DECODE_THREADS = {"scheduler": SCHED, "prefetch_0": FWD}
+
+
+@dataclass(frozen=True)
+class DecodeWorkload:
+    iterations: int
+    rooms: tuple = (("127.0.0.1:8998", (1, 2)), ("127.0.0.1:8999", (3,)))
+
+    def server_rank(self, room: int) -> int:
+        return room % 2
+
+
+class DecodeUniverse(SymbolicUniverse):
+    def __init__(self, W: DecodeWorkload, page_size: int = 16):
+        super().__init__(page_size)
+        self.W, self.K, self.header = W, W.iterations, {"role": "decode", "prefetch": True}
+        vocab = load_events()["decode"]
+        mk = lambda name, key, **f: self._mk(name, None, key, f, vocab)   # noqa: E731
+        for i in range(1, W.iterations + 1):
+            for name in ("iter_begin", "prefetch_begin", "prefetch_end"):
+                mk(name, (name, i), iter=i)
+        for a, (addr, rooms) in enumerate(W.rooms):
+            mk("prefill_info", ("prefill_info", addr), addr=addr, published=True, error=None)
+            for i in range(1, W.iterations + 1):
+                q = 2 * (a * W.iterations + i)
+                ask = dict(addr=addr, rooms=list(rooms))
+                answer = {str(r): z3.Int(f"answer:{addr}:{i}:{r}") for r in rooms}
+                mk("prefetch_submit", ("prefetch_submit", addr, i), qid=q, **ask)
+                mk("query_begin", ("query_begin", addr, i), qid=q, source="prefetch", **ask)
+                mk("prefetch_cancel", ("prefetch_cancel", addr, i), qid=q, reason="mismatch", **ask)
+                mk("resolve", ("resolve", addr, i), qid=q, source="prefetched", result=answer, **ask)
+                mk("query_begin", ("query_begin", addr, f"{i}s"), qid=q + 1, source="sync", **ask)
+                mk("resolve", ("resolve", addr, f"{i}s"), qid=None, source="sync",
+                   result={str(r): z3.Int(f"answer:{addr}:{i}s:{r}") for r in rooms}, **ask)
+            for r in rooms:
+                rid = f"r{r}"
+                mk("req_add", ("req_add", r), rid=rid, room=r, addr=addr)
+                mk("receiver_init", ("receiver_init", r), room=r, rid=rid)
+                mk("kv_recv", ("kv_recv", r), room=r)
+                mk("kv_done", ("kv_done", r), room=r, rid=rid)
+                mk("req_done", ("req_done", r), rid=rid, room=r)
+        mk("release_memory", ("release_memory",))
+        mk("resume_memory", ("resume_memory",))
+
+    def tid(self, name):
+        return DECODE_THREADS[name]
+
+
+def decode_engine(U: DecodeUniverse) -> dict[str, list]:
+    g = defaultdict(list)
+    for r in U.named("resolve"):
+        g["E:server"] += [v == U.W.server_rank(int(room)) for room, v in r.f["result"].items()]
+    return dict(g)
+
+
+def _closed_between(U, y, x):
+    """The prefetched query y was cancelled or used (resolved) after y and before x."""
+    closers = [z for z in U.named("prefetch_cancel") + U.named("resolve")
+               if z.f.get("qid") == y.f["qid"] and z.f["addr"] == y.f["addr"]]
+    return disj(*[conj(ex(z), lt(y, z), lt(z, x)) for z in closers])
+
+
+def p_room_rank(U):
+    return conj(*[implies(ex(e), fld(e, "rank") == U.W.server_rank(e.f["room"])) for e in U.named("receiver_init")])
+
+
+def p_one_query(U):
+    subs = U.named("prefetch_submit")
+    return conj(*[implies(conj(ex(y), ex(x), lt(y, x)), _closed_between(U, y, x))
+                  for y in subs for x in subs if x is not y and x.f["addr"] == y.f["addr"]])
+
+
+def p_nothing_after_release(U):
+    rel, res = U.get(("release_memory",)), U.get(("resume_memory",))
+    out = [implies(conj(ex(rel), ex(e), lt(rel, e)), conj(ex(res), lt(rel, res), lt(res, e)))
+           for e in U.named("prefetch_submit") + U.named("receiver_init")]
+    out += [implies(conj(ex(rel), ex(y), lt(y, rel)), _closed_between(U, y, rel)) for y in U.named("prefetch_submit")]
+    return conj(*out)
+
+
+DECODE_MODES = ("normal", "overlap")
 
 
 # ---- properties: the seed's safety claims, stated without the rules ---------------------------------
@@ -1342,6 +1449,28 @@ PROPERTIES = [
 ]
 
 
+DECODE_PROPERTIES = [
+    Property("room-init-server-rank", "Every room's receiver is initialised (once) with the rank the bootstrap server gave it.",
+             DECODE_MODES, "不改变消费点权威结果 (digest §2: without changing the authoritative result)", p_room_rank),
+    Property("one-query-per-address", "At most one prefetched query per bootstrap address is in flight: a second is "
+             "submitted only after the first was used or cancelled.", DECODE_MODES,
+             "该地址已有在途查询，保持 FIFO，不重复提交 (digest §2 item 2)", p_one_query),
+    Property("nothing-after-release", "After release_memory and until resume_memory: no query is outstanding, "
+             "none is submitted, no receiver is initialised.", DECODE_MODES,
+             "_cancel_prefill_dp_rank_queries() 在 release_memory_occupation() 中调用 (digest §2 item 4)",
+             p_nothing_after_release),
+]
+
+
+def properties(role: str) -> list:
+    return DECODE_PROPERTIES if role == "decode" else PROPERTIES
+
+
+def prefetch_used(U):
+    """Some resolve uses a prefetched answer: the overlap the prefetch is for."""
+    return disj(*[ex(r) for r in U.named("resolve") if r.f["qid"] is not None])
+
+
 def admission_overlap(U):
     """Some admission of N+1 falls inside run_batch(N): the overlap AHEAD is for."""
     b = U.b
@@ -1381,20 +1510,23 @@ class Model:
     behind a literal so every query chooses what it assumes and cores name what a proof used."""
 
     def __init__(self, mode: str, k: int = 4, *, workload: Workload | None = None, drop=(), mutants=(),
-                 timeout_ms: int = 60000, rlimit: int = 0, rules=None, page_size: int = 16):
+                 timeout_ms: int = 60000, rlimit: int = 0, rules=None, page_size: int = 16, role: str = "prefill"):
         t0 = time.perf_counter()
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}")
-        self.mode, self.mutants = mode, tuple(mutants)
-        self.U = ModelUniverse(workload or Workload.canonical(k), page_size)
+        if mode not in (DECODE_MODES if role == "decode" else MODES):
+            raise ValueError(f"unknown {role} mode {mode!r}")
+        self.mode, self.mutants, self.role = mode, tuple(mutants), role
+        if role == "decode":
+            self.U = DecodeUniverse(DecodeWorkload(k), page_size)
+        else:
+            self.U = ModelUniverse(workload or Workload.canonical(k), page_size)
         self.K = self.U.K
-        all_rules = [r for r in (rules or load_rules()) if r.role == "prefill" and r.applies(mode)]
+        all_rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
         unknown = set(drop) - {r.id for r in all_rules}
         if unknown:
             raise ValueError(f"no rule {', '.join(sorted(unknown))} applies to mode {mode}")
         self.rules = [r for r in all_rules if r.id not in drop]
         self.not_encoded = [r.id for r in self.rules if r.kind not in ENCODERS]
-        engine = engine_model(self.U, mode, mutants)
+        engine = decode_engine(self.U) if role == "decode" else engine_model(self.U, mode, mutants)
         self.groups = {r.id: rule_formula(r, self.U) for r in self.rules if r.kind in ENCODERS}
         self.rule_ids = list(self.groups)
         self.groups.update({n: conj(*c) for n, c in engine.items()})
@@ -1456,6 +1588,10 @@ class Model:
         if hidden:
             evs += self.U.hidden
         return sorted(evs, key=lambda e: (position(model, e), str(e.key)))
+
+    def thread_name(self, t: int) -> str:
+        names = {v: k for k, v in (DECODE_THREADS if self.role == "decode" else THREAD_IDS).items()}
+        return names.get(t, "device")
 
     def thread_of(self, model, e) -> int:
         t = e.thread if isinstance(e.thread, int) else model.eval(e.thread, model_completion=True).as_long()
@@ -1691,7 +1827,7 @@ def _worker_state(model, pos, lo, hi, n, k):
 
 def timeline(M: Model, model, *, hidden=False, width=34) -> list[str]:
     """A schedule as two lanes, scheduler | forward (and device work when `hidden`)."""
-    lanes = ["scheduler", "forward"] + (["device"] if hidden else [])
+    lanes = [M.thread_name(SCHED), M.thread_name(FWD)] + (["device"] if hidden else [])
     lines = ["      " + " | ".join(f"{x:<{width}}" for x in lanes).rstrip()]
     for i, e in enumerate(M.schedule(model, hidden=hidden), 1):
         if e.name in ("iteration_end", "iteration_top"):

@@ -164,6 +164,26 @@ def test_prove_cli_small(capsys):
     assert "PROVED" in out and "0 refuted" in out and " s  " in out
 
 
+@pytest.mark.parametrize("mode", zm.DECODE_MODES)
+def test_decode_properties(mode):
+    """The decode prefetch over a few iterations, addresses and rooms: the decode rules admit a schedule
+    using a prefetched answer, and prove the properties with minimal sets."""
+    M = zm.Model(mode, K, role="decode")
+    assert M.check(M.rule_ids).status == "sat"
+    assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(M.U)).status == "sat"
+    want = {"room-init-server-rank": {"D-init-once", "E:server"}, "one-query-per-address": {"D-one-query-per-addr"},
+            "nothing-after-release": {"D-release-cancels"}}
+    for p in zm.DECODE_PROPERTIES:
+        pr = zm.prove(M, p)
+        assert pr.status == "PROVED" and want[p.id] <= set(pr.core), (p.id, pr.core)
+        bad = zm.neg(p.formula(M.U))
+        for name in pr.core:
+            assert M.check([x for x in pr.core if x != name], bad).status == "sat", (p.id, name)
+    D = zm.Model(mode, K, role="decode", drop=["D-release-cancels"])
+    pr = zm.prove(D, next(p for p in zm.DECODE_PROPERTIES if p.id == "nothing-after-release"))
+    assert pr.status == "REFUTED"
+
+
 # ---- the loop model, the abstract model and the checkers --------------------------------------------
 
 @pytest.mark.parametrize("mode", zm.MODES)
