@@ -142,6 +142,16 @@ def trace_metrics(events, role: str = "prefill") -> dict:
     batches = sum(1 for s in spans if s.kind == "fwd")
     # hand-off latency: submit(N) on the scheduler to fwd_begin(N) on the worker (thread modes)
     submit = {e["batch"]: e["t_ns"] for e in events if e["ev"] == "submit"}
+    # serial steps before a submit: since the scheduler's last admit or collect (snapshot, staging,
+    # cached-prefix sends in ahead; sample launch too in ahead, whose collect precedes them)
+    serial, mark = 0, None
+    for e in events:
+        if e["thread"] != sched:
+            continue
+        if e["ev"] in ("admit", "collect"):
+            mark = e["t_ns"]
+        elif e["ev"] == "submit" and mark is not None:
+            serial += e["t_ns"] - mark
     handoff = [s.t0 - submit[s.batch] for s in spans if s.kind == "fwd" and s.batch in submit]
     return {
         "batches": batches,
@@ -150,6 +160,7 @@ def trace_metrics(events, role: str = "prefill") -> dict:
         "hidden_ms": hidden / 1e6, "hideable_ms": hideable / 1e6,
         "overlap_efficiency": hidden / hideable if hideable else 0.0,
         "handoff_ms": sum(handoff) / len(handoff) / 1e6 if handoff else 0.0,
+        "serial_ms": serial / 1e6,
     }
 
 
@@ -283,7 +294,7 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
 
 _PER_RUN = ("uncached_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "sched_busy_ms", "admit_ms", "process_ms",
             "fwd_busy_ms", "collect_wait_ms", "hidden_ms", "overlap_efficiency", "wall_s", "batches",
-            "uncached_tokens", "handoff_ms")
+            "uncached_tokens", "handoff_ms", "serial_ms")
 
 
 def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests: int = 160,
@@ -396,10 +407,12 @@ def plot_prefill(res: dict, out: str) -> None:
     ax2.set_ylim(0, 1.05)
     ax1.legend(fontsize=7, ncol=2, loc="upper left")
     eng = res.get("engine", {})
-    knobs = ", ".join(f"{k}={v}" for k, v in eng.items() if v)
-    whatif = f", WHAT-IF GIL-free device {res['gil_free_device_ms']} ms" if res.get("gil_free_device_ms") else ""
-    fig.suptitle(f"pdo bench prefill: {res['reps']} reps x {res['requests']} requests, "
-                 f"{res['machine']['cpus']} CPUs" + (f" ({knobs})" if knobs else "") + whatif, fontsize=9)
+    knobs = ", ".join(f"{k}={v:g}" for k, v in eng.items() if k.endswith("_us") and v)
+    whatif = (f"WHAT-IF: GIL-free device, {res['gil_free_device_ms']:g} ms per full batch"
+              if res.get("gil_free_device_ms") else "")
+    sub = "; ".join(x for x in (f"model {eng.get('model', 'tiny')}", knobs, whatif) if x)
+    fig.suptitle(f"pdo bench prefill: {res['reps']} rounds x {res['requests']} requests, "
+                 f"{res['machine']['cpus']} CPUs\n{sub}", fontsize=8.5)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -434,19 +447,27 @@ class _Accounting:
     for that run only; the pairs that measure wall time use the plain Tracer."""
 
     def __init__(self):
-        self.ns = {"emit": 0, "obj": 0, "digest": 0}
+        self.ns = {"emit": 0, "obj": 0, "digest": 0}       # thread CPU time: the work itself
+        self.elapsed = {"emit": 0, "obj": 0, "digest": 0}  # elapsed inside (also waits for the GIL)
         self.calls = {"emit": 0, "obj": 0, "digest": 0}
+        self.local = threading.local()
 
     def wrap(self, kind, fn):
-        ns, calls, clock = self.ns, self.calls, time.perf_counter_ns
+        ns, elapsed, calls, local = self.ns, self.elapsed, self.calls, self.local
+        cpu, clock = time.thread_time_ns, time.perf_counter_ns
 
         def timed(*a, **kw):
-            t = clock()
+            if getattr(local, "inside", False):   # nested (obj ids inside a digest): counted by the outer one
+                return fn(*a, **kw)
+            local.inside = True
+            t, c = clock(), cpu()
             try:
                 return fn(*a, **kw)
             finally:
-                ns[kind] += clock() - t
+                ns[kind] += cpu() - c
+                elapsed[kind] += clock() - t
                 calls[kind] += 1
+                local.inside = False
         return timed
 
 
@@ -456,6 +477,11 @@ def accounted_run(cfg, wc) -> dict:
     from .run import run_prefill
     from .trace import Tracer
 
+    probe = _Accounting()          # the timing wrapper's own cost, subtracted below
+    noop = probe.wrap("emit", lambda: None)
+    for _ in range(20000):
+        noop()
+    self_cpu, self_elapsed = probe.ns["emit"] / 20000, probe.elapsed["emit"] / 20000
     acc = _Accounting()
     tr = Tracer()
     tr.emit = acc.wrap("emit", tr.emit)
@@ -466,10 +492,15 @@ def accounted_run(cfg, wc) -> dict:
         s = run_prefill(cfg, wc, tracer=tr)
     finally:
         request.ScheduleBatch.digest = orig
+    for k, n in acc.calls.items():
+        acc.ns[k] = max(0, acc.ns[k] - int(n * self_cpu))
+        acc.elapsed[k] = max(0, acc.elapsed[k] - int(n * self_elapsed))
     total = sum(acc.ns.values())
-    return {"wall_s": s["wall_s"], "events": len(tr.events), "ns": acc.ns, "calls": acc.calls,
-            "tracing_ms": total / 1e6, "share_of_wall": total / 1e9 / s["wall_s"],
-            "ns_per_event": total / max(1, len(tr.events))}
+    inside = sum(acc.elapsed.values())
+    return {"wall_s": s["wall_s"], "events": len(tr.events), "ns": acc.ns, "elapsed_ns": acc.elapsed,
+            "calls": acc.calls, "tracing_ms": total / 1e6, "share_of_wall": total / 1e9 / s["wall_s"],
+            "elapsed_share_of_wall": inside / 1e9 / s["wall_s"], "ns_per_event": total / max(1, len(tr.events)),
+            "timer_self_ns": {"cpu": self_cpu, "elapsed": self_elapsed}}
 
 
 def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 200, engine: dict | None = None,
@@ -509,12 +540,14 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     return {
         "benchmark": "trace-overhead", "date": _now(), "machine": machine(), "mode": mode, "reps": reps,
         "requests": requests, "engine": engine, "workload": workload, "pairs": pairs,
-        "wall_ratio_median": _median(ratios), "wall_ratio_min": min(ratios), "wall_ratio_max": max(ratios),
+        "wall_ratio_median": _median(ratios), "wall_ratio_ci95": list(_ci95(ratios)),
+        "wall_ratio_min": min(ratios), "wall_ratio_max": max(ratios),
         "overhead_pct": (_median(ratios) - 1) * 100, "events_per_run": events,
         "events_per_s_of_run": events / _median([p["on"]["wall_s"] for p in pairs]),
         "in_run_ns_per_event": d_wall * 1e9 / events if events else float("nan"),
         "emit_ns": micro["emit_ns"], "write_ns": micro["write_ns"], "target_pct": 3.0,
         "accounted": acc, "accounted_pct": _median([a["share_of_wall"] for a in acc]) * 100,
+        "accounted_elapsed_pct": _median([a["elapsed_share_of_wall"] for a in acc]) * 100,
         "accounted_ns_per_event": _median([a["ns_per_event"] for a in acc]),
         "cpu_ratio_median": _median([p["on"]["cpu_s"] / p["off"]["cpu_s"] for p in pairs]),
     }
@@ -523,11 +556,12 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
 def format_trace_overhead(r: dict) -> str:
     return "\n".join([
         f"tracing overhead, mode={r['mode']}, {r['reps']} interleaved on/off pairs of {r['requests']} requests:",
-        f"  wall time on/off: median {r['wall_ratio_median']:.4f} (min {r['wall_ratio_min']:.3f}, "
-        f"max {r['wall_ratio_max']:.3f}) -> overhead {r['overhead_pct']:+.2f}% (target <= {r['target_pct']:.0f}%)",
+        f"  wall time on/off: median {r['wall_ratio_median']:.4f} (95% CI {r['wall_ratio_ci95'][0]:.3f}.."
+        f"{r['wall_ratio_ci95'][1]:.3f}) -> overhead {r['overhead_pct']:+.2f}% (target <= {r['target_pct']:.0f}%)",
         f"  process CPU time on/off: median {r['cpu_ratio_median']:.4f}",
-        f"  tracing work timed inside traced runs (emit, obj ids, digests; all threads): "
-        f"{r['accounted_pct']:.2f}% of wall time, {r['accounted_ns_per_event']:.0f} ns per event",
+        f"  tracing work inside traced runs (emit, obj ids, digests; all threads, thread CPU time): "
+        f"{r['accounted_pct']:.2f}% of wall time, {r['accounted_ns_per_event']:.0f} ns per event "
+        f"(elapsed inside, incl. waits for the GIL: {r['accounted_elapsed_pct']:.2f}%)",
         f"  events per run {r['events_per_run']:.0f} ({r['events_per_s_of_run']:,.0f} events/s of run time)",
         f"  per event: Tracer.emit {r['emit_ns']:.0f} ns (single thread, tight loop); "
         f"write to file {r['write_ns']:.0f} ns; in-run wall difference / events {r['in_run_ns_per_event']:.0f} ns",
