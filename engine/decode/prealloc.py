@@ -69,19 +69,20 @@ class DecodePreallocQueue:
     def prefetch_prefill_dp_rank_queries(self, it: int) -> None:
         self.tr.emit("prefetch_begin", iter=it)
         groups = self._by_addr()
-        if not inject.on("no-stale-cancel"):  # MUTANT when on: stale futures are kept
+        if not inject.on("no-stale-cancel"):  # MUTANT: no-stale-cancel — stale futures are kept
             for addr in set(self._queries) - set(groups):
                 self._cancel(addr, "stale")
         for addr, reqs in groups.items():
+            # MUTANT: query-every-iteration — rooms whose rank is already known are asked again
             rooms = tuple(r.room for r in reqs if r.prefill_dp_rank is None or inject.on("query-every-iteration"))
-            # MUTANT query-every-iteration: rooms whose rank is already known are asked again
             reason = None
             if self.memory_released:
                 reason = "released"
-            elif addr in self._queries and not inject.on("double-prefetch"):  # MUTANT: second query in flight
+            elif addr in self._queries and not inject.on("double-prefetch"):  # MUTANT: double-prefetch
                 reason = "in_flight"
+            # MUTANT: prefetch-before-published — queries a prefill that has not published its info
             elif addr not in self.prefill_info_table and not inject.on("prefetch-before-published"):
-                reason = "not_published"  # MUTANT above: queries a prefill that has not published its info
+                reason = "not_published"
             elif not rooms:
                 reason = "all_known"
             if reason is not None:
@@ -155,7 +156,7 @@ class DecodePreallocQueue:
 
     def _resolve_pending_reqs(self) -> None:
         if not self.pending:
-            if not inject.on("no-stale-cancel"):  # MUTANT when on: nothing cancels leftovers
+            if not inject.on("no-stale-cancel"):  # MUTANT: no-stale-cancel — leftovers stay
                 self.cancel_all("empty")
             return
         groups = self._by_addr()
@@ -175,8 +176,8 @@ class DecodePreallocQueue:
         t0 = now()
         lead = (t0 - p.t_submit) if p is not None else 0.0
         qid = None
+        # MUTANT: prefetch-use-mismatched-rooms — the answer is used whatever rooms it was for
         if p is not None and (p.rooms == rooms or inject.on("prefetch-use-mismatched-rooms")):
-            # MUTANT prefetch-use-mismatched-rooms: the answer is used whatever rooms it was for
             source, qid = "prefetched", p.qid
             result, error = p.future.result()
         elif p is not None and rooms[:len(p.rooms)] == p.rooms:
@@ -236,7 +237,7 @@ class DecodePreallocQueue:
 
     # ---- memory occupation ----------------------------------------------------------------------
     def release_memory_occupation(self) -> None:
-        if not inject.on("no-cancel-on-release"):  # MUTANT when on: futures outlive the release
+        if not inject.on("no-cancel-on-release"):  # MUTANT: no-cancel-on-release — futures outlive it
             self.cancel_all("release")
         self.memory_released = True
         self.tr.emit("release_memory")
