@@ -123,7 +123,11 @@ def _read_url(boot: subprocess.Popen, *, timeout_s: float) -> str:
     reader.join(timeout_s)
     line = box.get("line", "")
     if "listening on " not in line:
-        err = _last_line(boot) if boot.poll() is not None else f"no answer within {timeout_s:g} s"
+        try:
+            boot.wait(timeout=2)  # stdout closed: it is exiting, its error is on stderr
+            err = _last_line(boot)
+        except subprocess.TimeoutExpired:
+            err = f"no answer within {timeout_s:g} s"
         raise PDError(f"bootstrap server did not start: {err}")
     return line.strip().rsplit(" ", 1)[1]
 

@@ -173,3 +173,10 @@ def test_release_and_resume_memory_mid_run(tmp_path):
 def _events(path):
     from checker.trace_io import iter_events
     return [e for _, e in iter_events(path)]
+
+
+def test_launch_whose_bootstrap_cannot_start_is_a_clear_startup_error():
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "launch", "--bootstrap-latency-ms", "99999999"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "bootstrap server did not start" in r.stderr and "latency_s" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
