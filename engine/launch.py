@@ -59,10 +59,11 @@ def launch(cfg, wc, dc, *, out_dir: str, dp: int = 1, router: str = "round_robin
            latency_scope: str = "all", timeout_s: float = 120.0, verify: bool = True) -> dict:
     """Run every role as a process; returns the decode's summary extended like run_pd's."""
     from .config import check_dispatch
-    from .pd import route
+    from .decode.config import ROUTERS
 
     check_dispatch(cfg)
-    route([], dp, router)  # validates dp and router before anything starts
+    if dp < 1 or router not in ROUTERS:  # before anything starts (the parent imports no torch until verify)
+        raise ValueError(f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}")
     out = Path(out_dir)
     spec = out / "spec.json"
     spec.write_text(json.dumps({"cfg": {**asdict(cfg), "inject": sorted(cfg.inject)}, "wc": asdict(wc),
