@@ -80,7 +80,7 @@ def release_then_resume(sched):
 def test_slow_bootstrap_server_only_makes_queries_slower(tmp_path):
     s, results = pd(tmp_path, bootstrap_latency_ms=25)
     served_ok(s)
-    assert s["resolve"]["errors"] == 0 and s["resolve"]["mean_wait_ms"] >= 20
+    assert s["resolve"]["errors"] == 0 and s["resolve"]["mean_wait_ms"] >= 12  # 25 ms per query, less any lead
     assert not violated(results)
 
 
