@@ -48,16 +48,14 @@ class TorchAttention:
         v_pool[loc.long()] = v
 
     def extend(self, q, k, v, k_pool, v_pool, meta: ExtendMeta) -> torch.Tensor:
-        out = torch.empty_like(q)
-        group = q.shape[1] // k.shape[1]
-        start = 0
-        for slot, prefix, ext in zip(meta.host_slots, meta.host_prefix, meta.host_extend):
-            idx = meta.req_to_token[slot, :prefix].long()
-            kk = torch.cat([k_pool[idx], k[start:start + ext]])
-            vv = torch.cat([v_pool[idx], v[start:start + ext]])
-            out[start:start + ext] = _attend(q[start:start + ext], kk, vv, group, causal_offset=prefix)
-            start += ext
-        return out
+        """One SDPA call over the whole packed batch: keys are every request's cached prefix (read
+        through req_to_token) followed by the batch's new tokens, and a block-diagonal causal mask
+        keeps each query to its own request. A handful of ops per layer instead of a dozen per request
+        and layer, which matters on CPU where every op costs interpreter (and GIL) time."""
+        prefix_idx, mask = _packed_extend(meta, q.device)
+        kk = torch.cat([k_pool[prefix_idx], k])
+        vv = torch.cat([v_pool[prefix_idx], v])
+        return _attend_masked(q, kk, vv, q.shape[1] // k.shape[1], mask)
 
     def decode(self, q, k_pool, v_pool, meta: DecodeMeta) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -66,6 +64,35 @@ class TorchAttention:
             idx = meta.req_to_token[slot, :n].long()
             out[i:i + 1] = _attend(q[i:i + 1], k_pool[idx], v_pool[idx], group, causal_offset=n - 1)
         return out
+
+
+def _packed_extend(meta: ExtendMeta, device):
+    """Per batch (cached on meta, shared by every layer): pool indices of all prefixes, and the mask
+    [T, P + T] of which key each query may see."""
+    cached = getattr(meta, "_packed", None)
+    if cached is not None:
+        return cached
+    prefix_parts, q_req, q_pos, p_req, e_req, e_pos = [], [], [], [], [], []
+    for i, (slot, prefix, ext) in enumerate(zip(meta.host_slots, meta.host_prefix, meta.host_extend)):
+        prefix_parts.append(meta.req_to_token[slot, :prefix].long())
+        p_req += [i] * prefix
+        q_req += [i] * ext
+        q_pos += range(ext)
+    prefix_idx = torch.cat(prefix_parts) if prefix_parts else torch.zeros(0, dtype=torch.long, device=device)
+    q_req_t = torch.tensor(q_req, device=device)
+    q_pos_t = torch.tensor(q_pos, device=device)
+    see_prefix = q_req_t[:, None] == torch.tensor(p_req, device=device, dtype=torch.long)[None, :]
+    see_new = (q_req_t[:, None] == q_req_t[None, :]) & (q_pos_t[None, :] <= q_pos_t[:, None])
+    meta._packed = (prefix_idx, torch.cat([see_prefix, see_new], dim=1))
+    return meta._packed
+
+
+def _attend_masked(q, k, v, group, mask):
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                       attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
+    return o.transpose(0, 1)
 
 
 def _attend(q, k, v, group, causal_offset):
