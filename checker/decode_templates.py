@@ -12,26 +12,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .linear import Template
+
 SCHED = "scheduler"
 
 
-class DecodeTemplate:
-    events: tuple = ()
-
-    def __init__(self, rule, ctx):
-        self.rule, self.ctx = rule, ctx
-        self.checks = 0
-        self.violations: list = []
-
-    def fail(self, message: str, *seqs) -> None:
-        from .linear import Violation
-        self.violations.append(Violation(self.rule, message, [s for s in seqs if s is not None]))
-
-    def on(self, e: dict) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
+class DecodeTemplate(Template):
+    """The linear checker's template base (events, on, finish, fail), for decode rule kinds."""
 
 
 def _rooms(e: dict) -> tuple:
