@@ -395,7 +395,9 @@ def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: d
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
     ctx = Ctx(header, header.get("page_size", 1))
-    templates = {**TEMPLATES, **(extra_templates or {})}
+    from .decode_templates import TEMPLATES as DECODE_TEMPLATES  # decode kinds live in their own module
+
+    templates = {**TEMPLATES, **DECODE_TEMPLATES, **(extra_templates or {})}
     active = [templates[r.kind](r, ctx) for r in rules if r.kind in templates]
     by_ev: dict[str, list] = defaultdict(list)
     star = [t for t in active if "*" in t.events]
@@ -439,8 +441,3 @@ def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:
     rules = rules or load_rules()
     return [check_file(p, rules=rules) for p in paths] + check_cross(list(paths), rules)
 
-
-# The decode rule kinds (spec/decode_rules.toml) live in their own module.
-from .decode_templates import TEMPLATES as _DECODE_TEMPLATES  # noqa: E402
-
-TEMPLATES.update(_DECODE_TEMPLATES)
