@@ -7,6 +7,7 @@ grows with batches and requests, not with events.
 """
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -44,6 +45,10 @@ class Template:
 
     def on(self, e: dict) -> None:
         pass
+
+    def handlers(self) -> dict:
+        """Event name -> callable; a template may route event kinds to separate methods."""
+        return {ev: self.on for ev in self.events}
 
     def finish(self) -> None:
         pass
@@ -122,7 +127,7 @@ class Outside(Template):
 class Order(Template):
     def finish(self):
         idx = self.ctx.idx
-        chain = [(ev, off) for ev, off in self.rule["chain"]]
+        chain = [(ev, off, idx[ev]) for ev, off in self.rule["chain"]]
         when = self.rule.get("when")
         same = len(chain) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
         for n in self.ctx.admits:
@@ -134,7 +139,7 @@ class Order(Template):
                 if wa[0] > wb[0]:
                     self.checks += 1  # the implication holds vacuously for this batch
                     continue
-            got = [(ev, n + off, idx[ev].get(n + off), i) for i, (ev, off) in enumerate(chain)]
+            got = [(ev, n + off, table.get(n + off), i) for i, (ev, off, table) in enumerate(chain)]
             got = [g for g in got if g[2] is not None]
             if len(got) < 2:
                 continue
@@ -278,38 +283,44 @@ class Lifecycle(Template):
             self.count = defaultdict(int)
             self.sends = defaultdict(int)
 
-    def on(self, e):
-        ev = e["ev"]
+    def handlers(self):
         if self.mode == "pairing":
-            return self._pairing(e, ev)
-        if ev == "admit":
-            for rid in e["rids"]:
-                if rid in self.released:
-                    self.fail(f"{rid} admitted in batch {e['batch']} after it was released", self.released[rid], e["seq"])
-        elif ev == self.inc:
-            self.count[e["obj"]] += 1
-        elif ev == self.dec:
-            self.count[e["obj"]] -= 1
-        elif ev == self.sent:
-            self.sends[e["rid"]] += 1
-        elif ev == self.rel:
-            self.checks += 1
-            rid, seq = e["rid"], e["seq"]
-            self.released[rid] = seq
-            done = self.ctx.idx["process_end"]
-            for b in self.ctx.rid_batches.get(rid, ()):
-                if b not in done:
-                    s = self.ctx.idx["admit"][b][0]
-                    self.fail(f"{rid} released while batch {b} holding it was not yet processed", s, seq)
-            if self.count.get(e["obj"], 0) > 0:
-                self.fail(f"{rid} released with {self.count[e['obj']]} middle chunk(s) in flight", seq)
-            if self.sends[rid] == 0:
-                self.fail(f"{rid} released before any of its KV was sent", seq)
+            return {self.acq: self._pairing, self.rel: self._pairing}
+        return {self.acq: _nothing, "admit": self._admit, self.inc: self._inc, self.dec: self._dec,
+                self.sent: self._sent, self.rel: self._release}
 
-    def _pairing(self, e, ev):
+    def _admit(self, e):
+        for rid in e["rids"]:
+            if rid in self.released:
+                self.fail(f"{rid} admitted in batch {e['batch']} after it was released", self.released[rid], e["seq"])
+
+    def _inc(self, e):
+        self.count[e["obj"]] += 1
+
+    def _dec(self, e):
+        self.count[e["obj"]] -= 1
+
+    def _sent(self, e):
+        self.sends[e["rid"]] += 1
+
+    def _release(self, e):
+        self.checks += 1
+        rid, seq = e["rid"], e["seq"]
+        self.released[rid] = seq
+        done = self.ctx.idx["process_end"]
+        for b in self.ctx.rid_batches.get(rid, ()):
+            if b not in done:
+                s = self.ctx.idx["admit"][b][0]
+                self.fail(f"{rid} released while batch {b} holding it was not yet processed", s, seq)
+        if self.count.get(e["obj"], 0) > 0:
+            self.fail(f"{rid} released with {self.count[e['obj']]} middle chunk(s) in flight", seq)
+        if self.sends[rid] == 0:
+            self.fail(f"{rid} released before any of its KV was sent", seq)
+
+    def _pairing(self, e):
         rid, obj, slot, seq = e["rid"], e["obj"], e["slot"], e["seq"]
         self.checks += 1
-        if ev == self.acq:
+        if e["ev"] == self.acq:
             if slot in self.slots:
                 other, s = self.slots[slot]
                 self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
@@ -400,37 +411,39 @@ def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: d
     templates = {**TEMPLATES, **DECODE_TEMPLATES, **(extra_templates or {})}
     active = [templates[r.kind](r, ctx) for r in rules if r.kind in templates]
     by_ev: dict[str, list] = defaultdict(list)
-    star = [t for t in active if "*" in t.events]
+    star = [t.on for t in active if "*" in t.events]
     for t in active:
-        for ev in t.events:
+        for ev, fn in t.handlers().items():
             if ev != "*":
-                by_ev[ev].append(t.on)
+                by_ev[ev].append(fn)
+    dispatch: dict[str, tuple] = {}  # ev -> every callable that wants it, star templates included
     idx, admits, rid_batches = ctx.idx, ctx.admits, ctx.rid_batches
     n = 0
-    events = [first] if first is not None else []
-    for line_no, e in _chain(events, it):
+    for _, e in itertools.chain((first,) if first is not None else (), it):
         n += 1
         ev = e["ev"]
+        fns = dispatch.get(ev)
+        if fns is None:
+            fns = dispatch[ev] = tuple(by_ev.get(ev, ())) + tuple(star)
         b = e.get("batch")
         if b is not None and ev != "prefix_send":
-            idx[ev].setdefault(b, (e["seq"], e["thread"]))
+            table = idx[ev]
+            if b not in table:
+                table[b] = (e["seq"], e["thread"])
             if ev == "admit":
                 admits[b] = set(e["rids"])
                 for rid in e["rids"]:
                     rid_batches[rid].append(b)
-        for fn in by_ev.get(ev, ()):
+        for fn in fns:
             fn(e)
-        for t in star:
-            t.on(e)
     for t in active:
         t.finish()
     violations = [v for t in active for v in t.violations]
     return Result(path, header, n, [(t.rule, t.checks) for t in active], violations)
 
 
-def _chain(first, it):
-    yield from first
-    yield from it
+def _nothing(e) -> None:
+    return None
 
 
 def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:
