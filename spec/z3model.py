@@ -1,24 +1,28 @@
-"""The formal model of the prefill loops, in z3.
+"""The formal model of the prefill loops (and of the decode prefetch), in z3.
 
-Three layers, read top-down:
+Read top-down; the sections are:
 
-1. Encodings. One function per rule template `kind` of spec/rules.toml turns a rule into z3
-   obligations over a *universe* of events: each event has a position (z3 Int), a thread, an
-   existence flag and its fields. The same functions serve two universes:
-     - ModelUniverse: K batches of a workload with every position, thread, existence and object
-       symbolic — for proofs (spec model) — and
+1. Encodings. One function per rule template `kind` of spec/rules.toml (and spec/decode_rules.toml)
+   turns a rule into z3 obligations over a *universe* of events: each event has a position, a
+   thread, an existence flag and its fields. The same functions serve two kinds of universe:
+     - symbolic ones (ModelUniverse: K batches of a prefill workload; DecodeUniverse: a few
+       iterations of the decode prefetch), everything symbolic — for proofs — and
      - TraceUniverse: the events of one trace, positions tied to `seq` — for checking
        (checker/z3check.py).
-   So the proofs and the z3 trace checker read the rules through one encoding, and the trace checker
-   agreeing with the fast linear checker is evidence that the proofs are about the same rules.
-2. The engine model: what each mode's loop code (engine/prefill/loops.py) does, in which order, on
-   which thread, and the synchronisation between the threads (capacity-1 queues, stream events and
-   the WAR barrier). It is a model of the code, not of the rules, and comes in named groups so unsat
-   cores can say which part of the engine a proof needed.
-3. Properties and queries: the seed's safety claims as formulas over positions and objects, stated
-   without the rules; `Model` answers sat/unsat questions on (frame ∧ chosen groups) incrementally.
+   So proofs and the z3 trace checker read the rules through one encoding, and that checker agreeing
+   with the fast linear one (tests/test_z3_checker.py) is evidence the proofs are about the same rules.
+   New kinds plug in with `register_kind`.
+2. The engine model: what each prefill mode's loop code (engine/prefill/loops.py) does, in which
+   order, on which thread, and the synchronisation between the threads (capacity-1 queues, stream
+   events, the WAR barrier). A model of the code, not of the rules, in named groups ("E:...") so that
+   unsat cores say which part of the engine a proof needed.
+3. Properties and queries: the seeds' safety claims as formulas over positions and objects, stated
+   without the rules; `Model` answers sat/unsat questions on (frame ∧ chosen groups) incrementally;
+   `prove`, `mode_table`, `ahead_steady_table` build the answers `pdo spec` prints.
+4. Traces as models: the workload of a trace and whether it is a schedule of the loop model.
 
-Positions are integers, all distinct (an interleaving); "a < b" means a happened before b.
+A schedule is an interleaving: events at distinct positions ("a < b": a happened before b). Symbolic
+positions are reals, and only events that some constraint compares are kept apart (see `frame`).
 """
 from __future__ import annotations
 
@@ -97,6 +101,7 @@ def implies(a, b):
 
 
 def eq(a, b):
+    """Python == on plain values (a bool), z3 == as soon as one side is a term."""
     return a == b
 
 
@@ -140,10 +145,6 @@ def key_label(key) -> str:
 def _brief(name, f) -> str:
     args = ",".join(f"{k}={f[k]}" for k in ("batch", "rid", "slot", "value", "obj", "digest", "tokens", "pages") if k in f)
     return f"{name}({args})"
-
-
-def P(e: Ev):
-    return e.pos
 
 
 def lt(a: Ev, b: Ev):
@@ -1040,7 +1041,7 @@ class _Program:
         that may be the previous active one (back to the last unconditional slot), a difference
         constraint guarded by both being active and the slots between being inactive. Floating events
         (allocs, releases) sit in windows, so never inside any other pair of neighbouring slots: an
-        implied lemma, which spares z3 a case split over every window (10x on the adjacency rule)."""
+        implied lemma, which spares z3 a case split over every window (see engine_model)."""
         out = []
         opens = {w[1] for w in self.windows + self.tops}
         active = [(g, e) for g, e in self.slots if g is not False]
@@ -1154,8 +1155,10 @@ def _loop_programs(U, mode, cont, mutants):
     return s, w
 
 
-def engine_model(U: ModelUniverse, mode: str, mutants=()) -> dict[str, list]:
-    """The engine of `mode` as named groups of constraints (names start with "E:")."""
+def engine_model(U: ModelUniverse, mode: str, mutants=(), lemmas: bool = False) -> dict[str, list]:
+    """The engine of `mode` as named groups of constraints (names start with "E:"). `lemmas` adds the
+    implied program-order lemma for floating events: 10x faster proofs of an `adjacent` rule, 2x
+    slower ones elsewhere, so Model asks for it only when such a rule is in play."""
     unknown = set(mutants) - set(ENGINE_MUTANTS)
     if unknown:
         raise ValueError(f"the loop model does not know mutant(s) {', '.join(sorted(unknown))}")
@@ -1178,7 +1181,7 @@ def engine_model(U: ModelUniverse, mode: str, mutants=()) -> dict[str, list]:
     for e in U.events:
         g["E:threads"].append(e.thread == (FWD if e.name in on_worker else SCHED))
 
-    floating = [r(name, rid) for rid in W.requests() for name in ("alloc", "release")]
+    floating = [r(name, rid) for rid in W.requests() for name in ("alloc", "release")] if lemmas else []
     g["E:program-order"] += sched.order(floating) + (worker.order() if worker else [])
     def inside(e, windows):
         return disj(*[conj(gd, lt(lo, e), lt(e, hi)) for gd, lo, hi in windows])
@@ -1362,6 +1365,7 @@ def _span_closed(U, n, later):
 
 
 def _each(U):
+    """The batches of a model universe."""
     return range(U.K)
 
 
@@ -1526,7 +1530,8 @@ class Model:
             raise ValueError(f"no rule {', '.join(sorted(unknown))} applies to mode {mode}")
         self.rules = [r for r in all_rules if r.id not in drop]
         self.not_encoded = [r.id for r in self.rules if r.kind not in ENCODERS]
-        engine = decode_engine(self.U) if role == "decode" else engine_model(self.U, mode, mutants)
+        engine = decode_engine(self.U) if role == "decode" else \
+            engine_model(self.U, mode, mutants, lemmas=any(r.kind == "adjacent" for r in self.rules))
         self.groups = {r.id: rule_formula(r, self.U) for r in self.rules if r.kind in ENCODERS}
         self.rule_ids = list(self.groups)
         self.groups.update({n: conj(*c) for n, c in engine.items()})
@@ -1876,9 +1881,9 @@ def _trace_keys(events: list[dict]) -> list:
     for e in events:
         ev = e["ev"]
         if ev == "admit":
-            inc_batch = e["batch"]
+            inc_batch = e["batch"]      # its chunk_inc events follow it directly on the scheduler
         elif e["thread"] == "scheduler" and ev != "chunk_inc":
-            inc_batch = None if ev not in ("alloc",) else inc_batch
+            inc_batch = None
         if ev == "process_begin":
             span = e["batch"]
         if "rid" not in e:
