@@ -1242,7 +1242,7 @@ def engine_model(U: ModelUniverse, mode: str, mutants=(), lemmas: bool = False) 
 ENGINE_GROUPS = {
     "E:emits": "which events the loop emits",
     "E:threads": "which thread runs each event",
-    "E:program-order": "program order of each thread's loop code, releases at iteration ends",
+    "E:program-order": "program order of each thread's loop code; allocs at iteration tops, releases at iteration ends",
     "E:queues": "capacity-1 hand-off queues between scheduler and worker",
     "E:streams": "stream order, the forward's wait on staging, the WAR barrier's wait",
     "E:req-identity": "Req objects kept by identity; the counter as the code moves it",
