@@ -307,7 +307,7 @@ class Lifecycle(Template):
         self.checks += 1
         rid, seq = e["rid"], e["seq"]
         self.released[rid] = seq
-        done = self.ctx.idx["process_end"]
+        done = self.ctx.idx[self.rule["processed"][0]]
         for b in self.ctx.rid_batches.get(rid, ()):
             if b not in done:
                 s = self.ctx.idx["admit"][b][0]
