@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _can_launch, _check_metadata, _check_paged_reads, _check_values, _is_interpreted
+from triton_kernels import _can_launch, _check_attention_inputs, _check_metadata, _check_paged_reads, _check_values, _is_interpreted
 
 LOG2E = 1.4426950408889634
 
@@ -147,24 +147,7 @@ def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_sc
             raise ValueError(f"{name}: {key} must be a 3-D tensor")
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
-    if k_pool.shape != v_pool.shape or k_pool.shape[2] != head_dim:
-        raise ValueError(f"{name}: pool shapes {tuple(k_pool.shape)}/{tuple(v_pool.shape)} "
-                         f"do not match head_dim {head_dim}")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"{name}: {num_q_heads} query heads not a multiple of {num_kv_heads} kv heads")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"{name}: unsupported dtype {q.dtype}")
-    if k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
-        raise ValueError(f"{name}: q, k_pool, v_pool must share one dtype")
-    if any(t.device != q.device for t in (k_pool, v_pool, req_to_token)):
-        raise ValueError(f"{name}: all tensors must be on {q.device}")
-    if k_pool.stride(2) != 1 or v_pool.stride(2) != 1:
-        raise ValueError(f"{name}: pools need a contiguous head_dim")
-    if req_to_token.dim() != 2 or req_to_token.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name}: req_to_token must be a 2-D int32/int64 tensor")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
-                            or out.stride(2) != 1):
-        raise ValueError(f"{name}: out must match q's shape, dtype and device, with a contiguous head_dim")
+    _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out, {"k_pool": k_pool, "v_pool": v_pool})
     _check_metadata(name, q.device, req_slots=req_slots, seq_lens=seq_lens)
     if req_slots.numel() != batch or seq_lens.numel() != batch:
         raise ValueError(f"{name}: req_slots/seq_lens must have one entry per query ({batch})")

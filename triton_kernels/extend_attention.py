@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _can_launch, _check_metadata, _check_paged_reads, _check_values, _is_interpreted
+from triton_kernels import _can_launch, _check_attention_inputs, _check_metadata, _check_paged_reads, _check_values, _is_interpreted
 
 LOG2E = 1.4426950408889634
 
@@ -158,24 +158,8 @@ def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_le
     if k.shape != (num_tokens, num_kv_heads, head_dim) or v.shape != k.shape:
         raise ValueError(f"{name}: k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match "
                          f"[{num_tokens}, {num_kv_heads}, {head_dim}] from q and k_pool")
-    if k_pool.shape != v_pool.shape or k_pool.shape[2] != head_dim:
-        raise ValueError(f"{name}: pool shapes {tuple(k_pool.shape)}/{tuple(v_pool.shape)} "
-                         f"do not match head_dim {head_dim}")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"{name}: {num_q_heads} query heads not a multiple of {num_kv_heads} kv heads")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"{name}: unsupported dtype {q.dtype}")
-    if any(t.dtype != q.dtype for t in (k, v, k_pool, v_pool)):
-        raise ValueError(f"{name}: q, k, v, k_pool, v_pool must share one dtype")
-    if any(t.device != q.device for t in (k, v, k_pool, v_pool, req_to_token)):
-        raise ValueError(f"{name}: all tensors must be on {q.device}")
-    if k_pool.stride(2) != 1 or v_pool.stride(2) != 1:
-        raise ValueError(f"{name}: pools need a contiguous head_dim")
-    if req_to_token.dim() != 2 or req_to_token.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name}: req_to_token must be a 2-D int32/int64 tensor")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
-                            or out.stride(2) != 1):
-        raise ValueError(f"{name}: out must match q's shape, dtype and device, with a contiguous head_dim")
+    _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out,
+                            {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
     _check_metadata(name, q.device, req_slots=req_slots, prefix_lens=prefix_lens, extend_lens=extend_lens,
                     extend_start_loc=extend_start_loc)
     batch = req_slots.numel()
