@@ -44,6 +44,20 @@ def _before(ev, batch, target, tbatch, rid=None, trid=None):
     return edit
 
 
+def _admit_early(batch, before, bbatch):
+    """Move admit(batch), with the allocs right before it, to just before `before`(bbatch)."""
+    def edit(events):
+        i = find(events, "admit", batch)
+        j = i
+        while events[j - 1]["ev"] == "alloc":
+            j -= 1
+        block = events[j:i + 1]
+        del events[j:i + 1]
+        k = find(events, before, bbatch)
+        events[k:k] = block
+    return edit
+
+
 def _dup(ev, batch):
     def edit(events):
         i = find(events, ev, batch)
@@ -78,6 +92,9 @@ VIOLATIONS = {
     "P-ahead-build-first": ("ahead", _after("admit", 2, "collect", 1)),
     "P-ahead-submit-before-process": ("ahead", _after("submit", 1, "process_begin", 0)),
     "P-ahead-order": ("ahead", _after("snapshot", 1, "submit", 1)),
+    "P-worker-runs-submitted": ("thread", _before("fwd_begin", 1, "submit", 1)),
+    "P-ahead-stage-on-scheduler": ("ahead", _set("stage", 1, thread="forward")),
+    "P-ahead-one-batch-ahead": ("ahead", _admit_early(2, "submit", 1)),
     "P-worker-copy": ("thread", _before("batch_copy", 1, "war_barrier", 1)),
     "P-snapshot-isolation": ("ahead", _set("fwd_begin", 1, digest="changed")),
     "P-prefix-send-ahead": ("ahead", _after("prefix_send", 1, "fwd_begin", 1)),
