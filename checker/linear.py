@@ -7,13 +7,14 @@ grows with batches and requests, not with events.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from spec import Rule, load_rules
+from spec import Rule, load_events, load_rules
 
-from .trace_io import iter_events
+from .trace_io import iter_chunks
 
 
 @dataclass
@@ -33,6 +34,10 @@ class Ctx:
 
 
 class Template:
+    """`events`: the event names it listens to ("*": all). The checker hands it, per chunk of the
+    trace, the list of its events in trace order (`on_chunk`); the default calls the handler of each.
+    A template keeps the state it needs while streaming itself; the shared index in Ctx (batch-indexed
+    facts) is complete only when `finish()` runs."""
     events: tuple = ()
 
     def __init__(self, rule: Rule, ctx: Ctx):
@@ -50,6 +55,16 @@ class Template:
         """Event name -> callable; a template may route event kinds to separate methods."""
         return {ev: self.on for ev in self.events}
 
+    def on_chunk(self, evs: list) -> None:
+        h = self.handlers()
+        star = h.get("*")
+        if star is not None:
+            for e in evs:
+                star(e)
+            return
+        for e in evs:
+            h[e["ev"]](e)
+
     def finish(self) -> None:
         pass
 
@@ -64,17 +79,22 @@ class Fifo(Template):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
         self.last = {}
+        self.admitted = set()
 
-    def on(self, e):
-        ev, b = e["ev"], e["batch"]
-        self.checks += 1
-        if ev != "admit" and b not in self.ctx.admits:
-            self.fail(f"{ev} of batch {b}, which was never admitted before it", e["seq"])
-        prev = self.last.get(ev)
-        if prev is not None and b <= prev[0]:
-            what = "twice" if b == prev[0] else f"after batch {prev[0]}"
-            self.fail(f"{ev} of batch {b} {what}", prev[1], e["seq"])
-        self.last[ev] = (b, e["seq"])
+    def on_chunk(self, evs):
+        self.checks += len(evs)
+        last, admitted = self.last, self.admitted
+        for e in evs:
+            ev, b = e["ev"], e["batch"]
+            if ev == "admit":
+                admitted.add(b)
+            elif b not in admitted:
+                self.fail(f"{ev} of batch {b}, which was never admitted before it", e["seq"])
+            prev = last.get(ev)
+            if prev is not None and b <= prev[0]:
+                what = "twice" if b == prev[0] else f"after batch {prev[0]}"
+                self.fail(f"{ev} of batch {b} {what}", prev[1], e["seq"])
+            last[ev] = (b, e["seq"])
 
 
 class Complete(Template):
@@ -127,28 +147,36 @@ class Outside(Template):
 class Order(Template):
     def finish(self):
         idx = self.ctx.idx
-        chain = [(ev, off, idx[ev]) for ev, off in self.rule["chain"]]
+        same = len(self.rule["chain"]) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
+        # (event, batch offset, its index, must share the previous found event's thread)
+        chain = [(ev, off, idx[ev], i < same) for i, (ev, off) in enumerate(self.rule["chain"])]
         when = self.rule.get("when")
-        same = len(chain) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
+        if when:
+            (wa_ev, wa_off), (wb_ev, wb_off) = when
+            wa_t, wb_t = idx[wa_ev], idx[wb_ev]
         for n in self.ctx.admits:
             if when:
-                (a, ao), (b, bo) = when
-                wa, wb = idx[a].get(n + ao), idx[b].get(n + bo)
+                wa, wb = wa_t.get(n + wa_off), wb_t.get(n + wb_off)
                 if wa is None or wb is None:
                     continue
                 if wa[0] > wb[0]:
                     self.checks += 1  # the implication holds vacuously for this batch
                     continue
-            got = [(ev, n + off, table.get(n + off), i) for i, (ev, off, table) in enumerate(chain)]
-            got = [g for g in got if g[2] is not None]
-            if len(got) < 2:
-                continue
-            self.checks += 1
-            for (ev1, b1, (s1, t1), i1), (ev2, b2, (s2, t2), i2) in zip(got, got[1:]):
-                if s1 > s2:
-                    self.fail(f"{ev2}({b2}) came before {ev1}({b1})", s1, s2)
-                elif i2 < same and t1 != t2:
-                    self.fail(f"{ev1}({b1}) on {t1} but {ev2}({b2}) on {t2}: expected one thread", s1, s2)
+            prev, found = None, 0
+            for ev, off, table, need_same in chain:
+                got = table.get(n + off)
+                if got is None:
+                    continue
+                found += 1
+                if prev is not None:
+                    (ev1, b1, (s1, t1)), (s2, t2) = prev, got
+                    if s1 > s2:
+                        self.fail(f"{ev}({n + off}) came before {ev1}({b1})", s1, s2)
+                    elif need_same and t1 != t2:
+                        self.fail(f"{ev1}({b1}) on {t1} but {ev}({n + off}) on {t2}: expected one thread", s1, s2)
+                prev = (ev, n + off, got)
+            if found >= 2:
+                self.checks += 1
 
 
 class Adjacent(Template):
@@ -182,8 +210,8 @@ class Within(Template):
         self.events = (self.ev,)
         self.seen = []
 
-    def on(self, e):
-        self.seen.append((e["seq"], e["thread"], e["batch"], e.get("rid")))
+    def on_chunk(self, evs):
+        self.seen += [(e["seq"], e["thread"], e["batch"], e.get("rid")) for e in evs]
 
     def finish(self):
         idx, r = self.ctx.idx, self.rule
@@ -206,13 +234,18 @@ class Thread(Template):
         self.events = tuple(rule["events"])
         self.thread, self.not_thread = rule.get("thread"), rule.get("not_thread")
 
-    def on(self, e):
-        self.checks += 1
-        t = e["thread"]
-        if self.thread is not None and t != self.thread:
-            self.fail(f"{_ev(e)} ran on {t}, expected {self.thread}", e["seq"])
-        if self.not_thread is not None and t == self.not_thread:
-            self.fail(f"{_ev(e)} ran on {t}, expected another thread", e["seq"])
+    def on_chunk(self, evs):
+        self.checks += len(evs)
+        if self.thread is not None:
+            want = self.thread
+            for e in evs:
+                if e["thread"] != want:
+                    self.fail(f"{_ev(e)} ran on {e['thread']}, expected {want}", e["seq"])
+        if self.not_thread is not None:
+            avoid = self.not_thread
+            for e in evs:
+                if e["thread"] == avoid:
+                    self.fail(f"{_ev(e)} ran on {avoid}, expected another thread", e["seq"])
 
 
 class Equal(Template):
@@ -243,21 +276,23 @@ class Counter(Template):
         self.owned = set()     # (rid, obj) allocated
         self.value = {}        # obj -> (value, last seq, rid)
 
-    def on(self, e):
-        ev, rid, obj = e["ev"], e["rid"], e["obj"]
-        if ev == self.owner:
-            self.owned.add((rid, obj))
-            return
-        self.checks += 1
-        if (rid, obj) not in self.owned:
-            self.fail(f"{ev} for {rid} on object {obj}, which is not the Req object allocated for {rid}", e["seq"])
-        cur = self.value.get(obj, (0, None, rid))[0]
-        want = cur + (1 if ev == self.inc else -1)
-        if e["value"] != want:
-            self.fail(f"{ev} for {rid} reports {e['value']}, expected {want} on object {obj}", e["seq"])
-        if e["value"] < 0:
-            self.fail(f"{ev} for {rid} drove the counter below zero ({e['value']})", e["seq"])
-        self.value[obj] = (e["value"], e["seq"], rid)
+    def on_chunk(self, evs):
+        owner, inc, owned, value = self.owner, self.inc, self.owned, self.value
+        for e in evs:
+            ev, rid, obj = e["ev"], e["rid"], e["obj"]
+            if ev == owner:
+                owned.add((rid, obj))
+                continue
+            self.checks += 1
+            if (rid, obj) not in owned:
+                self.fail(f"{ev} for {rid} on object {obj}, which is not the Req object allocated for {rid}", e["seq"])
+            cur = value.get(obj, (0, None, rid))[0]
+            want = cur + (1 if ev == inc else -1)
+            if e["value"] != want:
+                self.fail(f"{ev} for {rid} reports {e['value']}, expected {want} on object {obj}", e["seq"])
+            if e["value"] < 0:
+                self.fail(f"{ev} for {rid} drove the counter below zero ({e['value']})", e["seq"])
+            value[obj] = (e["value"], e["seq"], rid)
 
     def finish(self):
         for obj, (v, s, rid) in self.value.items():
@@ -279,61 +314,74 @@ class Lifecycle(Template):
         else:
             inc, dec = rule["counter"]
             self.inc, self.dec, self.sent = inc, dec, rule["sent"]
-            self.events = (self.acq, self.rel, "admit", self.sent, inc, dec)
-            self.count = defaultdict(int)
-            self.sends = defaultdict(int)
+            self.processed = rule["processed"][0]
+            self.events = (self.acq, self.rel, "admit", self.sent, inc, dec, self.processed)
+            self.count = defaultdict(int)   # Req object -> middle chunks in flight
+            self.sends = defaultdict(int)   # rid -> KV sends so far
+            self.rid_batches = defaultdict(list)
+            self.admit_seq = {}             # batch -> seq of its admit
+            self.done = set()               # batches whose `processed` event was seen
 
-    def handlers(self):
+    def on_chunk(self, evs):
         if self.mode == "pairing":
-            return {self.acq: self._pairing, self.rel: self._pairing}
-        return {self.acq: _nothing, "admit": self._admit, self.inc: self._inc, self.dec: self._dec,
-                self.sent: self._sent, self.rel: self._release}
+            self._pairing_chunk(evs)
+            return
+        inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
+        count, sends = self.count, self.sends
+        for e in evs:
+            ev = e["ev"]
+            if ev == sent:
+                sends[e["rid"]] += 1
+            elif ev == inc:
+                count[e["obj"]] += 1
+            elif ev == dec:
+                count[e["obj"]] -= 1
+            elif ev == rel:
+                self._release(e)
+            elif ev == "admit":
+                self._admit(e)
+            elif ev == processed:
+                self.done.add(e["batch"])
 
     def _admit(self, e):
+        b = e["batch"]
+        self.admit_seq.setdefault(b, e["seq"])
         for rid in e["rids"]:
+            self.rid_batches[rid].append(b)
             if rid in self.released:
-                self.fail(f"{rid} admitted in batch {e['batch']} after it was released", self.released[rid], e["seq"])
-
-    def _inc(self, e):
-        self.count[e["obj"]] += 1
-
-    def _dec(self, e):
-        self.count[e["obj"]] -= 1
-
-    def _sent(self, e):
-        self.sends[e["rid"]] += 1
+                self.fail(f"{rid} admitted in batch {b} after it was released", self.released[rid], e["seq"])
 
     def _release(self, e):
         self.checks += 1
         rid, seq = e["rid"], e["seq"]
         self.released[rid] = seq
-        done = self.ctx.idx[self.rule["processed"][0]]
-        for b in self.ctx.rid_batches.get(rid, ()):
-            if b not in done:
-                s = self.ctx.idx["admit"][b][0]
-                self.fail(f"{rid} released while batch {b} holding it was not yet processed", s, seq)
+        for b in self.rid_batches.get(rid, ()):
+            if b not in self.done:
+                self.fail(f"{rid} released while batch {b} holding it was not yet processed", self.admit_seq[b], seq)
         if self.count.get(e["obj"], 0) > 0:
             self.fail(f"{rid} released with {self.count[e['obj']]} middle chunk(s) in flight", seq)
         if self.sends[rid] == 0:
             self.fail(f"{rid} released before any of its KV was sent", seq)
 
-    def _pairing(self, e):
-        rid, obj, slot, seq = e["rid"], e["obj"], e["slot"], e["seq"]
-        self.checks += 1
-        if e["ev"] == self.acq:
-            if slot in self.slots:
-                other, s = self.slots[slot]
-                self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
-            if rid in self.live:
-                self.fail(f"{rid} allocated twice", self.live[rid][2], seq)
-            self.live[rid] = (obj, slot, seq)
-            self.slots[slot] = (rid, seq)
-        else:
-            held = self.live.pop(rid, None)
+    def _pairing_chunk(self, evs):
+        acq, live, slots = self.acq, self.live, self.slots
+        self.checks += len(evs)
+        for e in evs:
+            rid, obj, slot, seq = e["rid"], e["obj"], e["slot"], e["seq"]
+            if e["ev"] == acq:
+                if slot in slots:
+                    other, s = slots[slot]
+                    self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
+                if rid in live:
+                    self.fail(f"{rid} allocated twice", live[rid][2], seq)
+                live[rid] = (obj, slot, seq)
+                slots[slot] = (rid, seq)
+                continue
+            held = live.pop(rid, None)
             if held is None:
                 self.fail(f"{rid} released but not allocated (or released twice)", seq)
-                return
-            self.slots.pop(held[1], None)
+                continue
+            slots.pop(held[1], None)
             if held[0] != obj or held[1] != slot:
                 self.fail(f"{rid} released as object {obj} slot {slot}, allocated as object {held[0]} slot {held[1]}", held[2], seq)
 
@@ -349,13 +397,14 @@ class PageCount(Template):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
 
-    def on(self, e):
-        if "tokens" in e and "pages" in e:
-            self.checks += 1
-            want = -(-e["tokens"] // self.ctx.page_size)
-            if e["pages"] != want:
-                self.fail(f"{e['ev']} of {e['tokens']} tokens covers {e['pages']} pages; "
-                          f"ceil({e['tokens']}/{self.ctx.page_size}) = {want}", e["seq"])
+    def on_chunk(self, evs):
+        ps = self.ctx.page_size
+        for e in evs:
+            if "tokens" in e and "pages" in e:
+                self.checks += 1
+                if e["pages"] != -(-e["tokens"] // ps):
+                    self.fail(f"{e['ev']} of {e['tokens']} tokens covers {e['pages']} pages; "
+                              f"ceil({e['tokens']}/{ps}) = {-(-e['tokens'] // ps)}", e["seq"])
 
 
 class InSpan(Template):
@@ -363,22 +412,27 @@ class InSpan(Template):
         super().__init__(rule, ctx)
         self.ev = rule["ev"]
         self.begin, self.end = rule["span"]
-        self.events = (self.ev, self.begin, self.end)
-        self.open = {}  # thread -> batch
+        self.events = (self.ev, self.begin, self.end, "admit")
+        self.open = {}    # thread -> batch
+        self.rids = {}    # batch -> rids (the admit event's list)
 
-    def on(self, e):
-        ev, t = e["ev"], e["thread"]
-        if ev == self.begin:
-            self.open[t] = e["batch"]
-        elif ev == self.end:
-            self.open.pop(t, None)
-        else:
-            self.checks += 1
-            b = self.open.get(t)
-            if b is None:
-                self.fail(f"{ev} for {e['rid']} outside any {self.begin}/{self.end} span on {t}", e["seq"])
-            elif e["rid"] not in self.ctx.admits.get(b, ()):
-                self.fail(f"{ev} for {e['rid']} inside processing of batch {b}, which does not hold it", e["seq"])
+    def on_chunk(self, evs):
+        begin, end, open_, rids = self.begin, self.end, self.open, self.rids
+        for e in evs:
+            ev, t = e["ev"], e["thread"]
+            if ev == "admit":
+                rids[e["batch"]] = e["rids"]
+            elif ev == begin:
+                open_[t] = e["batch"]
+            elif ev == end:
+                open_.pop(t, None)
+            else:
+                self.checks += 1
+                b = open_.get(t)
+                if b is None:
+                    self.fail(f"{ev} for {e['rid']} outside any {begin}/{end} span on {t}", e["seq"])
+                elif e["rid"] not in rids.get(b, ()):
+                    self.fail(f"{ev} for {e['rid']} inside processing of batch {b}, which does not hold it", e["seq"])
 
 
 TEMPLATES = {"fifo": Fifo, "complete": Complete, "disjoint": Disjoint, "order": Order, "adjacent": Adjacent,
@@ -400,9 +454,21 @@ class Result:
 
 
 def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: dict | None = None) -> Result:
+    # The checker allocates millions of small, acyclic objects (events, index entries); the cyclic
+    # garbage collector would rescan the growing index again and again (a quarter of the run time).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _check_file(path, rules, extra_templates)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | None) -> Result:
     header: dict = {}
-    it = iter_events(path, header_out=header)
-    first = next(it, None)  # reads (and validates) the header
+    chunks = iter_chunks(path, header_out=header)
+    first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
     ctx = Ctx(header, header.get("page_size", 1))
@@ -410,40 +476,47 @@ def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: d
 
     templates = {**TEMPLATES, **DECODE_TEMPLATES, **(extra_templates or {})}
     active = [templates[r.kind](r, ctx) for r in rules if r.kind in templates]
-    by_ev: dict[str, list] = defaultdict(list)
-    star = [t.on for t in active if "*" in t.events]
-    for t in active:
-        for ev, fn in t.handlers().items():
-            if ev != "*":
-                by_ev[ev].append(fn)
-    dispatch: dict[str, tuple] = {}  # ev -> every callable that wants it, star templates included
+    # One pass per chunk routes each event to the lists of the templates that listen to it (an
+    # append, not a call) and fills the shared batch index; then each template takes its list.
+    feeds = [(t, []) for t in active]
+    wants: dict[str, list] = defaultdict(list)
+    star = []
+    for t, feed in feeds:
+        for ev in t.handlers():
+            (star if ev == "*" else wants[ev]).append(feed)
+    # Batch-indexed events: those the vocabulary gives an int `batch` (prefix_send is per request,
+    # several per batch, and is not a batch step).
+    batched = {ev for ev, spec in load_events().get(role, {}).items()
+               if spec.get("fields", {}).get("batch") == "int" and ev != "prefix_send"}
+    route: dict[str, tuple] = {}   # ev -> (feeds, index table or None)
     idx, admits, rid_batches = ctx.idx, ctx.admits, ctx.rid_batches
     n = 0
-    for _, e in itertools.chain((first,) if first is not None else (), it):
-        n += 1
-        ev = e["ev"]
-        fns = dispatch.get(ev)
-        if fns is None:
-            fns = dispatch[ev] = tuple(by_ev.get(ev, ())) + tuple(star)
-        b = e.get("batch")
-        if b is not None and ev != "prefix_send":
-            table = idx[ev]
-            if b not in table:
-                table[b] = (e["seq"], e["thread"])
-            if ev == "admit":
-                admits[b] = set(e["rids"])
-                for rid in e["rids"]:
-                    rid_batches[rid].append(b)
-        for fn in fns:
-            fn(e)
+    for chunk in itertools.chain((first,), chunks):
+        n += len(chunk)
+        for e in chunk:
+            ev = e["ev"]
+            r = route.get(ev)
+            if r is None:
+                r = route[ev] = (tuple(wants.get(ev, ())) + tuple(star), idx[ev] if ev in batched else None)
+            for feed in r[0]:
+                feed.append(e)
+            table = r[1]
+            if table is not None:
+                b = e["batch"]
+                if b not in table:
+                    table[b] = (e["seq"], e["thread"])
+                    if ev == "admit":
+                        admits[b] = set(e["rids"])
+                        for rid in e["rids"]:
+                            rid_batches[rid].append(b)
+        for t, feed in feeds:
+            if feed:
+                t.on_chunk(feed)
+                feed.clear()
     for t in active:
         t.finish()
     violations = [v for t in active for v in t.violations]
     return Result(path, header, n, [(t.rule, t.checks) for t in active], violations)
-
-
-def _nothing(e) -> None:
-    return None
 
 
 def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:

@@ -30,9 +30,15 @@ def _check_type(value, typ: str) -> bool:
 
 
 def read_header(path: str, f) -> dict:
+    """The first line of `f` (opened in text or binary mode), validated."""
     first = f.readline()
     if not first:
         raise TraceFormatError(path, 1, "empty file: expected a pdo-trace header line")
+    if isinstance(first, bytes):
+        try:
+            first = first.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(path, 1, f"not UTF-8 text ({e.reason})") from None
     try:
         header = json.loads(first)
     except json.JSONDecodeError as e:
@@ -50,14 +56,21 @@ def read_header(path: str, f) -> dict:
     return header
 
 
-# Events are decoded a chunk of lines at a time: the chunk's lines (each keeps its "\n") are joined
-# with "," into one JSON array and decoded by a single C call, about twice as fast as one json.loads
-# per line. The newline kept in every separator means no string can run from one line into the next
-# (a raw newline is invalid inside a JSON string), and the chunk is accepted only if it decodes to
-# exactly one JSON object per line. Anything else — a line that is not JSON, an event that fails
-# validation — is redone line by line by the exact reference path below, so error messages are the
-# same as with per-line decoding: file:line: field reason.
-_CHUNK_BYTES = 1 << 18   # lines per chunk: about 256 KiB of text
+# The file is read in binary, a chunk of whole lines (about 256 KiB) at a time. The fast path decodes
+# each line with orjson (a maintained C parser, about 1.5x faster than the standard library here) and
+# validates the events with a compiled predicate per event kind. Without orjson, the chunk's lines are
+# joined with "," into one JSON array and decoded by a single json.loads call; the newline kept in
+# every separator means no string can run from one line into the next (a raw newline is invalid
+# inside a JSON string), and the chunk is accepted only if it decodes to one object per line. A chunk
+# with anything wrong — invalid UTF-8, a line that is not JSON, an event that fails validation — is
+# redone line by line by the exact reference path below (standard json), so what is accepted and
+# every error message (file:line: field reason) are the same whichever path runs.
+_CHUNK_BYTES = 1 << 18
+
+try:
+    from orjson import loads as _orjson_loads
+except ImportError:  # orjson is a declared dependency; the standard library still works without it
+    _orjson_loads = None
 
 
 def _compile_validator(spec: dict):
@@ -99,78 +112,89 @@ def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, r
             raise TraceFormatError(path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}")
 
 
-def _decode_slow(path: str, line_no: int, line: str):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, line_no, f"not JSON ({exc.msg} at column {exc.colno})") from None
-
-
-def _unicode_error_line(path: str) -> tuple[int, str]:
-    """Where the first invalid UTF-8 line is (text-mode reading only says which buffer)."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return n, exc.reason
-    return 1, "invalid UTF-8"
-
-
-def iter_events(path: str, *, header_out: dict | None = None):
-    """Yield (line_no, event) for every event of the file, validated against spec/events.toml.
-    Streams: memory is one chunk of lines, whatever the file size."""
-    vocab = load_events()
-    with open(path, encoding="utf-8", errors="strict") as f:
+def _decode_fast(raw: list) -> list | None:
+    """Every non-blank line of `raw` (bytes, newline kept) decoded, or None if any line is not a
+    single JSON value (or not UTF-8)."""
+    if _orjson_loads is not None:
         try:
-            header = read_header(path, f)
-        except UnicodeDecodeError as e:
-            raise TraceFormatError(path, 1, f"not UTF-8 text ({e.reason})") from None
+            return [_orjson_loads(line) for line in raw if not line.isspace()]
+        except ValueError:   # orjson.JSONDecodeError is a ValueError
+            return None
+    lines = [line if line.endswith(b"\n") else line + b"\n" for line in raw if not line.isspace()]
+    try:
+        events = json.loads(b"[" + b",".join(lines) + b"]")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return events if len(events) == len(lines) else None
+
+
+def _validate_fast(events: list, valid: dict, last_seq: int) -> bool:
+    try:
+        for e in events:
+            if not (valid[e["ev"]](e) and e["seq"] > last_seq):
+                return False
+            last_seq = e["seq"]
+    except (KeyError, TypeError):   # not an object, no or unknown `ev`
+        return False
+    return True
+
+
+def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of: dict, role: str):
+    """The reference path for one chunk: yields (line_no, event); raises TraceFormatError at the
+    first bad line."""
+    for n, line in enumerate(raw, first_line):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, n, f"not UTF-8 text ({exc.reason})") from None
+        if not text.strip():
+            continue
+        try:
+            e = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(path, n, f"not JSON ({exc.msg} at column {exc.colno})") from None
+        _validate_slow(path, n, e, last_seq, fields_of, role)
+        last_seq = e["seq"]
+        yield n, e
+
+
+def _chunks(path: str, header_out: dict | None, with_lines: bool):
+    """Yield (line numbers or None, events) per chunk of the file, every event validated."""
+    vocab = load_events()
+    with open(path, "rb") as f:
+        header = read_header(path, f)
         if header_out is not None:
             header_out.update(header)
         role = header["role"]
         fields_of = {ev: spec.get("fields", {}) for ev, spec in vocab.get(role, {}).items()}
         valid = {ev: _compile_validator(spec) for ev, spec in fields_of.items()}
-        loads = json.loads
         last_seq = 0
-        line_no = 1
+        line_no = 2
         while True:
-            try:
-                raw = f.readlines(_CHUNK_BYTES)
-            except UnicodeDecodeError:
-                n, reason = _unicode_error_line(path)
-                raise TraceFormatError(path, n, f"not UTF-8 text ({reason})") from None
+            raw = f.readlines(_CHUNK_BYTES)
             if not raw:
                 return
-            nums, lines = [], []
-            for line in raw:
-                line_no += 1
-                if line.strip():
-                    nums.append(line_no)
-                    lines.append(line if line.endswith("\n") else line + "\n")
-            if not lines:
-                continue
-            try:
-                events = loads("[" + ",".join(lines) + "]")
-                ok = len(events) == len(lines)
-            except json.JSONDecodeError:
-                ok = False
-            if ok:
-                for n, e in zip(nums, events):
-                    try:
-                        ok = valid[e["ev"]](e) and e["seq"] > last_seq
-                    except (KeyError, TypeError):   # not an object, no or unknown `ev`
-                        ok = False
-                    if ok:
-                        last_seq = e["seq"]
-                        yield n, e
-                        continue
-                    _validate_slow(path, n, e, last_seq, fields_of, role)  # raises, unless the fast check was too strict
-                    last_seq = e["seq"]
-                    yield n, e
+            events = _decode_fast(raw)
+            if events is not None and _validate_fast(events, valid, last_seq):
+                nums = [n for n, line in enumerate(raw, line_no) if not line.isspace()] if with_lines else None
             else:
-                for n, line in zip(nums, lines):
-                    e = _decode_slow(path, n, line)
-                    _validate_slow(path, n, e, last_seq, fields_of, role)
-                    last_seq = e["seq"]
-                    yield n, e
+                pairs = list(_chunk_slow(path, line_no, raw, last_seq, fields_of, role))
+                nums, events = [n for n, _ in pairs], [e for _, e in pairs]
+            line_no += len(raw)
+            if events:
+                last_seq = events[-1]["seq"]
+                yield nums, events
+
+
+def iter_chunks(path: str, *, header_out: dict | None = None):
+    """Yield lists of validated events, in file order (the checker's fast path: no per-event
+    generator step). Memory is one chunk, whatever the file size."""
+    for _, events in _chunks(path, header_out, False):
+        yield events
+
+
+def iter_events(path: str, *, header_out: dict | None = None):
+    """Yield (line_no, event) for every event of the file, validated against spec/events.toml.
+    Streams: memory is one chunk of lines, whatever the file size."""
+    for nums, events in _chunks(path, header_out, True):
+        yield from zip(nums, events)
