@@ -69,7 +69,40 @@ def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WIND
     header, events = _load(path)
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
-    U = TraceUniverse(header, events)
+    return _check(path, header, events, TraceUniverse(header, events), rules, t0, window=window,
+                  timeout_ms=timeout_ms, max_obligations=max_obligations, rlimit=rlimit)
+
+
+def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Result]:
+    """The cross rules (role "cross"): each decode trace among `paths` with the prefill traces among them
+    that name their DP rank (header dp_rank) as facts; nothing when there is no such pair. As
+    checker.decode_templates.check_cross."""
+    from .trace_io import read_header
+
+    headers = {}
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            headers[p] = read_header(p, f)
+    prefills = [p for p in paths if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
+    decodes = [p for p in paths if headers[p]["role"] == "decode"]
+    if not prefills or not decodes:
+        return []
+    remote = [_load(p) for p in prefills]
+    out = []
+    for d in decodes:
+        t0 = time.perf_counter()
+        dh, events = _load(d)
+        header = {**dh, "role": "cross", "prefill_traces": prefills}
+        U = TraceUniverse(header, events)
+        for h, evs in remote:
+            U.add_remote(h, evs)
+        mine = [r for r in (rules or load_rules()) if r.role == "cross" and r.applies(dh.get("mode"))]
+        out.append(_check(d, header, events, U, mine, t0, **kw))
+    return out
+
+
+def _check(path, header, events, U, rules, t0, *, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
+           max_obligations: int = MAX_OBLIGATIONS, rlimit: int = 0) -> Z3Result:
     res = Z3Result(path, header, len(events), "pass")
     todo, counts = [], {}
     for r in rules:
@@ -225,7 +258,7 @@ def main_check(paths, *, json_out: bool = False) -> int:
     """`pdo check --engine z3`: 0 all pass, 1 a violation, 3 undecided (UNKNOWN) without a violation."""
     import json
 
-    results = [check_file(p) for p in paths]
+    results = [check_file(p) for p in paths] + check_cross(list(paths))
     if json_out:
         print(json.dumps([json_report(r) for r in results], indent=1))
     else:

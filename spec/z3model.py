@@ -177,6 +177,13 @@ class Universe:
     def named(self, name) -> list[Ev]:
         return self._by_name.get(name, [])
 
+    # The prefill side of a cross check (TraceUniverse.add_remote): facts, not positions.
+    dp_ranks: frozenset = frozenset()
+    dp_complete = False
+
+    def remote(self, name) -> list[Ev]:
+        return getattr(self, "_remote", {}).get(name, [])
+
     def occ(self, name, b) -> list[Ev]:
         return self._by_nb.get((name, b), [])
 
@@ -238,6 +245,21 @@ class TraceUniverse(Universe):
 
     def tid(self, name):
         return name
+
+    def add_remote(self, header: dict, events) -> None:
+        """The admit and send events of the prefill trace of DP rank header["dp_rank"], as facts for the
+        cross rules (never in `events`: their seqs are another file's)."""
+        rank = header["dp_rank"]
+        self.dp_ranks = frozenset(self.dp_ranks | {rank})
+        self._dp_size = header.get("dp_size", getattr(self, "_dp_size", None))
+        self.dp_complete = self._dp_size is not None and self.dp_ranks >= set(range(self._dp_size))
+        if not hasattr(self, "_remote"):
+            self._remote = defaultdict(list)
+        for e in events:
+            if e["ev"] in ("admit", "kv_send", "prefix_send"):
+                f = {k: v for k, v in e.items() if k not in ("seq", "t_ns", "thread", "ev")}
+                f["dp_rank"] = rank
+                self._remote[e["ev"]].append(Ev(e["ev"], None, ("remote", rank, e["seq"]), None, e["thread"], True, f))
 
     def _seqs(self, evs):
         """Seqs of a seq-sorted list (every list the encodings pass is in trace order)."""
@@ -834,6 +856,103 @@ def enc_prefetch_top(rule, U):
         yield implies(conj(ex(y), eq(th(y), T)), disj(*alts)), [y, *prev]
 
 
+# prefetch_match: a resolve from a prefetched answer (source prefetched or prefix) uses the latest query
+# submitted under its qid, for its own address, not cancelled before it, asked for exactly its rooms
+# (prefetched) or for a proper prefix of them (prefix: unless it failed, the tail was asked by exactly one
+# sync query since the address's previous resolve). A sync resolve comes when no prefetched query of its
+# address is outstanding, after exactly one sync query for its rooms since that previous resolve.
+def _sync_window(U, x, resolves, syncs, want):
+    """Exactly one sync query_begin of x's address since its previous resolve, and it asks for `want`."""
+    others = [r for r in resolves if r is not x]
+    prev = U.last_before(x, others) if U.ordered else others
+    lo = prev[0].seq if U.ordered and prev else -1
+    cands = [q for q in syncs if lo < q.seq < x.seq] if U.ordered else syncs
+    inwin = [conj(ex(q), lt(q, x), *[neg(conj(ex(r), lt(q, r), lt(r, x))) for r in prev]) for q in cands]
+    one = conj(disj(*inwin), *[neg(conj(inwin[i], inwin[j])) for i in range(len(cands)) for j in range(i + 1, len(cands))])
+    asks = conj(*[implies(w, _rooms_of(q) == tuple(want)) for q, w in zip(cands, inwin)])
+    return conj(one, asks), [*cands, *prev]
+
+
+def enc_prefetch_match(rule, U):
+    subs, closers = _query_state(U)
+    by_qid = _by(U.named("prefetch_submit"), lambda e: e.f["qid"])
+    cancels = _by(U.named("prefetch_cancel"), lambda e: e.f["qid"])
+    resolves = _by(U.named("resolve"), lambda e: e.f["addr"])
+    syncs = _by([e for e in U.named("query_begin") if e.f.get("source") == "sync"], lambda e: e.f["addr"])
+    for x in U.named("resolve"):
+        addr, rooms, src, qid = x.f["addr"], _rooms_of(x), x.f.get("source"), x.f.get("qid")
+        if src in ("prefetched", "prefix"):
+            mine = by_qid.get(qid, []) if qid is not None else []
+            alts, refs = [], []
+            for y in (U.last_before(x, mine) if U.ordered else mine):
+                asked = _rooms_of(y)
+                fits = asked == rooms if src == "prefetched" else 0 < len(asked) < len(rooms) and rooms[:len(asked)] == asked
+                tail, trefs = True, []
+                if fits and src == "prefix" and x.f.get("error") is None:
+                    tail, trefs = _sync_window(U, x, resolves.get(addr, []), syncs.get(addr, []), rooms[len(asked):])
+                refs += [y, *trefs]
+                alts.append(conj(ex(y), lt(y, x), _latest(U, y, x, mine), y.f["addr"] == addr, fits, tail))
+            gone = cancels.get(qid, []) if qid is not None else []
+            yield implies(ex(x), conj(disj(*alts), neg(_before_any(U, x, gone)))), [x, *refs, *gone]
+        elif src == "sync":
+            out, refs = _outstanding(U, x, subs.get(addr, []), closers.get(addr, []))
+            one, trefs = _sync_window(U, x, resolves.get(addr, []), syncs.get(addr, []), rooms)
+            yield implies(ex(x), conj(neg(out), one)), [x, *refs, *trefs]
+        else:
+            yield neg(ex(x)), [x]
+
+
+# ---- the cross-process kinds: a decode trace against the prefill traces of its DP ranks ---------------
+# The prefill side enters as facts (`U.remote(name)`: its admit and send events, each with the
+# `dp_rank` of its trace); cross rules compare no positions across processes.
+
+# cross_rank: a receiver_init's rank is the one prefill rank whose trace admitted the request; a request
+# no prefill trace admitted is an error only when every DP rank's trace is there.
+def enc_cross_rank(rule, U):
+    served = defaultdict(set)
+    for a in U.remote("admit"):
+        for rid in a.f["rids"]:
+            served[rid].add(a.f["dp_rank"])
+    for x in U.named("receiver_init"):
+        ranks = served.get(x.f["rid"])
+        if not ranks:
+            if U.dp_complete:
+                yield neg(ex(x)), [x]
+            continue
+        yield implies(ex(x), conj(len(ranks) == 1, disj(*[eq(x.f["rank"], r) for r in ranks]))), [x]
+
+
+# cross_pages: at a req_done, the tokens and pages of its room's kv_recv events so far equal what the
+# prefill rank of the room's latest receiver_init sent for that request (kv_send and prefix_send);
+# skipped when that rank's trace is not there.
+def enc_cross_pages(rule, U):
+    sent = defaultdict(lambda: [0, 0])
+    for s in U.remote("kv_send") + U.remote("prefix_send"):
+        if "pages" in s.f:
+            t = sent[(s.f["dp_rank"], s.f["rid"])]
+            t[0] += s.f.get("tokens", 0)
+            t[1] += s.f["pages"]
+    inits = _by(U.named("receiver_init"), lambda e: e.f["room"])
+    kvs = _by(U.named("kv_recv"), lambda e: e.f["room"])
+    for x in U.named("req_done"):
+        room = x.f["room"]
+        lst, got = inits.get(room, []), kvs.get(room, [])
+        if U.ordered:
+            got = [k for k in got if k.seq < x.seq]
+        tok = z3.Sum([z3.If(as_z3(conj(ex(k), lt(k, x))), k.f["tokens"], 0) for k in got]) if got else z3.IntVal(0)
+        pag = z3.Sum([z3.If(as_z3(conj(ex(k), lt(k, x))), k.f["pages"], 0) for k in got]) if got else z3.IntVal(0)
+        for y in (U.last_before(x, lst) if U.ordered else lst):
+            rid, rank = y.f["rid"], y.f["rank"]
+            seen = disj(*[eq(rank, r) for r in sorted(U.dp_ranks)])
+            if seen is False:
+                continue
+            want = [(eq(rank, r), sent.get((r, rid), [0, 0])) for r in sorted(U.dp_ranks)]
+            same = conj(*[implies(c, conj(tok == t, pag == p)) for c, (t, p) in want])
+            yield implies(conj(ex(x), ex(y), lt(y, x), _latest(U, y, x, lst), seen), same), [x, y, *got]
+
+
+
+
 ENCODERS.update({"one_inflight": enc_one_inflight, "published_first": enc_published_first,
                  "unknown_rooms": enc_unknown_rooms, "no_stale": enc_no_stale, "release": enc_release,
                  "init_once": enc_init_once, "init_fifo": enc_init_fifo, "kv_recv": enc_kv_recv,
@@ -843,6 +962,11 @@ ENCODERS.update({"one_inflight": enc_one_inflight, "published_first": enc_publis
 def register_kind(kind: str, encoder) -> None:
     """For new template kinds (the decode rules): `encoder(rule, universe)` yields (formula, events)."""
     ENCODERS[kind] = encoder
+
+
+for _kind, _enc in (("prefetch_match", enc_prefetch_match), ("cross_rank", enc_cross_rank),
+                    ("cross_pages", enc_cross_pages)):
+    register_kind(_kind, _enc)
 
 
 def obligations(rule, U, counts: dict | None = None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pathlib
 import random
 import time
 
@@ -182,14 +183,14 @@ def _decode_fixtures():
 def test_checkers_agree_on_the_decode_fixtures(tmp_path):
     d = _decode_fixtures()
     ids, z = assert_agree_encoded(d.write(tmp_path / "base.jsonl", d.base()))
-    assert ids == [] and len(z.not_encoded) <= 1   # prefetch_match has no encoding yet
+    assert ids == [] and z.not_encoded == []   # every decode kind has an encoding
     for rid, edit in sorted(d.VIOLATIONS.items()):
         ids, z = assert_agree_encoded(d.write(tmp_path / f"{rid}.jsonl", edit(d.base())))
-        assert rid in ids or rid in z.not_encoded
+        assert rid in ids and rid in z.cores
 
 
 @settings(max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(MUTATIONS + ("rooms", "rank", "addr", "qid")))
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(MUTATIONS + ("rooms", "rank", "addr", "qid", "source")))
 def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
     d = _decode_fixtures()
     rnd = random.Random(seed)
@@ -198,11 +199,12 @@ def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
     lines = open(base).read().splitlines()
     header, events = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
     for _ in range(1 + rnd.randrange(2)):
-        if kind in ("rooms", "rank", "addr", "qid"):
+        if kind in ("rooms", "rank", "addr", "qid", "source"):
             having = [e for e in events if kind in e]
             e = rnd.choice(having)
-            e[kind] = {"rooms": [rnd.randrange(1, 4)], "rank": rnd.randrange(2), "addr": "127.0.0.1:1",
-                       "qid": rnd.randrange(3)}[kind]
+            e[kind] = {"rooms": rnd.choice([[rnd.randrange(1, 4)], [2, 3], [1, 3]]), "rank": rnd.randrange(2),
+                       "addr": "127.0.0.1:1", "qid": rnd.randrange(3),
+                       "source": rnd.choice(["sync", "prefetched", "prefix", "prefetch", "x"])}[kind]
         else:
             events = mutate(events, kind, rnd)
     assert_agree_encoded(abstract.write_trace(base.parent / "m.jsonl", header, events))
@@ -219,3 +221,93 @@ def test_engine_trace(mode, tmp_path):
     run.run_prefill(EngineConfig(mode=mode, device="cpu"), WorkloadConfig(requests=6), trace_path=path)
     ids, z = assert_agree(path)
     assert ids == [] and z.ok
+
+
+# ---- PD runs: decode and cross rules on real traces ------------------------------------------------
+
+def assert_agree_all(paths):
+    """Every trace, and the cross check of the decode trace with its prefill ranks: same verdicts and
+    rule ids from both checkers, every rule encoded."""
+    from checker.linear import check_files
+
+    lin = check_files(paths)
+    z = [z3check.check_file(p) for p in paths] + z3check.check_cross(paths)
+    assert [(r.path, r.header["role"]) for r in lin] == [(r.path, r.header["role"]) for r in z]
+    out = {}
+    for l, r in zip(lin, z):
+        assert r.status != "unknown" and r.not_encoded == [], (r.uncovered, r.not_encoded)
+        ids = sorted({v.rule.id for v in l.violations})
+        assert (l.ok, ids) == (r.ok, r.violated), f"{r.header['role']} {r.path}: linear {ids}, z3 {r.violated}"
+        out.setdefault(r.header["role"], set()).update(ids)
+    return out
+
+
+def _read(path):
+    lines = open(path).read().splitlines()
+    return json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+
+
+@pytest.fixture(scope="module")
+def pd_traces(tmp_path_factory):
+    from engine.config import EngineConfig
+    from engine.decode.config import DecodeConfig
+    from engine.pd import run_pd
+    from engine.workload import WorkloadConfig
+
+    d = tmp_path_factory.mktemp("pd")
+    s = run_pd(EngineConfig(mode="ahead", device="cpu"),
+               WorkloadConfig(requests=10, prompt_len=(20, 80), arrival="poisson", rate=300, max_new_tokens=3, seed=3),
+               DecodeConfig(loop="overlap", prefetch=True), dp=2, bootstrap_latency_ms=5.0,
+               trace_path=str(d / "t.jsonl"))
+    return s["traces"]
+
+
+def test_pd_traces_pass_both_checkers(pd_traces, capsys):
+    assert assert_agree_all(pd_traces) == {"decode": set(), "prefill": set(), "cross": set()}
+    assert pdo(["check", "--engine", "z3", *pd_traces]) == 0
+    out = capsys.readouterr().out
+    assert "(cross, mode=" in out and "X-kv-pages" in out and "not checked" not in out
+
+
+def _mutated(pd_traces, tmp_path, which, edit):
+    paths = []
+    for p in pd_traces:
+        header, events = _read(p)
+        if which(header):
+            edit(events)
+        paths.append(abstract.write_trace(tmp_path / pathlib.Path(p).name, header, events))
+    return paths
+
+
+def _is_decode(h):
+    return h["role"] == "decode"
+
+
+def _sync_as_prefetched(events):
+    e = next(e for e in events if e["ev"] == "resolve" and e["source"] == "sync")
+    e["source"] = "prefetched"      # a prefetched answer from a query never submitted
+
+
+@pytest.mark.parametrize("rule_id", ["D-prefetch-match", "X-rank-served", "X-kv-pages"])
+def test_pd_mutant_fails_on_both_checkers(pd_traces, tmp_path, rule_id):
+    if rule_id == "D-prefetch-match":
+        paths = _mutated(pd_traces, tmp_path, _is_decode, _sync_as_prefetched)
+        role = "decode"
+    else:
+        _, dec = _read(next(p for p in pd_traces if _read(p)[0]["role"] == "decode"))
+        init = next(e for e in dec if e["ev"] == "receiver_init")
+        other = lambda h: h["role"] == "prefill" and h.get("dp_rank") == 1 - init["rank"]   # noqa: E731
+        mine = lambda h: h["role"] == "prefill" and h.get("dp_rank") == init["rank"]       # noqa: E731
+
+        def admit_too(events):
+            next(e for e in events if e["ev"] == "admit")["rids"].append(init["rid"])
+
+        def send_more(events):
+            e = next(e for e in events if e["ev"] == "kv_send" and e["rid"] == init["rid"])
+            e["tokens"], e["pages"] = e["tokens"] + 16, e["pages"] + 1
+
+        paths = _mutated(pd_traces, tmp_path, other if rule_id == "X-rank-served" else mine,
+                         admit_too if rule_id == "X-rank-served" else send_more)
+        role = "cross"
+    got = assert_agree_all(paths)
+    assert got[role] == {rule_id}, got
