@@ -315,7 +315,7 @@ class Lifecycle(Template):
             inc, dec = rule["counter"]
             self.inc, self.dec, self.sent = inc, dec, rule["sent"]
             self.processed = rule["processed"][0]
-            self.events = (self.acq, self.rel, "admit", self.sent, inc, dec, self.processed)
+            self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
             self.count = defaultdict(int)   # Req object -> middle chunks in flight
             self.sends = defaultdict(int)   # rid -> KV sends so far
             self.rid_batches = defaultdict(list)
@@ -327,21 +327,30 @@ class Lifecycle(Template):
             self._pairing_chunk(evs)
             return
         inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
-        count, sends = self.count, self.sends
+        count, sends, rid_batches, done, released = self.count, self.sends, self.rid_batches, self.done, self.released
         for e in evs:
             ev = e["ev"]
             if ev == sent:
                 sends[e["rid"]] += 1
+            elif ev == rel:
+                self.checks += 1
+                rid, seq = e["rid"], e["seq"]
+                released[rid] = seq
+                for b in rid_batches.get(rid, ()):
+                    if b not in done:
+                        self.fail(f"{rid} released while batch {b} holding it was not yet processed", self.admit_seq[b], seq)
+                if count.get(e["obj"], 0) > 0:
+                    self.fail(f"{rid} released with {count[e['obj']]} middle chunk(s) in flight", seq)
+                if not sends.get(rid):
+                    self.fail(f"{rid} released before any of its KV was sent", seq)
+            elif ev == "admit":
+                self._admit(e)
+            elif ev == processed:
+                done.add(e["batch"])
             elif ev == inc:
                 count[e["obj"]] += 1
             elif ev == dec:
                 count[e["obj"]] -= 1
-            elif ev == rel:
-                self._release(e)
-            elif ev == "admit":
-                self._admit(e)
-            elif ev == processed:
-                self.done.add(e["batch"])
 
     def _admit(self, e):
         b = e["batch"]
@@ -350,18 +359,6 @@ class Lifecycle(Template):
             self.rid_batches[rid].append(b)
             if rid in self.released:
                 self.fail(f"{rid} admitted in batch {b} after it was released", self.released[rid], e["seq"])
-
-    def _release(self, e):
-        self.checks += 1
-        rid, seq = e["rid"], e["seq"]
-        self.released[rid] = seq
-        for b in self.rid_batches.get(rid, ()):
-            if b not in self.done:
-                self.fail(f"{rid} released while batch {b} holding it was not yet processed", self.admit_seq[b], seq)
-        if self.count.get(e["obj"], 0) > 0:
-            self.fail(f"{rid} released with {self.count[e['obj']]} middle chunk(s) in flight", seq)
-        if self.sends[rid] == 0:
-            self.fail(f"{rid} released before any of its KV was sent", seq)
 
     def _pairing_chunk(self, evs):
         acq, live, slots = self.acq, self.live, self.slots
@@ -497,9 +494,10 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
             ev = e["ev"]
             r = route.get(ev)
             if r is None:
-                r = route[ev] = (tuple(wants.get(ev, ())) + tuple(star), idx[ev] if ev in batched else None)
-            for feed in r[0]:
-                feed.append(e)
+                r = route[ev] = (tuple(feed.append for feed in (*wants.get(ev, ()), *star)),
+                                 idx[ev] if ev in batched else None)
+            for append in r[0]:
+                append(e)
             table = r[1]
             if table is not None:
                 b = e["batch"]
