@@ -44,6 +44,10 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     attention_backend: str = "auto"  # auto | torch | triton
+    # The model's forward with the torch backend: "script" (each layer one TorchScript call, run with
+    # the GIL released), "eager" (op by op in Python), "auto" (PDO_FORWARD, else script). The Triton
+    # backend is always eager. See engine/model.py.
+    forward: str = "auto"
     seed: int = 0
     # Scheduler-side cost per admitted request, in microseconds of real host work (a stand-in for
     # SGLang's admission cost: tokenizer bookkeeping, radix matching on a big tree, grammar setup).
@@ -64,6 +68,8 @@ class EngineConfig:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.model not in MODEL_PRESETS:
             raise ValueError(f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        if self.forward not in ("auto", "script", "eager"):
+            raise ValueError(f"unknown forward {self.forward!r}; choose auto, script or eager")
         if self.page_size < 1 or self.chunk_size < self.page_size:
             raise ValueError("page_size must be >= 1 and chunk_size >= page_size")
         # Non-final chunks end on a page boundary so that every KV send covers whole pages except the

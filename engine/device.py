@@ -12,12 +12,21 @@ completion, cross-stream dependencies, and the write-after-read hazard when a ba
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
 import torch
 
 from . import sync
+
+# Intra-op threads of each CPU stream thread (torch.set_num_threads is per thread with OpenMP). The
+# emulated device's ops are tiny (<= 256 rows; attention per request), and with 2 OpenMP threads
+# every parallel region waits for a second core that is busy with the scheduler, the worker or other
+# streams — on 2 shared cores a 256x64x128 matmul took 0.2 ms with 1 thread and 16 ms with 2. One
+# thread per stream, as engine/reference.py and `pdo launch` roles already do. PDO_DEVICE_THREADS=N
+# overrides (0: leave torch's default).
+DEVICE_THREADS = int(os.environ.get("PDO_DEVICE_THREADS", "1") or 0)
 
 
 class CpuEvent:
@@ -56,6 +65,8 @@ class CpuStream:
         self._thread = sync.start_thread(self._run, f"stream:{name}")
 
     def _run(self):
+        if DEVICE_THREADS > 0:
+            torch.set_num_threads(DEVICE_THREADS)
         while True:
             item = sync.q_get(self._q, "stream.idle")
             if item is None:

@@ -3,7 +3,8 @@
 
 One request at a time, no batching, no chunking, no prefix cache, no overlap: the whole prompt in
 one extend forward, then one decode step per further token. Greedy means argmax of the logits plus
-the request's logit bias, the rule both prefill and decode sample with.
+the request's logit bias, the rule both prefill and decode sample with. The model runs its eager
+forward (op by op), the engines their default (scripted, engine/model.py).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _generate(model, backend, mc, r, dtype, dev) -> list[int]:
                       max_extend_len=L, out_cache_loc=table[0, :L], host_slots=[0], host_prefix=[0], host_extend=[L])
     logits = model.forward(torch.tensor(r.prompt, dtype=torch.int32, device=dev),
                            torch.arange(L, dtype=torch.int32, device=dev), table[0, :L], pool, backend, meta,
-                           torch.tensor([L - 1], device=dev))
+                           torch.tensor([L - 1], device=dev), impl="eager")
     tokens = [int(torch.argmax(logits[0] + bias))]
     for pos in range(L, L + r.max_new_tokens - 1):
         loc = table[0, pos:pos + 1]
@@ -65,6 +66,6 @@ def _generate(model, backend, mc, r, dtype, dev) -> list[int]:
                           out_cache_loc=loc, host_slots=[0], host_seq_lens=[pos + 1])
         logits = model.forward(torch.tensor([tokens[-1]], dtype=torch.int64, device=dev),
                                torch.tensor([pos], dtype=torch.int32, device=dev), loc, pool, backend, meta,
-                               torch.zeros(1, dtype=torch.int64, device=dev), decode=True)
+                               torch.zeros(1, dtype=torch.int64, device=dev), decode=True, impl="eager")
         tokens.append(int(torch.argmax(logits[0] + bias)))
     return tokens

@@ -1,5 +1,7 @@
 """The reference the engine is judged against: the whole prompt in one forward, no chunking, no
-prefix cache, contiguous KV. Returns (first token, K, V), K and V as [layers, tokens, kv_heads, head_dim]."""
+prefix cache, contiguous KV, the model's eager forward (op by op; the engine's default is the scripted
+one, so the comparison also checks one against the other). Returns (first token, K, V), K and V as
+[layers, tokens, kv_heads, head_dim]."""
 from __future__ import annotations
 
 import torch
@@ -30,7 +32,7 @@ def reference_prefill(cfg: EngineConfig, prompt: list[int], logit_bias=None):
     meta = ExtendMeta(slots.table, torch.tensor([0]), torch.tensor([0]), torch.tensor([n]), torch.tensor([0]), n, loc,
                       host_slots=[0], host_prefix=[0], host_extend=[n])
     logits = model.forward(torch.tensor(prompt, dtype=torch.int32), torch.arange(n, dtype=torch.int32), loc, pool,
-                           TorchAttention(), meta, torch.tensor([n - 1]))
+                           TorchAttention(), meta, torch.tensor([n - 1]), impl="eager")
     bias = torch.zeros(mc.vocab_size)
     for tok, b in (logit_bias or {}).items():
         bias[tok] = b

@@ -48,7 +48,8 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
         "batches": sched.stats["batches"], "input_tokens": sum(len(r.prompt) for r in reqs),
         "uncached_tokens": sched.stats["uncached_tokens"], "cached_tokens": sched.stats["cached_tokens"],
         "wall_s": wall, "uncached_tok_per_s": sched.stats["uncached_tokens"] / wall if wall else 0.0,
-        "attention_backend": sched.backend.name, "device": str(sched.device), "leaks": leaks,
+        "attention_backend": sched.backend.name, "forward": sched.model.impl_for(sched.backend),
+        "device": str(sched.device), "leaks": leaks,
         "events": len(tracer.events) if tracer.enabled else 0, "error": repr(error) if error else None,
     }
     if trace_path:

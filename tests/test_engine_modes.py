@@ -119,3 +119,58 @@ def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
                           workload=WorkloadConfig(requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0))
     assert summary["_error"] is None, summary["_error"]
     assert summary["finished"] == 3 and not any(summary["leaks"].values())
+
+
+def test_scripted_and_eager_forward_agree(monkeypatch):
+    """The default forward (one TorchScript call per layer) and the eager fallback compute the same
+    tokens and KV; the run summary says which one ran; PDO_FORWARD picks the default."""
+    outs = {}
+    for impl in ("script", "eager"):
+        summary, _ = run_mode("ahead", forward=impl)
+        assert summary["_error"] is None and summary["forward"] == impl
+        sched = summary["_scheduler"]
+        outs[impl] = {r.rid: (r.output_token, *sched.receiver.kv(r.bootstrap_room)) for r in summary["_requests"]}
+    for rid, (tok, k, v) in outs["script"].items():
+        etok, ek, ev = outs["eager"][rid]
+        assert tok == etok, rid
+        torch.testing.assert_close(k, ek, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(v, ev, atol=2e-4, rtol=1e-4)
+    monkeypatch.setenv("PDO_FORWARD", "eager")
+    assert run_mode("normal")[0]["forward"] == "eager"
+    monkeypatch.setenv("PDO_FORWARD", "script")
+    assert run_mode("normal")[0]["forward"] == "script"
+    with pytest.raises(ValueError):
+        EngineConfig(forward="jit")
+
+
+def test_scripted_decode_matches_eager():
+    """Decode through the scripted layer (one query per request, keys read back from the pool)."""
+    from engine.attention import DecodeMeta, ExtendMeta, TorchAttention
+    from engine.memory import KVPool, ReqToTokenPool
+    from engine.model import TinyLlama
+
+    mc = EngineConfig().model_config
+    model = TinyLlama(mc, seed=0)
+    lens = [5, 17, 40]
+    outs = {}
+    for impl in ("eager", "script"):
+        pool = KVPool(16, 16, mc.layers, mc.kv_heads, mc.head_dim, torch.float32, "cpu")
+        table = ReqToTokenPool(3, mc.max_context, "cpu")
+        nxt = 16
+        for i, n in enumerate(lens):
+            table.table[i, :n + 1] = torch.arange(nxt, nxt + n + 1)
+            nxt += n + 1
+        g = torch.Generator().manual_seed(0)
+        ids = [torch.randint(0, mc.vocab_size, (n + 1,), generator=g, dtype=torch.int32) for n in lens]
+        loc = torch.cat([table.table[i, :n] for i, n in enumerate(lens)])
+        meta = ExtendMeta(table.table, None, None, None, None, max(lens), loc, host_slots=[0, 1, 2],
+                          host_prefix=[0, 0, 0], host_extend=lens)
+        model.forward(torch.cat([x[:-1] for x in ids]), torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]),
+                      loc, pool, TorchAttention(), meta, torch.tensor([sum(lens) - 1]), impl=impl)
+        loc = torch.stack([table.table[i, n] for i, n in enumerate(lens)])
+        meta = DecodeMeta(table.table, None, None, loc, host_slots=[0, 1, 2], host_seq_lens=[n + 1 for n in lens])
+        logits = model.forward(torch.stack([x[-1] for x in ids]), torch.tensor(lens, dtype=torch.int32), loc, pool,
+                               TorchAttention(), meta, torch.arange(3), decode=True, impl=impl)
+        outs[impl] = (logits, pool.k.clone())
+    torch.testing.assert_close(outs["script"][0], outs["eager"][0], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(outs["script"][1], outs["eager"][1], atol=2e-4, rtol=1e-4)

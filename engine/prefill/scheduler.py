@@ -48,7 +48,8 @@ class PrefillScheduler:
         mc = cfg.model_config
         self.mc = mc
         dtype = getattr(torch, cfg.dtype)
-        self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device)
+        self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device,
+                                        forward_impl=None if cfg.forward == "auto" else cfg.forward)
         self.backend = make_backend(cfg.attention_backend, self.device)
         self.pool = KVPool(cfg.num_pages, cfg.page_size, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
         self.req_to_token = ReqToTokenPool(cfg.max_slots, mc.max_context, self.device)
