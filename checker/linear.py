@@ -29,8 +29,7 @@ class Ctx:
     header: dict
     page_size: int
     idx: dict = field(default_factory=lambda: defaultdict(dict))   # ev -> batch -> (seq, thread)
-    admits: dict = field(default_factory=dict)                     # batch -> set(rids)
-    rid_batches: dict = field(default_factory=lambda: defaultdict(list))  # rid -> [batch]
+    admits: dict = field(default_factory=dict)                     # batch -> rids of its (first) admit
 
 
 class Template:
@@ -486,7 +485,7 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
     batched = {ev for ev, spec in load_events().get(role, {}).items()
                if spec.get("fields", {}).get("batch") == "int" and ev != "prefix_send"}
     route: dict[str, tuple] = {}   # ev -> (feeds, index table or None)
-    idx, admits, rid_batches = ctx.idx, ctx.admits, ctx.rid_batches
+    idx, admits = ctx.idx, ctx.admits
     n = 0
     for chunk in itertools.chain((first,), chunks):
         n += len(chunk)
@@ -504,9 +503,7 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
                 if b not in table:
                     table[b] = (e["seq"], e["thread"])
                     if ev == "admit":
-                        admits[b] = set(e["rids"])
-                        for rid in e["rids"]:
-                            rid_batches[rid].append(b)
+                        admits[b] = e["rids"]
         for t, feed in feeds:
             if feed:
                 t.on_chunk(feed)
