@@ -27,7 +27,7 @@ class Tracer:
         self.events: list[dict] = []
         self._lock = threading.Lock()
         self._seq = 0
-        self._objs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._by_id: dict[int, tuple] = {}   # id(obj) -> (weakref to obj, name)
         self._obj_count = 0
 
     def emit(self, ev: str, **fields) -> None:
@@ -46,12 +46,25 @@ class Tracer:
 
     def obj(self, x) -> str:
         """Identity of a Python object for the trace: stable within a run (o1, o2, ... in order of first
-        sight), so a copy of a request shows up as a new identity and reruns compare byte for byte."""
+        sight), so a copy of a request shows up as a new identity and reruns compare byte for byte.
+        Looked up by id() without the lock (a dict read is atomic); the entry's weak reference proves
+        the id still names the same object (ids are reused after an object dies)."""
+        e = self._by_id.get(id(x))
+        if e is not None and e[0]() is x:
+            return e[1]
         with self._lock:
-            name = self._objs.get(x)
-            if name is None:
-                self._obj_count += 1
-                name = self._objs[x] = f"o{self._obj_count}"
+            e = self._by_id.get(id(x))
+            if e is not None and e[0]() is x:
+                return e[1]
+            self._obj_count += 1
+            name = f"o{self._obj_count}"
+            key, by_id = id(x), self._by_id
+
+            def forget(ref, key=key):  # drop the entry when the object dies, unless the id was reused
+                if by_id.get(key, (None,))[0] is ref:
+                    by_id.pop(key, None)
+
+            self._by_id[key] = (weakref.ref(x, forget), name)
             return name
 
     def of(self, ev: str) -> list[dict]:

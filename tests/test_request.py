@@ -64,3 +64,41 @@ def test_mutants_change_these_semantics():
         assert snapshot_for_forward(live) is live
     finally:
         inject.set_active(())
+
+
+def test_digest_sees_every_input_in_place_and_every_identity():
+    """The digest hashes the tensors' memory in place (no copies): an in-place write to any input
+    changes it, and so does a copy of a request (a different object identity)."""
+    import copy
+
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    b = _batch()
+    base = b.digest(name=tr.obj)
+    assert b.digest(name=tr.obj) == base and len(base) == 16
+    for t in (b.input_ids, b.positions, b.out_cache_loc, b.sampling_info.logit_bias):
+        t.view(-1)[-1] += 1
+        assert b.digest(name=tr.obj) != base
+        t.view(-1)[-1] -= 1
+        assert b.digest(name=tr.obj) == base
+    b.reqs[1] = copy.copy(b.reqs[1])
+    assert b.digest(name=tr.obj) != base
+    # a non-contiguous input is hashed by value
+    nc = _batch()
+    nc.input_ids = torch.arange(6 * 3)[::2]
+    assert nc.digest(name=tr.obj) == nc.digest(name=tr.obj)
+
+
+def test_tracer_object_ids_survive_id_reuse():
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    a = Req(rid="a", prompt=[1], bootstrap_room=0)
+    b = Req(rid="b", prompt=[1], bootstrap_room=1)
+    assert tr.obj(a) == "o1" and tr.obj(b) == "o2" and tr.obj(a) == "o1"
+    del a
+    names = {tr.obj(Req(rid=f"x{i}", prompt=[1], bootstrap_room=i)) for i in range(50)}  # ids get reused
+    assert len(names) == 50 and "o1" not in names and "o2" not in names
+    assert tr.obj(b) == "o2"
+    assert len(tr._by_id) <= 3  # entries of dead objects are dropped
