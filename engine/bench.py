@@ -503,10 +503,33 @@ def accounted_run(cfg, wc) -> dict:
             "timer_self_ns": {"cpu": self_cpu, "elapsed": self_elapsed}}
 
 
+def _geo_ci95(ratios) -> tuple[float, float, float]:
+    """Geometric mean of ratios with a 95% t-interval (on the logs): (mean, lo, hi)."""
+    import math
+
+    logs = [math.log(r) for r in ratios if r > 0]
+    n = len(logs)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    m = statistics.fmean(logs)
+    if n < 2:
+        return math.exp(m), math.exp(m), math.exp(m)
+    # two-sided 97.5% quantile of Student's t (n-1 degrees of freedom); 1.96 beyond the table
+    t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+         15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04, 40: 2.02, 60: 2.00, 120: 1.98}
+    df = n - 1
+    q = next((v for k, v in sorted(t.items()) if k >= df), 1.96)
+    half = q * statistics.stdev(logs) / math.sqrt(n)
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
 def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 200, engine: dict | None = None,
-                         workload: dict | None = None, progress: Progress | None = None) -> dict:
+                         workload: dict | None = None, progress: Progress | None = None,
+                         target_pct: float = 3.0) -> dict:
     """Interleaved runs with tracing on (Tracer, in memory, as `pdo run --trace` before the write)
-    and off (NullTracer): wall-time ratio per pair, and the per-event cost."""
+    and off (NullTracer), in ABBA order (off on, on off, off on, ...: drift of the machine hits both
+    sides alike): wall-time ratio per pair, its median (bootstrap CI) and geometric mean (t-interval),
+    a verdict against the target, and the per-event cost."""
     from .config import EngineConfig
     from .run import run_prefill
     from .trace import NullTracer, Tracer
@@ -517,7 +540,7 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     progress = progress or Progress(False)
     cfg = EngineConfig(mode=mode, **engine)
     wc = WorkloadConfig(requests=requests, **workload)
-    run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload))  # warm-up
+    forward = run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload))["forward"]  # warm-up
     pairs = []
     for rep in range(reps):
         row = {}
@@ -533,35 +556,52 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
         progress.line(f"[{rep + 1}/{reps}] tracing on/off wall ratio {row['ratio']:.3f}")
     progress.done()
     ratios = [p["ratio"] for p in pairs]
+    geo, geo_lo, geo_hi = _geo_ci95(ratios)
+    target = 1 + target_pct / 100
+    verdict = ("met" if geo_hi <= target else "not met" if geo_lo > target else "not resolved")
     events = _median([p["on"]["events"] for p in pairs])
     d_wall = _median([p["on"]["wall_s"] - p["off"]["wall_s"] for p in pairs])
     micro = emit_cost_ns()
     acc = [accounted_run(cfg, wc) for _ in range(3)]
+    cpu_ratios = [p["on"]["cpu_s"] / p["off"]["cpu_s"] for p in pairs]
+    cgeo, clo, chi = _geo_ci95(cpu_ratios)
     return {
         "benchmark": "trace-overhead", "date": _now(), "machine": machine(), "mode": mode, "reps": reps,
-        "requests": requests, "engine": engine, "workload": workload, "pairs": pairs,
+        "requests": requests, "engine": engine, "workload": workload, "forward": forward, "pairs": pairs,
         "wall_ratio_median": _median(ratios), "wall_ratio_ci95": list(_ci95(ratios)),
+        "wall_ratio_geomean": geo, "wall_ratio_geomean_ci95": [geo_lo, geo_hi], "verdict": verdict,
         "wall_ratio_min": min(ratios), "wall_ratio_max": max(ratios),
-        "overhead_pct": (_median(ratios) - 1) * 100, "events_per_run": events,
+        "overhead_pct": (geo - 1) * 100, "events_per_run": events,
         "events_per_s_of_run": events / _median([p["on"]["wall_s"] for p in pairs]),
         "in_run_ns_per_event": d_wall * 1e9 / events if events else float("nan"),
-        "emit_ns": micro["emit_ns"], "write_ns": micro["write_ns"], "target_pct": 3.0,
+        "emit_ns": micro["emit_ns"], "write_ns": micro["write_ns"], "target_pct": target_pct,
         "accounted": acc, "accounted_pct": _median([a["share_of_wall"] for a in acc]) * 100,
         "accounted_elapsed_pct": _median([a["elapsed_share_of_wall"] for a in acc]) * 100,
         "accounted_ns_per_event": _median([a["ns_per_event"] for a in acc]),
-        "cpu_ratio_median": _median([p["on"]["cpu_s"] / p["off"]["cpu_s"] for p in pairs]),
+        "accounted_ns_by_kind": {k: _median([a["ns"][k] / max(1, a["calls"][k]) for a in acc]) for k in acc[0]["ns"]},
+        "accounted_calls": {k: _median([a["calls"][k] for a in acc]) for k in acc[0]["calls"]},
+        "cpu_ratio_median": _median(cpu_ratios), "cpu_ratio_geomean": cgeo, "cpu_ratio_geomean_ci95": [clo, chi],
     }
 
 
 def format_trace_overhead(r: dict) -> str:
+    kinds = r.get("accounted_ns_by_kind", {})
+    calls = r.get("accounted_calls", {})
+    per_kind = ", ".join(f"{k} {kinds[k] / 1e3:.1f} µs x {calls.get(k, 0):.0f}" for k in kinds)
     return "\n".join([
-        f"tracing overhead, mode={r['mode']}, {r['reps']} interleaved on/off pairs of {r['requests']} requests:",
+        f"tracing overhead, mode={r['mode']}, forward={r.get('forward', '?')}, {r['reps']} interleaved on/off pairs "
+        f"(ABBA) of {r['requests']} requests:",
+        f"  wall time on/off: geometric mean {r['wall_ratio_geomean']:.4f} (95% CI {r['wall_ratio_geomean_ci95'][0]:.3f}.."
+        f"{r['wall_ratio_geomean_ci95'][1]:.3f}) -> overhead {r['overhead_pct']:+.2f}%; target <= {r['target_pct']:.0f}%: "
+        f"{r['verdict'].upper()}",
         f"  wall time on/off: median {r['wall_ratio_median']:.4f} (95% CI {r['wall_ratio_ci95'][0]:.3f}.."
-        f"{r['wall_ratio_ci95'][1]:.3f}) -> overhead {r['overhead_pct']:+.2f}% (target <= {r['target_pct']:.0f}%)",
-        f"  process CPU time on/off: median {r['cpu_ratio_median']:.4f}",
+        f"{r['wall_ratio_ci95'][1]:.3f}), range {r['wall_ratio_min']:.3f}..{r['wall_ratio_max']:.3f}",
+        f"  process CPU time on/off: geometric mean {r['cpu_ratio_geomean']:.4f} (95% CI "
+        f"{r['cpu_ratio_geomean_ci95'][0]:.3f}..{r['cpu_ratio_geomean_ci95'][1]:.3f})",
         f"  tracing work inside traced runs (emit, obj ids, digests; all threads, thread CPU time): "
         f"{r['accounted_pct']:.2f}% of wall time, {r['accounted_ns_per_event']:.0f} ns per event "
-        f"(elapsed inside, incl. waits for the GIL: {r['accounted_elapsed_pct']:.2f}%)",
+        f"(elapsed inside, incl. waits for the GIL: {r['accounted_elapsed_pct']:.2f}%)"
+        + (f"; per call: {per_kind}" if per_kind else ""),
         f"  events per run {r['events_per_run']:.0f} ({r['events_per_s_of_run']:,.0f} events/s of run time)",
         f"  per event: Tracer.emit {r['emit_ns']:.0f} ns (single thread, tight loop); "
         f"write to file {r['write_ns']:.0f} ns; in-run wall difference / events {r['in_run_ns_per_event']:.0f} ns",
@@ -815,8 +855,8 @@ def cmd_prefill(a) -> int:
 def cmd_trace_overhead(a) -> int:
     engine, workload = _engine_workload(a, 0.0)
     _switch(a)
-    reps = a.reps or (3 if a.quick else 11)
-    requests = a.requests or (120 if a.quick else 300)
+    reps = a.reps or (6 if a.quick else 40)
+    requests = a.requests or (120 if a.quick else 200)
     res = bench_trace_overhead(mode=a.mode, reps=reps, requests=requests, engine=engine, workload=workload,
                                progress=_progress(a))
     if a.json != "-":
@@ -859,8 +899,8 @@ def register(sub) -> None:
     t = bsub.add_parser("trace-overhead", help="engine wall time with tracing on vs off; ns per event")
     t.add_argument("--quick", action="store_true")
     t.add_argument("--mode", choices=list(MODES), default="ahead")
-    t.add_argument("--reps", type=int, default=None, help="on/off pairs (default 11; quick 3)")
-    t.add_argument("--requests", type=int, default=None, help="requests per run (default 300; quick 120)")
+    t.add_argument("--reps", type=int, default=None, help="on/off pairs (default 40; quick 6)")
+    t.add_argument("--requests", type=int, default=None, help="requests per run (default 200; quick 120)")
     _add_engine_knobs(t)
     t.add_argument("--json", metavar="FILE")
     t.add_argument("--progress", action="store_true")
