@@ -20,10 +20,11 @@ from engine import sync
 
 # ---- the controller ----------------------------------------------------------------------------
 class _T:
-    __slots__ = ("name", "parked", "pred", "label", "ready")
+    __slots__ = ("name", "parked", "pred", "label", "ready", "wake")
 
     def __init__(self, name):
         self.name, self.parked, self.pred, self.label, self.ready = name, False, None, "start", False
+        self.wake = 0.0  # virtual time a sleeping thread wakes up at
 
 
 class StepLimit(RuntimeError):
@@ -44,6 +45,7 @@ class Controller:
         self.error: BaseException | None = None
         self.aborted = False
         self._local = threading.local()
+        self._exited: set[str] = set()
 
     # installation -----------------------------------------------------------------------------
     def install(self, name: str = "scheduler") -> "Controller":
@@ -64,15 +66,33 @@ class Controller:
         return getattr(self._local, "name", None) in self.threads
 
     # threads ----------------------------------------------------------------------------------
-    def spawn(self, target, name: str) -> threading.Thread:
-        base, k = name, 1
-        while name in self.threads:
+    def group_of_current(self) -> str | None:
+        return getattr(self._local, "group", None)
+
+    def set_group(self, group: str | None) -> None:
+        self._local.group = group
+
+    def exited(self, name: str) -> bool:
+        return name in self._exited
+
+    def alone_pred(self):
+        """A predicate: only the calling thread is left."""
+        me = self._local.name
+        return lambda: set(self.threads) == {me}
+
+    def spawn(self, target, name: str, *, group: str | None = None) -> threading.Thread:
+        group = group if group is not None else self.group_of_current()
+        base = name
+        name = f"{group}/{base}" if group else base
+        first, k = name, 1
+        while name in self.threads or name in self._exited:
             k += 1
-            name = f"{base}#{k}"
+            name = f"{first}#{k}"
         st = self.threads[name] = _T(name)
 
         def run():
             self._local.name = name
+            self._local.group = group
             with self.cv:
                 st.ready = st.parked = True
                 self.cv.notify_all()
@@ -85,6 +105,7 @@ class Controller:
                 self._exit(name)
 
         t = threading.Thread(target=run, name=base, daemon=True)
+        t.pdo_key = name
         t.start()
         with self.cv:  # handshake: the new thread is parked before its parent goes on
             while not st.ready:
@@ -94,6 +115,7 @@ class Controller:
     def _exit(self, name: str) -> None:
         with self.cv:
             self.threads.pop(name, None)
+            self._exited.add(name)
             if self.running == name and not self.aborted:
                 self._schedule()
 
@@ -104,13 +126,20 @@ class Controller:
     def block_until(self, pred, label: str) -> None:
         self._park(pred, label)
 
-    def _park(self, pred, label: str) -> None:
+    def sleep(self, seconds: float) -> None:
+        if self.aborted:  # running free: time still passes, so timeouts still fire
+            self.clock += seconds
+            time.sleep(0)
+            return
+        self._park(None, "sleep", wake=self.clock + seconds)
+
+    def _park(self, pred, label: str, wake: float = 0.0) -> None:
         name = getattr(self._local, "name", None)
         if name is None or name not in self.threads or self.aborted:
             return
         with self.cv:
             st = self.threads[name]
-            st.parked, st.pred, st.label = True, pred, label
+            st.parked, st.pred, st.label, st.wake = True, pred, label, wake
             self._schedule()
             while self.running != name and not self.aborted:
                 self.cv.wait()
@@ -119,10 +148,16 @@ class Controller:
     def _schedule(self) -> None:
         enabled = sorted(n for n, t in self.threads.items() if t.parked and (t.pred is None or t.pred()))
         # A sleeping thread lets every other enabled thread go first (a poll loop must not starve
-        # the threads it waits for, whatever the strategy's priorities say).
+        # the threads it waits for, whatever the strategy's priorities say), and sleepers wake in
+        # virtual-time order (two poll loops must not starve each other either).
         awake = [n for n in enabled if self.threads[n].label != "sleep"]
         if awake:
             enabled = awake
+        elif enabled:
+            # Only sleepers: virtual time jumps to the earliest wake-up; the strategy picks among ties.
+            first = min(self.threads[n].wake for n in enabled)
+            enabled = [n for n in enabled if self.threads[n].wake == first]
+            self.clock = max(self.clock, first)
         if not enabled:
             blocked = ", ".join(f"{n} at {t.label}" for n, t in sorted(self.threads.items()))
             self._abort(sync.Deadlock(f"deadlock: no thread can proceed ({blocked})"))
@@ -256,6 +291,7 @@ class Outcome:
     events: int
     trace: list[dict] = field(repr=False, default_factory=list)
     header: dict = field(repr=False, default_factory=dict)
+    case: object = field(repr=False, default=None)
 
     @property
     def failed(self) -> bool:
@@ -277,8 +313,10 @@ def _reference(cfg, req):
     return _REF_CACHE[key]
 
 
-def run_case(case: Case, strategy, *, trace_path: str | None = None) -> Outcome:
-    """Run one controlled schedule of `case` and judge it."""
+def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
+    """Run one controlled schedule of `case` (a prefill Case or a PDCase) and judge it."""
+    if isinstance(case, PDCase):
+        return run_pd_case(case, strategy, trace_path=trace_path)
     import tempfile
 
     import torch
@@ -329,15 +367,239 @@ def run_case(case: Case, strategy, *, trace_path: str | None = None) -> Outcome:
         os.unlink(path)
     order = ("rule", "output", "leak", "engine", "schedule")
     failures.sort(key=lambda f: next((i for i, p in enumerate(order) if f.startswith(p)), len(order)))
-    return Outcome(failures, list(ctl.choices), len(tracer.events), tracer.events, tracer.header)
+    return Outcome(failures, list(ctl.choices), len(tracer.events), tracer.events, tracer.header, case=case)
 
 
-def make_strategy(name: str, seed: int, *, depth: int = 3):
+# ---- one PD case: prefill DP ranks + bootstrap + decode, in one process --------------------------
+@dataclass
+class PDCase:
+    """A whole PD run (engine/pd.py) under the controller: workload, engine knobs, the decode's
+    knobs, client aborts, memory release, bootstrap latency and failures. Every thread (each rank's
+    scheduler, forward worker, streams and KV transfer thread; the decode scheduler, its streams and
+    prefetch workers) is a managed thread; the bootstrap server is served in-process."""
+    kind: str = "pd"
+    mode: str = "ahead"               # the prefill ranks' loop
+    decode_loop: str = "overlap"
+    prefetch: bool = True
+    inject: tuple = ()
+    dp: int = 2
+    requests: int = 4
+    prompt_len: tuple = (8, 40)
+    hit: float = 0.5
+    groups: int = 1
+    logit_bias_frac: float = 0.5
+    max_new_tokens: int = 3
+    page_size: int = 4
+    chunk_size: int = 16
+    max_batch_tokens: int = 24
+    num_pages: int = 64
+    workload_seed: int = 0
+    arrival: str = "burst"
+    polling_interval: int = 1         # the decode polls its prealloc/transfer queues every N iterations
+    decode_slots: int = 64            # decode max_slots: few slots keep resolved requests pending
+    unserved: int = 0                 # decode-only requests for rooms no prefill rank serves (never registered)
+    aborts: tuple = ()                # ((iteration, k), ...): after that iteration's prefetch the client
+                                      # aborts the k-th (mod n) pending request, else the k-th unfinished
+                                      # one; k = -1: all of them (clients going away together)
+    release: tuple = ()               # (k, n): release_memory_occupation right after the prefetch that
+                                      # submitted the decode's k-th query (while it is in flight, the
+                                      # case D-release-cancels is about); resume_memory n iterations later
+    latency_ms: float = 0.0           # bootstrap latency (virtual time), on latency_scope
+    latency_scope: str = "query_dp_ranks"
+    failure_rate: float = 0.0         # fraction of query_dp_ranks answered 503 (seeded by fault_seed)
+    fault_seed: int = 0
+    prefill_delay_ms: float = 0.0     # prefill ranks register late: decode sees 503 until then
+
+    def configs(self):
+        from engine.config import EngineConfig
+        from engine.decode.config import DecodeConfig
+        from engine.workload import WorkloadConfig
+
+        cfg = EngineConfig(mode=self.mode, page_size=self.page_size, chunk_size=self.chunk_size,
+                           max_batch_tokens=self.max_batch_tokens, num_pages=self.num_pages,
+                           max_batch_reqs=8, max_slots=16, inject=frozenset(self.inject))
+        wc = WorkloadConfig(requests=self.requests, prompt_len=tuple(self.prompt_len), hit=self.hit,
+                            groups=self.groups, logit_bias_frac=self.logit_bias_frac, seed=self.workload_seed,
+                            arrival=self.arrival, rate=5000.0, max_new_tokens=self.max_new_tokens)
+        # Virtual time: the clock moves only when every thread sleeps, so the bounds are in idle time.
+        dc = DecodeConfig(loop=self.decode_loop, prefetch=self.prefetch, polling_interval=self.polling_interval,
+                          max_slots=self.decode_slots, num_pages=256, max_running=8, query_retries=0,
+                          query_timeout_s=0.02, bootstrap_timeout_s=0.03, kv_timeout_s=1.0,
+                          info_retry_interval_s=0.001)
+        return cfg, wc, dc
+
+
+CLIENT_ABORT = "client went away"
+_GEN_CACHE: dict = {}
+_MODELS: dict = {}
+_RULES: list = []
+
+
+def _model(cfg):
+    """One TinyLlama per model config, shared by the runs (its weights are only read)."""
+    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device)
+    if key not in _MODELS:
+        import torch
+
+        from engine.model import TinyLlama
+        _MODELS[key] = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
+                                 device=torch.device(cfg.device))
+    return _MODELS[key]
+
+
+def _rules():
+    if not _RULES:
+        from spec import load_rules
+        _RULES.extend(load_rules())
+    return _RULES
+
+
+def _reference_tokens(cfg, r):
+    key = (cfg.model, cfg.seed, cfg.dtype, tuple(r.prompt), tuple(sorted((r.logit_bias or {}).items())),
+           r.max_new_tokens)
+    if key not in _GEN_CACHE:
+        from engine.reference import reference_generate
+        _GEN_CACHE[key] = reference_generate(cfg, [r], model=_model(cfg))[r.rid]
+    return _GEN_CACHE[key]
+
+
+def _pd_hooks(case: PDCase):
+    aborts = sorted(case.aborts)
+    release = tuple(case.release)
+    state = {"seen": set(), "released_at": None}
+
+    def after_prefetch(sched):
+        for it, k in aborts:
+            if it == sched.iter:
+                live = list(sched.prealloc.pending) or sorted(
+                    (r for r in sched.by_room.values() if r.state not in ("new", "done", "aborted")),
+                    key=lambda r: r.room)
+                for r in (live if k < 0 else [live[k % len(live)]] if live else []):
+                    sched.abort(r, CLIENT_ABORT)
+        if release:
+            nth, after = release
+            state["seen"].update(p.qid for p in sched.prealloc._queries.values())
+            if state["released_at"] is None and len(state["seen"]) >= nth:
+                state["released_at"] = sched.iter
+                sched.release_memory_occupation()
+            elif state["released_at"] is not None and sched.iter == state["released_at"] + max(1, after):
+                sched.resume_memory_occupation()
+
+    return {"after_prefetch": after_prefetch}
+
+
+def _expected_abort(case: PDCase, dc, rid: str, reason: str) -> bool:
+    """An abort is the documented outcome (docs/decode.md) of a client abort, of a room no prefill
+    serves, and of bootstrap faults that last (queries failing or slower than their timeout);
+    anything else is a failure."""
+    if reason == CLIENT_ABORT or rid.startswith("x"):
+        return True
+    faulty = case.failure_rate > 0 or case.latency_ms / 1000.0 >= dc.query_timeout_s
+    return faulty and any(k in reason for k in ("unknown to the bootstrap server", "DP-rank query",
+                                                 "prefill parallel info"))
+
+
+def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Outcome:
+    """Run one controlled schedule of a PD case and judge it: every trace (decode, each prefill rank)
+    against its rules plus the cross rules, every finished request's tokens against the reference,
+    aborts (only client aborts and unserved rooms are expected), and leaks on both sides."""
+    import os
+    import shutil
+    import tempfile
+
+    from checker.linear import check_files
+    from engine.decode.request import DecodeReq
+    from engine.pd import run_pd
+
+    cfg, wc, dc = case.configs()
+    extra = [DecodeReq(f"x{i}", 5000 + i, None, [1 + (i + j) % 7 for j in range(5)], case.max_new_tokens)
+             for i in range(case.unserved)]
+
+    def faults(server):
+        server.set_faults(latency_s=case.latency_ms / 1000.0, latency_scope=case.latency_scope,
+                          failure_rate=case.failure_rate, seed=case.fault_seed)
+
+    tmp = None if trace_path else tempfile.mkdtemp(prefix="pdo-fuzz-pd-")
+    stem = trace_path or os.path.join(tmp, "t.jsonl")
+    ctl = Controller(strategy, max_steps=60_000)
+    prev = threading.current_thread().name
+    ctl.install("main")
+    summary, error = None, None
+    try:
+        summary = run_pd(cfg, wc, dc, dp=case.dp, trace_path=stem, hooks=_pd_hooks(case), extra_decode_reqs=extra,
+                         prefill_delay_s=case.prefill_delay_ms / 1000.0, verify=False, server_hook=faults,
+                         bootstrap="inproc", model=_model(cfg))
+    except Exception as exc:  # noqa: BLE001 - judged below
+        error = exc
+    finally:
+        ctl.uninstall()
+        threading.current_thread().name = prev
+    failures = []
+    if ctl.error is not None:
+        failures.append(f"schedule: {ctl.error}")
+    if error is not None:
+        failures.append(f"engine error: {error!r}"[:300])
+    trace = []
+    if summary is not None:
+        results = check_files(summary["traces"], rules=_rules())
+        for rid in dict.fromkeys(v.rule.id for r in results for v in r.violations):
+            failures.append(f"rule {rid}")
+        dreqs = {r.rid: r for r in extra}
+        from engine.pd import decode_requests
+        from engine.workload import make_workload
+        for r in decode_requests(make_workload(wc, cfg.model_config.vocab_size), "-"):
+            dreqs[r.rid] = r
+        for rid, toks in summary["outputs"].items():
+            if toks != _reference_tokens(cfg, dreqs[rid]):
+                failures.append(f"output: {rid} tokens {toks} != reference {_reference_tokens(cfg, dreqs[rid])}")
+        for rid, reason in summary["aborted"].items():
+            if not _expected_abort(case, dc, rid, reason):
+                failures.append(f"output: {rid} aborted: {reason}"[:300])
+        leaks = {k: v for k, v in summary["decode_leaks"].items() if v}
+        for i, p in enumerate(summary["prefill_leaks"]):
+            leaks.update({f"prefill{i}.{k}": v for k, v in p.items() if v})
+        if leaks:
+            failures.append("leak: " + ", ".join(f"{k}={v}" for k, v in leaks.items()))
+        for p in summary["traces"]:
+            with open(p) as f:
+                trace.extend(json.loads(line) for line in list(f)[1:])
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    order = ("rule", "output", "leak", "engine", "schedule")
+    failures.sort(key=lambda f: next((i for i, p in enumerate(order) if f.startswith(p)), len(order)))
+    return Outcome(failures, list(ctl.choices), len(trace), trace, {}, case=case)
+
+
+def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
+    """A random PD case (the seeded counterpart of the Hypothesis strategy in tests/test_fuzz.py)."""
+    ps = rng.choice([1, 4, 8])
+    c = dict(
+        mode=rng.choice(["normal", "overlap", "thread", "ahead"]), decode_loop=rng.choice(["normal", "overlap"]),
+        dp=rng.choice([1, 2, 2, 3]), requests=rng.randint(2, 6), prompt_len=(8, rng.choice([16, 40])),
+        hit=rng.choice([0.0, 0.5, 0.8]), max_new_tokens=rng.randint(1, 4), page_size=ps,
+        chunk_size=4 * ps, max_batch_tokens=6 * ps, workload_seed=rng.randrange(1000),
+        arrival=rng.choice(["burst", "poisson"]), polling_interval=rng.choice([1, 1, 2, 3]),
+        decode_slots=rng.choice([1, 2, 64, 64]), unserved=rng.choice([0, 1, 1, 2]),
+        aborts=tuple((rng.randint(2, 8), rng.randrange(-1, 4)) for _ in range(rng.choice([0, 1, 2, 3]))),
+        release=(rng.randint(1, 4), rng.randint(1, 4)) if rng.random() < 0.4 else (),
+        latency_ms=rng.choice([0.0, 0.0, 0.5, 3.0]), latency_scope=rng.choice(["query_dp_ranks", "all"]),
+        failure_rate=rng.choice([0.0, 0.0, 0.3]), fault_seed=rng.randrange(100),
+        prefill_delay_ms=rng.choice([0.0, 0.0, 1.0]))
+    c.update(fixed)
+    return PDCase(**c)
+
+
+def make_strategy(name: str, seed: int, *, depth: int = 3, steps: int = 400):
+    """`steps`: the run length PCT spreads its priority-change points over (about the schedule length)."""
     if name == "random":
         return RandomWalk(seed)
     if name == "pct":
-        return PCT(seed, depth=depth)
+        return PCT(seed, depth=depth, steps=steps)
     raise ValueError(f"unknown strategy {name!r}; choose pct, random or dfs")
+
+
+def pct_steps(case) -> int:
+    return 1000 if isinstance(case, PDCase) else 400
 
 
 # ---- search --------------------------------------------------------------------------------------
@@ -379,14 +641,27 @@ def _preemptions(steps, alt, running) -> int:
     return n + (1 if running is not None and alt != running else 0)
 
 
-def shrink(case: Case, schedule: list[str], failures: list[str], *, budget: int = 40) -> tuple[Case, list[str], Outcome]:
-    """Make a failing case smaller: fewer requests, then the shortest schedule prefix (the rest
-    non-preemptive) that still fails with the same first failure kind."""
-    kind = failures[0].split(":")[0].split(" ")[0]
+_PD_SIMPLER = (("unserved", 0), ("aborts", ()), ("release", ()), ("failure_rate", 0.0), ("latency_ms", 0.0),
+               ("prefill_delay_ms", 0.0), ("decode_slots", 64), ("polling_interval", 1), ("dp", 1),
+               ("max_new_tokens", 1), ("arrival", "burst"))
+
+
+def _same_failure(a: str, b: str) -> bool:
+    """A rule violation must stay the same rule; other failures the same kind (output, leak, ...)."""
+    if a.startswith("rule ") or b.startswith("rule "):
+        return a == b
+    return a.split(":")[0].split(" ")[0] == b.split(":")[0].split(" ")[0]
+
+
+def shrink(case, schedule: list[str], failures: list[str], *, budget: int = 40):
+    """Make a failing case smaller: fewer requests, then (PD) no faults, aborts or other complications
+    it does not need, then the shortest schedule prefix (the rest non-preemptive) that still fails
+    the same way (the same rule, or the same kind of failure)."""
+    first = failures[0]
 
     def fails(c, s):
         out = run_case(c, Replay(s, strict=False))
-        return out if out.failed and out.failures[0].split(":")[0].split(" ")[0] == kind else None
+        return out if out.failed and _same_failure(out.failures[0], first) else None
 
     best_out = None
     tries = 0
@@ -397,6 +672,15 @@ def shrink(case: Case, schedule: list[str], failures: list[str], *, budget: int 
         if out is None:
             break
         case, best_out = smaller, out
+    if isinstance(case, PDCase):
+        for name, simple in _PD_SIMPLER:
+            if tries >= budget or getattr(case, name) == simple:
+                continue
+            tries += 1
+            simpler = dataclasses.replace(case, **{name: simple})
+            out = fails(simpler, schedule)
+            if out is not None:
+                case, best_out = simpler, out
     lo, hi = 0, len(schedule)
     while lo < hi and tries < budget:  # binary search on the prefix length
         tries += 1
@@ -412,13 +696,18 @@ def shrink(case: Case, schedule: list[str], failures: list[str], *, budget: int 
     return case, best_out.schedule, best_out
 
 
-def find_bug(case: Case, strategy: str, *, schedules: int, seed: int, on_progress=None):
+def find_bug(case, strategy: str, *, schedules: int, seed: int, on_progress=None, draw=None):
     """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or
-    (None, events checked)."""
+    (None, events checked). `draw(i)`, if given, makes a fresh case for schedule i (the outcome
+    carries it as `.case`)."""
     if strategy == "dfs":
         runs = (out for _, out in dfs_schedules(case, limit=schedules))
     else:
-        runs = (run_case(case, make_strategy(strategy, seed * 100_003 + i)) for i in range(schedules))
+        def runs_():
+            for i in range(schedules):
+                c = draw(i) if draw is not None else case
+                yield run_case(c, make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c)))
+        runs = runs_()
     events = 0
     for i, out in enumerate(runs):
         events += out.events
@@ -429,19 +718,30 @@ def find_bug(case: Case, strategy: str, *, schedules: int, seed: int, on_progres
     return None, events
 
 
-def save_case(path: str, case: Case, schedule: list[str], failures: list[str], **extra) -> None:
+def pd_draws(seed: int, **fixed):
+    """The case draw for PD campaigns: schedule i of seed s runs draw_pd_case(Random(s*100003+i))."""
+    return lambda i: draw_pd_case(random.Random(seed * 100_003 + i), **fixed)
+
+
+def save_case(path: str, case, schedule: list[str], failures: list[str], **extra) -> None:
     with open(path, "w") as f:
         json.dump({"case": dataclasses.asdict(case), "schedule": schedule, "failures": failures, **extra}, f, indent=1)
 
 
-def load_case(path: str) -> tuple[Case, list[str], dict]:
+def load_case(path: str):
     try:
         with open(path) as f:
             d = json.load(f)
         c = d["case"]
         c["inject"] = tuple(c.get("inject", ()))
         c["prompt_len"] = tuple(c.get("prompt_len", (8, 40)))
-        return Case(**c), list(d["schedule"]), d
+        if c.get("kind") == "pd":
+            c["aborts"] = tuple(tuple(a) for a in c.get("aborts", ()))
+            c["release"] = tuple(c.get("release", ()))
+            case = PDCase(**c)
+        else:
+            case = Case(**c)
+        return case, list(d["schedule"]), d
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a pdo fuzz case file ({exc})") from None
 

@@ -8,13 +8,17 @@ import statistics
 import sys
 import time
 
-from engine.inject import MUTANTS
+from engine.inject import DECODE_MUTANTS, MUTANTS
 
-from .fuzz import Case, Replay, find_bug, load_case, run_case, save_case, shrink
+from .fuzz import PDCase, Case, Replay, find_bug, load_case, pd_draws, run_case, save_case, shrink
 
-# The workload each mutant is hunted with: small enough for hundreds of schedules a minute, rich
-# enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
+# The workload each prefill mutant is hunted with: small enough for hundreds of schedules a minute,
+# rich enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
 MUTANT_MODE = {m: "ahead" for m in MUTANTS}
+# Decode mutants are hunted with whole PD cases drawn afresh for every schedule (fuzz.draw_pd_case:
+# workload, loops, DP ranks, decode knobs, client aborts, memory release, bootstrap latency and
+# failures), the same draw for all six.
+ALL_MUTANTS = {**MUTANTS, **DECODE_MUTANTS}
 
 
 class Progress:
@@ -35,18 +39,37 @@ class Progress:
 
 
 def _case_from_args(a) -> Case:
-    return Case(mode=a.mode, inject=tuple(a.inject or ()), requests=a.requests, hit=a.hit, workload_seed=a.workload_seed)
+    return Case(mode=a.mode or "ahead", inject=tuple(a.inject or ()), requests=a.requests, hit=a.hit,
+                workload_seed=a.workload_seed)
+
+
+def _pd_fixed(a) -> dict:
+    """What the command line fixes in PD draws (everything else is drawn per schedule)."""
+    fixed = {"inject": tuple(a.inject or ())}
+    if a.mode:
+        fixed["mode"] = a.mode
+    return fixed
 
 
 def cmd_fuzz(a) -> int:
     if a.list_mutants:
         for name, what in MUTANTS.items():
-            print(f"{name:34s} {what}")
+            print(f"{name:34s} prefill  {what}")
+        for name, what in DECODE_MUTANTS.items():
+            print(f"{name:34s} decode   {what}")
         return 0
+    unknown = [m for m in (a.inject or ()) if m not in ALL_MUTANTS]
+    if unknown:
+        print(f"pdo fuzz: error: unknown mutant(s) {', '.join(unknown)} (see --list-mutants)", file=sys.stderr)
+        return 2
+    if a.inject and not a.mutants and any(m in DECODE_MUTANTS for m in a.inject):
+        a.pd = True  # a decode mutant needs the decode side: PD cases
     if a.replay:
         case, schedule, meta = load_case(a.replay)
         out = run_case(case, Replay(schedule, strict=False), trace_path=a.trace)
         print(f"replayed {a.replay}: {len(out.schedule)} steps, {out.events} events")
+        if a.trace and isinstance(case, PDCase):
+            print(f"  traces: {a.trace[:-6] if a.trace.endswith('.jsonl') else a.trace}.{{decode,prefill<i>}}.jsonl")
         for f in out.failures:
             print(f"  FAIL {f}")
         if not out.failures:
@@ -54,15 +77,27 @@ def cmd_fuzz(a) -> int:
         return 1 if out.failed else 0
     if a.mutants:
         return _mutant_table(a)
-    case = _case_from_args(a)
     prog = Progress(a.schedules, a.progress or sys.stderr.isatty())
-    idx, out = find_bug(case, a.strategy, schedules=a.schedules, seed=a.seed, on_progress=prog)
+    if a.pd:
+        if a.strategy == "dfs":
+            print("pdo fuzz: error: --pd draws a new case per schedule; use --strategy pct or random", file=sys.stderr)
+            return 2
+        fixed = _pd_fixed(a)
+        idx, out = find_bug(None, a.strategy, schedules=a.schedules, seed=a.seed, on_progress=prog,
+                            draw=pd_draws(a.seed, **fixed))
+        label = "pd"
+    else:
+        case = _case_from_args(a)
+        idx, out = find_bug(case, a.strategy, schedules=a.schedules, seed=a.seed, on_progress=prog)
+        label = case.mode
     if idx is None:
-        print(f"pdo fuzz: mode={case.mode} strategy={a.strategy} inject={list(case.inject) or '-'}: "
+        what = "PD cases" if a.pd else f"mode={case.mode}"
+        print(f"pdo fuzz: {what} strategy={a.strategy} inject={list(a.inject or ()) or '-'}: "
               f"{a.schedules} schedules, {out} events, no violation")
         return 0
+    case = out.case
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"fuzz-{case.mode}-{a.strategy}-s{a.seed}-{idx}")
+    stem = os.path.join(a.out, f"fuzz-{label}-{a.strategy}-s{a.seed}-{idx}")
     save_case(stem + ".case.json", case, out.schedule, out.failures, strategy=a.strategy, seed=a.seed, index=idx)
     small, sched, small_out = shrink(case, out.schedule, out.failures)
     save_case(stem + ".shrunk.json", small, sched, small_out.failures, shrunk_from=stem + ".case.json")
@@ -71,46 +106,60 @@ def cmd_fuzz(a) -> int:
     for f in out.failures[:6]:
         print(f"  {f}")
     print(f"  shrunk to {small.requests} request(s), {len(sched)} schedule steps: {', '.join(small_out.failures[:3])}")
-    print(f"  trace: {stem}.trace.jsonl   case: {stem}.case.json")
+    traces = f"{stem}.trace.*.jsonl" if isinstance(small, PDCase) else f"{stem}.trace.jsonl"
+    print(f"  trace: {traces}   case: {stem}.case.json")
     print(f"replay: pdo fuzz --replay {stem}.shrunk.json")
     return 1
 
 
 def mutant_row(name: str, *, strategy: str, seeds, budget: int) -> dict:
-    """Schedules to first kill of `name`, as a median over seeds."""
-    case = Case(mode=MUTANT_MODE[name], inject=(name,), requests=6, hit=0.8)
+    """Schedules to first kill of `name`, as a median over seeds. A prefill mutant is hunted on one
+    fixed prefill case; a decode mutant on PD cases drawn afresh for every schedule."""
     kills, killed_by, t0 = [], None, time.perf_counter()
     for seed in seeds:
-        idx, out = find_bug(case, strategy, schedules=budget, seed=seed)
+        if name in DECODE_MUTANTS:
+            idx, out = find_bug(None, strategy, schedules=budget, seed=seed, draw=pd_draws(seed, inject=(name,)))
+        else:
+            case = Case(mode=MUTANT_MODE[name], inject=(name,), requests=6, hit=0.8)
+            idx, out = find_bug(case, strategy, schedules=budget, seed=seed)
         if idx is not None:
             kills.append(idx + 1)
             killed_by = killed_by or out.killed_by
-    return {"mutant": name, "killed": len(kills) == len(seeds), "killed_by": killed_by,
-            "schedules_to_kill": statistics.median(kills) if kills else None,
+    return {"mutant": name, "side": "decode" if name in DECODE_MUTANTS else "prefill",
+            "killed": len(kills) == len(seeds), "killed_by": killed_by,
+            "schedules_to_kill": statistics.median(kills) if kills else None, "kills_per_seed": kills,
             "kills": f"{len(kills)}/{len(seeds)}", "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _mutant_table(a) -> int:
-    names = a.inject or list(MUTANTS)
+    names = a.inject or list(MUTANTS if a.strategy == "dfs" else ALL_MUTANTS)  # dfs: one fixed case, prefill
+    if a.strategy == "dfs" and any(n in DECODE_MUTANTS for n in names):
+        print("pdo fuzz: error: --strategy dfs runs one fixed prefill case; decode mutants need pct or random",
+              file=sys.stderr)
+        return 2
     seeds = range(a.seed, a.seed + a.seeds)
     rows = []
     for name in names:
         row = mutant_row(name, strategy=a.strategy, seeds=seeds, budget=a.schedules)
         rows.append(row)
         if not a.json:
-            print(f"{row['mutant']:34s} {'killed' if row['killed'] else 'SURVIVED':8s} {row['kills']:>5s} "
-                  f"median {row['schedules_to_kill']!s:>5s} schedules  {row['seconds']:6.1f}s  by {row['killed_by']}",
-                  flush=True)
+            print(f"{row['mutant']:34s} {row['side']:7s} {'killed' if row['killed'] else 'SURVIVED':8s} "
+                  f"{row['kills']:>5s} median {row['schedules_to_kill']!s:>5s} schedules  {row['seconds']:6.1f}s  "
+                  f"by {row['killed_by']}", flush=True)
     if a.json:
-        print(json.dumps([{k: r[k] for k in ("mutant", "killed", "killed_by", "schedules_to_kill", "seconds")} for r in rows]))
+        keys = ("mutant", "side", "killed", "killed_by", "schedules_to_kill", "kills_per_seed", "seconds")
+        print(json.dumps([{k: r[k] for k in keys} for r in rows]))
     return 0 if all(r["killed"] for r in rows) else 1
 
 
 def register(sub) -> None:
     p = sub.add_parser("fuzz", help="fuzz schedules of the engine (controlled interleavings)")
-    p.add_argument("--mode", choices=["normal", "overlap", "thread", "ahead"], default="ahead")
+    p.add_argument("--mode", choices=["normal", "overlap", "thread", "ahead"], default=None,
+                   help="prefill loop (default ahead; with --pd: drawn per schedule unless given)")
+    p.add_argument("--pd", action="store_true",
+                   help="fuzz whole PD runs (prefill ranks + bootstrap + decode), a case drawn per schedule")
     p.add_argument("--inject", action="append", metavar="MUTANT", help="turn on a bug (repeatable)")
-    p.add_argument("--strategy", choices=["pct", "random", "dfs"], default="pct")
+    p.add_argument("--strategy", choices=["pct", "random", "dfs"], default="pct")  # dfs: prefill only
     p.add_argument("--schedules", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--requests", type=int, default=5)

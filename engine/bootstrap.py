@@ -17,6 +17,11 @@ GET /route takes either SGLang's current coordinates (prefill_dp_rank,
 prefill_cp_rank, target_tp_rank, target_pp_rank) or the older ones
 (engine_rank, target_dp_group, target_pp_rank).  Bad input gets a 4xx with a
 one-line plain-text reason.
+
+In-process (``start_inproc()``, URL ``inproc://<name>``): the same handlers called
+directly by engine/bootstrap_client.py, no socket; injected latency is a
+``sync.sleep`` in the caller (virtual time under a schedule controller). Used by
+controlled schedule fuzzing of PD runs (docs/fuzzing.md).
 """
 
 from __future__ import annotations
@@ -101,14 +106,41 @@ def _int_field(data: dict, key: str, *, minimum: int | None = None, default: Any
     return value
 
 
-def _query_int(request: web.Request, key: str) -> int:
-    raw = request.query.get(key)
+def _query_int(query, key: str) -> int:
+    raw = query.get(key)
     if raw is None or raw == "":
         raise _bad(f"missing query parameter '{key}'")
     try:
         return int(raw)
     except ValueError:
         raise _bad(f"query parameter '{key}' must be an integer, got {raw!r}") from None
+
+
+_INPROC: dict[str, "BootstrapServer"] = {}
+_INPROC_LOCK = threading.Lock()
+
+
+def inproc_server(name: str) -> "BootstrapServer | None":
+    with _INPROC_LOCK:
+        return _INPROC.get(name)
+
+
+class InProcResponse:
+    """What the client reads of an answer: status_code, text, json()."""
+
+    def __init__(self, status_code: int, text: str):
+        self.status_code, self.text = status_code, text
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def _inproc_body(payload: Any) -> dict:
+    """The JSON round trip an HTTP body makes (so keys and types are what the handlers see over HTTP)."""
+    data = json.loads(json.dumps(payload))
+    if not isinstance(data, dict):
+        raise _bad(f"request body must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 class BootstrapServer:
@@ -145,6 +177,8 @@ class BootstrapServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_error: BaseException | None = None
+        self._inproc: str | None = None  # name under which start_inproc() registered this server
+        self._state_lock = threading.Lock()  # in-process calls come from many threads
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -162,7 +196,64 @@ class BootstrapServer:
             raise self._start_error
         return self
 
+    def start_inproc(self, name: str = "bootstrap") -> "BootstrapServer":
+        """Serve in-process instead of over HTTP, at `inproc://<name>`: the client functions of
+        engine/bootstrap_client.py call the same handlers directly (same state, status codes, bodies
+        and fault injection; injected latency is a sync.sleep in the caller, virtual time under a
+        schedule controller). For controlled, replayable runs (checker/fuzz.py); docs/fuzzing.md."""
+        if self._thread is not None or self._inproc is not None:
+            raise RuntimeError("bootstrap server already started")
+        with _INPROC_LOCK:
+            if name in _INPROC:
+                raise RuntimeError(f"an in-process bootstrap server named {name!r} is already running")
+            _INPROC[name] = self
+        self._inproc = name
+        return self
+
+    def handle_inproc(self, method: str, path: str, *, params: dict | None = None, payload: Any = None,
+                      timeout: float) -> "InProcResponse":
+        """One request, as the HTTP server would answer it. Raises TimeoutError when the injected
+        latency reaches `timeout` (the caller waited that long, as an HTTP client would)."""
+        from . import sync
+
+        name = self._ENDPOINTS.get((method, path), "other")
+        self._count(name)
+        delay, failure = (0.0, None) if name in ("faults", "stats", "other") else self._fault_plan(name)
+        if delay:
+            if delay >= timeout:
+                sync.sleep(timeout)
+                raise TimeoutError(f"no answer within {timeout} s")
+            sync.sleep(delay)
+        if failure is not None:
+            return InProcResponse(failure, "injected failure")
+        query = {k: str(v) for k, v in (params or {}).items()}
+        try:
+            with self._state_lock:
+                if name == "health":
+                    resp = web.Response(text="OK")
+                elif name == "route_put":
+                    resp = self._do_route_put(_inproc_body(payload))
+                elif name == "route_get":
+                    resp = self._do_route_get(query)
+                elif name == "register_dp_rank":
+                    resp = self._do_register_dp_rank(_inproc_body(payload))
+                elif name == "query_dp_ranks":
+                    resp = self._do_query_dp_ranks(_inproc_body(payload))
+                elif name == "stats":
+                    resp = web.json_response({"counters": self.counters, "registered_ranks": len(self._ranks),
+                                              "expected_ranks": self.expected_ranks, "known_rooms": len(self._rooms)})
+                else:
+                    resp = web.HTTPNotFound(text="404: Not Found")
+        except web.HTTPException as exc:
+            resp = exc
+        return InProcResponse(resp.status, resp.text or "")
+
     def stop(self) -> None:
+        if self._inproc is not None:
+            with _INPROC_LOCK:
+                _INPROC.pop(self._inproc, None)
+            self._inproc = None
+            return
         thread, loop = self._thread, self._loop
         if thread is None or loop is None:
             return
@@ -211,6 +302,8 @@ class BootstrapServer:
 
     @property
     def url(self) -> str:
+        if self._inproc is not None:
+            return f"inproc://{self._inproc}"
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host, self._host)
         if ":" in host:
             host = f"[{host}]"
@@ -288,28 +381,38 @@ class BootstrapServer:
         ("GET", "/_stats"): "stats",
     }
 
+    def _fault_plan(self, name: str) -> tuple[float, int | None]:
+        """(delay in s, injected failure status or None) for one request to endpoint `name`."""
+        with self._lock:
+            faults = self._faults
+            # Draw for every query, whatever the rate, so a seed fixes the whole failure sequence.
+            draw = self._rng.random() if name == "query_dp_ranks" else 1.0
+        delay = faults.latency_s if faults.latency_s > 0 and (faults.latency_scope == "all" or name == "query_dp_ranks") else 0.0
+        if draw < faults.failure_rate:
+            self._count("query_dp_ranks_injected_failures")
+            return delay, faults.failure_status
+        return delay, None
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
         name = self._ENDPOINTS.get((request.method, request.path), "other")
         self._count(name)
         if name in ("faults", "stats", "other"):
             return await handler(request)
-        with self._lock:
-            faults = self._faults
-            # Draw for every query, whatever the rate, so a seed fixes the whole failure sequence.
-            draw = self._rng.random() if name == "query_dp_ranks" else 1.0
-        if faults.latency_s > 0 and (faults.latency_scope == "all" or name == "query_dp_ranks"):
-            await asyncio.sleep(faults.latency_s)
-        if draw < faults.failure_rate:
-            self._count("query_dp_ranks_injected_failures")
-            return web.Response(status=faults.failure_status, text="injected failure")
+        delay, failure = self._fault_plan(name)
+        if delay:
+            await asyncio.sleep(delay)
+        if failure is not None:
+            return web.Response(status=failure, text="injected failure")
         return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="OK")
 
     async def _route_put(self, request: web.Request) -> web.Response:
-        data = await _json_object(request)
+        return self._do_route_put(await _json_object(request))
+
+    def _do_route_put(self, data: dict) -> web.Response:
         role = data.get("role", "Prefill")
         if role != "Prefill":
             raise _bad(f"only role 'Prefill' registers here, got {role!r}")
@@ -374,9 +477,12 @@ class BootstrapServer:
                                   "enable_dsa_cache_layer_split", "prefill_http_port")}
 
     async def _route_get(self, request: web.Request) -> web.Response:
-        legacy = "engine_rank" in request.query
+        return self._do_route_get(request.query)
+
+    def _do_route_get(self, query) -> web.Response:
+        legacy = "engine_rank" in query
         names = _LEGACY_ROUTE_PARAMS if legacy else _ROUTE_PARAMS
-        values = {n: _query_int(request, n) for n in names}
+        values = {n: _query_int(query, n) for n in names}
         if all(v == -1 for v in values.values()):
             if not self.is_ready:
                 raise self._not_ready()
@@ -406,7 +512,9 @@ class BootstrapServer:
             del self._rooms[room]
 
     async def _register_dp_rank(self, request: web.Request) -> web.Response:
-        data = await _json_object(request)
+        return self._do_register_dp_rank(await _json_object(request))
+
+    def _do_register_dp_rank(self, data: dict) -> web.Response:
         room = _int_field(data, "bootstrap_room", minimum=0)
         dp_rank = _int_field(data, "dp_rank", minimum=0)
         if self._topology is not None and dp_rank >= self._topology["dp_size"]:
@@ -417,7 +525,9 @@ class BootstrapServer:
         return web.Response(text="OK")
 
     async def _query_dp_ranks(self, request: web.Request) -> web.Response:
-        data = await _json_object(request)
+        return self._do_query_dp_ranks(await _json_object(request))
+
+    def _do_query_dp_ranks(self, data: dict) -> web.Response:
         rooms = data.get("bootstrap_rooms", _MISSING)
         if rooms is _MISSING:
             raise _bad("missing field 'bootstrap_rooms'")

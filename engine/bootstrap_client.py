@@ -4,7 +4,11 @@ Used by prefill ranks (register_prefill_rank, register_dp_rank) and by the
 decode scheduler (get_prefill_info, get_prefill_rank_info, query_prefill_dp_ranks).
 
 Every call goes through one ``requests.Session`` per thread: sessions keep
-connections alive but are not safe to share across threads.
+connections alive but are not safe to share across threads.  A URL
+``inproc://<name>`` reaches a server started with ``BootstrapServer.start_inproc``
+in this process instead (same handlers, no socket; used by controlled schedule
+fuzzing, docs/fuzzing.md).  Retry backoff sleeps through ``engine.sync``
+(virtual time under a schedule controller).
 
 Failures are typed and their message is one line naming the URL:
   BootstrapError        the server answered, but not with success (``status`` set)
@@ -14,13 +18,13 @@ Failures are typed and their message is one line naming the URL:
 
 from __future__ import annotations
 
-import random
 import re
 import threading
-import time
 from typing import Any
 
 import requests
+
+from . import sync
 
 DEFAULT_TIMEOUT_S = 5.0  # SGLang uses 5 s on every bootstrap request
 
@@ -66,6 +70,8 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 def _request(method: str, url: str, timeout: float, **kwargs: Any) -> requests.Response:
+    if url.startswith("inproc://"):
+        return _inproc_request(method, url, timeout, **kwargs)
     try:
         return session().request(method, url, timeout=timeout, **kwargs)
     except requests.Timeout as e:
@@ -77,6 +83,21 @@ def _request(method: str, url: str, timeout: float, **kwargs: Any) -> requests.R
         raise BootstrapUnavailable(url, f"{method} failed: {detail}") from e
     except requests.RequestException as e:
         raise BootstrapError(url, f"{method} failed: {type(e).__name__}: {_one_line(str(e))}") from e
+
+
+def _inproc_request(method: str, url: str, timeout: float, *, json: Any = None, params: dict | None = None):
+    """An in-process bootstrap server (BootstrapServer.start_inproc): the same handlers, no socket."""
+    from .bootstrap import inproc_server
+
+    rest = url[len("inproc://"):]
+    name, _, path = rest.partition("/")
+    server = inproc_server(name)
+    if server is None:
+        raise BootstrapUnavailable(url, f"{method} failed: no in-process bootstrap server named {name!r}")
+    try:
+        return server.handle_inproc(method, "/" + path, params=params, payload=json, timeout=timeout)
+    except TimeoutError as e:
+        raise BootstrapUnavailable(url, f"{method} got no answer within {timeout} s (ReadTimeout)") from e
 
 
 def _check(resp: requests.Response, method: str, url: str) -> requests.Response:
@@ -96,7 +117,7 @@ def _json(resp: requests.Response, url: str) -> Any:
 def _backoff(base_s: float, attempt: int, cap_s: float) -> float:
     # Exponential with jitter in [0.75, 1], as SGLang's registration retry: keeps many
     # ranks that failed together from retrying in lockstep.
-    return min(base_s * 2 ** attempt, cap_s) * random.uniform(0.75, 1.0)
+    return min(base_s * 2 ** attempt, cap_s) * sync.uniform(0.75, 1.0)
 
 
 def health(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -120,7 +141,7 @@ def register_prefill_rank(url: str, info: dict, *, timeout: float = DEFAULT_TIME
         except BootstrapError as e:
             if (e.status is not None and 400 <= e.status < 500) or attempt == retries:
                 raise
-        time.sleep(_backoff(backoff_s, attempt, max_backoff_s))
+        sync.sleep(_backoff(backoff_s, attempt, max_backoff_s))
 
 
 def register_dp_rank(url: str, room: int, dp_rank: int, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -175,7 +196,7 @@ def query_prefill_dp_ranks(url: str, rooms: list[int], *, timeout_s: float = DEF
     last: BootstrapError | None = None
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(_backoff(backoff_s, attempt - 1, max_backoff_s))
+            sync.sleep(_backoff(backoff_s, attempt - 1, max_backoff_s))
         try:
             resp = _check(_request("POST", target, timeout_s, json=payload), "POST", target)
             return _parse_room_ranks(_json(resp, target), target)

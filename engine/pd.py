@@ -11,14 +11,13 @@ processes over ZMQ.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from dataclasses import asdict
 
 import torch
 
 from . import bootstrap_client as bc
-from . import inject
+from . import inject, sync
 from .bootstrap import BootstrapServer
 from .config import EngineConfig, check_dispatch
 from .decode.config import ROUTERS, DecodeConfig, PDError  # noqa: F401  (PDError re-exported)
@@ -80,17 +79,28 @@ def trace_paths(trace_path: str | None, dp: int) -> tuple[str | None, list]:
 def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int = 1, router: str = "round_robin",
            bootstrap_latency_ms: float = 0.0, latency_scope: str = "all", trace_path: str | None = None,
            hooks: dict | None = None, bootstrap_url: str | None = None, prefill_delay_s: float = 0.0,
-           extra_decode_reqs=(), timeout_s: float = 120.0, verify: bool = True, server_hook=None) -> dict:
+           extra_decode_reqs=(), timeout_s: float = 120.0, verify: bool = True, server_hook=None,
+           bootstrap: str | None = None, model: TinyLlama | None = None) -> dict:
     """Run all roles to completion and return a summary (outputs, aborts, waits, leaks, mismatches
-    against the single-process reference when `verify`)."""
+    against the single-process reference when `verify`).
+
+    `bootstrap`: "http" (the aiohttp server on its own thread, the default) or "inproc" (the same
+    server's handlers called in-process, `inproc://bootstrap`; the default under a schedule
+    controller, where every role thread is a managed thread and the run replays exactly). `model`:
+    reuse a TinyLlama built for `cfg` (its weights are only read)."""
     check_dispatch(cfg)
     torch.manual_seed(cfg.seed)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     ranks = route(reqs, dp, router, wc.seed)
     server = None
+    if bootstrap is None:
+        bootstrap = "inproc" if sync.controlled() else "http"
+    if bootstrap not in ("http", "inproc"):
+        raise ValueError(f"bootstrap must be 'http' or 'inproc', got {bootstrap!r}")
     if bootstrap_url is None:
         server = BootstrapServer(latency_s=bootstrap_latency_ms / 1000.0, latency_scope=latency_scope,
-                                 expected_ranks=dp).start()
+                                 expected_ranks=dp)
+        server = server.start_inproc() if bootstrap == "inproc" else server.start()
         bootstrap_url = server.url
     try:
         if not bc.health(bootstrap_url, timeout=2.0):
@@ -101,7 +111,7 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
         try:
             with intra_op_threads(1):  # every role has its own threads already
                 return _run(cfg, wc, dc, reqs, ranks, dp, bootstrap_url, trace_path, hooks, prefill_delay_s,
-                            extra_decode_reqs, timeout_s, verify)
+                            extra_decode_reqs, timeout_s, verify, model)
         finally:
             inject.set_active(())
     finally:
@@ -109,9 +119,13 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
             server.stop()
 
 
-def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, extra, timeout_s, verify) -> dict:
-    addr = bc.base_url(url).split("://", 1)[1]  # SGLang's bootstrap_addr is host:port
-    model = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype), device=torch.device(cfg.device))
+def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, extra, timeout_s, verify,
+         model=None) -> dict:
+    # SGLang's bootstrap_addr is host:port; an in-process server keeps its inproc:// URL
+    addr = url if url.startswith("inproc://") else bc.base_url(url).split("://", 1)[1]
+    if model is None:
+        model = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
+                          device=torch.device(cfg.device))
     dpath, ppaths = trace_paths(trace_path, dp)
     common = {"mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
               "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp}
@@ -121,21 +135,23 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
     for i in range(dp):
         tr = Tracer({"role": "prefill", **common, "dp_rank": i}) if trace_path else NullTracer()
         mine = [r for r, k in zip(reqs, ranks) if k == i]
-        prefills.append(PrefillScheduler(cfg, mine, tracer=tr, receiver=servers[i], model=model,
-                                         on_ingest=registrar(url, i, reg_errors)))
+        with sync.group(f"prefill{i}"):  # under a controller: this rank's threads are "prefill<i>/..."
+            prefills.append(PrefillScheduler(cfg, mine, tracer=tr, receiver=servers[i], model=model,
+                                             on_ingest=registrar(url, i, reg_errors)))
     for r in extra:  # decode-only requests (tests: rooms no prefill rank serves); default address: this run's
         r.addr = r.addr or addr
     dreqs = decode_requests(reqs, addr) + list(extra)
     dtr = Tracer({"role": "decode", **common, "mode": dc.loop, "prefill_mode": cfg.mode, "prefetch": dc.prefetch,
                   "polling_interval": dc.polling_interval}) if trace_path else NullTracer()
-    decode = DecodeScheduler(cfg, dc, dreqs, client=InProcKVClient(servers), tracer=dtr, model=model, hooks=hooks)
+    with sync.group("decode"):
+        decode = DecodeScheduler(cfg, dc, dreqs, client=InProcKVClient(servers), tracer=dtr, model=model, hooks=hooks)
 
     errors: dict[str, BaseException] = {}
 
     def prefill_main(i, s):
         try:
             if prefill_delay_s:
-                time.sleep(prefill_delay_s)  # a prefill that comes up late: decode sees 503 until then
+                sync.sleep(prefill_delay_s)  # a prefill that comes up late: decode sees 503 until then
             bc.register_prefill_rank(url, rank_info(i, dp, cfg.page_size, 1 + i), retries=2, backoff_s=0.05)
             s.t0 = t_start  # arrivals are relative to the common start
             PREFILL_LOOPS[cfg.mode](s)
@@ -149,21 +165,23 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
         except BaseException as exc:
             errors["decode"] = exc
 
-    t_start = time.monotonic()
-    threads = [threading.Thread(target=prefill_main, args=(i, s), name="scheduler", daemon=True)
+    t_start = sync.now()
+    wall0 = time.monotonic()
+    # Every role's loop runs on a thread named "scheduler" (the trace's thread field); under a
+    # controller they are managed threads "prefill<i>/scheduler" and "decode/scheduler".
+    threads = [sync.start_thread(lambda i=i, s=s: prefill_main(i, s), "scheduler", group=f"prefill{i}")
                for i, s in enumerate(prefills)]
-    threads.append(threading.Thread(target=decode_main, name="scheduler", daemon=True))
+    threads.append(sync.start_thread(decode_main, "scheduler", group="decode"))
+    deadline = wall0 + timeout_s
     for t in threads:
-        t.start()
-    deadline = t_start + timeout_s
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    wall = time.monotonic() - t_start
-    hung = [t for t in threads if t.is_alive()]
+        sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
+    wall = time.monotonic() - wall0
+    hung = [t for t in threads if not sync.finished(t)]
     for s in prefills:
         if not hung:
             s.close()
     decode.close()
+    sync.quiesce("pd.quiesce")  # under a controller: every stream, transfer and prefetch thread has exited
     if hung:
         raise PDError(f"PD run did not finish within {timeout_s:g} s "
                       f"(decode: {len(decode.done)} done, {len(decode.aborted)} aborted of {decode.total})")

@@ -10,6 +10,7 @@ schedule replays the same way every time.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -89,17 +90,123 @@ def now() -> float:  # noqa: D103 - virtual under control
 
 
 def sleep(seconds: float) -> None:
-    if CONTROLLER is None:
+    """Under control: virtual time. The thread parks until `seconds` from now; it runs again only
+    when no awake thread can, the sleeper with the earliest wake-up first (the clock jumps to it)."""
+    c = _managed()
+    if c is None:
         time.sleep(seconds)
     else:
-        CONTROLLER.clock += seconds
-        CONTROLLER.point("sleep")
+        c.sleep(seconds)
 
 
-def start_thread(target, name: str) -> threading.Thread:
-    """Start a daemon thread; under control it is registered before it runs."""
+def uniform(a: float, b: float) -> float:
+    """Random jitter (retry backoff); under control the midpoint, so a schedule replays exactly."""
+    return (a + b) / 2 if CONTROLLER is not None else random.uniform(a, b)
+
+
+def start_thread(target, name: str, *, group: str | None = None) -> threading.Thread:
+    """Start a daemon thread; under control it is registered before it runs. `group` (default: the
+    parent's) prefixes its name in the schedule (`decode/stream:forward`), never in the trace."""
     if CONTROLLER is None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
         return t
-    return CONTROLLER.spawn(target, name)
+    return CONTROLLER.spawn(target, name, group=group)
+
+
+@contextlib.contextmanager
+def group(name: str):
+    """Threads started by the current thread inside this block belong to schedule group `name`."""
+    c = _managed()
+    if c is None:
+        yield
+        return
+    prev = c.group_of_current()
+    c.set_group(name)
+    try:
+        yield
+    finally:
+        c.set_group(prev)
+
+
+def join(t: threading.Thread, label: str, timeout: float | None = None) -> None:
+    """Thread.join that parks under control until the thread has finished."""
+    c = _managed()
+    key = getattr(t, "pdo_key", None)
+    if c is not None and key is not None:
+        c.block_until(lambda: c.exited(key), label)
+        if not c.aborted:
+            return
+    t.join(timeout)
+
+
+def finished(t: threading.Thread) -> bool:
+    """The thread's target has returned (under control: as the controller saw it)."""
+    c = CONTROLLER
+    key = getattr(t, "pdo_key", None)
+    return (c is not None and key is not None and c.exited(key)) or not t.is_alive()
+
+
+def quiesce(label: str) -> None:
+    """Under control: park until every other managed thread has exited (nothing left to run after)."""
+    c = _managed()
+    if c is not None:
+        c.block_until(c.alone_pred(), label)
+
+
+def result(fut, label: str):
+    """Future.result that parks under control until the future is done."""
+    c = _managed()
+    if c is not None and not fut.done():
+        c.block_until(fut.done, label)
+    return fut.result()
+
+
+class Executor:
+    """A small ThreadPoolExecutor whose workers are managed threads (under a controller): `submit`
+    returns a concurrent.futures.Future; a worker takes the queued call at a schedule point, and a
+    future cancelled while queued never runs."""
+
+    def __init__(self, workers: int, prefix: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._n = workers
+        self._threads = [start_thread(self._run, f"{prefix}_{i}") for i in range(workers)]
+
+    def _run(self):
+        while True:
+            item = q_get(self._q, "executor.idle")
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+        fut = Future()
+        self._q.put((fut, fn, args))
+        return fut
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in range(self._n):
+            self._q.put(None)
+
+
+def executor(workers: int, prefix: str):
+    """A thread pool: concurrent.futures' uncontrolled, managed workers under a controller."""
+    if CONTROLLER is None:
+        from concurrent.futures import ThreadPoolExecutor
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+    return Executor(workers, prefix)

@@ -1,5 +1,6 @@
-"""Schedule fuzzing: the unmutated engine survives controlled schedules in every mode; every mutant
-is killed within a small budget; schedules replay exactly; Hypothesis drives workload and schedule.
+"""Schedule fuzzing: the unmutated engine survives controlled schedules in every mode, prefill alone
+and whole PD runs (prefill ranks + bootstrap + decode); every mutant, prefill and decode, is killed
+within a small budget; schedules replay exactly; Hypothesis drives workload, faults and schedule.
 
 Budgets are small for CI; PDO_FUZZ_BUDGET=N multiplies them for a longer campaign."""
 import os
@@ -8,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checker.fuzz import PCT, Case, Indices, RandomWalk, Replay, dfs_schedules, find_bug, run_case
-from checker.fuzz_cli import mutant_row
-from engine.inject import MUTANTS
+from checker.fuzz import (PCT, Case, Indices, PDCase, RandomWalk, Replay, dfs_schedules, draw_pd_case, find_bug,
+                          pd_draws, run_case, shrink)
+from checker.fuzz_cli import ALL_MUTANTS, mutant_row
+from engine.inject import DECODE_MUTANTS, MUTANTS
 
 SCALE = int(os.environ.get("PDO_FUZZ_BUDGET", "1"))
 MODES = ("normal", "overlap", "thread", "ahead")
@@ -27,11 +29,25 @@ def test_unmutated_engine_survives(mode, strategy):
     assert idx is None, out.failures
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+@pytest.mark.parametrize("strategy", ["pct", "random"])
+def test_unmutated_pd_engine_survives(strategy):
+    """Whole PD runs, a case drawn per schedule (loops, DP ranks, aborts, release, bootstrap faults)."""
+    idx, out = find_bug(None, strategy, schedules=4 * SCALE, seed=21, draw=pd_draws(21))
+    assert idx is None, (out.failures, out.case)
+
+
+def test_the_registry_covers_prefill_and_decode_mutants():
+    assert set(ALL_MUTANTS) == set(MUTANTS) | set(DECODE_MUTANTS) and len(ALL_MUTANTS) == 16
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(DECODE_MUTANTS))
 def test_every_mutant_is_killed(mutant):
+    """Fails if any mutant, prefill or decode, survives its CI budget (50 schedules per seed)."""
     row = mutant_row(mutant, strategy="pct", seeds=range(3 * SCALE), budget=50)
     assert row["killed"], row
     assert row["schedules_to_kill"] < 50, row
+    if mutant in DECODE_MUTANTS:  # caught by the decode rule named in its description
+        assert row["killed_by"] == "rule " + DECODE_MUTANTS[mutant].rsplit("— ", 1)[1], row
 
 
 def test_replay_reproduces_trace_byte_for_byte():
@@ -43,6 +59,44 @@ def test_replay_reproduces_trace_byte_for_byte():
     assert _strip(first.trace) == _strip(again.trace) == _strip(replay.trace)
     other = run_case(case, RandomWalk(4))
     assert other.schedule != first.schedule  # the strategy really changes the interleaving
+
+
+def test_pd_replay_reproduces_traces_byte_for_byte(tmp_path):
+    """Same PD case, same seed: same schedule, and every trace file (decode, each prefill rank) the
+    same byte for byte except t_ns; replaying the recorded schedule gives them again."""
+    import json
+    import random
+
+    case = draw_pd_case(random.Random(5), dp=2, unserved=1, aborts=((3, 0),), latency_ms=0.5, failure_rate=0.3)
+
+    def files(tag, strategy):
+        out = run_case(case, strategy, trace_path=str(tmp_path / f"{tag}.jsonl"))
+        texts = []
+        for role in ("decode", "prefill0", "prefill1"):
+            lines = (tmp_path / f"{tag}.{role}.jsonl").read_text().splitlines()
+            texts.append([lines[0]] + [json.dumps({k: v for k, v in json.loads(x).items() if k != "t_ns"})
+                                       for x in lines[1:]])
+        return out, texts
+
+    first, a = files("a", PCT(7, steps=1000))
+    again, b = files("b", PCT(7, steps=1000))
+    replay, c = files("c", Replay(first.schedule))
+    assert not first.failed, first.failures
+    assert first.schedule == again.schedule == replay.schedule
+    assert a == b == c
+    assert {n.split("/")[0] for n in first.schedule} >= {"decode", "prefill0", "prefill1"}
+    assert any(n.startswith("decode/prefetch_") for n in first.schedule)  # the bootstrap queries' threads
+    assert any(n.endswith("/transfer") for n in first.schedule)            # the KV transfer threads
+    other = run_case(case, RandomWalk(8))
+    assert other.schedule != first.schedule
+
+
+def test_pd_shrink_keeps_the_rule():
+    idx, out = find_bug(None, "pct", schedules=10, seed=0, draw=pd_draws(0, inject=("prefetch-before-published",)))
+    assert idx is not None
+    small, sched, small_out = shrink(out.case, out.schedule, out.failures, budget=8)
+    assert small_out.failures[0] == out.failures[0] == "rule D-published-first"
+    assert small.requests <= out.case.requests
 
 
 def test_dfs_finds_a_race_on_a_tiny_workload():
@@ -58,6 +112,34 @@ def test_dfs_finds_a_race_on_a_tiny_workload():
 def test_hypothesis_drives_workload_and_schedule(mode, requests, hit, page_size, wseed, choices):
     case = Case(mode=mode, requests=requests, hit=hit, page_size=page_size, chunk_size=4 * page_size,
                 max_batch_tokens=6 * page_size, workload_seed=wseed)
+    out = run_case(case, Indices(choices))
+    assert not out.failed, out.failures
+
+
+@st.composite
+def pd_cases(draw):
+    """A whole PD case: workload, loops, DP ranks, decode knobs, client aborts, memory release,
+    bootstrap latency and failures."""
+    ps = draw(st.sampled_from([1, 4, 8]))
+    return PDCase(
+        mode=draw(st.sampled_from(MODES)), decode_loop=draw(st.sampled_from(["normal", "overlap"])),
+        prefetch=draw(st.booleans()), dp=draw(st.integers(1, 3)), requests=draw(st.integers(1, 5)),
+        prompt_len=(8, draw(st.sampled_from([16, 40]))), hit=draw(st.sampled_from([0.0, 0.5, 0.8])),
+        max_new_tokens=draw(st.integers(1, 4)), page_size=ps, chunk_size=4 * ps, max_batch_tokens=6 * ps,
+        workload_seed=draw(st.integers(0, 1000)), arrival=draw(st.sampled_from(["burst", "poisson"])),
+        polling_interval=draw(st.integers(1, 3)), decode_slots=draw(st.sampled_from([1, 2, 64])),
+        unserved=draw(st.integers(0, 2)),
+        aborts=tuple(draw(st.lists(st.tuples(st.integers(1, 10), st.integers(-1, 3)), max_size=3))),
+        release=draw(st.one_of(st.just(()), st.tuples(st.integers(1, 4), st.integers(1, 4)))),
+        latency_ms=draw(st.sampled_from([0.0, 0.5, 3.0, 30.0])),
+        latency_scope=draw(st.sampled_from(["query_dp_ranks", "all"])),
+        failure_rate=draw(st.sampled_from([0.0, 0.3, 0.7])), fault_seed=draw(st.integers(0, 100)),
+        prefill_delay_ms=draw(st.sampled_from([0.0, 1.0])))
+
+
+@settings(max_examples=5 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=pd_cases(), choices=st.lists(st.integers(0, 7), max_size=600))
+def test_hypothesis_drives_the_whole_pd_case(case, choices):
     out = run_case(case, Indices(choices))
     assert not out.failed, out.failures
 

@@ -23,11 +23,11 @@ requests concerned are aborted with an error, never left hanging.
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .. import bootstrap_client as bc
-from .. import inject
+from .. import inject, sync
 from .request import DecodeReq, now
 
 
@@ -47,7 +47,8 @@ class DecodePreallocQueue:
         self.pending: list[DecodeReq] = []
         self.prefill_info_table: dict[str, dict] = {}
         self._queries: dict[str, Prefetch] = {}
-        self._executor = ThreadPoolExecutor(max_workers=dc.executor_workers, thread_name_prefix="prefetch")
+        # concurrent.futures' pool; managed worker threads under a schedule controller (engine/sync.py)
+        self._executor = sync.executor(dc.executor_workers, "prefetch")
         self._qids = itertools.count()
         self._info_attempts: dict[str, tuple[int, float]] = {}  # addr -> (failed attempts, last attempt)
         self._query_failures: dict[str, int] = {}
@@ -70,7 +71,7 @@ class DecodePreallocQueue:
         self.tr.emit("prefetch_begin", iter=it)
         groups = self._by_addr()
         if not inject.on("no-stale-cancel"):  # MUTANT: no-stale-cancel — stale futures are kept
-            for addr in set(self._queries) - set(groups):
+            for addr in sorted(set(self._queries) - set(groups)):
                 self._cancel(addr, "stale")
         for addr, reqs in groups.items():
             # MUTANT: query-every-iteration — rooms whose rank is already known are asked again
@@ -179,10 +180,10 @@ class DecodePreallocQueue:
         # MUTANT: prefetch-use-mismatched-rooms — the answer is used whatever rooms it was for
         if p is not None and (p.rooms == rooms or inject.on("prefetch-use-mismatched-rooms")):
             source, qid = "prefetched", p.qid
-            result, error = p.future.result()
+            result, error = sync.result(p.future, "prefetch.result")
         elif p is not None and rooms[:len(p.rooms)] == p.rooms:
             source, qid = "prefix", p.qid
-            result, error = p.future.result()
+            result, error = sync.result(p.future, "prefetch.result")
             if error is None:
                 tail, error = self._query(addr, rooms[len(p.rooms):], next(self._qids), "sync")
                 result = None if error else {**result, **tail}

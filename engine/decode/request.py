@@ -5,8 +5,9 @@ arriving) → waiting (KV complete, first token known) → running → done; or 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+
+from .. import sync
 
 
 @dataclass(eq=False)
@@ -20,8 +21,8 @@ class DecodeReq:
     arrival_s: float = 0.0
     state: str = "new"
     prefill_dp_rank: int | None = None
-    t_add: float = 0.0             # monotonic time it entered the prealloc queue
-    t_init: float = 0.0            # monotonic time its receiver was initialised
+    t_add: float = 0.0             # now() when it entered the prealloc queue
+    t_init: float = 0.0            # now() when its receiver was initialised
     slot: int | None = None
     pages: list[int] = field(default_factory=list)
     kv_tokens: int = 0             # prompt tokens whose KV arrived
@@ -46,4 +47,5 @@ class DecodeReq:
 
 
 def now() -> float:
-    return time.monotonic()
+    """Monotonic seconds; virtual time under a schedule controller (engine/sync.py)."""
+    return sync.now()

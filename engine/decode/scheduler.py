@@ -11,11 +11,11 @@ resolves on the device stream, after sample(N) (SGLang's overlap scheduler does 
 from __future__ import annotations
 
 import queue
-import time
 from dataclasses import dataclass
 
 import torch
 
+from .. import sync
 from ..attention import DecodeMeta, make_backend
 from ..config import EngineConfig
 from ..device import make_stream
@@ -90,7 +90,7 @@ class DecodeScheduler:
         self.iter = 0
         self._poll = 0
         self._next_bid = 0
-        self.t0 = time.monotonic()
+        self.t0 = sync.now()
         self.stats = dict(batches=0, decode_tokens=0, discarded_chunks=0, kv_pages=0)
 
     # ---- loop-top steps ------------------------------------------------------------------------
@@ -110,8 +110,8 @@ class DecodeScheduler:
 
     def ingest_requests(self) -> None:
         if self.dc.recv_wait_us:
-            time.sleep(self.dc.recv_wait_us * 1e-6)
-        t = time.monotonic() - self.t0
+            sync.sleep(self.dc.recv_wait_us * 1e-6)
+        t = sync.now() - self.t0
         while self.arrivals and self.arrivals[0].arrival_s <= t:
             self.prealloc.add(self.arrivals.pop(0))
 
@@ -128,7 +128,7 @@ class DecodeScheduler:
         return len(self.done) + len(self.aborted) == self.total
 
     def idle_wait(self) -> None:
-        time.sleep(0.0005)
+        sync.sleep(0.0005)
 
     # ---- receivers and KV ------------------------------------------------------------------------
     def init_receiver(self, r: DecodeReq) -> str:
