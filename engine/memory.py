@@ -62,9 +62,16 @@ class KVPool:
 
     def token_indices(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """Pool token indices of positions [start, end) of a request whose pages are `pages`."""
-        pos = torch.arange(start, end)
-        page = torch.tensor(pages, dtype=torch.int64)[pos // self.page_size]
-        return (page * self.page_size + pos % self.page_size).to(torch.int32)
+        ps = self.page_size
+        first = start // ps
+        idx = [p * ps + o for p in pages[first:-(-end // ps)] for o in range(ps)]  # whole pages, then trim
+        off = start - first * ps
+        # one tensor from a Python list: ~30 µs against ~50 µs for the same in 7 small torch ops (it runs
+        # on the scheduler for every admitted chunk and every KV send)
+        idx = idx[off:off + end - start]
+        if len(idx) != end - start:
+            raise IndexError(f"positions [{start}, {end}) need more than the request's {len(pages)} pages")
+        return torch.tensor(idx, dtype=torch.int32)
 
 
 class _Node:
