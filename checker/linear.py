@@ -316,7 +316,7 @@ class Lifecycle(Template):
             self.processed = rule["processed"][0]
             self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
             self.count = defaultdict(int)   # Req object -> middle chunks in flight
-            self.sends = defaultdict(int)   # rid -> KV sends so far
+            self.sent_any = set()           # rids with some KV sent
             self.rid_batches = defaultdict(list)
             self.admit_seq = {}             # batch -> seq of its admit
             self.done = set()               # batches whose `processed` event was seen
@@ -326,11 +326,11 @@ class Lifecycle(Template):
             self._pairing_chunk(evs)
             return
         inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
-        count, sends, rid_batches, done, released = self.count, self.sends, self.rid_batches, self.done, self.released
+        count, sent_any, rid_batches, done, released = self.count, self.sent_any, self.rid_batches, self.done, self.released
         for e in evs:
             ev = e["ev"]
             if ev == sent:
-                sends[e["rid"]] += 1
+                sent_any.add(e["rid"])
             elif ev == rel:
                 self.checks += 1
                 rid, seq = e["rid"], e["seq"]
@@ -340,7 +340,7 @@ class Lifecycle(Template):
                         self.fail(f"{rid} released while batch {b} holding it was not yet processed", self.admit_seq[b], seq)
                 if count.get(e["obj"], 0) > 0:
                     self.fail(f"{rid} released with {count[e['obj']]} middle chunk(s) in flight", seq)
-                if not sends.get(rid):
+                if rid not in sent_any:
                     self.fail(f"{rid} released before any of its KV was sent", seq)
             elif ev == "admit":
                 self._admit(e)
