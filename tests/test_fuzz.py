@@ -156,3 +156,23 @@ def test_uncontrolled_jitter_keeps_the_engine_correct():
     finally:
         sync.set_jitter(0)
     assert summary["_error"] is None and summary["finished"] == 8 and not any(summary["leaks"].values())
+
+
+def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
+    import argparse
+
+    from checker.fuzz_cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+
+    def run(*argv):
+        a = parser.parse_args(["fuzz", *argv])
+        return a.fn(a), capsys.readouterr()
+
+    rc, out = run("--list-mutants")
+    assert rc == 0 and len(out.out.splitlines()) == 16 and "no-stale-cancel" in out.out and "decode" in out.out
+    rc, out = run("--pd", "--schedules", "2", "--seed", "3", "--out", str(tmp_path))
+    assert rc == 0 and "PD cases" in out.out and "no violation" in out.out, out
+    rc, out = run("--inject", "no-such-mutant")
+    assert rc == 2 and "unknown mutant" in out.err
