@@ -1,5 +1,7 @@
-"""Each decode mutant (engine/inject.py DECODE_MUTANTS) is caught by its rule, in a run that makes the
-bug reachable; the same run without the mutant passes (tests/test_pd_faults.py covers the clean runs)."""
+"""Each decode mutant (engine/inject.py DECODE_MUTANTS) is caught by its rule, in a hand-written run that
+makes the bug reachable; the same run without the mutant passes (tests/test_pd_faults.py covers the
+clean runs). These are the minimal reproductions, over the real HTTP bootstrap server; schedule
+fuzzing hunts the same mutants on drawn, controlled PD runs (tests/test_fuzz.py, `pdo fuzz --mutants`)."""
 from __future__ import annotations
 
 import pytest
