@@ -91,6 +91,29 @@ def test_pd_replay_reproduces_traces_byte_for_byte(tmp_path):
     assert other.schedule != first.schedule
 
 
+_DIGEST = """
+import hashlib, json, random, sys
+from checker.fuzz import PCT, draw_pd_case, run_case
+out = run_case(draw_pd_case(random.Random(9), dp=2, aborts=((2, 0),)), PCT(9, steps=1000))
+blob = json.dumps([out.schedule, [{k: v for k, v in e.items() if k != "t_ns"} for e in out.trace]], sort_keys=True)
+print(hashlib.sha1(blob.encode()).hexdigest(), len(out.schedule), out.failures)
+"""
+
+
+def test_pd_schedule_and_trace_are_the_same_in_another_process():
+    """A saved PD case replays anywhere: another interpreter with another hash seed gives the same
+    schedule and traces (nothing depends on set order, object ids or the wall clock)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONHASHSEED": "1"}
+    a = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300)
+    env["PYTHONHASHSEED"] = "2"
+    b = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300)
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
+    assert a.stdout == b.stdout and a.stdout.strip().endswith("[]"), (a.stdout, b.stdout)
+
+
 def test_pd_shrink_keeps_the_rule():
     idx, out = find_bug(None, "pct", schedules=10, seed=0, draw=pd_draws(0, inject=("prefetch-before-published",)))
     assert idx is not None
