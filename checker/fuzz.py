@@ -502,7 +502,7 @@ def _expected_abort(case: PDCase, dc, rid: str, reason: str) -> bool:
 def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Outcome:
     """Run one controlled schedule of a PD case and judge it: every trace (decode, each prefill rank)
     against its rules plus the cross rules, every finished request's tokens against the reference,
-    aborts (only client aborts and unserved rooms are expected), and leaks on both sides."""
+    every abort (only the documented ones, `_expected_abort`), and leaks on both sides."""
     import os
     import shutil
     import tempfile
