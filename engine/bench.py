@@ -286,7 +286,7 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
     out = {
         "wall_s": s["wall_s"], "uncached_tokens": s["uncached_tokens"], "cached_tokens": s["cached_tokens"],
         "uncached_tok_per_s": s["uncached_tok_per_s"], "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-        "events": len(tracer.events),
+        "events": len(tracer.events), "forward": s.get("forward"),
     }
     out.update(trace_metrics(tracer.events))
     return out
@@ -355,7 +355,9 @@ def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests:
                 headline[str(h)] = {"ahead_over_thread": e["ratio_vs_thread"]["median"],
                                     "ci95": e["ratio_vs_thread"]["ci95"],
                                     "ahead_overlap_efficiency": e["median"]["overlap_efficiency"]}
+    forwards = sorted({r.get("forward") or "?" for rs in runs.values() for r in rs})
     return {"benchmark": "prefill", "date": _now(), "machine": machine(), "modes": modes, "hits": list(hits),
+            "forward": ",".join(forwards),
             "reps": reps, "requests": requests, "engine": engine, "workload": workload,
             "results": results, "headline": headline}
 
@@ -410,7 +412,8 @@ def plot_prefill(res: dict, out: str) -> None:
     knobs = ", ".join(f"{k}={v:g}" for k, v in eng.items() if k.endswith("_us") and v)
     whatif = (f"WHAT-IF: GIL-free device, {res['gil_free_device_ms']:g} ms per full batch"
               if res.get("gil_free_device_ms") else "")
-    sub = "; ".join(x for x in (f"model {eng.get('model', 'tiny')}", knobs, whatif) if x)
+    fwd = f"forward {res['forward']}" if res.get("forward") and not res.get("gil_free_device_ms") else ""
+    sub = "; ".join(x for x in (f"model {eng.get('model', 'tiny')}", fwd, knobs, whatif) if x)
     fig.suptitle(f"pdo bench prefill: {res['reps']} rounds x {res['requests']} requests, "
                  f"{res['machine']['cpus']} CPUs\n{sub}", fontsize=8.5)
     fig.tight_layout()
@@ -861,6 +864,8 @@ def cmd_prefill(a) -> int:
         if a.gil_free_device:
             print(f"WHAT-IF: the model's forward is a GIL-free wait of {a.gil_free_device} ms per full batch "
                   "(no real compute); these are not the engine's own numbers")
+        print(f"forward: {res.get('forward')} (script: one TorchScript call per layer, GIL released; eager: op by op; "
+              "PDO_FORWARD=eager|script)")
         print(format_prefill_table(res))
         for h, v in res["headline"].items():
             print(f"hit {h}: ahead / thread = {v['ahead_over_thread']:.3f} (95% CI {v['ci95'][0]:.3f}.."
