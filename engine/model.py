@@ -160,11 +160,18 @@ def _attend_s(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.T
     t, hq, d = q.shape
     hk = k.shape[1]
     group = hq // hk
-    out = torch.empty_like(q)
+    dev = q.device
+    p_max, e_max = max(lens), max(extend)
+    # every request's pool indices in one gather (row i, first lens[i] entries used)
+    rows = req_to_token[torch.tensor(slots, dtype=torch.long, device=dev), :p_max].long()
+    # one causal mask for all: request i's mask [e, p + e] is the window at column p_max - p
+    # (key j hidden from query r iff j > r + p)
+    tri = torch.arange(p_max + e_max, device=dev)[None, :] > (torch.arange(e_max, device=dev)[:, None] + p_max)
+    outs: List[torch.Tensor] = []
     qs = 0
     for i in range(len(slots)):
         p, e = lens[i], extend[i]
-        idx = req_to_token[slots[i], :p].long()
+        idx = rows[i, :p]
         if decode:
             kk, vv = k_pool[idx], v_pool[idx]
         else:
@@ -173,12 +180,11 @@ def _attend_s(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.T
         qg = q[qs:qs + e].view(e, hk, group, d).permute(1, 2, 0, 3).reshape(hk, group * e, d)
         s = torch.bmm(qg, kk.permute(1, 2, 0)) * scale                      # [hk, group * e, n]
         if not decode and e > 1:
-            hide = torch.arange(n, device=q.device)[None, :] > (torch.arange(e, device=q.device)[:, None] + p)
-            s = s.view(hk, group, e, n).masked_fill(hide, float("-inf")).view(hk, group * e, n)
+            s = s.view(hk, group, e, n).masked_fill(tri[:e, p_max - p:p_max + e], float("-inf")).view(hk, group * e, n)
         o = torch.bmm(torch.softmax(s, dim=-1), vv.permute(1, 0, 2))         # [hk, group * e, d]
-        out[qs:qs + e] = o.view(hk, group, e, d).permute(2, 0, 1, 3).reshape(e, hq, d)
+        outs.append(o.view(hk, group, e, d).permute(2, 0, 1, 3).reshape(e, hq, d))
         qs += e
-    return out
+    return torch.cat(outs)
 
 
 def _layer_s(x_in: Optional[torch.Tensor], input_ids: torch.Tensor, embed: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor, cos_t: torch.Tensor,
