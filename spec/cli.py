@@ -1,8 +1,9 @@
 """`pdo spec`: the formal model's answers. Sub-commands:
 
   table   the seed's four-mode table, every yes/no cell a z3 query, and the AHEAD steady state
-  prove   the safety properties for K batches: PROVED (with a minimal set of rules), or REFUTED with
-          a counterexample schedule; vacuity and engine-model conformance first
+  prove   the safety properties for K batches (prefill) and K iterations (decode prefetch): PROVED
+          (with a minimal set of rules), or REFUTED with a counterexample schedule; vacuity and
+          loop-model conformance first
   docs    write docs/spec.md (generated from spec/)
 
 Every query prints its time. Exit status: 0 all proved / as the seed says, 1 a refutation or a
@@ -25,9 +26,11 @@ def register(subparsers) -> None:
     t.add_argument("--json", action="store_true", help='print {"modes": {...}} only')
     t.set_defaults(fn=cmd_table)
     v = sub.add_parser("prove", help="prove the safety properties for K batches, or print counterexamples")
-    v.add_argument("--role", choices=["prefill", "decode"], default="prefill",
-                   help="decode: the prefetch of DP-rank queries over K iterations (no loop model yet)")
-    v.add_argument("--mode", choices=zm.MODES, action="append", help="default: all of the role's modes")
+    v.add_argument("--role", choices=["all", "prefill", "decode"], default="all",
+                   help="prefill: the four loops over K batches; decode: the prefetch of DP-rank queries over K "
+                        "iterations; all (default): both")
+    v.add_argument("--mode", choices=zm.MODES, action="append",
+                   help="default: all of the role's modes (with --role all, a mode runs for each role that has it)")
     v.add_argument("--batches", type=int, default=4, metavar="K")
     v.add_argument("--basis", choices=["auto", "rules", "engine"], default="auto",
                    help="prove from the rules alone, else engine ∧ rules (auto); or from one of them only")
@@ -121,8 +124,18 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
     say("  vacuity")
     if role == "decode":
         checks = [(zm.Query("the rules admit a schedule", M.check(M.rule_ids)), "sat", ""),
+                  (zm.Query("engine ∧ rules admit a schedule", M.check(M.rule_ids + M.engine_ids)), "sat", ""),
                   (zm.Query("a resolve uses a prefetched answer (engine ∧ rules)",
-                            M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(U))), "sat", "intended")]
+                            M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(U))),
+                   "sat" if k >= zm.FIRST_SUBMIT else "unsat",
+                   "intended" if k >= zm.FIRST_SUBMIT else f"needs K >= {zm.FIRST_SUBMIT}"),
+                  (zm.Query("the loop does something the universe has no events for (loop model)",
+                            M.check(*zm.outside_universe(M))), "unsat", "as designed"),
+                  (zm.Query("... one submitted in an earlier iteration (engine ∧ rules)",
+                            M.check(M.rule_ids + M.engine_ids, zm.prefetch_used_later(U))),
+                   "sat" if k >= 4 else "unsat", "intended" if k >= 4 else "needs K >= 4")]
+        checks += [(zm.Query(f"a prefetched query {how} (engine ∧ rules)", M.check(M.rule_ids + M.engine_ids, zm.disj(*c))),
+                    "sat", "") for how, c in U.ends.items()]
     else:
         want_overlap = "sat" if mode == "ahead" else "unsat"
         checks = [(q, want, ({"sat": "intended", "unsat": "impossible, as designed"}[want] if "inside" in q.what else ""))
@@ -133,11 +146,8 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
             counts["UNKNOWN"] += 1
         elif q.status != want:
             counts["problems"] += 1
-    if role == "decode":
-        say("  conformance: none (no loop model of engine/decode/ yet; its one engine fact is E:server)")
-    else:
-        say("  conformance: the loop model satisfies each rule (engine ∧ ¬rule is UNSAT)")
-    for q in (zm.conformance(M) if role != "decode" else []):
+    say("  conformance: the loop model satisfies each rule (engine ∧ ¬rule is UNSAT)")
+    for q in zm.conformance(M):
         say(f"    {_status(q.answer, 'unsat'):10s} {q.answer.seconds:7.3f} s  {q.what}")
         if q.status == "sat":
             counts["problems"] += 1
@@ -158,7 +168,7 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
             say(f"      counterexample ({pr.basis}): {p.statement}")
             for line in zm.timeline(M, pr.counterexample, hidden=hidden):
                 say("      " + line)
-        elif pr.engine == "REFUTED" and role != "decode":
+        elif pr.engine == "REFUTED":
             a = M.check(M.engine_ids, zm.neg(p.formula(U)))
             if a.status == "sat":
                 say(f"      the loop model alone violates it ({a.seconds:.3f} s):")
@@ -172,15 +182,17 @@ def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=No
 def cmd_prove(a) -> int:
     t0 = time.perf_counter()
     total = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
-    modes = a.mode or (zm.DECODE_MODES if a.role == "decode" else zm.MODES)
-    bad = [m for m in modes if a.role == "decode" and m not in zm.DECODE_MODES]
+    roles = ("prefill", "decode") if a.role == "all" else (a.role,)
+    runs = [(role, m) for role in roles for m in (zm.DECODE_MODES if role == "decode" else zm.MODES)
+            if not a.mode or m in a.mode]
+    bad = [m for m in (a.mode or []) if a.role == "decode" and m not in zm.DECODE_MODES]
     if bad:
         raise ValueError(f"decode modes are {', '.join(zm.DECODE_MODES)}, not {', '.join(bad)}")
-    for mode in modes:
-        drop = [r for r in a.drop if any(x.id == r and x.role == a.role and x.applies(mode) for x in zm.load_rules())]
+    for role, mode in runs:
+        drop = [r for r in a.drop if any(x.id == r and x.role == role and x.applies(mode) for x in zm.load_rules())]
         c = prove_mode(mode, a.batches, basis=a.basis, drop=drop,
-                       mutants=a.inject if (mode == "ahead" and a.role == "prefill") else (),
-                       props=a.property, timeout_s=a.timeout, hidden=a.hidden, role=a.role)
+                       mutants=a.inject if (mode == "ahead" and role == "prefill") else (),
+                       props=a.property, timeout_s=a.timeout, hidden=a.hidden, role=role)
         for key in total:
             total[key] += c[key]
         _say()

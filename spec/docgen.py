@@ -11,6 +11,7 @@ from . import z3model as zm
 
 DEFAULT = pathlib.Path(__file__).resolve().parents[1] / "docs" / "spec.md"
 K_DOCS = 3   # batches for the proofs shown here (`pdo spec prove --batches K` for more)
+K_DECODE = 4  # decode iterations: a prefetch consumed in a later iteration than its submit needs 4
 ABBREV = {"normal": "n", "overlap": "o", "thread": "t", "ahead": "a"}
 
 
@@ -74,17 +75,36 @@ def generate() -> str:
     out += ["", "Rules in no minimal set (they guard the traces, not these properties): " + ", ".join(unused) + ".", ""]
 
     out += ["### Decode: the DP-rank prefetch", "",
-            f"A symbolic decode universe: {K_DOCS} loop iterations, two bootstrap addresses, three rooms; per",
-            "address and iteration a prefetched and a synchronous query, per room its request's life, one",
-            "release/resume of memory. There is no loop model of engine/decode/ yet: the one engine fact",
-            "is `E:server` (a resolve answers what the bootstrap server says).", "",
+            f"The decode universe: {K_DECODE} loop iterations, two bootstrap addresses (rooms 1, 2, 3 at the",
+            "first, room 4 at the second); per address, iteration and room set a prefetched query (submit, its",
+            "pool thread's query_begin, a cancel, a resolve using it as is or as the prefix of a larger set);",
+            "per address and room set a synchronous one; per room its request's life (done or aborted); one",
+            "release and one resume of memory. The loop model (`E:` groups below) is the prefetch and",
+            "consumption code of engine/decode/ unrolled over the iterations; the environment chooses arrivals,",
+            "aborts, which iterations poll the prealloc queue, and when memory is released and resumed. The two",
+            "decode loops run the same prefetch and consumption: their models differ only in which rules apply.", "",
             "| property | mode | verdict | minimal set |", "|---|---|---|---|"]
+    checks = []
     for mode in zm.DECODE_MODES:
-        M = zm.Model(mode, K_DOCS, role="decode")
+        M = zm.Model(mode, K_DECODE, role="decode")
+        both = M.rule_ids + M.engine_ids
+        ends = [how for how, c in M.U.ends.items() if M.check(both, zm.disj(*c)).status != "sat"]
+        checks.append((mode, M.check(both).status, M.check(both, zm.prefetch_used_later(M.U)).status,
+                       [q.what for q in zm.conformance(M) if q.status != "unsat"], ends,
+                       M.check(*zm.outside_universe(M)).status))
         for p in zm.DECODE_PROPERTIES:
             pr = zm.prove(M, p)
             out.append(f"| {p.id} | {mode} | {pr.status} from {pr.basis} | {', '.join(pr.core)} |")
     out += [""] + [f"- **{p.id}**: {p.statement} Seed: {p.seed}" for p in zm.DECODE_PROPERTIES] + [""]
+    for mode, both, later, bad, ends, outside in checks:
+        out.append(f"- {mode}: loop model ∧ rules {'admit a schedule' if both == 'sat' else 'admit NO schedule'}; "
+                   f"a prefetched answer used in a later iteration than its submit: "
+                   f"{'possible' if later == 'sat' else 'NOT possible'}; every way a prefetched query ends ("
+                   + "; ".join(M.U.ends) + ") " + ("is possible" if not ends else "is possible but " + "; ".join(ends))
+                   + "; the loop model satisfies " + ("every decode rule" if not bad else "all rules but " + ", ".join(bad))
+                   + ("; it does nothing the universe lacks events for" if outside == "unsat" else
+                      "; IT DOES SOMETHING THE UNIVERSE LACKS EVENTS FOR") + ".")
+    out += ["", "| group | what |", "|---|---|"] + [f"| {k} | {v} |" for k, v in zm.DECODE_ENGINE_GROUPS.items()] + [""]
 
     out += ["## The engine model", "",
             "Written from engine/prefill/loops.py; every rule is checked against it (`pdo spec prove`:",

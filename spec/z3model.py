@@ -139,7 +139,9 @@ def key_label(key) -> str:
         return name
     if len(rest) == 1:
         return f"{name}({rest[0]})"
-    return f"{name}({rest[0]}@{rest[1]})"
+    if len(rest) == 2:
+        return f"{name}({rest[0]}@{rest[1]})"
+    return f"{name}({'@'.join(''.join(str(x).split()) for x in rest)})"
 
 
 def _brief(name, f) -> str:
@@ -670,10 +672,21 @@ def _before_any(U, x, cands):
     return disj(*[conj(ex(a), lt(a, x)) for a in cands])
 
 
-# one_inflight: no prefetch_submit for an address while one of its queries is outstanding.
+# one_inflight: no prefetch_submit for an address while one of its queries is outstanding. On a symbolic
+# universe, the equivalent pairwise form (on a total order, "the latest earlier submit was closed before
+# each submit" holds for every submit iff every earlier submit was closed before each later one): the
+# "latest" form makes z3 enumerate orders of the submits.
 def enc_one_inflight(rule, U):
     subs, closers = _query_state(U)
     for a, lst in subs.items():
+        if not U.ordered:
+            for y in lst:
+                for x in lst:
+                    if x is not y:
+                        mine = [z for z in closers.get(a, []) if z.f.get("qid") == y.f["qid"]]
+                        closed = disj(*[conj(ex(z), lt(y, z), lt(z, x)) for z in mine])
+                        yield implies(conj(ex(y), ex(x), lt(y, x)), closed), [x, y, *mine]
+            continue
         for x in lst:
             out, refs = _outstanding(U, x, [y for y in lst if y is not x], closers.get(a, []))
             yield implies(ex(x), neg(out)), [x, *refs]
@@ -726,13 +739,20 @@ def enc_no_stale(rule, U):
 
 
 # release: at release_memory no query is outstanding; between it and the next resume_memory no
-# prefetch_submit and no receiver_init.
+# prefetch_submit and no receiver_init. (Symbolic universes: the pairwise form, as for one_inflight.)
 def enc_release(rule, U):
     subs, closers = _query_state(U)
     resumes = U.named("resume_memory")
     releases = U.named("release_memory")
     for x in releases:
         for a, lst in subs.items():
+            if not U.ordered:   # equivalently: each earlier submit was closed before x, or another followed it
+                for y in lst:
+                    mine = [z for z in closers.get(a, []) if z.f.get("qid") == y.f["qid"]]
+                    closed = disj(*[conj(ex(z), lt(y, z), lt(z, x)) for z in mine])
+                    later = disj(*[conj(ex(w), lt(y, w), lt(w, x)) for w in lst if w is not y])
+                    yield implies(conj(ex(x), ex(y), lt(y, x)), disj(closed, later)), [x, y, *mine]
+                continue
             out, refs = _outstanding(U, x, lst, closers.get(a, []))
             if out is not False:
                 yield implies(ex(x), neg(out)), [x, *refs]
@@ -1376,25 +1396,60 @@ ENGINE_GROUPS = {
 }
 
 
-# ---- the decode prefetch, symbolically: a few iterations, addresses and rooms ------------------------
-# Every event the prefetch and its consumption could log for the rooms of two bootstrap addresses
-# over `iterations` loop iterations: per address and iteration a prefetched query (submit, its pool
-# thread's query_begin, a cancel, a resolve that uses it) and a synchronous one (query_begin and
-# resolve on the scheduler); per room its request's life; one release/resume of memory. Positions,
-# threads, existence and the ranks a resolve or receiver_init carries are symbolic; the decode rules
-# are read through the same encodings as the traces. No loop model of engine/decode/ yet: the one
-# engine fact is that a resolve answers what the bootstrap server says.
+# ---- the decode prefetch: events of a few iterations, and the loop code that emits them ---------------
+# A workload of two bootstrap addresses (rooms 1, 2, 3 at the first, room 4 at the second) over
+# `iterations` iterations of the decode loop. The universe holds every event the prefetch and its
+# consumption can log: per address, iteration (from FIRST_SUBMIT) and room set a prefetched query
+# (submit, its pool thread's query_begin, a cancel, a resolve that uses it as is or as the prefix of a
+# larger set); per address and room set a synchronous one (query_begin and resolve on the scheduler:
+# a set is resolved at most once, its rooms are known after); per room its request's life (added,
+# receiver init, KV, done, or aborted); one release and one resume of memory.
+#
+# The loop model (decode_engine) is engine/decode/loops.py's `_loop_top` with
+# engine/decode/prealloc.py's prefetch and consumption, as a state machine unrolled over the
+# iterations: the environment chooses when each room arrives, when a still-pending request is aborted
+# (its client goes away), which iterations poll the prealloc queue (SGLang's polling interval: a
+# prefetch may be consumed iterations later), and when memory is released and resumed (after the
+# prefetch, as the after_prefetch hook of tests/test_pd_faults.py); everything else follows from the
+# code. Scheduler events sit at fixed positions of their iteration (100 i + the step's offset); the
+# pool thread's query_begin floats after its submit, before the answer is used, and before a cancel
+# that stopped it. The bootstrap server answers room r with rank r % 2, without errors. What the loop
+# could do that the universe has no events for (or an event it would log twice) is collected in
+# `U.outside` and shown unreachable by `pdo spec prove` (outside_universe).
 
 DECODE_THREADS = {"scheduler": SCHED, "prefetch_0": FWD}
+# The first iteration whose prefetch can submit: it needs the address's parallel info, which the
+# consumption point fetches when a room of the address is pending, and a room still unknown, but that
+# consumption resolved every room then pending: a room arriving later (intake of iteration 2 at the
+# earliest) is first seen by the prefetch of the iteration after (3). Queries of earlier iterations
+# are left out of the universe (outside_universe: the loop model cannot submit them).
+FIRST_SUBMIT = 3
 
 
 @dataclass(frozen=True)
 class DecodeWorkload:
     iterations: int
-    rooms: tuple = (("127.0.0.1:8998", (1, 2)), ("127.0.0.1:8999", (3,)))
+    rooms: tuple = (("127.0.0.1:8998", (1, 2, 3)), ("127.0.0.1:8999", (4,)))
 
     def server_rank(self, room: int) -> int:
         return room % 2
+
+    def room_sets(self, a: int) -> list[tuple]:
+        """Every nonempty subset of the address's rooms, in arrival order."""
+        rooms = self.rooms[a][1]
+        return [tuple(r for n, r in enumerate(rooms) if mask >> n & 1) for mask in range(1, 1 << len(rooms))]
+
+    def submit_sets(self, a: int) -> list[tuple]:
+        """The room sets a prefetch can ask for: without the address's first room, which the consumption
+        that fetches the address's parallel info resolves (or which was aborted before it)."""
+        return [S for S in self.room_sets(a) if self.rooms[a][1][0] not in S]
+
+    def all_rooms(self) -> list[tuple]:
+        return [(a, r) for a, (_, rooms) in enumerate(self.rooms) for r in rooms]
+
+
+def _prefix_of(p, n):
+    return len(p) < len(n) and n[:len(p)] == p
 
 
 class DecodeUniverse(SymbolicUniverse):
@@ -1403,22 +1458,31 @@ class DecodeUniverse(SymbolicUniverse):
         self.W, self.K, self.header = W, W.iterations, {"role": "decode", "prefetch": True}
         vocab = load_events()["decode"]
         mk = lambda name, key, **f: self._mk(name, None, key, f, vocab)   # noqa: E731
-        for i in range(1, W.iterations + 1):
+        K = W.iterations
+        for i in range(1, K + 1):
             for name in ("iter_begin", "prefetch_begin", "prefetch_end"):
                 mk(name, (name, i), iter=i)
+        qids = iter(range(10_000))
         for a, (addr, rooms) in enumerate(W.rooms):
-            mk("prefill_info", ("prefill_info", addr), addr=addr, published=True, error=None)
-            for i in range(1, W.iterations + 1):
-                q = 2 * (a * W.iterations + i)
-                ask = dict(addr=addr, rooms=list(rooms))
-                answer = {str(r): z3.Int(f"answer:{addr}:{i}:{r}") for r in rooms}
-                mk("prefetch_submit", ("prefetch_submit", addr, i), qid=q, **ask)
-                mk("query_begin", ("query_begin", addr, i), qid=q, source="prefetch", **ask)
-                mk("prefetch_cancel", ("prefetch_cancel", addr, i), qid=q, reason="mismatch", **ask)
-                mk("resolve", ("resolve", addr, i), qid=q, source="prefetched", result=answer, **ask)
-                mk("query_begin", ("query_begin", addr, f"{i}s"), qid=q + 1, source="sync", **ask)
-                mk("resolve", ("resolve", addr, f"{i}s"), qid=None, source="sync",
-                   result={str(r): z3.Int(f"answer:{addr}:{i}s:{r}") for r in rooms}, **ask)
+            mk("prefill_info", ("prefill_info", a), addr=addr, published=True, error=None)
+            for j in range(FIRST_SUBMIT, K + 1):
+                for S in W.submit_sets(a):
+                    q = next(qids)
+                    ask = dict(addr=addr, rooms=list(S))
+                    mk("prefetch_submit", ("prefetch_submit", a, j, S), qid=q, **ask)
+                    mk("query_begin", ("query_begin", a, j, S), qid=q, source="prefetch", **ask)
+                    mk("prefetch_cancel", ("prefetch_cancel", a, j, S), qid=q, reason="any", **ask)
+                    mk("resolve", ("resolve", a, j, S), qid=q, source="prefetched", error=None,
+                       result={str(r): z3.Int(f"answer:{a}:{j}:{S}:{r}") for r in S}, **ask)
+                    for N in W.room_sets(a):
+                        if _prefix_of(S, N):
+                            mk("resolve", ("resolve", a, j, S, N), qid=q, source="prefix", error=None, addr=addr,
+                               rooms=list(N), result={str(r): z3.Int(f"answer:{a}:{j}:{S}+:{r}") for r in N})
+            for N in W.room_sets(a):     # a room set is resolved once: its rooms are known after
+                ask = dict(addr=addr, rooms=list(N))
+                mk("query_begin", ("query_begin", a, "sync", N), qid=next(qids), source="sync", **ask)
+                mk("resolve", ("resolve", a, "sync", N), qid=None, source="sync", error=None,
+                   result={str(r): z3.Int(f"answer:{a}:sync:{N}:{r}") for r in N}, **ask)
             for r in rooms:
                 rid = f"r{r}"
                 mk("req_add", ("req_add", r), rid=rid, room=r, addr=addr)
@@ -1426,6 +1490,7 @@ class DecodeUniverse(SymbolicUniverse):
                 mk("kv_recv", ("kv_recv", r), room=r)
                 mk("kv_done", ("kv_done", r), room=r, rid=rid)
                 mk("req_done", ("req_done", r), rid=rid, room=r)
+                mk("req_abort", ("req_abort", r), rid=rid, room=r, reason="client went away")
         mk("release_memory", ("release_memory",))
         mk("resume_memory", ("resume_memory",))
 
@@ -1433,10 +1498,179 @@ class DecodeUniverse(SymbolicUniverse):
         return DECODE_THREADS[name]
 
 
+DECODE_ENGINE_GROUPS = {
+    "E:loop": "the loop code: iteration top, prefetch (stale cancel, skip, submit), release hook, intake, aborts, "
+              "consumption (prefetched, prefix + sync tail, cancel + sync, cancel when nothing is pending), "
+              "receiver init in arrival order unless memory is released",
+    "E:order": "where the loop logs each step: iteration i's steps at 100 i + the step's offset, in code order",
+    "E:pool": "the pool thread: a query runs after its submit, before its answer is used, never after a cancel stopped it",
+    "E:server": "the bootstrap server answers room r with rank r % 2",
+    "E:env": "arrivals in room order per address; a pending request may be aborted; every arrived request is "
+             "served or aborted within the iterations",
+}
+
+
 def decode_engine(U: DecodeUniverse) -> dict[str, list]:
+    W, K, get = U.W, U.K, U.get
     g = defaultdict(list)
-    for r in U.named("resolve"):
-        g["E:server"] += [v == U.W.server_rank(int(room)) for room, v in r.f["result"].items()]
+    L = g["E:loop"]
+    U.ends = defaultdict(list)   # how a prefetched query ends: reason -> conditions
+    U.outside = []   # loop behaviour the universe has no events for: shown unreachable (outside_universe)
+    rooms = W.all_rooms()
+    idx = {r: n for n, (_, r) in enumerate(rooms)}
+    arr = {r: z3.Int(f"arrives:r{r}") for _, r in rooms}           # K+1: never
+    ab = {r: z3.Int(f"aborts:r{r}") for _, r in rooms}             # the client goes away (if still pending)
+    polls = {i: z3.Bool(f"polls:{i}") for i in range(1, K + 1)}
+    rel, res = z3.Int("release_at"), z3.Int("resume_at")
+    g["E:env"] += [z3.And(1 <= v, v <= K + 1) for v in list(arr.values()) + list(ab.values())]
+    g["E:env"] += [1 <= rel, rel <= K + 1, rel < res, res <= K + 2]
+    for _, rs in W.rooms:
+        g["E:env"] += [arr[x] <= arr[y] for x, y in zip(rs, rs[1:])]
+
+    def var(name):
+        return z3.Bool(name)
+
+    def define(name, expr):
+        v = var(name)
+        L.append(v == as_z3(expr))
+        return v
+
+    known = {(r, 0): False for _, r in rooms}
+    gone = {(r, 0): False for _, r in rooms}   # initialised or aborted
+    info = {(a, 0): False for a in range(len(W.rooms))}
+    out = {}                                  # (key, i): outstanding at the top of iteration i
+    causes = defaultdict(list)                # event key -> [(exists-in-this-iteration, position)]
+    keys = lambda a: [(a, j, S) for j in range(FIRST_SUBMIT, K + 1) for S in W.submit_sets(a)]   # noqa: E731
+    ev = lambda *k: get(k)                    # noqa: E731
+
+    for i in range(1, K + 1):
+        base = 100 * i
+        for n, name in enumerate(("iter_begin", "prefetch_begin")):
+            L.append(ev(name, i).exists)
+            g["E:order"].append(ev(name, i).pos == base + n)
+        L.append(ev("prefetch_end", i).exists)
+        g["E:order"].append(ev("prefetch_end", i).pos == base + 4)
+        rel_pf = conj(rel < i, i <= res)      # released when the prefetch runs
+        rel_c = conj(rel <= i, i < res)       # released at the consumption point
+        pend_pf = {r: conj(arr[r] < i, neg(gone[(r, i - 1)])) for _, r in rooms}
+        abort = {r: define(f"abort:r{r}:{i}", conj(ab[r] == i, arr[r] <= i, neg(gone[(r, i - 1)]))) for _, r in rooms}
+        pend_c = {r: conj(arr[r] <= i, neg(gone[(r, i - 1)]), neg(abort[r])) for _, r in rooms}
+        live = {}
+        for a, (_, rs) in enumerate(W.rooms):
+            # prefetch: cancel stale queries, then submit one query per address
+            stale = neg(disj(*[pend_pf[r] for r in rs]))
+            after = {}
+            for k in keys(a):
+                if k[1] < i:
+                    o = out[(k, i)]
+                    causes[("prefetch_cancel", *k)].append((conj(o, stale), base + 2 + a / 10))
+                    U.ends["cancelled as stale"].append(conj(o, stale))
+                    after[k] = conj(o, neg(stale))
+            unk = {r: conj(pend_pf[r], neg(known[(r, i - 1)])) for r in rs}
+            can = conj(neg(rel_pf), neg(disj(*after.values())), info[(a, i - 1)], disj(*unk.values()))
+            U.outside.append(conj(can, *[neg(conj(*[unk[r] if r in S else neg(unk[r]) for r in rs]))
+                                         for S in W.room_sets(a)]))
+            for S in W.room_sets(a):
+                sub = define(f"submit:{a}:{i}:{S}", conj(can, *[unk[r] if r in S else neg(unk[r]) for r in rs]))
+                if i < FIRST_SUBMIT or S not in W.submit_sets(a):   # not in the universe: the loop
+                    U.outside.append(sub)                           # cannot (outside_universe)
+                    continue
+                causes[("prefetch_submit", a, i, S)].append((sub, base + 3 + a / 10))
+                after[(a, i, S)] = sub
+            # the after_prefetch hook: release_memory cancels every outstanding query
+            for k, o in after.items():
+                causes[("prefetch_cancel", *k)].append((conj(o, rel == i), base + 5 + a / 10))
+                U.ends["cancelled at release_memory"].append(conj(o, rel == i))
+                live[k] = define(f"live:{k}:{i}", conj(o, rel != i))
+        # intake; then a pending request may be aborted (its client went away)
+        for _, r in rooms:
+            causes[("req_add", r)].append((arr[r] == i, base + 10 + idx[r] / 10))
+            causes[("req_abort", r)].append((abort[r], base + 15 + idx[r] / 10))
+        # consumption point (when this iteration polls the prealloc queue)
+        anyp = disj(*[pend_c[r] for _, r in rooms])
+        empty = conj(polls[i], neg(anyp))
+        for a, (_, rs) in enumerate(W.rooms):
+            for k in keys(a):
+                if k in live:
+                    causes[("prefetch_cancel", *k)].append((conj(live[k], empty), base + 20 + a / 10))
+                    U.ends["cancelled with nothing pending"].append(conj(live[k], empty))
+            act = define(f"act:{a}:{i}", conj(polls[i], anyp, disj(*[pend_c[r] for r in rs])))
+            causes[("prefill_info", a)].append((conj(act, neg(info[(a, i - 1)])), base + 30 + 10 * a))
+            info[(a, i)] = define(f"info:{a}:{i}", disj(info[(a, i - 1)], act))
+            need = {r: conj(act, pend_c[r], neg(known[(r, i - 1)])) for r in rs}
+            has = disj(*need.values())
+            nset = {N: conj(has, *[need[r] if r in N else neg(need[r]) for r in rs]) for N in W.room_sets(a)}
+            U.outside.append(conj(has, *[neg(x) for x in nset.values()]))
+            usable = []
+            for k in keys(a):
+                if k not in live:
+                    continue
+                P = k[2]
+                pre = conj(live[k], nset[P])
+                causes[("resolve", *k)].append((pre, base + 33 + 10 * a))
+                U.ends["used as is"].append(pre)
+                usable.append(pre)
+                ext = False
+                for N in W.room_sets(a):
+                    if _prefix_of(P, N):
+                        use = conj(live[k], nset[N])
+                        causes[("resolve", *k, N)].append((use, base + 33 + 10 * a))
+                        U.ends["used as a prefix with a sync tail"].append(use)
+                        causes[("query_begin", a, "sync", N[len(P):])].append((use, base + 32 + 10 * a))
+                        usable.append(use)
+                        ext = disj(ext, nset[N])
+                mismatch = conj(live[k], has, neg(nset[P]), neg(ext))
+                causes[("prefetch_cancel", *k)].append((mismatch, base + 31 + 10 * a))
+                U.ends["cancelled on a room mismatch (sync query instead)"].append(mismatch)
+                out[(k, i + 1)] = define(f"out:{k}:{i + 1}", conj(live[k], neg(empty), neg(has)))
+            for N in W.room_sets(a):
+                sync = conj(nset[N], neg(disj(*usable)))
+                causes[("query_begin", a, "sync", N)].append((sync, base + 32 + 10 * a))
+                causes[("resolve", a, "sync", N)].append((sync, base + 33 + 10 * a))
+            for r in rs:
+                known[(r, i)] = define(f"known:r{r}:{i}", disj(known[(r, i - 1)], need[r]))
+        # receiver init in arrival order, unless memory is released; then the KV arrives
+        for _, r in rooms:
+            now = conj(polls[i], neg(rel_c), pend_c[r], known[(r, i)])
+            order = (10 * z3.ToReal(arr[r]) + idx[r]) / 1000
+            for name, off in (("receiver_init", 50), ("kv_recv", 70), ("kv_done", 70.0001), ("req_done", 70.0002)):
+                causes[(name, r)].append((now, base + off + order))
+            gone[(r, i)] = define(f"gone:r{r}:{i}", disj(gone[(r, i - 1)], abort[r], now))
+    causes[("release_memory",)] = [(rel == i, 100 * i + 6) for i in range(1, K + 1)]
+    causes[("resume_memory",)] = [(res == i, 100 * i + 7) for i in range(1, K + 1)]
+
+    # Every event: it exists iff one of its causes holds (at most one does), at that cause's position;
+    # scheduler events on the scheduler thread.
+    for e in U.events:
+        if e.name in ("iter_begin", "prefetch_begin", "prefetch_end") or e.key[:1] == ("query_begin",) and e.f["source"] == "prefetch":
+            continue
+        cs = causes.get(e.key, [])
+        L.append(e.exists == as_z3(disj(*[c for c, _ in cs])))
+        g["E:order"] += [implies(c, e.pos == p) for c, p in cs]
+        U.outside += [conj(c1, c2) for n1, (c1, _) in enumerate(cs) for c2, _ in cs[n1 + 1:]]   # logged twice
+    for e in U.events:
+        pool = e.name == "query_begin" and e.f["source"] == "prefetch"
+        L.append(e.thread == (FWD if pool else SCHED))
+    # The pool thread: the query of a submit runs after it; a resolve using it waits for it; a cancel
+    # stops it only before it began.
+    P = g["E:pool"]
+    for a in range(len(W.rooms)):
+        for k in keys(a):
+            qb, sub, c = ev("query_begin", *k), ev("prefetch_submit", *k), ev("prefetch_cancel", *k)
+            users = [ev("resolve", *k)] + [ev("resolve", *k, N) for N in W.room_sets(a) if _prefix_of(k[2], N)]
+            P += [implies(ex(qb), conj(ex(sub), lt(sub, qb))), implies(ex(c), implies(ex(qb), lt(qb, c)))]
+            P += [implies(ex(u), conj(ex(qb), lt(qb, u))) for u in users]
+    # What the receiver and the KV carry: the rank the resolve answered; one 16-token page.
+    for _, r in rooms:
+        init, kv = ev("receiver_init", r), ev("kv_recv", r)
+        answers = [x for x in U.named("resolve") if str(r) in x.f["result"]]
+        L += [implies(ex(x), init.f["rank"] == x.f["result"][str(r)]) for x in answers]
+        L += [kv.f["rank"] == init.f["rank"], kv.f["tokens"] == 16, kv.f["pages"] == -(-16 // U.page_size),
+              kv.f["start"] == 0]
+    for x in U.named("resolve"):
+        g["E:server"] += [v == W.server_rank(int(room)) for room, v in x.f["result"].items()]
+    # The environment: every request that arrives is served within the iterations.
+    g["E:env"] += [implies(arr[r] <= K, gone[(r, K)]) for _, r in rooms]
     return dict(g)
 
 
@@ -1599,6 +1833,19 @@ def prefetch_used(U):
     return disj(*[ex(r) for r in U.named("resolve") if r.f["qid"] is not None])
 
 
+def outside_universe(M):
+    """(engine groups, formula): the loop model, without the positions, does something the universe has
+    no events for or logs an event twice."""
+    return [g for g in M.engine_ids if g != "E:order"], disj(*M.U.outside)
+
+
+def prefetch_used_later(U):
+    """Some resolve uses the answer of a query submitted in an earlier iteration (the prealloc queue
+    was not polled in between)."""
+    return disj(*[conj(ex(r), lt(U.get(("iter_begin", r.key[2] + 1)), r)) for r in U.named("resolve")
+                  if r.f["qid"] is not None and r.key[2] < U.K])
+
+
 def admission_overlap(U):
     """Some admission of N+1 falls inside run_batch(N): the overlap AHEAD is for."""
     b = U.b
@@ -1730,15 +1977,20 @@ class Model:
         """The schedule of a z3 model as a pdo-trace (header, events): objects, digests, slots,
         counter values and token counts read from the model. Used to test witnesses with the linear
         checker."""
-        header = {"format": "pdo-trace", "version": 1, "role": "prefill", "mode": self.mode,
+        header = {"format": "pdo-trace", "version": 1, "role": self.role, "mode": self.mode,
                   "page_size": self.U.page_size, "source": "spec.z3model"}
+        if self.role == "decode":
+            header["prefetch"] = True
+        val = lambda v: model.eval(v, model_completion=True).as_long() if _is_z3(v) else v   # noqa: E731
         out = []
         for i, e in enumerate(self.schedule(model), 1):
-            d = {"seq": i, "t_ns": i * 1000, "thread": THREAD_NAMES[self.thread_of(model, e)], "ev": e.name}
+            d = {"seq": i, "t_ns": i * 1000, "thread": self.thread_name(self.thread_of(model, e)), "ev": e.name}
             for k, v in e.f.items():
                 if _is_z3(v):
-                    v = model.eval(v, model_completion=True).as_long()
+                    v = val(v)
                     v = f"o{v}" if k == "obj" else f"d{v}" if k == "digest" else v
+                elif isinstance(v, dict):
+                    v = {r: val(x) for r, x in v.items()}
                 d[k] = list(v) if isinstance(v, tuple) else v
             if e.batch is not None:
                 d["batch"] = e.batch

@@ -10,6 +10,7 @@ import os
 import random
 
 import pytest
+import z3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from checker.linear import check_file
 from engine.cli import main as pdo
 from spec import abstract, docgen
 from spec import z3model as zm
+from spec.z3model import as_z3
 
 SLOW = os.environ.get("PDO_SLOW") == "1"
 K = 3
@@ -170,24 +172,94 @@ def test_prove_cli_small(capsys):
     assert "PROVED" in out and "0 refuted" in out and " s  " in out
 
 
+# ---- the decode prefetch: loop model, rules, properties ----------------------------------------------
+
+KD = 4   # decode iterations: a prefetch consumed in a later iteration than its submit needs 4
+
+
+@pytest.fixture(scope="module")
+def decode_models():
+    return {mode: zm.Model(mode, KD, role="decode") for mode in zm.DECODE_MODES}
+
+
 @pytest.mark.parametrize("mode", zm.DECODE_MODES)
-def test_decode_properties(mode):
-    """The decode prefetch over a few iterations, addresses and rooms: the decode rules admit a schedule
-    using a prefetched answer, and prove the properties with minimal sets."""
-    M = zm.Model(mode, K, role="decode")
-    assert M.check(M.rule_ids).status == "sat"
+def test_decode_loop_model_vacuity_and_conformance(decode_models, mode):
+    """The loop model of the prefetch satisfies every decode rule; with the rules it admits schedules
+    that use a prefetched answer, also iterations after its submit, and every way a prefetched query
+    ends; it does nothing the universe has no events for."""
+    M = decode_models[mode]
+    both = M.rule_ids + M.engine_ids
+    assert M.check(M.rule_ids).status == "sat" and M.check(both).status == "sat"
+    assert M.check(both, zm.prefetch_used(M.U)).status == "sat"
+    assert M.check(both, zm.prefetch_used_later(M.U)).status == "sat"
+    assert set(M.U.ends) == {"used as is", "used as a prefix with a sync tail", "cancelled as stale",
+                             "cancelled at release_memory", "cancelled with nothing pending",
+                             "cancelled on a room mismatch (sync query instead)"}
+    for how, c in M.U.ends.items():
+        assert M.check(both, zm.disj(*c)).status == "sat", how
+    assert M.check(*zm.outside_universe(M)).status == "unsat"
+    bad = [(q.what, q.status) for q in zm.conformance(M) if q.status != "unsat"]
+    assert not bad, f"the decode loop model violates {bad}"
+    assert not M.not_encoded
+
+
+def test_decode_later_consumption_needs_four_iterations():
+    M = zm.Model("normal", 3, role="decode")
     assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(M.U)).status == "sat"
-    want = {"room-init-server-rank": {"D-init-once", "E:server"}, "one-query-per-address": {"D-one-query-per-addr"},
-            "nothing-after-release": {"D-release-cancels"}}
+    assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used_later(M.U)).status == "unsat"
+
+
+@pytest.mark.parametrize("mode", zm.DECODE_MODES)
+def test_decode_properties_proved_with_minimal_sets(decode_models, mode):
+    """Each decode property: PROVED from the rules (the server's answer from E:server), the loop model
+    alone proves it too, and the set is minimal: without any member z3 finds a counterexample."""
+    M = decode_models[mode]
+    want = {"room-init-server-rank": ("engine+rules", {"D-init-once", "E:server"}),
+            "one-query-per-address": ("rules", {"D-one-query-per-addr"}),
+            "nothing-after-release": ("rules", {"D-one-query-per-addr", "D-release-cancels"})}
     for p in zm.DECODE_PROPERTIES:
         pr = zm.prove(M, p)
-        assert pr.status == "PROVED" and want[p.id] <= set(pr.core), (p.id, pr.core)
+        assert pr.status == "PROVED" and pr.engine == "PROVED", (p.id, pr.status, pr.engine, pr.note)
+        assert (pr.basis, set(pr.core)) == want[p.id], (p.id, pr.basis, pr.core)
         bad = zm.neg(p.formula(M.U))
         for name in pr.core:
             assert M.check([x for x in pr.core if x != name], bad).status == "sat", (p.id, name)
-    D = zm.Model(mode, K, role="decode", drop=["D-release-cancels"])
-    pr = zm.prove(D, next(p for p in zm.DECODE_PROPERTIES if p.id == "nothing-after-release"))
+
+
+@pytest.mark.parametrize("rule,prop", [("D-release-cancels", "nothing-after-release"),
+                                       ("D-one-query-per-addr", "one-query-per-address"),
+                                       ("D-init-once", "room-init-server-rank")])
+def test_decode_dropping_a_rule_gives_a_counterexample(rule, prop):
+    from spec.cli import prove_mode
+
+    lines = []
+    counts = prove_mode("overlap", KD, basis="rules", drop=[rule], props=[prop], say=lines.append, role="decode")
+    assert counts["REFUTED"] == 1
+    text = "\n".join(lines)
+    assert "counterexample" in text and "| prefetch_0" in text     # a two-lane timeline
+    M = zm.Model("overlap", KD, role="decode", drop=[rule])
+    p = next(p for p in zm.DECODE_PROPERTIES if p.id == prop)
+    pr = zm.prove(M, p, basis="rules")
     assert pr.status == "REFUTED"
+    assert not z3.is_true(pr.counterexample.eval(as_z3(p.formula(M.U)), model_completion=True))
+    assert zm.prove(M, p, basis="engine").status == "PROVED"     # the loop model still has it
+
+
+@pytest.mark.parametrize("mode", zm.DECODE_MODES)
+def test_decode_loop_schedules_pass_both_checkers(decode_models, mode, tmp_path):
+    """Schedules of the decode loop model, written as traces: each passes the linear and the z3 checker."""
+    from checker import z3check
+
+    M = decode_models[mode]
+    wants = [True, zm.prefetch_used_later(M.U)] + [zm.disj(*c) for c in M.U.ends.values()]
+    for n, extra in enumerate(wants):
+        a = M.check(M.engine_ids, extra)
+        assert a.status == "sat"
+        header, events = M.to_trace(a.model)
+        path = abstract.write_trace(tmp_path / f"d{n}.jsonl", header, events)
+        r = check_file(path)
+        assert r.ok, [(v.rule.id, v.message) for v in r.violations]
+        assert z3check.check_file(path).ok
 
 
 # ---- the loop model, the abstract model and the checkers --------------------------------------------
@@ -248,7 +320,11 @@ def test_abstract_model_covers_drains_idle_iterations_and_overlap():
 def test_docs_are_generated_from_spec():
     with open(docgen.DEFAULT, encoding="utf-8") as f:
         committed = f.read()
-    assert committed == docgen.generate(), "docs/spec.md is stale: run `pdo spec docs`"
+    fresh = docgen.generate()
+    if committed != fresh:
+        import difflib
+        diff = "".join(difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True), n=0))
+        pytest.fail(f"docs/spec.md is stale: run `pdo spec docs`\n{diff[:3000]}")
 
 
 @pytest.mark.parametrize("mode", zm.MODES)
