@@ -158,16 +158,26 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of:
         yield n, e
 
 
+_TABLES: dict = {}   # role -> (the vocabulary they were built from, fields per event, validators)
+
+
+def _role_tables(role: str) -> tuple[dict, dict]:
+    vocab = load_events()
+    hit = _TABLES.get(role)
+    if hit is None or hit[0] is not vocab:
+        fields_of = {ev: spec.get("fields", {}) for ev, spec in vocab.get(role, {}).items()}
+        hit = _TABLES[role] = (vocab, fields_of, {ev: _compile_validator(spec) for ev, spec in fields_of.items()})
+    return hit[1], hit[2]
+
+
 def _chunks(path: str, header_out: dict | None, with_lines: bool):
     """Yield (line numbers or None, events) per chunk of the file, every event validated."""
-    vocab = load_events()
     with open(path, "rb") as f:
         header = read_header(path, f)
         if header_out is not None:
             header_out.update(header)
         role = header["role"]
-        fields_of = {ev: spec.get("fields", {}) for ev, spec in vocab.get(role, {}).items()}
-        valid = {ev: _compile_validator(spec) for ev, spec in fields_of.items()}
+        fields_of, valid = _role_tables(role)
         last_seq = 0
         line_no = 2
         while True:

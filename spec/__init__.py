@@ -37,9 +37,19 @@ class Rule:
         return self.params.get(key, default)
 
 
+_CACHE: dict = {}
+
+
 def _load(name: str) -> dict:
-    with open(HERE / name, "rb") as f:
-        return tomllib.load(f)
+    """The parsed TOML file, read again only when the file changes (the checker asks once per trace
+    file, and a fuzz campaign checks thousands of small files). Callers must not mutate it."""
+    path = HERE / name
+    stamp = path.stat().st_mtime_ns
+    hit = _CACHE.get(name)
+    if hit is None or hit[0] != stamp:
+        with open(path, "rb") as f:
+            hit = _CACHE[name] = (stamp, tomllib.load(f))
+    return hit[1]
 
 
 def load_rules() -> list[Rule]:
