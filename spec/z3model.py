@@ -15,7 +15,8 @@ Read top-down; the sections are:
 2. The engine model: what each prefill mode's loop code (engine/prefill/loops.py) does, in which
    order, on which thread, and the synchronisation between the threads (capacity-1 queues, stream
    events, the WAR barrier). A model of the code, not of the rules, in named groups ("E:...") so that
-   unsat cores say which part of the engine a proof needed.
+   unsat cores say which part of the engine a proof needed. The decode prefetch has its own universe and
+   loop model (DecodeUniverse, decode_engine), near the end of section 2.
 3. Properties and queries: the seeds' safety claims as formulas over positions and objects, stated
    without the rules; `Model` answers sat/unsat questions on (frame ∧ chosen groups) incrementally;
    `prove`, `mode_table`, `ahead_steady_table` build the answers `pdo spec` prints.
