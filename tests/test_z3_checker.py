@@ -311,3 +311,38 @@ def test_pd_mutant_fails_on_both_checkers(pd_traces, tmp_path, rule_id):
         role = "cross"
     got = assert_agree_all(paths)
     assert got[role] == {rule_id}, got
+
+
+@pytest.fixture(scope="module")
+def loop_witnesses():
+    """Schedules of the decode loop model (spec/z3model.py), one per way a prefetched query ends: used
+    as is, as a prefix with a sync tail, cancelled as stale, at release, with nothing pending, on a
+    mismatch."""
+    from spec import z3model as zm
+
+    M = zm.Model("overlap", 4, role="decode")
+    out = []
+    for c in M.U.ends.values():
+        a = M.check(M.engine_ids, zm.disj(*c))
+        assert a.status == "sat"
+        out.append(M.to_trace(a.model))
+    return out
+
+
+@settings(max_examples=120 if SLOW else 30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(MUTATIONS + ("rooms", "source", "qid", None)))
+def test_checkers_agree_on_mutated_loop_model_traces(loop_witnesses, seed, kind, tmp_path_factory):
+    """The prefetch_match encoding (and the other decode kinds) against the linear checker on traces with
+    prefixed, cancelled and reused queries, and on mutations of them."""
+    rnd = random.Random(seed)
+    header, events = copy.deepcopy(rnd.choice(loop_witnesses))
+    if kind in ("rooms", "source", "qid"):
+        having = [e for e in events if kind in e]
+        e = rnd.choice(having)
+        e[kind] = {"rooms": rnd.choice([[2], [3], [2, 3], [1, 2, 3]]), "qid": rnd.randrange(6),
+                   "source": rnd.choice(["sync", "prefetched", "prefix"])}[kind]
+    elif kind:
+        events = mutate(events, kind, rnd)
+    ids, _ = assert_agree_encoded(abstract.write_trace(tmp_path_factory.mktemp("w") / "w.jsonl", header, events))
+    if kind is None:
+        assert ids == []
