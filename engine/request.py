@@ -78,7 +78,9 @@ class SamplingBatchInfo:
         """A copy for the forward: own tensors, no penalizer. Safe to call twice (once before submit,
         once inside run_batch): folding the penalizer state happens only on the first call."""
         if self.is_forward_copy and not inject.on("non-idempotent-copy-for-forward"):
-            return SamplingBatchInfo(self.logit_bias.clone(), None, True)
+            bias = self.logit_bias.clone()
+            _inherit_fingerprint(bias, self.logit_bias)  # a clone has the same bytes: no second hash
+            return SamplingBatchInfo(bias, None, True)
         folded = self.logit_bias + (self.penalizer.accumulated if self.penalizer is not None else 0)
         if inject.on("non-idempotent-copy-for-forward") and self.is_forward_copy:
             # MUTANT: the forward copy's bias is applied again on the second call.
@@ -130,10 +132,31 @@ class ScheduleBatch:
         h.update(repr((self.bid, [r.rid for r in reqs], [name(r) for r in reqs], [r.slot for r in reqs],
                        self.starts, self.extends, self.last_chunk)).encode())
         for t in (self.input_ids, self.positions, self.out_cache_loc, (sampling or self.sampling_info).logit_bias):
-            buf = memoryview(_host_view(t)).cast("B")
-            for i in range(0, len(buf), _HASH_SLICE):  # slices that keep the GIL (see _HASH_SLICE)
-                h.update(buf[i:i + _HASH_SLICE])
+            h.update(_fingerprint(t))
         return h.hexdigest()[:16]
+
+
+def _fingerprint(t: torch.Tensor) -> bytes:
+    """SHA-1 of the tensor's bytes, remembered on the tensor with its version counter: the batch's
+    snapshot and its forward read the same input tensors, so the forward's digest reuses the
+    snapshot's hashes unless a torch write (which bumps `_version`, shared by views) touched them.
+    A rebound field is another tensor and is hashed afresh — what the snapshot rule needs to see."""
+    hit = getattr(t, "_pdo_fp", None)
+    if hit is not None and hit[0] == t._version:
+        return hit[1]
+    h = hashlib.sha1(usedforsecurity=False)
+    buf = memoryview(_host_view(t)).cast("B")
+    for i in range(0, len(buf), _HASH_SLICE):  # slices that keep the GIL (see _HASH_SLICE)
+        h.update(buf[i:i + _HASH_SLICE])
+    fp = h.digest()
+    t._pdo_fp = (t._version, fp)
+    return fp
+
+
+def _inherit_fingerprint(clone: torch.Tensor, src: torch.Tensor) -> None:
+    hit = getattr(src, "_pdo_fp", None)
+    if hit is not None and hit[0] == src._version:
+        clone._pdo_fp = (clone._version, hit[1])
 
 
 # hashlib releases the GIL while it hashes 2048 bytes or more. In the engine that is a trap: the

@@ -1,8 +1,9 @@
 """The trace writer: one JSON object per event, a header first (format documented in docs/trace-format.md).
 
-Events are appended to an in-memory list under a lock and written at close, so that logging an
-event costs one dict and one append (tracing on must not distort the overlap it measures); a
-disabled tracer is a no-op method. `seq` is the global order in which events were logged.
+Events are appended to an in-memory list under a lock as tuples and turned into dicts only when
+read (`events`) or written at close, so that logging an event costs one tuple and one append
+(tracing on must not distort the overlap it measures); a disabled tracer is a no-op method.
+`seq` is the global order in which events were logged.
 Every emit is also a schedule point: a controller (checker/fuzz.py) may block the calling thread
 there to choose which thread runs next.
 """
@@ -24,8 +25,10 @@ class Tracer:
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        self.events: list[dict] = []
+        self._raw: list[tuple] = []     # (seq, t_ns, thread, ev, fields), in seq order
+        self._dicts: list[dict] = []    # the first len(_dicts) of _raw as event dicts
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._seq = 0
         self._by_id: dict[int, tuple] = {}   # id(obj) -> (weakref to obj, name)
         self._obj_count = 0
@@ -35,7 +38,18 @@ class Tracer:
         sync.point(ev)
         with self._lock:
             self._seq += 1
-            self.events.append({"seq": self._seq, "t_ns": time.monotonic_ns(), "thread": thread, "ev": ev, **fields})
+            self._raw.append((self._seq, time.monotonic_ns(), thread, ev, fields))
+
+    @property
+    def events(self) -> list[dict]:
+        """Every event so far as a dict (seq, t_ns, thread, ev, then its fields), in seq order. Safe to
+        read while the run goes on (a progress monitor does): it converts what was added since."""
+        with self._read_lock:   # not the emit lock: converting must not hold up the threads that log
+            raw, dicts = self._raw, self._dicts
+            n = len(raw)
+            if len(dicts) < n:
+                dicts.extend({"seq": s, "t_ns": t, "thread": th, "ev": ev, **f} for s, t, th, ev, f in raw[len(dicts):n])
+            return dicts
 
     def write(self, path: str, *, extra_header: dict | None = None) -> None:
         header = {**self.header, **(extra_header or {})}
