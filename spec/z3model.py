@@ -1137,14 +1137,18 @@ def frame(U: SymbolicUniverse, done: set | None = None) -> list:
 def distinct_compared(U: SymbolicUniverse, done: set | None = None) -> list:
     """a != b for the compared pairs not in `done` (which it updates)."""
     done = set() if done is None else done
-    out = []
+    new = []
     for a, b in list(U.compared):
         k = (id(a), id(b)) if id(a) < id(b) else (id(b), id(a))
         if a is b or k in done:
             continue
         done.add(k)
-        out.append(implies(conj(ex(a), ex(b)), a.pos != b.pos))
-    return out
+        la, lb = key_label(a.key), key_label(b.key)
+        new.append((la, lb, a, b) if la < lb else (lb, la, b, a))
+    # In the order of the events' keys, not of the set (object ids): the same constraints in the same
+    # order in every process, so that unsat cores, and the minimal sets read from them, do not vary.
+    new.sort(key=lambda x: (x[0], x[1]))
+    return [implies(conj(ex(a), ex(b)), a.pos != b.pos) for _, _, a, b in new]
 
 
 # ---- the engine model: the loop code of each mode --------------------------------------------------
