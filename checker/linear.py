@@ -12,6 +12,8 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from spec import Rule, load_events, load_rules
 
 from .trace_io import iter_chunks
@@ -30,6 +32,61 @@ class Ctx:
     page_size: int
     idx: dict = field(default_factory=lambda: defaultdict(dict))   # ev -> batch -> (seq, thread)
     admits: dict = field(default_factory=dict)                     # batch -> rids of its (first) admit
+    _dense: object = None
+
+    def dense(self) -> "Dense | None":
+        """The batch index as arrays, for the finish-time templates (built once, at finish)."""
+        if self._dense is None:
+            self._dense = Dense.build(self) or False
+        return self._dense or None
+
+
+class Dense:
+    """idx as numpy columns over the batch range [lo, lo + n): seq (0 = no such event) and a thread
+    code per event name, built on first use; `admits` the admitted batch ids in admission order.
+    The finish-time templates evaluate all batches at once on these; a trace whose batch ids are too
+    sparse for arrays (a foreign engine numbering batches by time, say) keeps the per-batch loops."""
+
+    def __init__(self, ctx, lo: int, n: int):
+        self.ctx, self.lo, self.n = ctx, lo, n
+        self.admits = np.fromiter(ctx.admits, dtype=np.int64, count=len(ctx.admits))
+        self.threads: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._cols: dict[str, tuple] = {}
+
+    @classmethod
+    def build(cls, ctx) -> "Dense | None":
+        keys = [k for t in ctx.idx.values() for k in (min(t, default=None), max(t, default=None)) if k is not None]
+        if not ctx.admits or not keys:
+            return None
+        lo, hi = min(keys), max(keys)
+        if not all(type(k) is int for k in keys) or hi - lo + 1 > 4 * len(ctx.admits) + 4096:
+            return None
+        return cls(ctx, lo, hi - lo + 1)
+
+    def col(self, ev: str) -> tuple:
+        """(seq, thread code) arrays of `ev` over the batch range."""
+        got = self._cols.get(ev)
+        if got is None:
+            table = self.ctx.idx.get(ev, {})
+            seq = np.zeros(self.n + 1, dtype=np.int64)    # one spare slot: out-of-range lookups land there
+            thr = np.full(self.n + 1, -1, dtype=np.int64)
+            if table:
+                k = np.array(list(table), dtype=np.int64) - self.lo
+                vals = list(table.values())
+                seq[k] = [v[0] for v in vals]
+                codes = self._codes
+                thr[k] = [codes[t] if t in codes else codes.setdefault(t, len(codes)) for _, t in vals]
+                self.threads = list(codes)
+            got = self._cols[ev] = (seq, thr)
+        return got
+
+    def at(self, ev: str, off: int) -> tuple:
+        """(seq, thread code) of `ev` for batch n + off, for every admitted batch n (seq 0: none)."""
+        seq, thr = self.col(ev)
+        k = self.admits + (off - self.lo)
+        k[(k < 0) | (k >= self.n)] = self.n
+        return seq[k], thr[k]
 
 
 class Template:
@@ -98,6 +155,17 @@ class Fifo(Template):
 
 class Complete(Template):
     def finish(self):
+        D = self.ctx.dense()
+        if D is None:
+            return self._finish_loop()
+        evs = self.rule["events"]
+        self.checks += len(D.admits) * len(evs)
+        missing = np.stack([D.at(ev, 0)[0] == 0 for ev in evs], axis=1)   # [batch, event]
+        admit_seq = D.at("admit", 0)[0]
+        for j, i in zip(*np.nonzero(missing)):   # row-major: batch by batch, as the loop reports
+            self.fail(f"batch {D.admits[j]} was admitted but has no {evs[i]}", int(admit_seq[j]))
+
+    def _finish_loop(self):
         idx = self.ctx.idx
         for b in self.ctx.admits:
             for ev in self.rule["events"]:
@@ -144,38 +212,76 @@ class Outside(Template):
 
 
 class Order(Template):
+    """For each admitted batch n, the chain's events that exist for n (each at batch n + offset) must
+    come in chain order, and the first `same` of them on one thread. Evaluated at finish on arrays
+    (all batches at once); the failing batches are then rerun one by one to word the messages."""
+
     def finish(self):
-        idx = self.ctx.idx
-        same = len(self.rule["chain"]) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
-        # (event, batch offset, its index, must share the previous found event's thread)
-        chain = [(ev, off, idx[ev], i < same) for i, (ev, off) in enumerate(self.rule["chain"])]
+        chain = self.rule["chain"]
+        same = len(chain) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
+        steps = [(ev, off, self.ctx.idx[ev], i < same) for i, (ev, off) in enumerate(chain)]
+        D = self.ctx.dense()
+        if D is None:
+            for n in self._applicable(self.ctx.admits):
+                self._check_batch(n, steps)
+            return
+        active = np.ones(len(D.admits), dtype=bool)
         when = self.rule.get("when")
         if when:
-            (wa_ev, wa_off), (wb_ev, wb_off) = when
-            wa_t, wb_t = idx[wa_ev], idx[wb_ev]
-        for n in self.ctx.admits:
+            (a, ao), (b, bo) = when
+            wa, wb = D.at(a, ao)[0], D.at(b, bo)[0]
+            active = (wa > 0) & (wb > 0)
+            vacuous = active & (wa > wb)
+            self.checks += int(np.count_nonzero(vacuous))   # the implication holds vacuously there
+            active &= ~vacuous
+        prev_s = np.zeros(len(D.admits), dtype=np.int64)    # seq of the last chain event found so far
+        prev_t = np.full(len(D.admits), -1, dtype=np.int64)
+        found = np.zeros(len(D.admits), dtype=np.int64)
+        failing = np.zeros(len(D.admits), dtype=bool)
+        for i, (ev, off) in enumerate(chain):
+            s, t = D.at(ev, off)
+            present = active & (s > 0)
+            both = present & (prev_s > 0)
+            failing |= both & (prev_s > s)
+            if i < same:
+                failing |= both & (prev_t != t)
+            found += present
+            prev_s = np.where(present, s, prev_s)
+            prev_t = np.where(present, t, prev_t)
+        self.checks += int(np.count_nonzero(active & (found >= 2)))
+        for j in np.nonzero(failing)[0]:
+            self._check_batch(int(D.admits[j]), steps, count=False)
+
+    def _applicable(self, batches):
+        """The batches the rule speaks about: with `when` (a, b), those where a precedes b."""
+        when, idx = self.rule.get("when"), self.ctx.idx
+        for n in batches:
             if when:
-                wa, wb = wa_t.get(n + wa_off), wb_t.get(n + wb_off)
+                (a, ao), (b, bo) = when
+                wa, wb = idx[a].get(n + ao), idx[b].get(n + bo)
                 if wa is None or wb is None:
                     continue
                 if wa[0] > wb[0]:
                     self.checks += 1  # the implication holds vacuously for this batch
                     continue
-            prev, found = None, 0
-            for ev, off, table, need_same in chain:
-                got = table.get(n + off)
-                if got is None:
-                    continue
-                found += 1
-                if prev is not None:
-                    (ev1, b1, (s1, t1)), (s2, t2) = prev, got
-                    if s1 > s2:
-                        self.fail(f"{ev}({n + off}) came before {ev1}({b1})", s1, s2)
-                    elif need_same and t1 != t2:
-                        self.fail(f"{ev1}({b1}) on {t1} but {ev}({n + off}) on {t2}: expected one thread", s1, s2)
-                prev = (ev, n + off, got)
-            if found >= 2:
-                self.checks += 1
+            yield n
+
+    def _check_batch(self, n, steps, *, count=True):
+        prev, found = None, 0
+        for ev, off, table, need_same in steps:
+            got = table.get(n + off)
+            if got is None:
+                continue
+            found += 1
+            if prev is not None:
+                (ev1, b1, (s1, t1)), (s2, t2) = prev, got
+                if s1 > s2:
+                    self.fail(f"{ev}({n + off}) came before {ev1}({b1})", s1, s2)
+                elif need_same and t1 != t2:
+                    self.fail(f"{ev1}({b1}) on {t1} but {ev}({n + off}) on {t2}: expected one thread", s1, s2)
+            prev = (ev, n + off, got)
+        if count and found >= 2:
+            self.checks += 1
 
 
 class Adjacent(Template):
@@ -207,24 +313,47 @@ class Within(Template):
         super().__init__(rule, ctx)
         self.ev = rule["ev"]
         self.events = (self.ev,)
-        self.seen = []
+        self.seqs, self.threads, self.batches, self.rids = [], [], [], []
 
     def on_chunk(self, evs):
-        self.seen += [(e["seq"], e["thread"], e["batch"], e.get("rid")) for e in evs]
+        self.seqs += [e["seq"] for e in evs]
+        self.threads += [e["thread"] for e in evs]
+        self.batches += [e["batch"] for e in evs]
+        self.rids += [e.get("rid") for e in evs]
 
     def finish(self):
+        self.checks += len(self.seqs)
+        D = self.ctx.dense()
+        if D is None or not self.seqs:
+            suspects = range(len(self.seqs))
+        else:   # on arrays: which events might fail; the loop below words the messages for those
+            r = self.rule
+            seq = np.array(self.seqs, dtype=np.int64)
+            k = np.array(self.batches, dtype=np.int64) - D.lo
+            k[(k < 0) | (k >= D.n)] = D.n
+            lo, hi = D.col(r["after"])[0][k], D.col(r["before"])[0][k]
+            bad = (lo == 0) | (hi == 0) | (lo >= seq) | (seq >= hi)
+            if r.get("thread"):
+                bad |= np.array([t != r["thread"] for t in self.threads], dtype=bool)
+            elif r.get("same_thread_as"):
+                codes = D.col(r["same_thread_as"])[1][k]
+                names = D.threads
+                bad |= np.array([c < 0 or names[c] != t for c, t in zip(codes.tolist(), self.threads)], dtype=bool)
+            suspects = np.nonzero(bad)[0].tolist()
+        for i in suspects:
+            self._check(self.seqs[i], self.threads[i], self.batches[i], self.rids[i])
+
+    def _check(self, seq, thread, b, rid):
         idx, r = self.ctx.idx, self.rule
-        for seq, thread, b, rid in self.seen:
-            self.checks += 1
-            lo, hi = idx[r["after"]].get(b), idx[r["before"]].get(b)
-            if lo is None or hi is None:
-                self.fail(f"{self.ev}({b}) for {rid}: batch has no {r['after'] if lo is None else r['before']}", seq)
-                continue
-            if not lo[0] < seq < hi[0]:
-                self.fail(f"{self.ev}({b}) for {rid} is not between {r['after']}({b}) and {r['before']}({b})", lo[0], seq, hi[0])
-            want = r.get("thread") or idx[r["same_thread_as"]][b][1] if r.get("same_thread_as") else r.get("thread")
-            if want and thread != want:
-                self.fail(f"{self.ev}({b}) for {rid} ran on {thread}, expected {want}", seq)
+        lo, hi = idx[r["after"]].get(b), idx[r["before"]].get(b)
+        if lo is None or hi is None:
+            self.fail(f"{self.ev}({b}) for {rid}: batch has no {r['after'] if lo is None else r['before']}", seq)
+            return
+        if not lo[0] < seq < hi[0]:
+            self.fail(f"{self.ev}({b}) for {rid} is not between {r['after']}({b}) and {r['before']}({b})", lo[0], seq, hi[0])
+        want = r.get("thread") or idx[r["same_thread_as"]][b][1] if r.get("same_thread_as") else r.get("thread")
+        if want and thread != want:
+            self.fail(f"{self.ev}({b}) for {rid} ran on {thread}, expected {want}", seq)
 
 
 class Thread(Template):
@@ -327,12 +456,13 @@ class Lifecycle(Template):
             return
         inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
         count, sent_any, rid_batches, done, released = self.count, self.sent_any, self.rid_batches, self.done, self.released
+        add_sent, checks = sent_any.add, 0
         for e in evs:
             ev = e["ev"]
             if ev == sent:
-                sent_any.add(e["rid"])
+                add_sent(e["rid"])
             elif ev == rel:
-                self.checks += 1
+                checks += 1
                 rid, seq = e["rid"], e["seq"]
                 released[rid] = seq
                 for b in rid_batches.get(rid, ()):
@@ -350,6 +480,7 @@ class Lifecycle(Template):
                 count[e["obj"]] += 1
             elif ev == dec:
                 count[e["obj"]] -= 1
+        self.checks += checks
 
     def _admit(self, e):
         b = e["batch"]
@@ -450,6 +581,7 @@ class Result:
 
 
 def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: dict | None = None) -> Result:
+    """Every rule of the trace's role and mode, in one streaming pass."""
     # The checker allocates millions of small, acyclic objects (events, index entries); the cyclic
     # garbage collector would rescan the growing index again and again (a quarter of the run time).
     gc_was_enabled = gc.isenabled()
