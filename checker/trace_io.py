@@ -89,7 +89,7 @@ def _compile_validator(spec: dict):
             conds.append(f"({v} is None or type({v}) is int)")
         else:
             conds.append(f"_check_type({v}, {typ!r})")
-    src = f"def valid(e):\n    try:\n        return {' and '.join(conds)}\n    except KeyError:\n        return False\n"
+    src = f"def valid(e, type=type, int=int, str=str, list=list, all=all):\n    try:\n        return {' and '.join(conds)}\n    except KeyError:\n        return False\n"
     scope = {"_check_type": _check_type}
     exec(src, scope)
     return scope["valid"]
