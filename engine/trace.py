@@ -1,9 +1,11 @@
 """The trace writer: one JSON object per event, a header first (format documented in docs/trace-format.md).
 
-Events are appended to an in-memory list under a lock as tuples and turned into dicts only when
-read (`events`) or written at close, so that logging an event costs one tuple and one append
-(tracing on must not distort the overlap it measures); a disabled tracer is a no-op method.
-`seq` is the global order in which events were logged.
+Logging an event is one tuple appended to an in-memory list, without a lock: the append is atomic,
+and its position in the list is the event's `seq`, the global order in which events were logged.
+Dicts are built only when the events are read (`events`) or written at close. (No lock: a thread
+that blocks on one while its holder waits for the GIL can stall for a whole switch interval.)
+Tracing on must not distort the overlap it measures; a disabled tracer is a no-op method. `t_ns` is read just before the append, so across threads it may trail the
+previous event's by the time a thread switch takes; timelines use it, the checker orders by `seq`.
 Every emit is also a schedule point: a controller (checker/fuzz.py) may block the calling thread
 there to choose which thread runs next.
 """
@@ -25,30 +27,28 @@ class Tracer:
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        self._raw: list[tuple] = []     # (seq, t_ns, thread, ev, fields), in seq order
+        self._raw: list[tuple] = []     # (t_ns, thread, ev, fields); the position + 1 is the seq
         self._dicts: list[dict] = []    # the first len(_dicts) of _raw as event dicts
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
-        self._seq = 0
         self._by_id: dict[int, tuple] = {}   # id(obj) -> (weakref to obj, name)
         self._obj_count = 0
 
     def emit(self, ev: str, **fields) -> None:
         thread = threading.current_thread().name
         sync.point(ev)
-        with self._lock:
-            self._seq += 1
-            self._raw.append((self._seq, time.monotonic_ns(), thread, ev, fields))
+        self._raw.append((time.monotonic_ns(), thread, ev, fields))
 
     @property
     def events(self) -> list[dict]:
         """Every event so far as a dict (seq, t_ns, thread, ev, then its fields), in seq order. Safe to
         read while the run goes on (a progress monitor does): it converts what was added since."""
-        with self._read_lock:   # not the emit lock: converting must not hold up the threads that log
+        with self._read_lock:   # two readers must not both convert the same tail
             raw, dicts = self._raw, self._dicts
             n = len(raw)
             if len(dicts) < n:
-                dicts.extend({"seq": s, "t_ns": t, "thread": th, "ev": ev, **f} for s, t, th, ev, f in raw[len(dicts):n])
+                dicts.extend({"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
+                             for s, (t, th, ev, f) in enumerate(raw[len(dicts):n], len(dicts) + 1))
             return dicts
 
     def write(self, path: str, *, extra_header: dict | None = None) -> None:
