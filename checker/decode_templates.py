@@ -472,18 +472,27 @@ class CrossPages(DecodeTemplate):
 CROSS_TEMPLATES = {"cross_rank": CrossRank, "cross_pages": CrossPages}
 
 
+def cross_pairs(paths: list) -> tuple[dict, list, list]:
+    """The headers of `paths`, the prefill traces among them that name their DP rank, and the decode
+    traces: what the cross-process rules check together (here and in checker.z3check)."""
+    from .trace_io import read_header
+
+    headers = {}
+    for p in paths:
+        with open(p, "rb") as f:
+            headers[p] = read_header(p, f)
+    prefills = [p for p in paths if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
+    decodes = [p for p in paths if headers[p]["role"] == "decode"]
+    return headers, prefills, decodes
+
+
 def check_cross(paths: list, rules: list) -> list:
     """One Result per decode trace among `paths`, checked against every prefill trace among them that
     names its DP rank; nothing when there is no such pair."""
     from .linear import Ctx, Result
-    from .trace_io import iter_events, read_header
+    from .trace_io import iter_events
 
-    headers = {}
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            headers[p] = read_header(p, f)
-    prefills = [p for p in paths if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
-    decodes = [p for p in paths if headers[p]["role"] == "decode"]
+    headers, prefills, decodes = cross_pairs(paths)
     if not prefills or not decodes:
         return []
     facts = PrefillFacts()

@@ -77,14 +77,9 @@ def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Resul
     """The cross rules (role "cross"): each decode trace among `paths` with the prefill traces among them
     that name their DP rank (header dp_rank) as facts; nothing when there is no such pair. As
     checker.decode_templates.check_cross."""
-    from .trace_io import read_header
+    from .decode_templates import cross_pairs
 
-    headers = {}
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            headers[p] = read_header(p, f)
-    prefills = [p for p in paths if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
-    decodes = [p for p in paths if headers[p]["role"] == "decode"]
+    _, prefills, decodes = cross_pairs(paths)
     if not prefills or not decodes:
         return []
     remote = [_load(p) for p in prefills]
