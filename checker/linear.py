@@ -1,9 +1,10 @@
 """The linear checker: one streaming pass over a trace, every rule of spec/ evaluated as it goes.
 
 Each rule kind of spec/rules.toml is a small class here (a template) instantiated with the rule's
-parameters: `events` says which event names it listens to, `on(e)` runs per event, `finish()` at the
-end. Batch-indexed facts (the seq and thread of `ev` for batch N) are kept in a shared index, so memory
-grows with batches and requests, not with events.
+parameters: `events` says which event names it listens to, `on_chunk(events)` gets them a chunk of
+the trace at a time, `finish()` runs at the end. Batch-indexed facts (the seq and thread of `ev` for
+batch N) are kept in a shared index, which the finish-time templates read as numpy columns (`Dense`);
+memory grows with batches and requests, not with events.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class Dense:
                 vals = list(table.values())
                 seq[k] = [v[0] for v in vals]
                 codes = self._codes
-                thr[k] = [codes[t] if t in codes else codes.setdefault(t, len(codes)) for _, t in vals]
+                thr[k] = [codes.setdefault(t, len(codes)) for _, t in vals]
                 self.threads = list(codes)
             got = self._cols[ev] = (seq, thr)
         return got
