@@ -372,29 +372,17 @@ def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
 
 # ---- one PD case: prefill DP ranks + bootstrap + decode, in one process --------------------------
 @dataclass
-class PDCase:
-    """A whole PD run (engine/pd.py) under the controller: workload, engine knobs, the decode's
-    knobs, client aborts, memory release, bootstrap latency and failures. Every thread (each rank's
-    scheduler, forward worker, streams and KV transfer thread; the decode scheduler, its streams and
-    prefetch workers) is a managed thread; the bootstrap server is served in-process."""
+class PDCase(Case):
+    """A whole PD run (engine/pd.py) under the controller: the prefill case's workload and engine
+    knobs (`mode` is the prefill ranks' loop), plus the decode's knobs, client aborts, memory release,
+    bootstrap latency and failures. Every thread (each rank's scheduler, forward worker, streams and
+    KV transfer thread; the decode scheduler, its streams and prefetch workers) is a managed thread;
+    the bootstrap server is served in-process."""
     kind: str = "pd"
-    mode: str = "ahead"               # the prefill ranks' loop
     decode_loop: str = "overlap"
     prefetch: bool = True
-    inject: tuple = ()
     dp: int = 2
-    requests: int = 4
-    prompt_len: tuple = (8, 40)
-    hit: float = 0.5
-    groups: int = 1
-    logit_bias_frac: float = 0.5
     max_new_tokens: int = 3
-    page_size: int = 4
-    chunk_size: int = 16
-    max_batch_tokens: int = 24
-    num_pages: int = 64
-    workload_seed: int = 0
-    arrival: str = "burst"
     polling_interval: int = 1         # the decode polls its prealloc/transfer queues every N iterations
     decode_slots: int = 64            # decode max_slots: few slots keep resolved requests pending
     unserved: int = 0                 # decode-only requests for rooms no prefill rank serves (never registered)
@@ -411,16 +399,10 @@ class PDCase:
     prefill_delay_ms: float = 0.0     # prefill ranks register late: decode sees 503 until then
 
     def configs(self):
-        from engine.config import EngineConfig
         from engine.decode.config import DecodeConfig
-        from engine.workload import WorkloadConfig
 
-        cfg = EngineConfig(mode=self.mode, page_size=self.page_size, chunk_size=self.chunk_size,
-                           max_batch_tokens=self.max_batch_tokens, num_pages=self.num_pages,
-                           max_batch_reqs=8, max_slots=16, inject=frozenset(self.inject))
-        wc = WorkloadConfig(requests=self.requests, prompt_len=tuple(self.prompt_len), hit=self.hit,
-                            groups=self.groups, logit_bias_frac=self.logit_bias_frac, seed=self.workload_seed,
-                            arrival=self.arrival, rate=5000.0, max_new_tokens=self.max_new_tokens)
+        cfg, wc = super().configs()
+        wc = dataclasses.replace(wc, max_new_tokens=self.max_new_tokens)
         # Virtual time: the clock moves only when every thread sleeps, so the bounds are in idle time.
         dc = DecodeConfig(loop=self.decode_loop, prefetch=self.prefetch, polling_interval=self.polling_interval,
                           max_slots=self.decode_slots, num_pages=256, max_running=8, query_retries=0,
