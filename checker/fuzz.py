@@ -49,6 +49,8 @@ class Controller:
 
     # installation -----------------------------------------------------------------------------
     def install(self, name: str = "scheduler") -> "Controller":
+        """Take over the calling thread under `name` (uninstall gives it its old name back)."""
+        self._installer_name = threading.current_thread().name
         threading.current_thread().name = name
         self._local.name = name
         self.threads[name] = _T(name)
@@ -61,6 +63,7 @@ class Controller:
             self.aborted = True
             self.cv.notify_all()
         sync.CONTROLLER = None
+        threading.current_thread().name = self._installer_name
 
     def manages_current(self) -> bool:
         return getattr(self._local, "name", None) in self.threads
@@ -328,13 +331,11 @@ def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
     cfg, wc = case.configs()
     tracer = Tracer()
     ctl = Controller(strategy)
-    prev = threading.current_thread().name
     ctl.install("scheduler")
     try:
         summary = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True)
     finally:
         ctl.uninstall()
-        threading.current_thread().name = prev
     failures = []
     if ctl.error is not None:
         failures.append(f"schedule: {ctl.error}")
@@ -504,7 +505,6 @@ def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Out
     tmp = None if trace_path else tempfile.mkdtemp(prefix="pdo-fuzz-pd-")
     stem = trace_path or os.path.join(tmp, "t.jsonl")
     ctl = Controller(strategy, max_steps=60_000)
-    prev = threading.current_thread().name
     ctl.install("main")
     summary, error = None, None
     try:
@@ -515,7 +515,6 @@ def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Out
         error = exc
     finally:
         ctl.uninstall()
-        threading.current_thread().name = prev
     failures = []
     if ctl.error is not None:
         failures.append(f"schedule: {ctl.error}")
