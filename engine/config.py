@@ -56,6 +56,11 @@ class EngineConfig:
     # prefill spends real host time here (SGLang: ~20 kernel launches per layer); on CPU the stream
     # thread computes, so without this the host path that the forward thread hides would be ~0.
     launch_cost_us: float = 0.0
+    # Keep the objects alive before the loop starts (modules, weights, the scheduler) out of the
+    # cyclic garbage collector while it runs (gc.freeze; undone after). A full collection in this
+    # process scans ~170k objects, ~100 ms: a stall in the middle of the loop, as SGLang's
+    # freeze_gc (called after warm-up) avoids. The collector still runs for what the loop allocates.
+    freeze_gc: bool = True
     inject: frozenset = field(default_factory=frozenset)  # mutation switches (see engine/inject.py)
     # Disaggregated-prefill dispatch conditions of the seed. The engine is a disaggregated prefill
     # instance by default; the flags exist so dispatch can refuse what SGLang refuses.

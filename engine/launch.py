@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .decode.config import PDError
+from .run import frozen_gc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -198,7 +199,8 @@ def prefill_main(a) -> int:
     sched = PrefillScheduler(cfg, mine, tracer=tr, receiver=server, on_ingest=registrar(a.bootstrap, a.rank, errors))
     threading.current_thread().name = "scheduler"
     try:
-        LOOPS[cfg.mode](sched)
+        with frozen_gc(cfg.freeze_gc):
+            LOOPS[cfg.mode](sched)
     finally:
         sched.close()
     # Stay until decode has pulled every room (or said goodbye): the KV lives here until then.
@@ -236,7 +238,8 @@ def decode_main(a) -> int:
     threading.current_thread().name = "scheduler"
     t0 = time.monotonic()
     try:
-        LOOPS[dc.loop](sched)
+        with frozen_gc(cfg.freeze_gc):
+            LOOPS[dc.loop](sched)
     finally:
         wall = time.monotonic() - t0
         for rank in range(dp):

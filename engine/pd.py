@@ -29,6 +29,7 @@ from .model import TinyLlama
 from .prefill.loops import LOOPS as PREFILL_LOOPS
 from .prefill.scheduler import PrefillScheduler
 from .reference import intra_op_threads
+from .run import frozen_gc
 from .trace import NullTracer, Tracer
 from .workload import WorkloadConfig, make_workload
 
@@ -173,8 +174,9 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
                for i, s in enumerate(prefills)]
     threads.append(sync.start_thread(decode_main, "scheduler", group="decode"))
     deadline = wall0 + timeout_s
-    for t in threads:
-        sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
+    with frozen_gc(cfg.freeze_gc):
+        for t in threads:
+            sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
     wall = time.monotonic() - wall0
     hung = [t for t in threads if not sync.finished(t)]
     for s in prefills:

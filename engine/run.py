@@ -1,6 +1,8 @@
 """Run the prefill engine once: build the scheduler, run the chosen loop, return a summary."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import platform
 import time
 from dataclasses import asdict
@@ -34,7 +36,8 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
     t0 = time.perf_counter()
     error = None
     try:
-        LOOPS[cfg.mode](sched)
+        with frozen_gc(cfg.freeze_gc):
+            LOOPS[cfg.mode](sched)
     except Exception as exc:  # summarised for the CLI; tests re-raise through `error`
         error = exc
     finally:
@@ -61,6 +64,20 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
     elif error is not None:
         raise error
     return summary
+
+
+@contextlib.contextmanager
+def frozen_gc(on: bool = True):
+    """Everything alive now goes to the collector's permanent generation for the duration (see
+    EngineConfig.freeze_gc), and back after: what the run leaves behind is collected as usual."""
+    if not on:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _jsonable(d):

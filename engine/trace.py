@@ -1,9 +1,17 @@
 """The trace writer: one JSON object per event, a header first (format documented in docs/trace-format.md).
 
-Logging an event is one tuple appended to an in-memory list, without a lock: the append is atomic,
-and its position in the list is the event's `seq`, the global order in which events were logged.
-Dicts are built only when the events are read (`events`) or written at close. (No lock: a thread
-that blocks on one while its holder waits for the GIL can stall for a whole switch interval.)
+Logging an event appends its four parts (t_ns, thread, ev, fields) to one in-memory list, in one
+`list +=` (atomic under the GIL), without a lock: the event's position in the list is its `seq`, the
+global order in which events were logged. Dicts are built only when the events are read (`events`)
+or written at close. (No lock: a thread that blocks on one while its holder waits for the GIL can
+stall for a whole switch interval.)
+
+Keeping the run's events must not make the garbage collector work harder: CPython starts a
+collection after ~700 net allocations of container objects, and a full collection in an engine
+process (~170k objects with torch loaded) takes ~100 ms — a third of a benchmark run. So an event
+keeps no container of its own: no per-event tuple (the parts go flat into the list), and the fields
+dict of scalar values is one the collector does not track. Object ids likewise live on the object
+(`obj`), not in a dict of weak references.
 Tracing on must not distort the overlap it measures; a disabled tracer is a no-op method. `t_ns` is read just before the append, so across threads it may trail the
 previous event's by the time a thread switch takes; timelines use it, the checker orders by `seq`.
 Every emit is also a schedule point: a controller (checker/fuzz.py) may block the calling thread
@@ -27,17 +35,18 @@ class Tracer:
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        self._raw: list[tuple] = []     # (t_ns, thread, ev, fields); the position + 1 is the seq
-        self._dicts: list[dict] = []    # the first len(_dicts) of _raw as event dicts
+        self._raw: list = []            # t_ns, thread, ev, fields, t_ns, ...: event i at 4*i, seq i + 1
+        self._dicts: list[dict] = []    # the first len(_dicts) events as dicts
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._by_id: dict[int, tuple] = {}   # id(obj) -> (weakref to obj, name)
         self._obj_count = 0
+        self._token = object()               # marks the object ids this tracer gave (see obj)
 
     def emit(self, ev: str, **fields) -> None:
         thread = threading.current_thread().name
         sync.point(ev)
-        self._raw.append((time.monotonic_ns(), thread, ev, fields))
+        self._raw.extend((time.monotonic_ns(), thread, ev, fields))   # the tuple is freed at once
 
     @property
     def events(self) -> list[dict]:
@@ -45,10 +54,12 @@ class Tracer:
         read while the run goes on (a progress monitor does): it converts what was added since."""
         with self._read_lock:   # two readers must not both convert the same tail
             raw, dicts = self._raw, self._dicts
-            n = len(raw)
+            n = len(raw) // 4
             if len(dicts) < n:
+                part = raw[4 * len(dicts):4 * n]
                 dicts.extend({"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
-                             for s, (t, th, ev, f) in enumerate(raw[len(dicts):n], len(dicts) + 1))
+                             for s, t, th, ev, f in zip(range(len(dicts) + 1, n + 1), part[0::4], part[1::4],
+                                                        part[2::4], part[3::4]))
             return dicts
 
     def write(self, path: str, *, extra_header: dict | None = None) -> None:
@@ -61,17 +72,27 @@ class Tracer:
     def obj(self, x) -> str:
         """Identity of a Python object for the trace: stable within a run (o1, o2, ... in order of first
         sight), so a copy of a request shows up as a new identity and reruns compare byte for byte.
-        Looked up by id() without the lock (a dict read is atomic); the entry's weak reference proves
-        the id still names the same object (ids are reused after an object dies)."""
-        e = self._by_id.get(id(x))
-        if e is not None and e[0]() is x:
-            return e[1]
+        The name is kept on the object with the object's own id() and this tracer's token: a copy
+        (copy.copy copies the attribute) has another id(), so it gets a name of its own, and another
+        tracer names the object afresh. Objects without a __dict__ are looked up by id() in a dict, a
+        weak reference proving the id still names the same object (ids are reused after death)."""
+        tag = getattr(x, "_pdo_oid", None)
+        if tag is not None and tag[0] is self._token and tag[1] == id(x):
+            return tag[2]
         with self._lock:
+            tag = getattr(x, "_pdo_oid", None)
+            if tag is not None and tag[0] is self._token and tag[1] == id(x):
+                return tag[2]
             e = self._by_id.get(id(x))
             if e is not None and e[0]() is x:
                 return e[1]
             self._obj_count += 1
             name = f"o{self._obj_count}"
+            try:
+                x._pdo_oid = (self._token, id(x), name)
+                return name
+            except (AttributeError, TypeError):
+                pass
             key, by_id = id(x), self._by_id
 
             def forget(ref, key=key):  # drop the entry when the object dies, unless the id was reused

@@ -76,7 +76,7 @@ def test_digest_sees_every_input_in_place_and_every_identity():
     tr = Tracer()
     b = _batch()
     base = b.digest(name=tr.obj)
-    assert b.digest(name=tr.obj) == base and len(base) == 16
+    assert b.digest(name=tr.obj) == base and len(base) == 8
     for t in (b.input_ids, b.positions, b.out_cache_loc, b.sampling_info.logit_bias):
         t.view(-1)[-1] += 1
         assert b.digest(name=tr.obj) != base
@@ -88,6 +88,21 @@ def test_digest_sees_every_input_in_place_and_every_identity():
     nc = _batch()
     nc.input_ids = torch.arange(6 * 3)[::2]
     assert nc.digest(name=tr.obj) == nc.digest(name=tr.obj)
+
+
+def test_sliced_checksum_is_the_checksum_of_the_whole_buffer():
+    """Large tensors are checksummed in slices (zlib keeps the GIL below 5 KiB); chaining the CRC
+    over the slices gives exactly the CRC of the whole buffer, and any changed byte changes it."""
+    import zlib
+
+    from engine.request import _HASH_SLICE, _crc
+
+    big = torch.randn(3 * _HASH_SLICE // 4 + 7)
+    assert big.numpy().nbytes > _HASH_SLICE
+    assert _crc(big.numpy()) == zlib.crc32(big.numpy().tobytes())
+    before = _crc(big.numpy())
+    big[_HASH_SLICE // 4 + 1] += 1
+    assert _crc(big.numpy()) != before
 
 
 def test_tracer_object_ids_survive_id_reuse():
