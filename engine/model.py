@@ -25,7 +25,7 @@ import math
 import os
 import threading
 import warnings
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,7 @@ class TinyLlama:
         # the weights in the order the scripted layer takes them
         self._layer_args = [(L["attn_norm"], L["wq"], L["wk"], L["wv"], L["wo"], L["mlp_norm"], L["w_gate"],
                              L["w_up"], L["w_down"]) for L in self.layers]
+        self._weights = [w for args in self._layer_args for w in args]   # the same, flat (whole-forward call)
 
     def impl_for(self, backend) -> str:
         """The implementation a forward through `backend` uses: the scripted one needs the torch backend."""
@@ -89,11 +90,12 @@ class TinyLlama:
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
     def forward(self, input_ids, positions, out_cache_loc, pool, backend, meta, logit_rows, *, decode=False,
-                impl: str | None = None):
+                impl: str | None = None, out=None):
         """Reads `positions` and `out_cache_loc` in every layer: a staging write that lands while this
-        runs (a missing WAR barrier) corrupts the result, as it would on a GPU."""
+        runs (a missing WAR barrier) corrupts the result, as it would on a GPU. With `out`, the logits
+        are also copied into it (the caller's persistent logits buffer)."""
         if (impl or self.impl_for(backend)) == "script" and getattr(backend, "name", "") == "torch":
-            return self._forward_script(input_ids, positions, out_cache_loc, pool, meta, logit_rows, decode)
+            return self._forward_script(input_ids, positions, out_cache_loc, pool, meta, logit_rows, decode, out)
         cfg = self.cfg
         x = self.embed[input_ids.long()]
         t = x.shape[0]
@@ -114,23 +116,38 @@ class TinyLlama:
             h = self._rms(x, L["mlp_norm"])
             x = x + (F.silu(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
         x = self._rms(x[logit_rows.long()], self.final_norm)
-        return (x @ self.lm_head.T).float()
+        logits = (x @ self.lm_head.T).float()
+        if out is not None:
+            out.copy_(logits)
+        return logits
 
-    def _forward_script(self, input_ids, positions, out_cache_loc, pool, meta, logit_rows, decode):
+    def _forward_script(self, input_ids, positions, out_cache_loc, pool, meta, logit_rows, decode, out=None):
         cfg = self.cfg
         fns = _scripted()
         if decode:   # one query per request, attending to its whole sequence in the pool
             lens, ext = meta.host_seq_lens, [1] * len(meta.host_slots)
         else:        # each request's cached prefix from the pool, then its new tokens
             lens, ext = meta.host_prefix, meta.host_extend
+        if not sync.points_active():
+            # Nothing can act between two layers (no controller, no jitter): the whole forward in one
+            # call, so the stream thread takes the GIL back once per forward instead of once per layer.
+            # (Taking it back costs up to a switch interval while the scheduler runs Python.) Each layer
+            # still reads positions and out_cache_loc afresh.
+            return fns["forward"](input_ids, self.embed, positions, out_cache_loc, self.cos, self.sin,
+                                  self._weights, pool.k, pool.v, meta.req_to_token, meta.host_slots, lens, ext,
+                                  cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.norm_eps, decode, logit_rows,
+                                  self.final_norm, self.lm_head, out)
+        layout = fns["layout"](meta.req_to_token, meta.host_slots, lens, ext, decode)
         x = None   # the first layer starts with the embedding lookup (one call less to come back from)
         last = len(self.layers) - 1
         layer = fns["layer"]
         for li, args in enumerate(self._layer_args):
             sync.point("layer")  # a place where another stream's work may interleave
             x = layer(x, input_ids, self.embed, positions, out_cache_loc, self.cos, self.sin, *args, pool.k[li], pool.v[li],
-                      meta.req_to_token, meta.host_slots, lens, ext, cfg.heads, cfg.kv_heads, cfg.head_dim,
-                      cfg.norm_eps, decode, logit_rows if li == last else None, self.final_norm, self.lm_head)
+                      *layout, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.norm_eps,
+                      logit_rows if li == last else None, self.final_norm, self.lm_head)
+        if out is not None:
+            out.copy_(x)
         return x
 
 
@@ -150,49 +167,58 @@ def _rope_s(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
-def _attend_s(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-              req_to_token: torch.Tensor, slots: List[int], lens: List[int], extend: List[int],
-              scale: float, decode: bool) -> torch.Tensor:
-    """Per request i: extend — keys are its `lens[i]` cached tokens (from the pool, through
-    req_to_token) then its `extend[i]` new ones, causal; decode — its query sees its whole sequence
-    of `lens[i]` tokens, read back from the pool (the new token's K/V included). Grouped-query
-    attention as one bmm per request: the `group` query heads of a KV head are stacked as rows."""
+def _layout_s(req_to_token: torch.Tensor, slots: List[int], lens: List[int], extend: List[int],
+              decode: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's requests side by side, padded, for one attention call per layer (computed once per
+    forward): rows [B, L] (each request's pool indices: extend — its `lens[i]` cached tokens then its
+    `extend[i]` new ones; decode — its whole sequence of `lens[i]` tokens, the new one last), qi
+    [B, E] (the packed query row of each padded query; T, past the end, for padding), keep (the
+    padded rows that are real queries, in packed order), allow [B, 1, E, L] (key visible: causal
+    within the request, nothing past its end)."""
+    dev = req_to_token.device
+    b = len(extend)
+    e_max = max(extend)
+    n_max = max(lens) if decode else max([p + e for p, e in zip(lens, extend)])
+    ext = torch.tensor(extend, dtype=torch.long, device=dev)
+    pre = torch.tensor(lens, dtype=torch.long, device=dev)
+    rows = req_to_token[torch.tensor(slots, dtype=torch.long, device=dev), :n_max].long()
+    r = torch.arange(e_max, device=dev)
+    valid = r[None, :] < ext[:, None]
+    start = torch.cumsum(ext, 0) - ext
+    qi = torch.where(valid, start[:, None] + r[None, :], torch.full([b, e_max], int(ext.sum()), dtype=torch.long, device=dev))
+    keep = valid.flatten().nonzero().flatten()
+    j = torch.arange(n_max, device=dev)
+    if decode:
+        allow = (j[None, None, :] < pre[:, None, None]).expand(b, e_max, n_max)
+    else:   # query r of request i sees keys 0 .. p_i + r (a padded query row repeats the last real one)
+        allow = j[None, None, :] <= (pre[:, None] + torch.minimum(r[None, :], ext[:, None] - 1))[:, :, None]
+    return rows, qi, keep, allow[:, None]
+
+
+def _attend_s(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: torch.Tensor, qi: torch.Tensor,
+              keep: torch.Tensor, allow: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of the packed queries q [T, Hq, D] over each request's keys, read back from the pool
+    (the batch's own K/V already written there): the requests padded side by side (_layout_s), one
+    SDPA call (a fused kernel on CPU), grouped-query heads repeated, then unpadded."""
     t, hq, d = q.shape
-    hk = k.shape[1]
-    group = hq // hk
-    dev = q.device
-    p_max, e_max = max(lens), max(extend)
-    # every request's pool indices in one gather (row i, first lens[i] entries used)
-    rows = req_to_token[torch.tensor(slots, dtype=torch.long, device=dev), :p_max].long()
-    # one causal mask for all: request i's mask [e, p + e] is the window at column p_max - p
-    # (key j hidden from query r iff j > r + p)
-    tri = torch.arange(p_max + e_max, device=dev)[None, :] > (torch.arange(e_max, device=dev)[:, None] + p_max)
-    outs: List[torch.Tensor] = []
-    qs = 0
-    for i in range(len(slots)):
-        p, e = lens[i], extend[i]
-        idx = rows[i, :p]
-        if decode:
-            kk, vv = k_pool[idx], v_pool[idx]
-        else:
-            kk, vv = torch.cat([k_pool[idx], k[qs:qs + e]]), torch.cat([v_pool[idx], v[qs:qs + e]])
-        n = kk.shape[0]
-        qg = q[qs:qs + e].view(e, hk, group, d).permute(1, 2, 0, 3).reshape(hk, group * e, d)
-        s = torch.bmm(qg, kk.permute(1, 2, 0)) * scale                      # [hk, group * e, n]
-        if not decode and e > 1:
-            s = s.view(hk, group, e, n).masked_fill(tri[:e, p_max - p:p_max + e], float("-inf")).view(hk, group * e, n)
-        o = torch.bmm(torch.softmax(s, dim=-1), vv.permute(1, 0, 2))         # [hk, group * e, d]
-        outs.append(o.view(hk, group, e, d).permute(2, 0, 1, 3).reshape(e, hq, d))
-        qs += e
-    return torch.cat(outs)
+    hk = k_pool.shape[1]
+    kk = k_pool[rows].transpose(1, 2)                                  # [B, Hkv, L, D]
+    vv = v_pool[rows].transpose(1, 2)
+    if hq != hk:
+        kk = kk.repeat_interleave(hq // hk, dim=1)
+        vv = vv.repeat_interleave(hq // hk, dim=1)
+    qp = torch.cat([q, q.new_zeros(1, hq, d)])[qi].transpose(1, 2)     # [B, Hq, E, D]
+    o = F.scaled_dot_product_attention(qp, kk, vv, attn_mask=allow, scale=scale)
+    b, e = qi.shape
+    return o.transpose(1, 2).reshape(b * e, hq, d)[keep]
 
 
 def _layer_s(x_in: Optional[torch.Tensor], input_ids: torch.Tensor, embed: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor, cos_t: torch.Tensor,
              sin_t: torch.Tensor, attn_norm: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
              wo: torch.Tensor, mlp_norm: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-             w_down: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
-             slots: List[int], lens: List[int], extend: List[int], heads: int, kv_heads: int, head_dim: int,
-             eps: float, decode: bool, logit_rows: Optional[torch.Tensor], final_norm: torch.Tensor,
+             w_down: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: torch.Tensor,
+             qi: torch.Tensor, keep: torch.Tensor, allow: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+             eps: float, logit_rows: Optional[torch.Tensor], final_norm: torch.Tensor,
              lm_head: torch.Tensor) -> torch.Tensor:
     """One decoder layer: of the embeddings of `input_ids` (the first layer, `x_in` None) or of
     `x_in`; with `logit_rows`, also the final norm and the LM head (the last layer)."""
@@ -208,13 +234,36 @@ def _layer_s(x_in: Optional[torch.Tensor], input_ids: torch.Tensor, embed: torch
     loc = out_cache_loc.long()             # likewise
     k_pool[loc] = k
     v_pool[loc] = v
-    o = _attend_s(q, k, v, k_pool, v_pool, req_to_token, slots, lens, extend, 1.0 / math.sqrt(head_dim), decode)
+    o = _attend_s(q, k_pool, v_pool, rows, qi, keep, allow, 1.0 / math.sqrt(head_dim))
     x = x + o.reshape(t, -1) @ wo.T
     h = _rms_s(x, mlp_norm, eps)
     x = x + (F.silu(h @ w_gate.T) * (h @ w_up.T)) @ w_down.T
     if logit_rows is not None:
         x = _rms_s(x[logit_rows.long()], final_norm, eps)
         x = (x @ lm_head.T).float()
+    return x
+
+
+def _forward_s(input_ids: torch.Tensor, embed: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+               cos_t: torch.Tensor, sin_t: torch.Tensor, weights: List[torch.Tensor], k_pools: torch.Tensor,
+               v_pools: torch.Tensor, req_to_token: torch.Tensor, slots: List[int], lens: List[int],
+               extend: List[int], heads: int, kv_heads: int, head_dim: int, eps: float, decode: bool,
+               logit_rows: torch.Tensor, final_norm: torch.Tensor, lm_head: torch.Tensor,
+               out: Optional[torch.Tensor]) -> torch.Tensor:
+    """Every layer (`weights`: each layer's nine tensors in _layer_s's order), then the logits, copied
+    into `out` when given: one call, so the GIL is released for the whole forward. `k_pools`/`v_pools`
+    are the pool's [layers, tokens, Hkv, D] tensors."""
+    n = len(weights) // 9
+    rows, qi, keep, allow = _layout_s(req_to_token, slots, lens, extend, decode)
+    x: Optional[torch.Tensor] = None
+    for li in range(n):
+        w = weights[9 * li:9 * li + 9]
+        x = _layer_s(x, input_ids, embed, positions, out_cache_loc, cos_t, sin_t, w[0], w[1], w[2], w[3], w[4],
+                     w[5], w[6], w[7], w[8], k_pools[li], v_pools[li], rows, qi, keep, allow, heads,
+                     kv_heads, head_dim, eps, logit_rows if li == n - 1 else None, final_norm, lm_head)
+    assert x is not None
+    if out is not None:
+        out.copy_(x)
     return x
 
 
@@ -233,5 +282,6 @@ def _scripted() -> dict:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                    _SCRIPTED = {"layer": torch.jit.script(_layer_s)}
+                    _SCRIPTED = {"layer": torch.jit.script(_layer_s), "forward": torch.jit.script(_forward_s),
+                                 "layout": torch.jit.script(_layout_s)}
     return _SCRIPTED

@@ -38,6 +38,12 @@ def controlled() -> bool:
     return CONTROLLER is not None
 
 
+def points_active() -> bool:
+    """Whether a schedule point can do anything (a controller, or jitter): when not, code may skip
+    the points between steps (the scripted forward runs all its layers in one call)."""
+    return CONTROLLER is not None or bool(JITTER_US)
+
+
 def point(label: str) -> None:
     if CONTROLLER is not None:
         CONTROLLER.point(label)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import inject, sync
+from . import device_ops, inject, sync
 from .memory import pages_for
 
 
@@ -57,6 +57,7 @@ class TransferEngine:
         self.device = device
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
+        self._gather = device_ops.ops()["gather_kv"] if pool.k.device.type == "cpu" else None
         self._thread = sync.start_thread(self._run, "transfer")
 
     def _run(self):
@@ -68,8 +69,11 @@ class TransferEngine:
             try:
                 if ready is not None:
                     ready.synchronize()  # the forward that wrote these pages has finished
-                k = self.pool.k[:, idx.long()].to("cpu", copy=True)
-                v = self.pool.v[:, idx.long()].to("cpu", copy=True)
+                if self._gather is not None:   # CPU: one call (engine/device_ops.py)
+                    k, v = self._gather(self.pool.k, self.pool.v, idx)
+                else:
+                    k = self.pool.k[:, idx.long()].to("cpu", copy=True)
+                    v = self.pool.v[:, idx.long()].to("cpu", copy=True)
                 self.receiver.deliver(KVChunk(sender.room, start, k, v, pages, last, meta))
             except BaseException as exc:
                 self.error = exc
@@ -146,10 +150,16 @@ class AttentionStore:
 
         pinned = self.pool.k.device.type == "cuda"
 
-        def gather():  # one gather for all requests, then one device-to-host copy (async on CUDA)
-            staged = torch.stack([self.pool.k[:, idx.long()], self.pool.v[:, idx.long()]])
-            host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=pinned)
-            holder["kv"] = host.copy_(staged, non_blocking=True)
+        if not pinned:   # CPU: the gather is the host copy; one call (engine/device_ops.py)
+            stage_kv = device_ops.ops()["stage_kv"]
+
+            def gather():
+                holder["kv"] = stage_kv(self.pool.k, self.pool.v, idx)
+        else:
+            def gather():  # one gather for all requests, then one device-to-host copy (async on CUDA)
+                staged = torch.stack([self.pool.k[:, idx.long()], self.pool.v[:, idx.long()]])
+                host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=pinned)
+                holder["kv"] = host.copy_(staged, non_blocking=True)
 
         if ready_event is not None:
             self.stream.wait_event(ready_event)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import inject, sync
+from .. import device_ops, inject, sync
 from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
 from ..device import make_stream
@@ -229,10 +229,16 @@ class PrefillScheduler:
         n = batch.num_tokens
         ids, pos, loc = batch.input_ids, batch.positions, batch.out_cache_loc
 
-        def write():  # host-to-device copies enqueued on the schedule stream (async on CUDA)
-            self.buf_ids[:n].copy_(ids, non_blocking=True)
-            self.buf_pos[:n].copy_(pos, non_blocking=True)
-            self.buf_loc[:n].copy_(loc, non_blocking=True)
+        if self.device.type == "cpu":
+            stage = device_ops.ops()["stage"]
+
+            def write():  # one call on the schedule stream's thread (engine/device_ops.py)
+                stage(self.buf_ids, self.buf_pos, self.buf_loc, ids, pos, loc, n)
+        else:
+            def write():  # host-to-device copies enqueued on the schedule stream (async on CUDA)
+                self.buf_ids[:n].copy_(ids, non_blocking=True)
+                self.buf_pos[:n].copy_(pos, non_blocking=True)
+                self.buf_loc[:n].copy_(loc, non_blocking=True)
 
         self.sched_stream.launch(write)
         batch.stage_event = self.sched_stream.record_event()
@@ -271,10 +277,10 @@ class PrefillScheduler:
         logit_rows = torch.tensor([s + e - 1 for s, e in zip(start_loc, ext)], dtype=torch.int64, device=dev)
         self.fwd_stream.wait_event(batch.stage_event)
 
+        ids, pos, loc, out = self.buf_ids[:n], self.buf_pos[:n], self.buf_loc[:n], self.logits_buf[:bs]  # views
+
         def forward():
-            logits = self.model.forward(self.buf_ids[:n], self.buf_pos[:n], self.buf_loc[:n], self.pool,
-                                        self.backend, meta, logit_rows)
-            self.logits_buf[:bs].copy_(logits)
+            self.model.forward(ids, pos, loc, self.pool, self.backend, meta, logit_rows, out=out)
 
         self.fwd_stream.launch(forward)
         if self.cfg.launch_cost_us:
@@ -322,16 +328,25 @@ class PrefillScheduler:
         slots = (torch.arange(start, start + bs) % cap).to(self.device)
         bias = result.sampling.logit_bias
 
-        def sample():
-            self.future_map[slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
+        host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        if self.device.type == "cpu":   # one call per task on the streams' threads (engine/device_ops.py)
+            o = device_ops.ops()
+            sample_op, to_host_op, fm, lb = o["sample"], o["to_host"], self.future_map, self.logits_buf
+
+            def sample():
+                sample_op(fm, slots, lb, bias, bs)
+
+            def to_host():  # read after copy_event (process)
+                to_host_op(host, fm, slots)
+        else:
+            def sample():
+                self.future_map[slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
+
+            def to_host():  # device-to-host on the copy stream; read after copy_event (process)
+                host.copy_(self.future_map[slots], non_blocking=True)
 
         self.fwd_stream.launch(sample)
         self.copy_stream.wait_event(self.fwd_stream.record_event())
-
-        host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-
-        def to_host():  # device-to-host on the copy stream; read after copy_event (process)
-            host.copy_(self.future_map[slots], non_blocking=True)
 
         self.copy_stream.launch(to_host)
         result.host_buf = host

@@ -1,0 +1,63 @@
+"""The small device-side tasks of a batch — staging copies, deferred sampling, the device-to-host
+copy of the sampled tokens, the KV gathers of the transfer and the AttentionStore — as one
+TorchScript call each, on CPU.
+
+On CPU these run on the emulated streams' threads (engine/device.py). Each torch op called from
+Python releases the GIL and takes it back, and taking it back while the scheduler thread runs Python
+can cost up to a switch interval (5 ms): a chain of such hops (staging → forward → sample → copy)
+is what made the emulated device slow to finish a batch, not its arithmetic. One call per task keeps
+the hops to one. Same ops, same order, same results as the eager code they replace, which CUDA
+keeps (there the ops only enqueue kernels).
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import List
+
+import torch
+
+
+def _stage(buf_ids: torch.Tensor, buf_pos: torch.Tensor, buf_loc: torch.Tensor, ids: torch.Tensor,
+           pos: torch.Tensor, loc: torch.Tensor, n: int) -> None:
+    buf_ids[:n].copy_(ids)
+    buf_pos[:n].copy_(pos)
+    buf_loc[:n].copy_(loc)
+
+
+def _sample(future_map: torch.Tensor, slots: torch.Tensor, logits_buf: torch.Tensor, bias: torch.Tensor,
+            bs: int) -> None:
+    future_map[slots] = torch.argmax(logits_buf[:bs] + bias, dim=-1)
+
+
+def _to_host(host: torch.Tensor, future_map: torch.Tensor, slots: torch.Tensor) -> None:
+    host.copy_(future_map[slots])
+
+
+def _gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor) -> List[torch.Tensor]:
+    """K and V of the pool's token indices `idx`, all layers, as new tensors (the KV transfer)."""
+    i = idx.long()
+    return [k_pool[:, i].clone(), v_pool[:, i].clone()]
+
+
+def _stage_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """One gather of K and V for several requests' tokens, stacked (the AttentionStore staging)."""
+    i = idx.long()
+    return torch.stack([k_pool[:, i], v_pool[:, i]])
+
+
+_OPS: dict | None = None
+_LOCK = threading.Lock()
+
+
+def ops() -> dict:
+    """The scripted tasks, compiled once per process (see engine/model.py on torch.jit.script)."""
+    global _OPS
+    if _OPS is None:
+        with _LOCK:
+            if _OPS is None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    _OPS = {f.__name__.lstrip("_"): torch.jit.script(f) for f in (_stage, _sample, _to_host, _gather_kv, _stage_kv)}
+    return _OPS
