@@ -7,17 +7,20 @@ asked for (`logit_rows`).
 Two implementations of the same forward:
 
 - `script` (the default with the torch attention backend): each layer's compute — RMSNorm, q/k/v,
-  RoPE, the K/V write into the paged pool, the masked packed attention over prefix + new keys, the
-  output projection, the SwiGLU MLP — is one TorchScript function (engine/scripted.py), called once
-  per layer from Python. TorchScript runs with the GIL released, so on CPU the emulated device
-  computes beside the scheduler's Python the way a GPU does, instead of taking the GIL between its
-  ~40 small ops per layer.
+  RoPE, the K/V write into the paged pool, attention over each request's cached prefix and new
+  tokens, the output projection, the SwiGLU MLP — is one TorchScript function (`_layer_s`), and the
+  whole forward one more (`_forward_s`, all layers and the copy of the logits into the caller's
+  buffer). TorchScript runs with the GIL released, so on CPU the emulated device computes beside the
+  scheduler's Python the way a GPU does. Uncontrolled, the whole forward is one call: the stream
+  thread takes the GIL back once per forward (taking it back while the scheduler runs Python can
+  cost a switch interval, 5 ms). Under a schedule controller or jitter (engine/sync.py) the layers
+  are called one by one from Python, with a schedule point before each.
 - `eager`: the same ops one by one in Python, through the attention backend (always used with the
   Triton backend, and as the fallback: `PDO_FORWARD=eager` or EngineConfig.forward="eager").
 
-Both read `positions` and `out_cache_loc` afresh in every layer, with a schedule point
-(`sync.point("layer")`) before each: a staging write that lands mid-forward (a missing WAR barrier)
-corrupts the result, as it would on a GPU.
+Both read `positions` and `out_cache_loc` afresh in every layer (the per-layer paths with a schedule
+point, `sync.point("layer")`, before each): a staging write that lands mid-forward (a missing WAR
+barrier) corrupts the result, as it would on a GPU.
 """
 from __future__ import annotations
 
@@ -153,10 +156,9 @@ class TinyLlama:
 
 # ---- the scripted forward -------------------------------------------------------------------------
 # Plain functions, compiled by torch.jit.script on first use (_scripted): the eager path's ops in the
-# same order, except attention, which loops over the batch's requests inside the script (what the
-# Triton kernels do) instead of one SDPA over the packed batch with a block-diagonal mask: the packed
-# form exists to save Python ops per layer, which cost nothing here, and it computes every query
-# against every request's keys (at hit 0.8, ~10x the scores, 5x the time of the loop).
+# same order, except attention: the batch's requests padded side by side and one fused SDPA call per
+# layer, keys read back from the pool (_layout_s, _attend_s). On this CPU that is 1.3-2.4x faster than
+# a loop over the requests (a dozen small ops each) at 3-16 requests, though it computes the padding.
 
 def _rms_s(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w

@@ -126,14 +126,60 @@ class ScheduleBatch:
         of the batch's metadata and of each tensor's bytes (hashed in place through a numpy view: no
         copy on CPU; a device tensor is copied to the host first). The checker only compares digests
         for equality, so a checksum that any change of the bytes alters is enough, and the cheapest
-        one at hand (zlib's CRC-32: ~7 µs for 16 KiB of logit bias here, SHA-1 ~12 µs)."""
+        one at hand (zlib's CRC-32: ~7 µs for 16 KiB of logit bias here, SHA-1 ~12 µs).
+
+        The forward's digest of a batch usually finds it as the snapshot left it: when every field is
+        the same object as at the last digest, the lists hold the same values, the requests are the
+        same objects in the same slots and no torch write touched a tensor (`_version`), the last
+        result is reused (a comparison, not a re-hash)."""
         reqs = self.reqs
+        bias_fp = _fingerprint((sampling or self.sampling_info).logit_bias)  # [bs, vocab]: cached
+        tensors = (self.input_ids, self.positions, self.out_cache_loc)
+        key = (name, self.bid, tuple(reqs), tuple(r.slot for r in reqs), tuple(self.starts), tuple(self.extends),
+               tuple(self.last_chunk), tuple(t._version for t in tensors), bias_fp)   # Req: == is identity
+        memo = self.__dict__.get("_digest_memo")   # (key, tensors, digest); holding the tensors keeps their ids theirs
+        if memo is not None and memo[0] == key and all(a is b for a, b in zip(memo[1], tensors)):
+            return memo[2]
         h = zlib.crc32(repr((self.bid, [r.rid for r in reqs], [name(r) for r in reqs], [r.slot for r in reqs],
                              self.starts, self.extends, self.last_chunk)).encode())
-        for t in (self.input_ids, self.positions, self.out_cache_loc):  # a few KiB: hashed each time
+        for t in tensors:
             h = _crc(_host_view(t), h)
-        h = zlib.crc32(_fingerprint((sampling or self.sampling_info).logit_bias), h)  # [bs, vocab]: cached
-        return f"{h:08x}"
+        d = f"{zlib.crc32(bias_fp, h):08x}"
+        self._digest_memo = (key, tensors, d)
+        return d
+
+
+    def _stamp(self, name) -> tuple[tuple, tuple]:
+        """What `digest` covers, by reference: (values and version counters, the tensors)."""
+        reqs, bias = self.reqs, self.sampling_info.logit_bias
+        tensors = (self.input_ids, self.positions, self.out_cache_loc, bias)
+        return ((name, self.bid, tuple(reqs), tuple(r.slot for r in reqs), tuple(self.starts), tuple(self.extends),
+                 tuple(self.last_chunk), tuple(t._version for t in tensors)), tensors)
+
+
+class DigestStamp:
+    """A batch's digest, taken now and computed later. What `ScheduleBatch.digest` covers is recorded
+    by reference — the tensors with their version counters, the lists' values, the requests by
+    identity: a few µs — and hashed when first asked for (`trace_value`): by the forward worker at
+    fwd_begin (off the scheduler thread), else when the trace is read. Under the digest cache's
+    assumption (every write to these tensors is a torch write, which bumps `_version`), hashing later
+    what has not changed since gives the digest of the moment of the stamp. If anything changed, that
+    moment is gone, and the value is a marker that equals no digest (`changed:<batch>`): what a rule
+    comparing it with the forward's digest has to see."""
+
+    __slots__ = ("batch", "name", "key", "refs", "value")
+
+    def __init__(self, batch: ScheduleBatch, name=id):
+        self.batch, self.name = batch, name
+        self.key, self.refs = batch._stamp(name)
+        self.value: str | None = None
+
+    def trace_value(self) -> str:
+        if self.value is None:   # two threads may both compute it: the same value
+            key, refs = self.batch._stamp(self.name)
+            same = key == self.key and all(a is b for a, b in zip(refs, self.refs))
+            self.value = self.batch.digest(name=self.name) if same else f"changed:{self.batch.bid}"
+        return self.value
 
 
 def _fingerprint(t: torch.Tensor) -> bytes:

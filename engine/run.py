@@ -53,7 +53,7 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
         "wall_s": wall, "uncached_tok_per_s": sched.stats["uncached_tokens"] / wall if wall else 0.0,
         "attention_backend": sched.backend.name, "forward": sched.model.impl_for(sched.backend),
         "device": str(sched.device), "leaks": leaks,
-        "events": len(tracer.events) if tracer.enabled else 0, "error": repr(error) if error else None,
+        "events": tracer.count if tracer.enabled else 0, "error": repr(error) if error else None,
     }
     if trace_path:
         tracer.write(trace_path, extra_header={"host": platform.node(), "config": _jsonable(asdict(cfg))})

@@ -10,8 +10,13 @@ Keeping the run's events must not make the garbage collector work harder: CPytho
 collection after ~700 net allocations of container objects, and a full collection in an engine
 process (~170k objects with torch loaded) takes ~100 ms — a third of a benchmark run. So an event
 keeps no container of its own: no per-event tuple (the parts go flat into the list), and the fields
-dict of scalar values is one the collector does not track. Object ids likewise live on the object
-(`obj`), not in a dict of weak references.
+dict of scalar values is one the collector does not track.
+
+Object identities (the `obj` field) cost nothing while the engine runs: the caller passes the object
+itself, the event keeps a reference to it, and it is named (o1, o2, ... in order of first
+appearance) when the events are read. Kept alive by the trace, an object's id() cannot be reused by
+another, so identity is exact. Likewise a `digest` field may be a value computed late (an object with
+`trace_value()`: engine.request.DigestStamp), resolved when read if nobody did before.
 Tracing on must not distort the overlap it measures; a disabled tracer is a no-op method. `t_ns` is read just before the append, so across threads it may trail the
 previous event's by the time a thread switch takes; timelines use it, the checker orders by `seq`.
 Every emit is also a schedule point: a controller (checker/fuzz.py) may block the calling thread
@@ -22,7 +27,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import weakref
 
 from . import sync
 
@@ -39,14 +43,18 @@ class Tracer:
         self._dicts: list[dict] = []    # the first len(_dicts) events as dicts
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
-        self._by_id: dict[int, tuple] = {}   # id(obj) -> (weakref to obj, name)
+        self._names: dict[int, tuple] = {}   # id(obj) -> (obj, kept alive so its id stays its own; name)
         self._obj_count = 0
-        self._token = object()               # marks the object ids this tracer gave (see obj)
 
     def emit(self, ev: str, **fields) -> None:
         thread = threading.current_thread().name
         sync.point(ev)
         self._raw.extend((time.monotonic_ns(), thread, ev, fields))   # the tuple is freed at once
+
+    @property
+    def count(self) -> int:
+        """How many events were logged (without converting them)."""
+        return len(self._raw) // 4
 
     @property
     def events(self) -> list[dict]:
@@ -57,9 +65,17 @@ class Tracer:
             n = len(raw) // 4
             if len(dicts) < n:
                 part = raw[4 * len(dicts):4 * n]
-                dicts.extend({"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
-                             for s, t, th, ev, f in zip(range(len(dicts) + 1, n + 1), part[0::4], part[1::4],
-                                                        part[2::4], part[3::4]))
+                name = self.obj
+                for s, t, th, ev, f in zip(range(len(dicts) + 1, n + 1), part[0::4], part[1::4], part[2::4],
+                                           part[3::4]):
+                    e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
+                    o = e.get("obj")
+                    if o is not None and not isinstance(o, str):
+                        e["obj"] = name(o)
+                    d = e.get("digest")
+                    if d is not None and not isinstance(d, str):
+                        e["digest"] = d.trace_value()   # a value computed late (engine.request.DigestStamp)
+                    dicts.append(e)
             return dicts
 
     def write(self, path: str, *, extra_header: dict | None = None) -> None:
@@ -70,37 +86,18 @@ class Tracer:
                 f.write(json.dumps(e, separators=(",", ":")) + "\n")
 
     def obj(self, x) -> str:
-        """Identity of a Python object for the trace: stable within a run (o1, o2, ... in order of first
-        sight), so a copy of a request shows up as a new identity and reruns compare byte for byte.
-        The name is kept on the object with the object's own id() and this tracer's token: a copy
-        (copy.copy copies the attribute) has another id(), so it gets a name of its own, and another
-        tracer names the object afresh. Objects without a __dict__ are looked up by id() in a dict, a
-        weak reference proving the id still names the same object (ids are reused after death)."""
-        tag = getattr(x, "_pdo_oid", None)
-        if tag is not None and tag[0] is self._token and tag[1] == id(x):
-            return tag[2]
-        with self._lock:
-            tag = getattr(x, "_pdo_oid", None)
-            if tag is not None and tag[0] is self._token and tag[1] == id(x):
-                return tag[2]
-            e = self._by_id.get(id(x))
-            if e is not None and e[0]() is x:
-                return e[1]
-            self._obj_count += 1
-            name = f"o{self._obj_count}"
-            try:
-                x._pdo_oid = (self._token, id(x), name)
-                return name
-            except (AttributeError, TypeError):
-                pass
-            key, by_id = id(x), self._by_id
-
-            def forget(ref, key=key):  # drop the entry when the object dies, unless the id was reused
-                if by_id.get(key, (None,))[0] is ref:
-                    by_id.pop(key, None)
-
-            self._by_id[key] = (weakref.ref(x, forget), name)
-            return name
+        """The trace identity of a Python object: o1, o2, ... in order of first sight, stable within a
+        run, so a copy of a request shows up as a new identity and reruns compare byte for byte.
+        Emitting the object itself as the `obj` field names it the same way, when the events are
+        read. The tracer keeps the object alive, so its id() is never another object's."""
+        e = self._names.get(id(x))
+        if e is None:
+            with self._lock:
+                e = self._names.get(id(x))
+                if e is None:
+                    self._obj_count += 1
+                    e = self._names[id(x)] = (x, f"o{self._obj_count}")
+        return e[1]
 
     def of(self, ev: str) -> list[dict]:
         return [e for e in self.events if e["ev"] == ev]

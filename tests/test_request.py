@@ -90,6 +90,53 @@ def test_digest_sees_every_input_in_place_and_every_identity():
     assert nc.digest(name=tr.obj) == nc.digest(name=tr.obj)
 
 
+def test_digest_reuse_never_hides_a_change():
+    """A second digest of an unchanged batch reuses the first (the forward's digest after the
+    snapshot's); any change a torch write or a Python mutation can make still shows."""
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    b = _batch()
+    base = b.digest(name=tr.obj)
+    assert b.digest(name=tr.obj) == base
+    b.starts[0] += 1                      # a list mutated in place
+    assert b.digest(name=tr.obj) != base
+    b.starts[0] -= 1
+    assert b.digest(name=tr.obj) == base
+    b.reqs[0].slot = 5                    # a request given another slot
+    assert b.digest(name=tr.obj) != base
+    b.reqs[0].slot = None
+    b.input_ids = b.input_ids.clone()     # rebound to equal bytes: the same digest, computed afresh
+    assert b.digest(name=tr.obj) == base
+    b.positions = b.positions + 1         # rebound to other bytes
+    assert b.digest(name=tr.obj) != base
+    assert b.copy().digest(name=tr.obj) == b.digest(name=tr.obj)   # a shallow copy digests the same
+
+
+def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker():
+    """A snapshot's digest is stamped on the scheduler and hashed later: unchanged since, it equals
+    the digest taken at the stamp; after any change it is a marker no digest equals."""
+    from engine.request import DigestStamp
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    b = _batch()
+    now = b.digest(name=tr.obj)
+    assert DigestStamp(b, tr.obj).trace_value() == now
+    for change, undo in ((lambda: b.out_cache_loc.add_(1), lambda: b.out_cache_loc.sub_(1)),
+                         (lambda: b.extends.__setitem__(0, 2), lambda: b.extends.__setitem__(0, 3)),
+                         (lambda: b.sampling_info.filter_([0, 1]), None)):
+        stamp = DigestStamp(b, tr.obj)
+        change()
+        value = stamp.trace_value()
+        assert value.startswith("changed:") and value != b.digest(name=tr.obj)
+        assert stamp.trace_value() == value          # resolved once
+        if undo:
+            undo()
+    tr.emit("snapshot", batch=0, digest=DigestStamp(b, tr.obj))   # resolved when the events are read
+    assert tr.events[-1]["digest"] == b.digest(name=tr.obj)
+
+
 def test_sliced_checksum_is_the_checksum_of_the_whole_buffer():
     """Large tensors are checksummed in slices (zlib keeps the GIL below 5 KiB); chaining the CRC
     over the slices gives exactly the CRC of the whole buffer, and any changed byte changes it."""
@@ -106,6 +153,11 @@ def test_sliced_checksum_is_the_checksum_of_the_whole_buffer():
 
 
 def test_tracer_object_ids_survive_id_reuse():
+    """Identities are exact: the tracer keeps what it named alive, so a dead object's id() is never
+    handed to another. Objects emitted as the `obj` field are named when the events are read, in
+    order of first appearance, consistently with `obj()`; a copy is a new identity."""
+    import copy
+
     from engine.trace import Tracer
 
     tr = Tracer()
@@ -113,7 +165,11 @@ def test_tracer_object_ids_survive_id_reuse():
     b = Req(rid="b", prompt=[1], bootstrap_room=1)
     assert tr.obj(a) == "o1" and tr.obj(b) == "o2" and tr.obj(a) == "o1"
     del a
-    names = {tr.obj(Req(rid=f"x{i}", prompt=[1], bootstrap_room=i)) for i in range(50)}  # ids get reused
+    names = {tr.obj(Req(rid=f"x{i}", prompt=[1], bootstrap_room=i)) for i in range(50)}  # would reuse ids
     assert len(names) == 50 and "o1" not in names and "o2" not in names
     assert tr.obj(b) == "o2"
-    assert len(tr._by_id) <= 3  # entries of dead objects are dropped
+    c, d = Req(rid="c", prompt=[1], bootstrap_room=2), copy.copy(b)
+    for x in (c, b, d, c):
+        tr.emit("kv_send", rid=x.rid, obj=x, tokens=1, pages=1)
+    tr.emit("kv_send", rid="e", obj="o9999", tokens=1, pages=1)   # a name given by the caller stays
+    assert [e["obj"] for e in tr.events] == ["o53", "o2", "o54", "o53", "o9999"]

@@ -144,7 +144,7 @@ class DecodeScheduler:
         r.pages = self.pool.alloc(n_pages)
         n = n_pages * self.ps
         self.req_to_token.table[r.slot, :n] = self.pool.token_indices(r.pages, 0, n).to(self.device)
-        self.tr.emit("alloc", rid=r.rid, obj=self.tr.obj(r), slot=r.slot)
+        self.tr.emit("alloc", rid=r.rid, obj=r, slot=r.slot)
         self.tr.emit("receiver_init", room=r.room, rank=r.prefill_dp_rank, rid=r.rid)
         r.state, r.t_init = "transfer", now()
         try:
@@ -223,7 +223,7 @@ class DecodeScheduler:
     # ---- ends of a request -------------------------------------------------------------------------
     def _free(self, r: DecodeReq) -> None:
         if r.slot is not None:
-            self.tr.emit("release", rid=r.rid, obj=self.tr.obj(r), slot=r.slot)
+            self.tr.emit("release", rid=r.rid, obj=r, slot=r.slot)
             self.req_to_token.free(r.slot)
             self.pool.free(r.pages)
             r.slot, r.pages = None, []

@@ -17,7 +17,7 @@ from ..config import EngineConfig
 from ..device import make_stream
 from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
 from ..model import TinyLlama
-from ..request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
+from ..request import DigestStamp, Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from ..trace import NullTracer
 from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
 
@@ -175,7 +175,7 @@ class PrefillScheduler:
         req.slot = self.req_to_token.alloc()
         if req.pages:
             self.req_to_token.table[req.slot, :req.prefix_len] = self.pool.token_indices(req.pages, 0, req.prefix_len).to(self.device)
-        self.tr.emit("alloc", rid=req.rid, obj=self.tr.obj(req), slot=req.slot)
+        self.tr.emit("alloc", rid=req.rid, obj=req, slot=req.slot)
         self.stats["cached_tokens"] += req.prefix_len
         return True
 
@@ -211,7 +211,7 @@ class PrefillScheduler:
         for req, last in zip(reqs, batch.last_chunk):
             if not last:
                 req.inflight_middle_chunks += 1
-                self.tr.emit("chunk_inc", rid=req.rid, obj=self.tr.obj(req), value=req.inflight_middle_chunks)
+                self.tr.emit("chunk_inc", rid=req.rid, obj=req, value=req.inflight_middle_chunks)
             elif inject.on("free-slot-before-forward-done"):
                 # MUTANT: slot and pages freed as soon as the last chunk is scheduled; the request still
                 # uses them (its forward reads the req_to_token row, its KV send reads the pages).
@@ -246,12 +246,15 @@ class PrefillScheduler:
     def snapshot(self, batch: ScheduleBatch) -> ScheduleBatch:
         """Thread modes: isolate what the worker reads from the next admission's mutations."""
         snap = snapshot_for_forward(batch)
-        if self.tr.enabled:
-            self.tr.emit("snapshot", batch=snap.bid, digest=snap.digest(name=self.tr.obj))
+        if self.tr.enabled:   # hashed later, by the worker (DigestStamp): not on this thread's critical path
+            snap._digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
+            self.tr.emit("snapshot", batch=snap.bid, digest=stamp)
         return snap
 
     def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
+        if self.tr.enabled and "_digest_stamp" in batch.__dict__:
+            batch._digest_stamp.trace_value()   # the snapshot's digest, before anything else touches the batch
         sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
         if self.tr.enabled:
             self.tr.emit("fwd_begin", batch=batch.bid, digest=batch.digest(sampling, self.tr.obj))
@@ -311,7 +314,7 @@ class PrefillScheduler:
             return
         req.prefix_sent = True
         tokens, pages = req.sender.send(req, req.prefix_len, None, last=False)
-        self.tr.emit("prefix_send", batch=batch.bid, rid=req.rid, obj=self.tr.obj(req), tokens=tokens, pages=pages)
+        self.tr.emit("prefix_send", batch=batch.bid, rid=req.rid, obj=req, tokens=tokens, pages=pages)
 
     # ---- deferred sampling ---------------------------------------------------------------------
     def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
@@ -368,7 +371,7 @@ class PrefillScheduler:
             end = batch.starts[i] + batch.extends[i]
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
-                self.tr.emit("chunk_dec", rid=req.rid, obj=self.tr.obj(req), value=req.inflight_middle_chunks)
+                self.tr.emit("chunk_dec", rid=req.rid, obj=req, value=req.inflight_middle_chunks)
                 if not inject.on("send-before-forward-done"):
                     self._send(req, end, result.done_event, last=False)
             else:
@@ -386,7 +389,7 @@ class PrefillScheduler:
 
     def _send(self, req: Req, end: int, ready, *, last: bool, meta=None) -> None:
         tokens, pages = req.sender.send(req, end, ready, last=last, meta=meta)
-        self.tr.emit("kv_send", rid=req.rid, obj=self.tr.obj(req), tokens=tokens, pages=pages)
+        self.tr.emit("kv_send", rid=req.rid, obj=req, tokens=tokens, pages=pages)
 
     def process_inflight_queue(self) -> None:
         """Release requests whose KV transfer and AttentionStore staging have completed."""
@@ -402,7 +405,7 @@ class PrefillScheduler:
         self.inflight = still
 
     def _release(self, req: Req, *, early: bool = False) -> None:
-        self.tr.emit("release", rid=req.rid, obj=self.tr.obj(req), slot=req.slot)
+        self.tr.emit("release", rid=req.rid, obj=req, slot=req.slot)
         self.req_to_token.free(req.slot)
         req.released = True
         if not early:
