@@ -201,16 +201,12 @@ def _attend_s(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows:
               keep: torch.Tensor, allow: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of the packed queries q [T, Hq, D] over each request's keys, read back from the pool
     (the batch's own K/V already written there): the requests padded side by side (_layout_s), one
-    SDPA call (a fused kernel on CPU), grouped-query heads repeated, then unpadded."""
+    SDPA call (a fused kernel on CPU, grouped-query heads shared), then unpadded."""
     t, hq, d = q.shape
-    hk = k_pool.shape[1]
     kk = k_pool[rows].transpose(1, 2)                                  # [B, Hkv, L, D]
     vv = v_pool[rows].transpose(1, 2)
-    if hq != hk:
-        kk = kk.repeat_interleave(hq // hk, dim=1)
-        vv = vv.repeat_interleave(hq // hk, dim=1)
     qp = torch.cat([q, q.new_zeros(1, hq, d)])[qi].transpose(1, 2)     # [B, Hq, E, D]
-    o = F.scaled_dot_product_attention(qp, kk, vv, attn_mask=allow, scale=scale)
+    o = F.scaled_dot_product_attention(qp, kk, vv, attn_mask=allow, scale=scale, enable_gqa=True)
     b, e = qi.shape
     return o.transpose(1, 2).reshape(b * e, hq, d)[keep]
 
