@@ -7,10 +7,12 @@ static plot (checker/plot.py) and the benchmark (engine/bench.py):
   fwd N       fwd_begin(N) .. fwd_end(N), on the thread that ran run_batch (worker or scheduler); in
               general every `X_begin` / `X_end` pair of one batch on one thread is a span `X`
   process N   process_begin(N) .. process_end(N)
-  admit N     from the thread's previous event to admit(N): the loop top (retire AS writes, ingest)
-              and admission itself (prefix match, slot and page allocation, building the batch); it
-              also holds what ran between that previous event and the loop top (the tail of
-              inflight-queue polling; in overlap/thread mode the sample launch) and any idle wait
+  admit N     from the thread's previous event that is not a release to admit(N): the loop top
+              (retire AS writes, ingest) and admission itself (prefix match, slot and page
+              allocation, building the batch); it also holds what ran between that previous event
+              and the loop top — the KV inflight queue (releasing finished requests: the seed's
+              steady state puts it with result processing, beside the forward), in overlap/thread
+              mode the sample launch — and any idle wait
   collect N   from the thread's previous event to collect(N): waiting for the worker's result
   sample N    sample(N) .. the thread's next event, unless that event is admission's (then 0 long)
 
@@ -34,6 +36,7 @@ from .trace_io import iter_events
 SPAN_KINDS = ("admit", "fwd", "collect", "sample", "process")
 POINT_SLICES = ("submit", "batch_copy", "collect")   # zero-length slices that flow arrows bind to
 _ADMISSION = ("alloc", "admit")
+_NOT_A_STEP = ("release",)   # instants inside a step (the inflight queue's releases): they end no span
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Timeline:
         self.on_span = on_span or (lambda s: None)
         self.on_event = on_event or (lambda e: None)
         self.prev: dict[str, dict] = {}          # thread -> its previous event
+        self.step: dict[str, int] = {}           # thread -> time of its previous event that ends a step
         self.adm_start: dict[str, int] = {}      # thread -> start of the admission being built
         self.open: dict[tuple, dict] = {}        # (thread, name, batch) -> begin event
         self.sample: dict[str, dict] = {}        # thread -> sample event whose span is open
@@ -84,7 +88,7 @@ class Timeline:
             self.on_span(Span(th, "sample", s.get("batch"), s["t_ns"], end))
         if prefill and ev in _ADMISSION:
             if th not in self.adm_start:
-                self.adm_start[th] = prev["t_ns"] if prev is not None else t
+                self.adm_start[th] = self.step.get(th, t)
             if ev == "admit":
                 self.on_span(Span(th, "admit", e["batch"], self.adm_start.pop(th), t,
                                   {"requests": len(e.get("rids", ()))}))
@@ -101,6 +105,8 @@ class Timeline:
                 self.on_span(Span(th, name, e.get("batch"), b["t_ns"], t))
         self.on_event(e)
         self.prev[th] = e
+        if ev not in _NOT_A_STEP:
+            self.step[th] = t
 
     def finish(self) -> None:
         for th, s in list(self.sample.items()):
