@@ -69,8 +69,9 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
 @contextlib.contextmanager
 def frozen_gc(on: bool = True):
     """Everything alive now goes to the collector's permanent generation for the duration (see
-    EngineConfig.freeze_gc), and back after: what the run leaves behind is collected as usual."""
-    if not on:
+    EngineConfig.freeze_gc), and back after: what the run leaves behind is collected as usual. A
+    process that froze objects itself keeps its freeze (nothing is frozen or unfrozen then)."""
+    if not on or gc.get_freeze_count():
         yield
         return
     gc.freeze()

@@ -1,24 +1,24 @@
 """The trace writer: one JSON object per event, a header first (format documented in docs/trace-format.md).
 
-Logging an event appends its four parts (t_ns, thread, ev, fields) to one in-memory list, in one
-`list +=` (atomic under the GIL), without a lock: the event's position in the list is its `seq`, the
-global order in which events were logged. Dicts are built only when the events are read (`events`)
-or written at close. (No lock: a thread that blocks on one while its holder waits for the GIL can
-stall for a whole switch interval.)
+Tracing on must not distort the overlap it measures, so logging an event does as little as it can
+on the engine's threads (a disabled tracer is a no-op method):
 
-Keeping the run's events must not make the garbage collector work harder: CPython starts a
-collection after ~700 net allocations of container objects, and a full collection in an engine
-process (~170k objects with torch loaded) takes ~100 ms — a third of a benchmark run. So an event
-keeps no container of its own: no per-event tuple (the parts go flat into the list), and the fields
-dict of scalar values is one the collector does not track.
+- The event's four parts (t_ns, thread, ev, fields) are appended to one in-memory list with one
+  `list.extend`, atomic under the GIL, without a lock (a thread that blocks on a lock while its
+  holder waits for the GIL can stall for a whole switch interval). The event's position in the list
+  is its `seq`, the global order in which events were logged. `t_ns` is read just before the append,
+  so across threads it may trail the previous event's by a thread switch; timelines use it, the
+  checker orders by `seq`. Dicts are built only when the events are read (`events`) or written.
+- No per-event tuple is kept: CPython starts a collection after ~700 net allocations of container
+  objects, and a traced run that kept a tuple per event collected twice as often, and now and then
+  fully (~100 ms in an engine process, ~170k objects with torch loaded; the engine loops also run
+  with their start-up objects frozen out of the collector, engine/run.py).
+- Object identities (the `obj` field) cost nothing in the run: the caller passes the object itself,
+  the event keeps a reference to it, and it is named (o1, o2, ... in order of first appearance) when
+  the events are read. Kept alive by the trace, an object's id() cannot be reused by another, so
+  identity is exact. A `digest` field may likewise be a value computed late (an object with
+  `trace_value()`: engine.request.DigestStamp), resolved when read if nobody did before.
 
-Object identities (the `obj` field) cost nothing while the engine runs: the caller passes the object
-itself, the event keeps a reference to it, and it is named (o1, o2, ... in order of first
-appearance) when the events are read. Kept alive by the trace, an object's id() cannot be reused by
-another, so identity is exact. Likewise a `digest` field may be a value computed late (an object with
-`trace_value()`: engine.request.DigestStamp), resolved when read if nobody did before.
-Tracing on must not distort the overlap it measures; a disabled tracer is a no-op method. `t_ns` is read just before the append, so across threads it may trail the
-previous event's by the time a thread switch takes; timelines use it, the checker orders by `seq`.
 Every emit is also a schedule point: a controller (checker/fuzz.py) may block the calling thread
 there to choose which thread runs next.
 """
@@ -49,7 +49,7 @@ class Tracer:
     def emit(self, ev: str, **fields) -> None:
         thread = threading.current_thread().name
         sync.point(ev)
-        self._raw.extend((time.monotonic_ns(), thread, ev, fields))   # the tuple is freed at once
+        self._raw.extend((time.monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
 
     @property
     def count(self) -> int:

@@ -144,7 +144,10 @@ def test_scripted_and_eager_forward_agree(monkeypatch):
 
 
 def test_scripted_decode_matches_eager():
-    """Decode through the scripted layer (one query per request, keys read back from the pool)."""
+    """Prefill then decode (one query per request, keys read back from the pool) through the
+    scripted forward — as one call, and layer by layer as under a schedule controller or jitter —
+    and the eager one: the same logits and KV."""
+    from engine import sync
     from engine.attention import DecodeMeta, ExtendMeta, TorchAttention
     from engine.memory import KVPool, ReqToTokenPool
     from engine.model import TinyLlama
@@ -153,7 +156,10 @@ def test_scripted_decode_matches_eager():
     model = TinyLlama(mc, seed=0)
     lens = [5, 17, 40]
     outs = {}
-    for impl in ("eager", "script"):
+    for impl in ("eager", "script", "script-per-layer"):
+        sync.set_jitter(1e-3 if impl == "script-per-layer" else 0)   # jitter on: schedule points are live
+        assert sync.points_active() == (impl == "script-per-layer")
+        fwd_impl = "eager" if impl == "eager" else "script"
         pool = KVPool(16, 16, mc.layers, mc.kv_heads, mc.head_dim, torch.float32, "cpu")
         table = ReqToTokenPool(3, mc.max_context, "cpu")
         nxt = 16
@@ -166,11 +172,37 @@ def test_scripted_decode_matches_eager():
         meta = ExtendMeta(table.table, None, None, None, None, max(lens), loc, host_slots=[0, 1, 2],
                           host_prefix=[0, 0, 0], host_extend=lens)
         model.forward(torch.cat([x[:-1] for x in ids]), torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]),
-                      loc, pool, TorchAttention(), meta, torch.tensor([sum(lens) - 1]), impl=impl)
+                      loc, pool, TorchAttention(), meta, torch.tensor([sum(lens) - 1]), impl=fwd_impl)
         loc = torch.stack([table.table[i, n] for i, n in enumerate(lens)])
         meta = DecodeMeta(table.table, None, None, loc, host_slots=[0, 1, 2], host_seq_lens=[n + 1 for n in lens])
         logits = model.forward(torch.stack([x[-1] for x in ids]), torch.tensor(lens, dtype=torch.int32), loc, pool,
-                               TorchAttention(), meta, torch.arange(3), decode=True, impl=impl)
+                               TorchAttention(), meta, torch.arange(3), decode=True, impl=fwd_impl)
         outs[impl] = (logits, pool.k.clone())
+    sync.set_jitter(0)
     torch.testing.assert_close(outs["script"][0], outs["eager"][0], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(outs["script"][1], outs["eager"][1], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(outs["script-per-layer"][0], outs["script"][0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(outs["script-per-layer"][1], outs["script"][1], atol=1e-6, rtol=1e-6)
+
+
+def test_loop_runs_with_startup_objects_frozen_and_leaves_a_user_freeze_alone():
+    """EngineConfig.freeze_gc: the loop runs with the objects alive at its start out of the cyclic
+    collector, and they go back after; a process that froze objects itself keeps its freeze."""
+    import gc
+
+    from engine.run import frozen_gc
+
+    assert gc.get_freeze_count() == 0
+    with frozen_gc():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    with frozen_gc(False):
+        assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        n = gc.get_freeze_count()
+        with frozen_gc():
+            assert gc.get_freeze_count() == n
+        assert gc.get_freeze_count() == n
+    finally:
+        gc.unfreeze()
