@@ -46,18 +46,26 @@ def _stage_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor) -> 
     return torch.stack([k_pool[:, i], v_pool[:, i]])
 
 
-_OPS: dict | None = None
-_LOCK = threading.Lock()
+def lazy_scripts(fns: dict):
+    """A function returning `fns` compiled by torch.jit.script, compiled on the first call, once per
+    process. (torch.jit.script is deprecated in torch 2.x in favour of torch.compile, whose CPU code
+    is Python wrapper code around kernels and does not release the GIL for a whole call; the
+    deprecation warnings are silenced here.)"""
+    compiled: dict = {}
+    lock = threading.Lock()
+
+    def get() -> dict:
+        if not compiled:
+            with lock:
+                if not compiled:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        warnings.simplefilter("ignore", FutureWarning)
+                        done = {name: torch.jit.script(f) for name, f in fns.items()}
+                    compiled.update(done)   # one call: a reader sees all of them or none
+        return compiled
+    return get
 
 
-def ops() -> dict:
-    """The scripted tasks, compiled once per process (see engine/model.py on torch.jit.script)."""
-    global _OPS
-    if _OPS is None:
-        with _LOCK:
-            if _OPS is None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    warnings.simplefilter("ignore", FutureWarning)
-                    _OPS = {f.__name__.lstrip("_"): torch.jit.script(f) for f in (_stage, _sample, _to_host, _gather_kv, _stage_kv)}
-    return _OPS
+ops = lazy_scripts({"stage": _stage, "sample": _sample, "to_host": _to_host, "gather_kv": _gather_kv,
+                    "stage_kv": _stage_kv})

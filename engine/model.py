@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-import warnings
 from typing import List, Optional, Tuple
 
 import torch
@@ -35,6 +33,7 @@ import torch.nn.functional as F
 
 from . import sync
 from .config import ModelConfig
+from .device_ops import lazy_scripts
 
 FORWARD_IMPLS = ("script", "eager")
 
@@ -265,21 +264,4 @@ def _forward_s(input_ids: torch.Tensor, embed: torch.Tensor, positions: torch.Te
     return x
 
 
-_SCRIPTED: dict | None = None
-_SCRIPT_LOCK = threading.Lock()
-
-
-def _scripted() -> dict:
-    """The TorchScript functions, compiled once per process (torch.jit.script is deprecated in torch
-    2.x in favour of torch.compile, which does not release the GIL around a call: the warning is
-    silenced here, once)."""
-    global _SCRIPTED
-    if _SCRIPTED is None:
-        with _SCRIPT_LOCK:
-            if _SCRIPTED is None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    warnings.simplefilter("ignore", FutureWarning)
-                    _SCRIPTED = {"layer": torch.jit.script(_layer_s), "forward": torch.jit.script(_forward_s),
-                                 "layout": torch.jit.script(_layout_s)}
-    return _SCRIPTED
+_scripted = lazy_scripts({"layer": _layer_s, "forward": _forward_s, "layout": _layout_s})
