@@ -183,12 +183,15 @@ def _layout_s(req_to_token: torch.Tensor, slots: List[int], lens: List[int], ext
     ext = torch.tensor(extend, dtype=torch.long, device=dev)
     pre = torch.tensor(lens, dtype=torch.long, device=dev)
     rows = req_to_token[torch.tensor(slots, dtype=torch.long, device=dev), :n_max].long()
+    j = torch.arange(n_max, device=dev)
+    # padding keys point at token 0 (page 0 is never handed out): masked, but SDPA would turn a
+    # non-finite value left in another request's page into NaN even so
+    rows = torch.where(j[None, :] < (pre if decode else pre + ext)[:, None], rows, 0)
     r = torch.arange(e_max, device=dev)
     valid = r[None, :] < ext[:, None]
     start = torch.cumsum(ext, 0) - ext
     qi = torch.where(valid, start[:, None] + r[None, :], torch.full([b, e_max], int(ext.sum()), dtype=torch.long, device=dev))
     keep = valid.flatten().nonzero().flatten()
-    j = torch.arange(n_max, device=dev)
     if decode:
         allow = (j[None, None, :] < pre[:, None, None]).expand(b, e_max, n_max)
     else:   # query r of request i sees keys 0 .. p_i + r (a padded query row repeats the last real one)

@@ -163,9 +163,11 @@ class DigestStamp:
     identity: a few µs — and hashed when first asked for (`trace_value`): by the forward worker at
     fwd_begin (off the scheduler thread), else when the trace is read. Under the digest cache's
     assumption (every write to these tensors is a torch write, which bumps `_version`), hashing later
-    what has not changed since gives the digest of the moment of the stamp. If anything changed, that
-    moment is gone, and the value is a marker that equals no digest (`changed:<batch>`): what a rule
-    comparing it with the forward's digest has to see."""
+    what has not changed since gives the digest of the moment of the stamp. If anything changed
+    before or while it is hashed, that moment is gone, and the value is a marker that equals no
+    digest (`changed:<batch>`): what a rule comparing it with the forward's digest has to see. This
+    is stricter than comparing bytes: a write undone before the forward, or a rebinding to equal
+    bytes, also reads as a change (a correct engine does neither to a snapshot)."""
 
     __slots__ = ("batch", "name", "key", "refs", "value")
 
@@ -175,11 +177,22 @@ class DigestStamp:
         self.value: str | None = None
 
     def trace_value(self) -> str:
-        if self.value is None:   # two threads may both compute it: the same value
-            key, refs = self.batch._stamp(self.name)
-            same = key == self.key and all(a is b for a, b in zip(refs, self.refs))
-            self.value = self.batch.digest(name=self.name) if same else f"changed:{self.batch.bid}"
-        return self.value
+        batch = self.batch
+        if batch is None:   # resolved (by another thread, maybe)
+            return self.value
+
+        def unchanged() -> bool:
+            key, refs = batch._stamp(self.name)
+            return key == self.key and all(a is b for a, b in zip(refs, self.refs))
+
+        # checked before and after hashing: a change landing while the digest reads the batch shows
+        value = batch.digest(name=self.name) if unchanged() else None
+        if value is None or not unchanged():
+            value = f"changed:{batch.bid}"
+        self.value = value
+        self.batch = self.refs = None   # resolved: keep nothing of the batch alive
+        batch.__dict__.pop("_digest_stamp", None)
+        return value
 
 
 def _fingerprint(t: torch.Tensor) -> bytes:

@@ -14,8 +14,8 @@ on the engine's threads (a disabled tracer is a no-op method):
   fully (~100 ms in an engine process, ~170k objects with torch loaded; the engine loops also run
   with their start-up objects frozen out of the collector, engine/run.py).
 - Object identities (the `obj` field) cost nothing in the run: the caller passes the object itself,
-  the event keeps a reference to it, and it is named (o1, o2, ... in order of first appearance) when
-  the events are read. Kept alive by the trace, an object's id() cannot be reused by another, so
+  the event keeps a reference to it, and it is named (o1, o2, ...: in the order the tracer first
+  names them — when a digest covers them, or when the events are read) at that point. Kept alive by the trace, an object's id() cannot be reused by another, so
   identity is exact. A `digest` field may likewise be a value computed late (an object with
   `trace_value()`: engine.request.DigestStamp), resolved when read if nobody did before.
 
@@ -86,8 +86,9 @@ class Tracer:
                 f.write(json.dumps(e, separators=(",", ":")) + "\n")
 
     def obj(self, x) -> str:
-        """The trace identity of a Python object: o1, o2, ... in order of first sight, stable within a
-        run, so a copy of a request shows up as a new identity and reruns compare byte for byte.
+        """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
+        a run, so a copy of a request shows up as a new identity; under a schedule controller the
+        order is the schedule's, so a replay names alike.
         Emitting the object itself as the `obj` field names it the same way, when the events are
         read. The tracer keeps the object alive, so its id() is never another object's."""
         e = self._names.get(id(x))

@@ -143,7 +143,7 @@ def test_scripted_and_eager_forward_agree(monkeypatch):
         EngineConfig(forward="jit")
 
 
-def test_scripted_decode_matches_eager():
+def test_scripted_decode_matches_eager(monkeypatch):
     """Prefill then decode (one query per request, keys read back from the pool) through the
     scripted forward — as one call, and layer by layer as under a schedule controller or jitter —
     and the eager one: the same logits and KV."""
@@ -157,7 +157,8 @@ def test_scripted_decode_matches_eager():
     lens = [5, 17, 40]
     outs = {}
     for impl in ("eager", "script", "script-per-layer"):
-        sync.set_jitter(1e-3 if impl == "script-per-layer" else 0)   # jitter on: schedule points are live
+        # jitter on (restored by monkeypatch): the schedule points are live, the layers go one by one
+        monkeypatch.setattr(sync, "JITTER_US", 1e-3 if impl == "script-per-layer" else 0)
         assert sync.points_active() == (impl == "script-per-layer")
         fwd_impl = "eager" if impl == "eager" else "script"
         pool = KVPool(16, 16, mc.layers, mc.kv_heads, mc.head_dim, torch.float32, "cpu")
@@ -178,7 +179,6 @@ def test_scripted_decode_matches_eager():
         logits = model.forward(torch.stack([x[-1] for x in ids]), torch.tensor(lens, dtype=torch.int32), loc, pool,
                                TorchAttention(), meta, torch.arange(3), decode=True, impl=fwd_impl)
         outs[impl] = (logits, pool.k.clone())
-    sync.set_jitter(0)
     torch.testing.assert_close(outs["script"][0], outs["eager"][0], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(outs["script"][1], outs["eager"][1], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(outs["script-per-layer"][0], outs["script"][0], atol=1e-6, rtol=1e-6)

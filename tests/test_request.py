@@ -135,6 +135,20 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker():
             undo()
     tr.emit("snapshot", batch=0, digest=DigestStamp(b, tr.obj))   # resolved when the events are read
     assert tr.events[-1]["digest"] == b.digest(name=tr.obj)
+    # a change that lands while the stamp is being hashed (admission beside the worker) shows too
+    stamp = DigestStamp(b, tr.obj)
+    b._digest_stamp = stamp
+    hashing = b.digest
+
+    def admission_lands_meanwhile(*a, **k):
+        d = hashing(*a, **k)
+        b.extends[0] = 1
+        return d
+
+    b.digest = admission_lands_meanwhile
+    assert stamp.trace_value().startswith("changed:")
+    del b.digest
+    assert stamp.batch is None and stamp.refs is None and "_digest_stamp" not in b.__dict__   # nothing kept
 
 
 def test_sliced_checksum_is_the_checksum_of_the_whole_buffer():
