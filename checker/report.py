@@ -46,9 +46,16 @@ def text_report(result) -> str:
         for rule, checks in result.rules:
             lines.append(f"  {rule.id:32s} {checks:7d} checks")
         return "\n".join(lines)
-    lines = [f"FAIL {name}: {len(result.violations)} violation(s) of "
-             f"{len({v.rule.id for v in result.violations})} rule(s), {result.events} events"]
-    shown = result.violations[:MAX_SHOWN]
+    by_rule: dict[str, int] = {}
+    for v in result.violations:
+        by_rule[v.rule.id] = by_rule.get(v.rule.id, 0) + 1
+    lines = [f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
+             "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items())]
+    # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
+    firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
+    picked = sorted(firsts.values())[:MAX_SHOWN]
+    picked += [i for i in range(len(result.violations)) if i not in firsts.values()][:MAX_SHOWN - len(picked)]
+    shown = [result.violations[i] for i in sorted(picked)]
     ctx = _context(result.path, {s for v in shown for s in v.seqs})
     for v in shown:
         lines.append(f"\n[{v.rule.id}] {v.rule.statement}")
@@ -67,8 +74,8 @@ def text_report(result) -> str:
         for t, items in threads.items():
             lines.append(f"    {t:>14s}: " + " · ".join(items))
         lines.append(f"  seed: {v.rule.seed}")
-    if len(result.violations) > MAX_SHOWN:
-        lines.append(f"\n... and {len(result.violations) - MAX_SHOWN} more")
+    if len(result.violations) > len(shown):
+        lines.append(f"\n... and {len(result.violations) - len(shown)} more (--json lists them all)")
     return "\n".join(lines)
 
 

@@ -74,3 +74,28 @@ def test_trace_format_doc_lists_every_event():
     doc = (ROOT / "docs" / "trace-format.md").read_text()
     for ev in load_events()["prefill"]:
         assert f"`{ev}`" in doc, ev
+
+
+def test_failed_check_explains_every_violated_rule(tmp_path):
+    """With more violations than the text report shows, each violated rule is still explained once
+    (the first of its kind), and the header counts them per rule."""
+    from types import SimpleNamespace
+
+    from checker.report import MAX_SHOWN, text_report
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}) + "\n")
+
+    def rule(rid):
+        return SimpleNamespace(id=rid, statement=f"statement of {rid}", seed="seed passage")
+
+    many, rare = rule("P-many"), rule("P-rare")
+    violations = [SimpleNamespace(rule=many, message=f"many #{i}", seqs=[]) for i in range(MAX_SHOWN + 5)]
+    violations.append(SimpleNamespace(rule=rare, message="the rare one", seqs=[]))
+    result = SimpleNamespace(ok=False, path=str(path), header={"role": "prefill", "mode": "ahead"}, events=99,
+                             rules=[], violations=violations)
+    text = text_report(result)
+    assert f"{len(violations)} violation(s) of 2 rule(s)" in text
+    assert f"P-many {MAX_SHOWN + 5}, P-rare 1" in text
+    assert "the rare one" in text and text.count("[P-many]") == MAX_SHOWN - 1
+    assert f"... and {len(violations) - MAX_SHOWN} more" in text
