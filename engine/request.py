@@ -134,9 +134,8 @@ class ScheduleBatch:
         result is reused (a comparison, not a re-hash)."""
         reqs = self.reqs
         bias_fp = _fingerprint((sampling or self.sampling_info).logit_bias)  # [bs, vocab]: cached
-        tensors = (self.input_ids, self.positions, self.out_cache_loc)
-        key = (name, self.bid, tuple(reqs), tuple(r.slot for r in reqs), tuple(self.starts), tuple(self.extends),
-               tuple(self.last_chunk), tuple(t._version for t in tensors), bias_fp)   # Req: == is identity
+        key, tensors = self._stamp(name, with_bias=False)
+        key += (bias_fp,)   # the bias by content: the forward's sampling copy is another tensor
         memo = self.__dict__.get("_digest_memo")   # (key, tensors, digest); holding the tensors keeps their ids theirs
         if memo is not None and memo[0] == key and all(a is b for a, b in zip(memo[1], tensors)):
             return memo[2]
@@ -148,13 +147,16 @@ class ScheduleBatch:
         self._digest_memo = (key, tensors, d)
         return d
 
-
-    def _stamp(self, name) -> tuple[tuple, tuple]:
-        """What `digest` covers, by reference: (values and version counters, the tensors)."""
-        reqs, bias = self.reqs, self.sampling_info.logit_bias
-        tensors = (self.input_ids, self.positions, self.out_cache_loc, bias)
+    def _stamp(self, name, *, with_bias: bool = True) -> tuple[tuple, tuple]:
+        """What `digest` covers, by reference: (the values, the requests by identity and the tensors'
+        version counters; the tensors). Without the logit bias for the digest's own memo, which
+        compares the bias by content instead."""
+        reqs = self.reqs
+        tensors = (self.input_ids, self.positions, self.out_cache_loc)
+        if with_bias:
+            tensors += (self.sampling_info.logit_bias,)
         return ((name, self.bid, tuple(reqs), tuple(r.slot for r in reqs), tuple(self.starts), tuple(self.extends),
-                 tuple(self.last_chunk), tuple(t._version for t in tensors)), tensors)
+                 tuple(self.last_chunk), tuple(t._version for t in tensors)), tensors)   # Req: == is identity
 
 
 class DigestStamp:
