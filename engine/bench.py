@@ -446,7 +446,7 @@ def emit_cost_ns(n: int = 100_000) -> dict:
 
 class _Accounting:
     """For one traced run: the time spent inside the tracer (emit, obj) and in the digests computed
-    only when tracing is on (ScheduleBatch.digest), summed over all threads. Installed by patching
+    only when tracing is on (DigestStamp: stamped, then hashed), summed over all threads. Installed by patching
     for that run only; the pairs that measure wall time use the plain Tracer."""
 
     def __init__(self):
@@ -489,12 +489,13 @@ def accounted_run(cfg, wc) -> dict:
     tr = Tracer()
     tr.emit = acc.wrap("emit", tr.emit)
     tr.obj = acc.wrap("obj", tr.obj)
-    orig = request.ScheduleBatch.digest
-    request.ScheduleBatch.digest = acc.wrap("digest", orig)
+    stamp, resolve = request.DigestStamp.__init__, request.DigestStamp.trace_value
+    request.DigestStamp.__init__ = acc.wrap("digest", stamp)         # a stamp taken (on the calling thread)
+    request.DigestStamp.trace_value = acc.wrap("digest", resolve)    # and hashed (by the worker)
     try:
         s = run_prefill(cfg, wc, tracer=tr)
     finally:
-        request.ScheduleBatch.digest = orig
+        request.DigestStamp.__init__, request.DigestStamp.trace_value = stamp, resolve
     for k, n in acc.calls.items():
         acc.ns[k] = max(0, acc.ns[k] - int(n * self_cpu))
         acc.elapsed[k] = max(0, acc.elapsed[k] - int(n * self_elapsed))

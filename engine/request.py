@@ -7,10 +7,13 @@ from in-place filtering and is idempotent, and `Req` objects are always shared b
 from __future__ import annotations
 
 import copy
-import zlib
+import operator
+import threading
 from dataclasses import dataclass, field
 
+import numpy
 import torch
+import xxhash
 
 from . import inject
 
@@ -78,9 +81,7 @@ class SamplingBatchInfo:
         """A copy for the forward: own tensors, no penalizer. Safe to call twice (once before submit,
         once inside run_batch): folding the penalizer state happens only on the first call."""
         if self.is_forward_copy and not inject.on("non-idempotent-copy-for-forward"):
-            bias = self.logit_bias.clone()
-            _inherit_fingerprint(bias, self.logit_bias)  # a clone has the same bytes: no second hash
-            return SamplingBatchInfo(bias, None, True)
+            return SamplingBatchInfo(self.logit_bias.clone(), None, True)
         folded = self.logit_bias + (self.penalizer.accumulated if self.penalizer is not None else 0)
         if inject.on("non-idempotent-copy-for-forward") and self.is_forward_copy:
             # MUTANT: the forward copy's bias is applied again on the second call.
@@ -122,123 +123,129 @@ class ScheduleBatch:
         return copy.copy(self)
 
     def digest(self, sampling: "SamplingBatchInfo | None" = None, name=id) -> str:
-        """Fingerprint of everything the forward reads (with the sampling state it will use): CRC-32
-        of the batch's metadata and of each tensor's bytes (hashed in place through a numpy view: no
-        copy on CPU; a device tensor is copied to the host first). The checker only compares digests
-        for equality, so a checksum that any change of the bytes alters is enough, and the cheapest
-        one at hand (zlib's CRC-32: ~7 µs for 16 KiB of logit bias here, SHA-1 ~12 µs).
+        """Fingerprint of everything the forward reads, with the sampling state it will use: XXH3-64
+        of the batch's metadata (requests named by `name`: by identity) and of each tensor's bytes
+        (read in place through a numpy view: no copy on CPU; a device tensor is copied to the host
+        first). The checker only compares digests for equality, so a fast non-cryptographic hash
+        is enough: XXH3 reads a 16 KiB logit bias in ~0.5 µs here, zlib's CRC-32 in ~6."""
+        key, tensors = self._stamp(name, sampling)
+        return _digest(key, tensors, _tensor_hash(tensors[3]))
 
-        The forward's digest of a batch usually finds it as the snapshot left it: when every field is
-        the same object as at the last digest, the lists hold the same values, the requests are the
-        same objects in the same slots and no torch write touched a tensor (`_version`), the last
-        result is reused (a comparison, not a re-hash)."""
-        reqs = self.reqs
-        bias_fp = _fingerprint((sampling or self.sampling_info).logit_bias)  # [bs, vocab]: cached
-        key, tensors = self._stamp(name, with_bias=False)
-        key += (bias_fp,)   # the bias by content: the forward's sampling copy is another tensor
-        memo = self.__dict__.get("_digest_memo")   # (key, tensors, digest); holding the tensors keeps their ids theirs
-        if memo is not None and memo[0] == key and all(a is b for a, b in zip(memo[1], tensors)):
-            return memo[2]
-        h = zlib.crc32(repr((self.bid, [r.rid for r in reqs], [name(r) for r in reqs], [r.slot for r in reqs],
-                             self.starts, self.extends, self.last_chunk)).encode())
-        for t in tensors:
-            h = _crc(_host_view(t), h)
-        d = f"{zlib.crc32(bias_fp, h):08x}"
-        self._digest_memo = (key, tensors, d)
-        return d
-
-    def _stamp(self, name, *, with_bias: bool = True) -> tuple[tuple, tuple]:
+    def _stamp(self, name, sampling: "SamplingBatchInfo | None" = None) -> tuple[tuple, tuple]:
         """What `digest` covers, by reference: (the values, the requests by identity and the tensors'
-        version counters; the tensors). Without the logit bias for the digest's own memo, which
-        compares the bias by content instead."""
+        version counters; the tensors, the logit bias last)."""
         reqs = self.reqs
-        tensors = (self.input_ids, self.positions, self.out_cache_loc)
-        if with_bias:
-            tensors += (self.sampling_info.logit_bias,)
-        return ((name, self.bid, tuple(reqs), tuple(r.slot for r in reqs), tuple(self.starts), tuple(self.extends),
-                 tuple(self.last_chunk), tuple(t._version for t in tensors)), tensors)   # Req: == is identity
+        tensors = (self.input_ids, self.positions, self.out_cache_loc, (sampling or self.sampling_info).logit_bias)
+        return ((name, self.bid, tuple(reqs), tuple(map(_slot, reqs)), tuple(self.starts), tuple(self.extends),
+                 tuple(self.last_chunk), tuple(map(_version, tensors))), tensors)   # Req: == is identity
+
+
+_slot, _version = operator.attrgetter("slot"), operator.attrgetter("_version")
+
+
+def _digest(key: tuple, tensors: tuple, bias_hash: int) -> str:
+    """The digest of a stamp's key (its values) and tensors. The bias enters by its own hash, so a
+    forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
+    name, bid, reqs, slots, starts, extends, last_chunk, _ = key
+    h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
+    for t in tensors[:3]:
+        _update(h, t)
+    h.update(bias_hash.to_bytes(8, "little"))
+    return h.hexdigest()
+
+
+def _tensor_hash(t: torch.Tensor) -> int:
+    h = xxhash.xxh3_64()
+    _update(h, t)
+    return h.intdigest()
+
+
+# xxhash releases the GIL for buffers over 64 KiB. In the engine that is a trap: the digests run on
+# the forward worker while other threads run Python, and a thread that lets the GIL go for a few µs
+# may wait a whole switch interval (5 ms) to get it back. Slices of 64 KiB keep it (~3 µs each).
+_HASH_SLICE = 1 << 16
+
+
+def _update(h, t: torch.Tensor) -> None:
+    """Feed the tensor's bytes to the hash, as a numpy view without a copy when it is a contiguous
+    CPU tensor (a device tensor is copied to the host first)."""
+    try:
+        arr = t.numpy()                # raises for a device tensor or one that requires grad
+    except (RuntimeError, TypeError):
+        arr = t.detach().cpu().numpy()
+    if arr.nbytes <= _HASH_SLICE:
+        try:
+            h.update(arr)
+            return
+        except (BufferError, ValueError):   # not contiguous
+            arr = numpy.ascontiguousarray(arr)
+            if arr.nbytes <= _HASH_SLICE:
+                h.update(arr)
+                return
+    buf = memoryview(numpy.ascontiguousarray(arr)).cast("B")
+    for i in range(0, len(buf), _HASH_SLICE):
+        h.update(buf[i:i + _HASH_SLICE])
 
 
 class DigestStamp:
     """A batch's digest, taken now and computed later. What `ScheduleBatch.digest` covers is recorded
     by reference — the tensors with their version counters, the lists' values, the requests by
-    identity: a few µs — and hashed when first asked for (`trace_value`): by the forward worker at
-    fwd_begin (off the scheduler thread), else when the trace is read. Under the digest cache's
-    assumption (every write to these tensors is a torch write, which bumps `_version`), hashing later
-    what has not changed since gives the digest of the moment of the stamp. If anything changed
-    before or while it is hashed, that moment is gone, and the value is a marker that equals no
-    digest (`changed:<batch>`): what a rule comparing it with the forward's digest has to see. This
-    is stricter than comparing bytes: a write undone before the forward, or a rebinding to equal
-    bytes, also reads as a change (a correct engine does neither to a snapshot)."""
+    identity: a few µs — and hashed when first asked for (`trace_value`): a snapshot's by the thread
+    that runs its forward (off the scheduler thread), the forward's own once it has launched the
+    forward (so that a change while run_batch reads the batch shows), else when the trace is read.
+    Under the assumption that every write to these tensors is a torch
+    write, which bumps `_version`, hashing later what has not changed since gives the digest of the
+    moment of the stamp; whether anything changed is checked after hashing (the values hashed are
+    the stamp's own, the bytes are read now). If anything did, that moment is gone, and the value is
+    a marker that equals no digest (`<marker>:<batch>`, a marker per stamping point, so that two
+    changed stamps differ too): what a rule comparing it with another digest has to see. This is
+    stricter than comparing bytes: a write undone before the forward, or a rebinding to equal
+    bytes, also reads as a change (a correct engine does neither to a batch in flight).
 
-    __slots__ = ("batch", "name", "key", "refs", "value")
+    `same_as`: the forward's stamp of a snapshot that nothing has touched finds the snapshot's
+    stamp with the same values, requests and tensors at the same versions; only its logit bias (the
+    forward's own copy) is hashed, and when it hashes alike the digest is the snapshot's."""
 
-    def __init__(self, batch: ScheduleBatch, name=id):
-        self.batch, self.name = batch, name
-        self.key, self.refs = batch._stamp(name)
+    __slots__ = ("batch", "sampling", "name", "key", "refs", "marker", "same_as", "value", "changed", "bias_hash")
+
+    def __init__(self, batch: ScheduleBatch, name=id, sampling: "SamplingBatchInfo | None" = None,
+                 marker: str = "changed", same_as: "DigestStamp | None" = None):
+        self.batch, self.sampling, self.name, self.marker = batch, sampling, name, marker
+        self.key, self.refs = key, refs = batch._stamp(name, sampling)
+        base = same_as
+        self.same_as = base if (base is not None and base.refs is not None and base.key[:-1] == key[:-1]
+                                and base.key[-1][:3] == key[-1][:3]
+                                and all(a is b for a, b in zip(base.refs[:3], refs[:3]))) else None
         self.value: str | None = None
+        self.changed = False
+        self.bias_hash = 0
 
     def trace_value(self) -> str:
-        batch = self.batch
-        if batch is None:   # resolved (by another thread, maybe)
-            return self.value
-
-        def unchanged() -> bool:
-            key, refs = batch._stamp(self.name)
-            return key == self.key and all(a is b for a, b in zip(refs, self.refs))
-
-        # checked before and after hashing: a change landing while the digest reads the batch shows
-        value = batch.digest(name=self.name) if unchanged() else None
-        if value is None or not unchanged():
-            value = f"changed:{batch.bid}"
-        self.value = value
-        self.batch = self.refs = None   # resolved: keep nothing of the batch alive
-        batch.__dict__.pop("_digest_stamp", None)
-        return value
-
-
-def _fingerprint(t: torch.Tensor) -> bytes:
-    """CRC-32 of the tensor's bytes, remembered on the tensor with its version counter: the batch's
-    snapshot and its forward read the same input tensors, so the forward's digest reuses the
-    snapshot's checksums unless a torch write (which bumps `_version`, shared by views) touched
-    them. A rebound field is another tensor and is hashed afresh — what the snapshot rule needs."""
-    hit = getattr(t, "_pdo_fp", None)
-    if hit is not None and hit[0] == t._version:
-        return hit[1]
-    fp = _crc(_host_view(t)).to_bytes(4, "little")
-    t._pdo_fp = (t._version, fp)
-    return fp
+        base = self.same_as
+        if base is not None:
+            base.trace_value()   # outside the lock: it takes it itself
+        with _RESOLVE:           # the worker and a reader of the trace may both ask
+            batch = self.batch
+            if batch is None:    # resolved already
+                return self.value
+            key, refs = self.key, self.refs
+            bias_hash = _tensor_hash(refs[3])
+            if base is not None and not base.changed and base.bias_hash == bias_hash:
+                value = base.value   # at the stamp the batch was as the snapshot's was when hashed
+            else:
+                value = _digest(key, refs, bias_hash)
+            now, now_refs = batch._stamp(self.name, self.sampling)
+            self.changed = now != key or any(a is not b for a, b in zip(now_refs, refs))
+            if self.changed:
+                value = f"{self.marker}:{batch.bid}"
+            self.value, self.bias_hash = value, bias_hash
+            self.batch = self.sampling = self.refs = self.same_as = None   # keep nothing of the batch alive
+            if batch.__dict__.get("_digest_stamp") is self:
+                del batch.__dict__["_digest_stamp"]
+            return value
 
 
-def _crc(arr, c: int = 0) -> int:
-    if arr.nbytes <= _HASH_SLICE:
-        return zlib.crc32(arr, c)
-    buf = memoryview(arr).cast("B")
-    for i in range(0, len(buf), _HASH_SLICE):  # slices that keep the GIL (see _HASH_SLICE)
-        c = zlib.crc32(buf[i:i + _HASH_SLICE], c)
-    return c
-
-
-def _inherit_fingerprint(clone: torch.Tensor, src: torch.Tensor) -> None:
-    hit = getattr(src, "_pdo_fp", None)
-    if hit is not None and hit[0] == src._version:
-        clone._pdo_fp = (clone._version, hit[1])
-
-
-# zlib releases the GIL while it checksums more than 5 KiB. In the engine that is a trap: the digest
-# runs on the scheduler (snapshot) and on the worker (fwd_begin) while other threads run Python, and
-# a thread that lets the GIL go for a few µs may wait a whole switch interval (5 ms) to get it back.
-# Slices of 4 KiB keep it; a 16 KiB bias costs ~3 µs more than in one call.
-_HASH_SLICE = 4096
-
-
-def _host_view(t: torch.Tensor):
-    """The tensor's bytes as a numpy array, without a copy when it is a contiguous CPU tensor."""
-    if not t.is_cpu:
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.detach().numpy() if t.requires_grad else t.numpy()
+_RESOLVE = threading.Lock()
 
 
 def snapshot_for_forward(batch: ScheduleBatch) -> ScheduleBatch:

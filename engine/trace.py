@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+from time import monotonic_ns as _monotonic_ns
 
 from . import sync
 
@@ -40,6 +40,8 @@ class Tracer:
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
         self._raw: list = []            # t_ns, thread, ev, fields, t_ns, ...: event i at 4*i, seq i + 1
+        self._extend = self._raw.extend
+        self._thread = threading.local()   # .name: the thread's name, read at its first event
         self._dicts: list[dict] = []    # the first len(_dicts) events as dicts
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
@@ -47,9 +49,13 @@ class Tracer:
         self._obj_count = 0
 
     def emit(self, ev: str, **fields) -> None:
-        thread = threading.current_thread().name
-        sync.point(ev)
-        self._raw.extend((time.monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
+        try:
+            thread = self._thread.name
+        except AttributeError:   # this thread's first event (current_thread().name costs ~0.4 µs here)
+            thread = self._thread.name = threading.current_thread().name
+        if sync.CONTROLLER is not None or sync.JITTER_US:
+            sync.point(ev)
+        self._extend((_monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
 
     @property
     def count(self) -> int:

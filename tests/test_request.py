@@ -76,7 +76,7 @@ def test_digest_sees_every_input_in_place_and_every_identity():
     tr = Tracer()
     b = _batch()
     base = b.digest(name=tr.obj)
-    assert b.digest(name=tr.obj) == base and len(base) == 8
+    assert b.digest(name=tr.obj) == base and len(base) == 16
     for t in (b.input_ids, b.positions, b.out_cache_loc, b.sampling_info.logit_bias):
         t.view(-1)[-1] += 1
         assert b.digest(name=tr.obj) != base
@@ -90,9 +90,9 @@ def test_digest_sees_every_input_in_place_and_every_identity():
     assert nc.digest(name=tr.obj) == nc.digest(name=tr.obj)
 
 
-def test_digest_reuse_never_hides_a_change():
-    """A second digest of an unchanged batch reuses the first (the forward's digest after the
-    snapshot's); any change a torch write or a Python mutation can make still shows."""
+def test_digest_sees_every_list_value_and_slot():
+    """Any change a Python mutation can make to what the forward reads shows in the digest; a
+    rebinding to equal bytes does not (the digest is of values)."""
     from engine.trace import Tracer
 
     tr = Tracer()
@@ -113,9 +113,10 @@ def test_digest_reuse_never_hides_a_change():
     assert b.copy().digest(name=tr.obj) == b.digest(name=tr.obj)   # a shallow copy digests the same
 
 
-def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker():
+def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     """A snapshot's digest is stamped on the scheduler and hashed later: unchanged since, it equals
     the digest taken at the stamp; after any change it is a marker no digest equals."""
+    from engine import request
     from engine.request import DigestStamp
     from engine.trace import Tracer
 
@@ -138,32 +139,67 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker():
     # a change that lands while the stamp is being hashed (admission beside the worker) shows too
     stamp = DigestStamp(b, tr.obj)
     b._digest_stamp = stamp
-    hashing = b.digest
+    hashing = request._digest
 
     def admission_lands_meanwhile(*a, **k):
         d = hashing(*a, **k)
         b.extends[0] = 1
         return d
 
-    b.digest = admission_lands_meanwhile
+    monkeypatch.setattr(request, "_digest", admission_lands_meanwhile)
     assert stamp.trace_value().startswith("changed:")
-    del b.digest
+    monkeypatch.undo()
     assert stamp.batch is None and stamp.refs is None and "_digest_stamp" not in b.__dict__   # nothing kept
 
 
-def test_sliced_checksum_is_the_checksum_of_the_whole_buffer():
-    """Large tensors are checksummed in slices (zlib keeps the GIL below 5 KiB); chaining the CRC
-    over the slices gives exactly the CRC of the whole buffer, and any changed byte changes it."""
-    import zlib
+def test_forward_stamp_reuses_the_snapshot_digest_only_when_it_may():
+    """The forward's stamp of an untouched snapshot hashes only its own copy of the logit bias and
+    takes the snapshot's digest; a bias copy with other bytes, or a batch changed in between,
+    gives its own digest; two changed stamps give two different markers."""
+    from engine.request import DigestStamp
+    from engine.trace import Tracer
 
-    from engine.request import _HASH_SLICE, _crc
+    tr = Tracer()
+    b = _batch()
+    snap = DigestStamp(b, tr.obj)
+    sampling = b.sampling_info.copy_for_forward()          # the forward's copy: another tensor
+    fwd = DigestStamp(b, tr.obj, sampling, marker="changed-in-launch", same_as=snap)
+    assert fwd.same_as is snap
+    assert fwd.trace_value() == snap.value == b.digest(sampling, tr.obj) == b.digest(name=tr.obj)
+    # a forward copy whose bias differs (a non-idempotent copy_for_forward) digests differently
+    snap = DigestStamp(b, tr.obj)
+    other = b.sampling_info.copy_for_forward()
+    other.logit_bias.view(-1)[0] += 1
+    fwd = DigestStamp(b, tr.obj, other, marker="changed-in-launch", same_as=snap)
+    assert fwd.same_as is snap and fwd.trace_value() != snap.trace_value()
+    assert fwd.value == b.digest(other, tr.obj)
+    # values changed between the stamps: no shortcut, the forward hashes its own moment
+    snap = DigestStamp(b, tr.obj)
+    b.starts = [s + 0 for s in b.starts[:-1]] + [b.starts[-1] + 1]
+    fwd = DigestStamp(b, tr.obj, sampling, same_as=snap)
+    assert fwd.same_as is None
+    assert fwd.trace_value() == b.digest(sampling, tr.obj) and snap.trace_value().startswith("changed:")
+    # both changed before they are hashed: markers that differ from each other
+    snap = DigestStamp(b, tr.obj)
+    fwd = DigestStamp(b, tr.obj, sampling, marker="changed-in-launch", same_as=snap)
+    b.input_ids.add_(0)
+    assert fwd.trace_value() != snap.trace_value()
+    assert {snap.value, fwd.value} == {f"changed:{b.bid}", f"changed-in-launch:{b.bid}"}
+
+
+def test_sliced_hash_is_the_hash_of_the_whole_buffer():
+    """Large tensors are hashed in slices (xxhash keeps the GIL up to 64 KiB); streaming the slices
+    gives exactly the hash of the whole buffer, and any changed byte changes it."""
+    import xxhash
+
+    from engine.request import _HASH_SLICE, _tensor_hash
 
     big = torch.randn(3 * _HASH_SLICE // 4 + 7)
     assert big.numpy().nbytes > _HASH_SLICE
-    assert _crc(big.numpy()) == zlib.crc32(big.numpy().tobytes())
-    before = _crc(big.numpy())
+    assert _tensor_hash(big) == xxhash.xxh3_64_intdigest(big.numpy().tobytes())
+    before = _tensor_hash(big)
     big[_HASH_SLICE // 4 + 1] += 1
-    assert _crc(big.numpy()) != before
+    assert _tensor_hash(big) != before
 
 
 def test_tracer_object_ids_survive_id_reuse():

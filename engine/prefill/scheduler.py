@@ -253,11 +253,16 @@ class PrefillScheduler:
 
     def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
-        if self.tr.enabled and "_digest_stamp" in batch.__dict__:
-            batch._digest_stamp.trace_value()   # the snapshot's digest, before anything else touches the batch
         sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
-        if self.tr.enabled:
-            self.tr.emit("fwd_begin", batch=batch.bid, digest=batch.digest(sampling, self.tr.obj))
+        tracing = self.tr.enabled
+        if tracing:
+            # What this forward reads, stamped now and checked once it is launched (below); when the
+            # batch is still the snapshot's, only its copy of the logit bias is hashed.
+            snap_stamp = batch.__dict__.get("_digest_stamp")
+            fwd_stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch", same_as=snap_stamp)
+            self.tr.emit("fwd_begin", batch=batch.bid, digest=fwd_stamp)
+            if snap_stamp is not None:
+                snap_stamp.trace_value()   # the snapshot's digest: hashed here, off the scheduler thread
         if early_send_prefix:
             for req in batch.reqs:
                 self.maybe_send_cached_prefix(batch, req)
@@ -298,7 +303,8 @@ class PrefillScheduler:
                     self._send(req, batch.starts[i] + batch.extends[i], None, last=False)
         if sample_inline:
             self._launch_sample(result)
-        if self.tr.enabled:
+        if tracing:
+            fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here
             self.tr.emit("fwd_end", batch=batch.bid)
         return result
 
