@@ -67,6 +67,7 @@ class PrefillScheduler:
         self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
         self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
         self._future_next = 0
+        self._views: dict[int, tuple] = {}   # tokens n -> input buffer views; -requests -> logits view
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
@@ -273,19 +274,20 @@ class PrefillScheduler:
         start_loc = [0]
         for e in ext[:-1]:
             start_loc.append(start_loc[-1] + e)
-        dev = self.device
+        slots = [r.slot for r in batch.reqs]
+        # Every torch call from Python lets the GIL go, and this thread may then wait for the scheduler
+        # to hand it back (up to a switch interval) before it can launch: the per-request metadata is
+        # one tensor (rows as views) and the buffer views are made once per shape.
+        req_slots, prefix_lens, extend_lens, extend_start_loc, logit_rows = torch.tensor(
+            [slots, batch.starts, ext, start_loc, [s + e - 1 for s, e in zip(start_loc, ext)]],
+            dtype=torch.int32, device=self.device).unbind()
+        ids, pos, loc = self._buffer_views(n)
+        out = self._buffer_views(-bs)[0]
         meta = ExtendMeta(
-            req_to_token=self.req_to_token.table,
-            req_slots=torch.tensor([r.slot for r in batch.reqs], dtype=torch.int32, device=dev),
-            prefix_lens=torch.tensor(batch.starts, dtype=torch.int32, device=dev),
-            extend_lens=torch.tensor(ext, dtype=torch.int32, device=dev),
-            extend_start_loc=torch.tensor(start_loc, dtype=torch.int32, device=dev),
-            max_extend_len=max(ext), out_cache_loc=self.buf_loc[:n],
-            host_slots=[r.slot for r in batch.reqs], host_prefix=list(batch.starts), host_extend=list(ext))
-        logit_rows = torch.tensor([s + e - 1 for s, e in zip(start_loc, ext)], dtype=torch.int64, device=dev)
+            req_to_token=self.req_to_token.table, req_slots=req_slots, prefix_lens=prefix_lens,
+            extend_lens=extend_lens, extend_start_loc=extend_start_loc, max_extend_len=max(ext), out_cache_loc=loc,
+            host_slots=slots, host_prefix=list(batch.starts), host_extend=list(ext))
         self.fwd_stream.wait_event(batch.stage_event)
-
-        ids, pos, loc, out = self.buf_ids[:n], self.buf_pos[:n], self.buf_loc[:n], self.logits_buf[:bs]  # views
 
         def forward():
             self.model.forward(ids, pos, loc, self.pool, self.backend, meta, logit_rows, out=out)
@@ -307,6 +309,15 @@ class PrefillScheduler:
             fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here
             self.tr.emit("fwd_end", batch=batch.bid)
         return result
+
+    def _buffer_views(self, k: int) -> tuple:
+        """Views of the first k tokens of the input buffers, or (k < 0) of the first -k rows of the
+        logits buffer; made once per size (a slice is a torch call, and lets the GIL go)."""
+        v = self._views.get(k)
+        if v is None:
+            v = self._views[k] = ((self.buf_ids[:k], self.buf_pos[:k], self.buf_loc[:k]) if k >= 0
+                                  else (self.logits_buf[:-k],))
+        return v
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Later writes to the shared buffers (on the schedule stream) wait for forward N's reads."""
