@@ -209,14 +209,13 @@ class _Watch:
         t0 = time.perf_counter()
         seen = released = tokens = 0
         while not self.stop.wait(self.p.period):
-            new = self.tracer.events[seen:]
+            new = self.tracer.names_and_fields(seen)   # not `events`: that would hash pending digests
             seen += len(new)
-            for e in new:
-                ev = e["ev"]
+            for ev, fields in new:
                 if ev == "release":
                     released += 1
                 elif ev == "kv_send":
-                    tokens += e.get("tokens", 0)
+                    tokens += fields.get("tokens", 0)
             dt = time.perf_counter() - t0
             self.p.line(f"{self.label}: {released}/{self.total} requests, {tokens / dt:,.0f} uncached tok/s")
 

@@ -146,7 +146,8 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int) -> str:
     """The digest of a stamp's key (its values) and tensors. The bias enters by its own hash, so a
     forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
     name, bid, reqs, slots, starts, extends, last_chunk, _ = key
-    h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
+    h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk,
+                             [(str(t.dtype), tuple(t.shape)) for t in tensors[:3]])).encode())
     for t in tensors[:3]:
         _update(h, t)
     h.update(bias_hash.to_bytes(8, "little"))
@@ -154,7 +155,7 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int) -> str:
 
 
 def _tensor_hash(t: torch.Tensor) -> int:
-    h = xxhash.xxh3_64()
+    h = xxhash.xxh3_64(repr((str(t.dtype), tuple(t.shape))).encode())   # bytes alone: [1, 0] int32 = [1] int64
     _update(h, t)
     return h.intdigest()
 
@@ -210,9 +211,10 @@ class DigestStamp:
         self.batch, self.sampling, self.name, self.marker = batch, sampling, name, marker
         self.key, self.refs = key, refs = batch._stamp(name, sampling)
         base = same_as
-        self.same_as = base if (base is not None and base.refs is not None and base.key[:-1] == key[:-1]
+        base_refs = base.refs if base is not None else None   # read once: another thread may resolve it
+        self.same_as = base if (base_refs is not None and base.key[:-1] == key[:-1]
                                 and base.key[-1][:3] == key[-1][:3]
-                                and all(a is b for a, b in zip(base.refs[:3], refs[:3]))) else None
+                                and all(a is b for a, b in zip(base_refs[:3], refs[:3]))) else None
         self.value: str | None = None
         self.changed = False
         self.bias_hash = 0

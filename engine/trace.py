@@ -62,6 +62,15 @@ class Tracer:
         """How many events were logged (without converting them)."""
         return len(self._raw) // 4
 
+    def names_and_fields(self, start: int = 0) -> list[tuple[str, dict]]:
+        """(ev, fields) of the events from index `start` on, as logged: nothing converted, named or
+        hashed (a progress monitor reads these while the run goes on; reading `events` would hash
+        pending digest stamps early, before the forward's stamp can be checked after its launch).
+        The fields are the tracer's own: read them, do not change them."""
+        raw = self._raw
+        part = raw[4 * start:4 * (len(raw) // 4)]
+        return list(zip(part[2::4], part[3::4]))
+
     @property
     def events(self) -> list[dict]:
         """Every event so far as a dict (seq, t_ns, thread, ev, then its fields), in seq order. Safe to

@@ -196,7 +196,9 @@ def test_sliced_hash_is_the_hash_of_the_whole_buffer():
 
     big = torch.randn(3 * _HASH_SLICE // 4 + 7)
     assert big.numpy().nbytes > _HASH_SLICE
-    assert _tensor_hash(big) == xxhash.xxh3_64_intdigest(big.numpy().tobytes())
+    whole = xxhash.xxh3_64(repr((str(big.dtype), tuple(big.shape))).encode())   # the dtype/shape header
+    whole.update(big.numpy().tobytes())
+    assert _tensor_hash(big) == whole.intdigest()
     before = _tensor_hash(big)
     big[_HASH_SLICE // 4 + 1] += 1
     assert _tensor_hash(big) != before
@@ -223,3 +225,31 @@ def test_tracer_object_ids_survive_id_reuse():
         tr.emit("kv_send", rid=x.rid, obj=x, tokens=1, pages=1)
     tr.emit("kv_send", rid="e", obj="o9999", tokens=1, pages=1)   # a name given by the caller stays
     assert [e["obj"] for e in tr.events] == ["o53", "o2", "o54", "o53", "o9999"]
+
+
+def test_digest_covers_dtype_and_shape_not_only_bytes():
+    """int32 [1, 0] and int64 [1] have the same bytes; rebinding one to the other changes the digest."""
+    from engine.request import _tensor_hash
+
+    b = _batch()
+    base = b.digest()
+    b.input_ids = b.input_ids.view(torch.int32)   # the same bytes read as twice as many int32
+    assert b.digest() != base
+    assert _tensor_hash(torch.tensor([1, 0], dtype=torch.int32)) != _tensor_hash(torch.tensor([1], dtype=torch.int64))
+
+
+def test_forward_stamp_of_a_resolved_snapshot_hashes_itself_and_readers_leave_stamps_pending():
+    """A snapshot stamp already resolved (by a reader of the trace) gives the forward's stamp nothing
+    to reuse: it hashes itself, to the same digest. A progress monitor reads events through
+    names_and_fields, which resolves nothing."""
+    from engine.request import DigestStamp
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    b = _batch()
+    snap = DigestStamp(b, tr.obj)
+    tr.emit("snapshot", batch=0, digest=snap)
+    assert tr.names_and_fields() == [("snapshot", {"batch": 0, "digest": snap})] and snap.value is None
+    assert tr.events[-1]["digest"] == snap.value == b.digest(name=tr.obj)   # `events` resolves it
+    fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), same_as=snap)
+    assert fwd.same_as is None and fwd.trace_value() == snap.value

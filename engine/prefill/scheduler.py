@@ -67,7 +67,7 @@ class PrefillScheduler:
         self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
         self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
         self._future_next = 0
-        self._views: dict[int, tuple] = {}   # tokens n -> input buffer views; -requests -> logits view
+        self._views: dict = {}   # tokens n -> input buffer views; ("logits", requests) -> logits view
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
@@ -282,7 +282,7 @@ class PrefillScheduler:
             [slots, batch.starts, ext, start_loc, [s + e - 1 for s, e in zip(start_loc, ext)]],
             dtype=torch.int32, device=self.device).unbind()
         ids, pos, loc = self._buffer_views(n)
-        out = self._buffer_views(-bs)[0]
+        out = self._buffer_views(("logits", bs))[0]
         meta = ExtendMeta(
             req_to_token=self.req_to_token.table, req_slots=req_slots, prefix_lens=prefix_lens,
             extend_lens=extend_lens, extend_start_loc=extend_start_loc, max_extend_len=max(ext), out_cache_loc=loc,
@@ -310,13 +310,13 @@ class PrefillScheduler:
             self.tr.emit("fwd_end", batch=batch.bid)
         return result
 
-    def _buffer_views(self, k: int) -> tuple:
-        """Views of the first k tokens of the input buffers, or (k < 0) of the first -k rows of the
-        logits buffer; made once per size (a slice is a torch call, and lets the GIL go)."""
+    def _buffer_views(self, k) -> tuple:
+        """Views of the first k tokens of the input buffers, or (k = ("logits", n)) of the first n
+        rows of the logits buffer; made once per size (a slice is a torch call, and lets the GIL go)."""
         v = self._views.get(k)
         if v is None:
-            v = self._views[k] = ((self.buf_ids[:k], self.buf_pos[:k], self.buf_loc[:k]) if k >= 0
-                                  else (self.logits_buf[:-k],))
+            v = self._views[k] = ((self.logits_buf[:k[1]],) if isinstance(k, tuple)
+                                  else (self.buf_ids[:k], self.buf_pos[:k], self.buf_loc[:k]))
         return v
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
