@@ -125,8 +125,9 @@ class ScheduleBatch:
     def digest(self, sampling: "SamplingBatchInfo | None" = None, name=id) -> str:
         """Fingerprint of everything the forward reads, with the sampling state it will use: XXH3-64
         of the batch's metadata (requests named by `name`: by identity) and of each tensor's bytes
-        (read in place: no copy on CPU; a device tensor is copied to the host first). The checker only compares digests for equality, so a fast non-cryptographic hash
-        is enough: XXH3 reads a 16 KiB logit bias in ~0.5 µs here, zlib's CRC-32 in ~6."""
+        (read in place: no copy on CPU; a device tensor is copied to the host first). The checker
+        only compares digests for equality, so a fast non-cryptographic hash is enough: XXH3 reads a
+        16 KiB logit bias in ~0.5 µs here, zlib's CRC-32 in ~6."""
         key, tensors = self._stamp(name, sampling)
         return _digest(key, tensors, _tensor_hash(tensors[3]))
 
@@ -146,8 +147,7 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int) -> str:
     """The digest of a stamp's key (its values) and tensors. The bias enters by its own hash, so a
     forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
     name, bid, reqs, slots, starts, extends, last_chunk, _ = key
-    h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk,
-                             [(str(t.dtype), tuple(t.shape)) for t in tensors[:3]])).encode())
+    h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
     for t in tensors[:3]:
         _update(h, t)
     h.update(bias_hash.to_bytes(8, "little"))
@@ -155,7 +155,7 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int) -> str:
 
 
 def _tensor_hash(t: torch.Tensor) -> int:
-    h = xxhash.xxh3_64(repr((str(t.dtype), tuple(t.shape))).encode())   # bytes alone: [1, 0] int32 = [1] int64
+    h = xxhash.xxh3_64()
     _update(h, t)
     return h.intdigest()
 
@@ -167,10 +167,12 @@ _HASH_SLICE = 1 << 16
 
 
 def _update(h, t: torch.Tensor) -> None:
-    """Feed the tensor's bytes to the hash, read in place (no copy) when it is a contiguous CPU
-    tensor; a device tensor is copied to the host first. Read through ctypes, not numpy:
-    Tensor.numpy() lets the GIL go, and a thread that does that while another runs Python waits to
-    get it back (6 µs of CPU and 80 µs of wall time per call here, beside one busy thread)."""
+    """Feed the tensor's dtype and shape (bytes alone: int32 [1, 0] = int64 [1]) and its bytes to the
+    hash, read in place (no copy) when it is a contiguous CPU tensor; a device tensor is copied to
+    the host first. Read through ctypes, not numpy: Tensor.numpy() lets the GIL go, and a thread
+    that does that while another runs Python waits to get it back (6 µs of CPU and 80 µs of wall
+    time per call here, beside one busy thread)."""
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
     if not (t.is_cpu and t.is_contiguous()):
         t = t.detach().cpu().contiguous()
     n = t.nbytes
@@ -191,10 +193,10 @@ class DigestStamp:
     identity: a few µs — and hashed when first asked for (`trace_value`): a snapshot's by the thread
     that runs its forward (off the scheduler thread), the forward's own once it has launched the
     forward (so that a change while run_batch reads the batch shows), else when the trace is read.
-    Under the assumption that every write to these tensors is a torch
-    write, which bumps `_version`, hashing later what has not changed since gives the digest of the
-    moment of the stamp; whether anything changed is checked after hashing (the values hashed are
-    the stamp's own, the bytes are read now). If anything did, that moment is gone, and the value is
+    Under the assumption that every write to these tensors is a torch write, which bumps
+    `_version`, hashing later what has not changed since gives the digest of the moment of the
+    stamp; whether anything changed is checked after hashing (the values hashed are the stamp's
+    own, the bytes are read now). If anything did, that moment is gone, and the value is
     a marker that equals no digest (`<marker>:<batch>`, a marker per stamping point, so that two
     changed stamps differ too): what a rule comparing it with another digest has to see. This is
     stricter than comparing bytes: a write undone before the forward, or a rebinding to equal

@@ -53,8 +53,7 @@ class Tracer:
             thread = self._thread.name
         except AttributeError:   # this thread's first event (current_thread().name costs ~0.4 µs here)
             thread = self._thread.name = threading.current_thread().name
-        if sync.CONTROLLER is not None or sync.JITTER_US:
-            sync.point(ev)
+        sync.point(ev)
         self._extend((_monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
 
     @property

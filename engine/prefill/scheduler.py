@@ -67,7 +67,7 @@ class PrefillScheduler:
         self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
         self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
         self._future_next = 0
-        self._views: dict = {}   # tokens n -> input buffer views; ("logits", requests) -> logits view
+        self._views: dict[tuple[int, int], tuple] = {}   # (tokens, requests) -> views of the four buffers
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
@@ -277,12 +277,14 @@ class PrefillScheduler:
         slots = [r.slot for r in batch.reqs]
         # Every torch call from Python lets the GIL go, and this thread may then wait for the scheduler
         # to hand it back (up to a switch interval) before it can launch: the per-request metadata is
-        # one tensor (rows as views) and the buffer views are made once per shape.
+        # one tensor (rows as views) and the buffer views are made once per (tokens, requests).
         req_slots, prefix_lens, extend_lens, extend_start_loc, logit_rows = torch.tensor(
             [slots, batch.starts, ext, start_loc, [s + e - 1 for s, e in zip(start_loc, ext)]],
             dtype=torch.int32, device=self.device).unbind()
-        ids, pos, loc = self._buffer_views(n)
-        out = self._buffer_views(("logits", bs))[0]
+        views = self._views.get((n, bs))
+        if views is None:
+            views = self._views[(n, bs)] = (self.buf_ids[:n], self.buf_pos[:n], self.buf_loc[:n], self.logits_buf[:bs])
+        ids, pos, loc, out = views
         meta = ExtendMeta(
             req_to_token=self.req_to_token.table, req_slots=req_slots, prefix_lens=prefix_lens,
             extend_lens=extend_lens, extend_start_loc=extend_start_loc, max_extend_len=max(ext), out_cache_loc=loc,
@@ -309,15 +311,6 @@ class PrefillScheduler:
             fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here
             self.tr.emit("fwd_end", batch=batch.bid)
         return result
-
-    def _buffer_views(self, k) -> tuple:
-        """Views of the first k tokens of the input buffers, or (k = ("logits", n)) of the first n
-        rows of the logits buffer; made once per size (a slice is a torch call, and lets the GIL go)."""
-        v = self._views.get(k)
-        if v is None:
-            v = self._views[k] = ((self.logits_buf[:k[1]],) if isinstance(k, tuple)
-                                  else (self.buf_ids[:k], self.buf_pos[:k], self.buf_loc[:k]))
-        return v
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Later writes to the shared buffers (on the schedule stream) wait for forward N's reads."""
