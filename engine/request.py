@@ -164,15 +164,20 @@ def _tensor_hash(t: torch.Tensor) -> int:
 # the forward worker while other threads run Python, and a thread that lets the GIL go for a few µs
 # may wait a whole switch interval (5 ms) to get it back. Slices of 64 KiB keep it (~3 µs each).
 _HASH_SLICE = 1 << 16
+_DTYPE_TAGS: dict = {}
 
 
 def _update(h, t: torch.Tensor) -> None:
-    """Feed the tensor's dtype and shape (bytes alone: int32 [1, 0] = int64 [1]) and its bytes to the
-    hash, read in place (no copy) when it is a contiguous CPU tensor; a device tensor is copied to
-    the host first. Read through ctypes, not numpy: Tensor.numpy() lets the GIL go, and a thread
-    that does that while another runs Python waits to get it back (6 µs of CPU and 80 µs of wall
-    time per call here, beside one busy thread)."""
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    """Feed the tensor's dtype (bytes alone: int32 [1, 0] = int64 [1]) and its bytes to the hash, read
+    in place (no copy) when it is a contiguous CPU tensor; a device tensor is copied to the host
+    first. Read through ctypes, not numpy: Tensor.numpy() lets the GIL go, and a thread that does
+    that while another runs Python waits to get it back (6 µs of CPU and 80 µs of wall time per call
+    here, beside one busy thread). The shape is not hashed (formatting it costs more than hashing
+    these bytes): the digest's metadata fixes it (the batch's tokens and requests; the vocabulary)."""
+    tag = _DTYPE_TAGS.get(t.dtype)
+    if tag is None:
+        tag = _DTYPE_TAGS[t.dtype] = str(t.dtype).encode()
+    h.update(tag)
     if not (t.is_cpu and t.is_contiguous()):
         t = t.detach().cpu().contiguous()
     n = t.nbytes
