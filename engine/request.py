@@ -128,25 +128,25 @@ class ScheduleBatch:
         (read in place: no copy on CPU; a device tensor is copied to the host first). The checker
         only compares digests for equality, so a fast non-cryptographic hash is enough: XXH3 reads a
         16 KiB logit bias in ~0.5 µs here, zlib's CRC-32 in ~6."""
-        key, tensors = self._stamp(name, sampling)
-        return _digest(key, tensors, _tensor_hash(tensors[3]))
+        key, tensors = self._stamp(sampling)
+        return _digest(key, tensors, _tensor_hash(tensors[3]), name)
 
-    def _stamp(self, name, sampling: "SamplingBatchInfo | None" = None) -> tuple[tuple, tuple]:
+    def _stamp(self, sampling: "SamplingBatchInfo | None" = None) -> tuple[tuple, tuple]:
         """What `digest` covers, by reference: (the values, the requests by identity and the tensors'
         version counters; the tensors, the logit bias last)."""
         reqs = self.reqs
         tensors = (self.input_ids, self.positions, self.out_cache_loc, (sampling or self.sampling_info).logit_bias)
-        return ((name, self.bid, tuple(reqs), tuple(map(_slot, reqs)), tuple(self.starts), tuple(self.extends),
+        return ((self.bid, tuple(reqs), tuple(map(_slot, reqs)), tuple(self.starts), tuple(self.extends),
                  tuple(self.last_chunk), tuple(map(_version, tensors))), tensors)   # Req: == is identity
 
 
 _slot, _version = operator.attrgetter("slot"), operator.attrgetter("_version")
 
 
-def _digest(key: tuple, tensors: tuple, bias_hash: int) -> str:
+def _digest(key: tuple, tensors: tuple, bias_hash: int, name) -> str:
     """The digest of a stamp's key (its values) and tensors. The bias enters by its own hash, so a
     forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
-    name, bid, reqs, slots, starts, extends, last_chunk, _ = key
+    bid, reqs, slots, starts, extends, last_chunk, _ = key
     h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
     for t in tensors[:3]:
         _update(h, t)
@@ -216,7 +216,7 @@ class DigestStamp:
     def __init__(self, batch: ScheduleBatch, name=id, sampling: "SamplingBatchInfo | None" = None,
                  marker: str = "changed", same_as: "DigestStamp | None" = None):
         self.batch, self.sampling, self.name, self.marker = batch, sampling, name, marker
-        self.key, self.refs = key, refs = batch._stamp(name, sampling)
+        self.key, self.refs = key, refs = batch._stamp(sampling)
         base = same_as
         base_refs = base.refs if base is not None else None   # read once: another thread may resolve it
         self.same_as = base if (base_refs is not None and base.key[:-1] == key[:-1]
@@ -239,13 +239,15 @@ class DigestStamp:
             if base is not None and not base.changed and base.bias_hash == bias_hash:
                 value = base.value   # at the stamp the batch was as the snapshot's was when hashed
             else:
-                value = _digest(key, refs, bias_hash)
-            now, now_refs = batch._stamp(self.name, self.sampling)
+                value = _digest(key, refs, bias_hash, self.name)
+            now, now_refs = batch._stamp(self.sampling)
             self.changed = now != key or any(a is not b for a, b in zip(now_refs, refs))
             if self.changed:
                 value = f"{self.marker}:{batch.bid}"
             self.value, self.bias_hash = value, bias_hash
-            self.batch = self.sampling = self.refs = self.same_as = None   # keep nothing of the batch alive
+            # Keep nothing of the batch alive, nor the tracer: `name` is its bound method, and a trace
+            # holding its stamps would be a cycle (freed only by the collector, not when dropped).
+            self.batch = self.sampling = self.refs = self.same_as = self.name = None
             if batch.__dict__.get("_digest_stamp") is self:
                 del batch.__dict__["_digest_stamp"]
             return value
