@@ -219,9 +219,7 @@ class DigestStamp:
         self.key, self.refs = key, refs = batch._stamp(sampling)
         base = same_as
         base_refs = base.refs if base is not None else None   # read once: another thread may resolve it
-        self.same_as = base if (base_refs is not None and base.key[:-1] == key[:-1]
-                                and base.key[-1][:3] == key[-1][:3]
-                                and all(a is b for a, b in zip(base_refs[:3], refs[:3]))) else None
+        self.same_as = base if base_refs is not None and _same(base.key, base_refs, key, refs, 3) else None
         self.value: str | None = None
         self.changed = False
         self.bias_hash = 0
@@ -240,8 +238,7 @@ class DigestStamp:
                 value = base.value   # at the stamp the batch was as the snapshot's was when hashed
             else:
                 value = _digest(key, refs, bias_hash, self.name)
-            now, now_refs = batch._stamp(self.sampling)
-            self.changed = now != key or any(a is not b for a, b in zip(now_refs, refs))
+            self.changed = not _same(*batch._stamp(self.sampling), key, refs)
             if self.changed:
                 value = f"{self.marker}:{batch.bid}"
             self.value, self.bias_hash = value, bias_hash
@@ -254,6 +251,13 @@ class DigestStamp:
 
 
 _RESOLVE = threading.Lock()
+
+
+def _same(key_a: tuple, refs_a: tuple, key_b: tuple, refs_b: tuple, tensors: int = 4) -> bool:
+    """Two stamps (`ScheduleBatch._stamp`) record the same state: the same values and requests, and
+    their first `tensors` tensors the same objects at the same versions (3: all but the logit bias)."""
+    return (key_a[:-1] == key_b[:-1] and key_a[-1][:tensors] == key_b[-1][:tensors]
+            and all(a is b for a, b in zip(refs_a[:tensors], refs_b[:tensors])))
 
 
 def snapshot_for_forward(batch: ScheduleBatch) -> ScheduleBatch:
