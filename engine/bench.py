@@ -114,8 +114,9 @@ def machine() -> dict:
     except OSError:
         pass
     import torch
-    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "host": platform.node(),
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpus": os.cpu_count(), "cpu": cpu, "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "host": platform.node(),
             "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
@@ -285,7 +286,8 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
     out = {
         "wall_s": s["wall_s"], "uncached_tokens": s["uncached_tokens"], "cached_tokens": s["cached_tokens"],
         "uncached_tok_per_s": s["uncached_tok_per_s"], "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-        "events": len(tracer.events), "forward": s.get("forward"),
+        "events": len(tracer.events), "forward": s.get("forward"), "device": s.get("device"),
+        "attention_backend": s.get("attention_backend"),
     }
     out.update(trace_metrics(tracer.events))
     return out
@@ -354,9 +356,10 @@ def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests:
                 headline[str(h)] = {"ahead_over_thread": e["ratio_vs_thread"]["median"],
                                     "ci95": e["ratio_vs_thread"]["ci95"],
                                     "ahead_overlap_efficiency": e["median"]["overlap_efficiency"]}
-    forwards = sorted({r.get("forward") or "?" for rs in runs.values() for r in rs})
+    def used(key):
+        return ",".join(sorted({str(r.get(key) or "?") for rs in runs.values() for r in rs}))
     return {"benchmark": "prefill", "date": _now(), "machine": machine(), "modes": modes, "hits": list(hits),
-            "forward": ",".join(forwards),
+            "forward": used("forward"), "device": used("device"), "attention_backend": used("attention_backend"),
             "reps": reps, "requests": requests, "engine": engine, "workload": workload,
             "results": results, "headline": headline}
 
@@ -413,8 +416,10 @@ def plot_prefill(res: dict, out: str) -> None:
               if res.get("gil_free_device_ms") else "")
     fwd = f"forward {res['forward']}" if res.get("forward") and not res.get("gil_free_device_ms") else ""
     sub = "; ".join(x for x in (f"model {eng.get('model', 'tiny')}", fwd, knobs, whatif) if x)
+    gpu = res["machine"].get("gpu")
+    where = gpu if gpu and "cuda" in str(res.get("device", "")) else f"{res['machine']['cpus']} CPUs"
     fig.suptitle(f"pdo bench prefill: {res['reps']} rounds x {res['requests']} requests, "
-                 f"{res['machine']['cpus']} CPUs\n{sub}", fontsize=8.5)
+                 f"{where}, attention {res.get('attention_backend', '?')}\n{sub}", fontsize=8.5)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -800,11 +805,18 @@ def _floats(s: str) -> tuple[float, ...]:
 def _add_engine_knobs(p) -> None:
     g = p.add_argument_group("engine and workload")
     g.add_argument("--model", choices=["tiny", "large"], default="tiny")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--dtype", default=None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
+    g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto",
+                   help="auto: torch on cpu, the Triton kernels on cuda")
+    g.add_argument("--num-pages", type=int, default=512, help="KV pool pages (of --page-size tokens)")
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--max-batch-reqs", type=int, default=16)
     g.add_argument("--admission-cost-us", type=float, default=0.0,
                    help="extra host work per admitted request (a heavier scheduler)")
     g.add_argument("--launch-cost-us", type=float, default=None,
                    help="host time per layer launch inside run_batch (eager launch overhead); "
-                        "default: 0 for trace-overhead, 1000 for prefill (see docs/benchmarks.md)")
+                        "default: 0 for trace-overhead, 1000 for prefill on cpu, 0 on cuda (see docs/benchmarks.md)")
     g.add_argument("--max-batch-tokens", type=int, default=256)
     g.add_argument("--chunk-size", type=int, default=128)
     g.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
@@ -814,10 +826,22 @@ def _add_engine_knobs(p) -> None:
 
 
 def _engine_workload(a, default_launch: float) -> tuple[dict, dict]:
+    import torch
+
     lo, _, hi = a.prompt_len.partition(":")
-    launch = default_launch if a.launch_cost_us is None else a.launch_cost_us
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
+    dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    # The emulated launch cost stands in for eager launches on the CPU device; a GPU has real ones.
+    if a.launch_cost_us is not None:
+        launch = a.launch_cost_us
+    else:
+        launch = 0.0 if device.startswith("cuda") else default_launch
     engine = {"model": a.model, "admission_cost_us": a.admission_cost_us, "launch_cost_us": launch,
-              "max_batch_tokens": a.max_batch_tokens, "chunk_size": a.chunk_size}
+              "max_batch_tokens": a.max_batch_tokens, "chunk_size": a.chunk_size, "device": device,
+              "dtype": dtype, "attention_backend": a.attention_backend, "num_pages": a.num_pages,
+              "page_size": a.page_size, "max_batch_reqs": a.max_batch_reqs}
     workload = {"prompt_len": (int(lo), int(hi or lo)), "groups": a.groups}
     return engine, workload
 
@@ -864,6 +888,10 @@ def cmd_prefill(a) -> int:
         if a.gil_free_device:
             print(f"WHAT-IF: the model's forward is a GIL-free wait of {a.gil_free_device} ms per full batch "
                   "(no real compute); these are not the engine's own numbers")
+        gpu = res["machine"].get("gpu")
+        print(f"device: {res.get('device')}{f' ({gpu})' if gpu and 'cuda' in res.get('device', '') else ''}, "
+              f"attention: {res.get('attention_backend')}, model: {res['engine'].get('model')}, "
+              f"dtype: {res['engine'].get('dtype')}")
         print(f"forward: {res.get('forward')} (script: one TorchScript call per layer, GIL released; eager: op by op; "
               "PDO_FORWARD=eager|script)")
         print(format_prefill_table(res))

@@ -148,8 +148,11 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int, name) -> str:
     forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
     bid, reqs, slots, starts, extends, last_chunk, _ = key
     h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
-    for t in tensors[:3]:
-        _update(h, t)
+    if tensors:
+        for t in tensors[:3]:
+            _update(h, t)
+    else:   # DigestStamp's shared digest of a snapshot and its forward: a kind of its own
+        h.update(b"same-tensors")
     h.update(bias_hash.to_bytes(8, "little"))
     return h.hexdigest()
 
@@ -195,21 +198,25 @@ def _update(h, t: torch.Tensor) -> None:
 class DigestStamp:
     """A batch's digest, taken now and computed later. What `ScheduleBatch.digest` covers is recorded
     by reference — the tensors with their version counters, the lists' values, the requests by
-    identity: a few µs — and hashed when first asked for (`trace_value`): a snapshot's by the thread
-    that runs its forward (off the scheduler thread), the forward's own once it has launched the
-    forward (so that a change while run_batch reads the batch shows), else when the trace is read.
-    Under the assumption that every write to these tensors is a torch write, which bumps
-    `_version`, hashing later what has not changed since gives the digest of the moment of the
-    stamp; whether anything changed is checked after hashing (the values hashed are the stamp's
-    own, the bytes are read now). If anything did, that moment is gone, and the value is
-    a marker that equals no digest (`<marker>:<batch>`, a marker per stamping point, so that two
-    changed stamps differ too): what a rule comparing it with another digest has to see. This is
-    stricter than comparing bytes: a write undone before the forward, or a rebinding to equal
-    bytes, also reads as a change (a correct engine does neither to a batch in flight).
+    identity: a few µs — and hashed when first asked for (`trace_value`): the forward's own once it
+    has launched the forward (so that a change while run_batch reads the batch shows), else when the
+    trace is read. Under the assumption that every write to these tensors is a torch write, which
+    bumps `_version`, hashing later what has not changed since gives the digest of the moment of the
+    stamp; whether anything changed is checked after hashing (the values hashed are the stamp's own,
+    the bytes are read now). If anything did, that moment is gone, and the value is a marker that
+    equals no digest (`<marker>:<batch>`, a marker per stamping point, so that two changed stamps
+    differ too): what a rule comparing it with another digest has to see. This is stricter than
+    comparing bytes: a write undone before the forward, or a rebinding to equal bytes, also reads as
+    a change (a correct engine does neither to a batch in flight).
 
-    `same_as`: the forward's stamp of a snapshot that nothing has touched finds the snapshot's
-    stamp with the same values, requests and tensors at the same versions; only its logit bias (the
-    forward's own copy) is hashed, and when it hashes alike the digest is the snapshot's."""
+    `same_as`: the forward's stamp of a snapshot that nothing has touched finds the snapshot's stamp
+    with the same values, requests and tensors (the same objects at the same versions). Resolved
+    together, while both still hold (checked again at the forward's resolution), the two need no
+    tensor read but the two logit biases (the forward's is its own copy): when those hash alike, both
+    get one digest of the metadata and the bias alone (`_digest` with no tensors, its own kind) — the
+    tensors are the same objects, unchanged, so their bytes cannot differ. Any other case hashes each
+    stamp in full; a snapshot resolved earlier (by a reader of the trace) lends its digest to the
+    forward's when they are alike."""
 
     __slots__ = ("batch", "sampling", "name", "key", "refs", "marker", "same_as", "value", "changed", "bias_hash")
 
@@ -225,32 +232,44 @@ class DigestStamp:
         self.bias_hash = 0
 
     def trace_value(self) -> str:
-        base = self.same_as
-        if base is not None:
-            base.trace_value()   # outside the lock: it takes it itself
         with _RESOLVE:           # the worker and a reader of the trace may both ask
             batch = self.batch
             if batch is None:    # resolved already
                 return self.value
-            key, refs = self.key, self.refs
+            key, refs, base = self.key, self.refs, self.same_as
             bias_hash = _tensor_hash(refs[3])
-            if base is not None and not base.changed and base.bias_hash == bias_hash:
-                value = base.value   # at the stamp the batch was as the snapshot's was when hashed
+            if base is not None and base.batch is not None:
+                sb = base.refs[3]   # the snapshot's bias: hashed, then checked still the batch's and unwritten
+                if (_tensor_hash(sb) == bias_hash and sb is base.batch.sampling_info.logit_bias
+                        and sb._version == base.key[-1][3] and _same(*batch._stamp(self.sampling), key, refs)):
+                    value = _digest(key, (), bias_hash, self.name)
+                    base._resolved(value, bias_hash, False)
+                    return self._resolved(value, bias_hash, False)
+            if base is not None:
+                base.trace_value()   # in full (the lock is reentrant)
+                if not base.changed and base.bias_hash == bias_hash:
+                    # at the stamp the batch was as the snapshot's was when hashed
+                    value = base.value
+                else:
+                    value = _digest(key, refs, bias_hash, self.name)
             else:
                 value = _digest(key, refs, bias_hash, self.name)
-            self.changed = not _same(*batch._stamp(self.sampling), key, refs)
-            if self.changed:
-                value = f"{self.marker}:{batch.bid}"
-            self.value, self.bias_hash = value, bias_hash
-            # Keep nothing of the batch alive, nor the tracer: `name` is its bound method, and a trace
-            # holding its stamps would be a cycle (freed only by the collector, not when dropped).
-            self.batch = self.sampling = self.refs = self.same_as = self.name = None
-            if batch.__dict__.get("_digest_stamp") is self:
-                del batch.__dict__["_digest_stamp"]
-            return value
+            return self._resolved(value, bias_hash, not _same(*batch._stamp(self.sampling), key, refs))
+
+    def _resolved(self, value: str, bias_hash: int, changed: bool) -> str:
+        if changed:
+            value = f"{self.marker}:{self.batch.bid}"
+        self.value, self.bias_hash, self.changed = value, bias_hash, changed
+        batch = self.batch
+        # Keep nothing of the batch alive, nor the tracer: `name` is its bound method, and a trace
+        # holding its stamps would be a cycle (freed only by the collector, not when dropped).
+        self.batch = self.sampling = self.refs = self.same_as = self.name = None
+        if batch.__dict__.get("_digest_stamp") is self:
+            del batch.__dict__["_digest_stamp"]
+        return value
 
 
-_RESOLVE = threading.Lock()
+_RESOLVE = threading.RLock()
 
 
 def _same(key_a: tuple, refs_a: tuple, key_b: tuple, refs_b: tuple, tensors: int = 4) -> bool:

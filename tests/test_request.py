@@ -152,10 +152,12 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     assert stamp.batch is None and stamp.refs is None and "_digest_stamp" not in b.__dict__   # nothing kept
 
 
-def test_forward_stamp_reuses_the_snapshot_digest_only_when_it_may():
-    """The forward's stamp of an untouched snapshot hashes only its own copy of the logit bias and
-    takes the snapshot's digest; a bias copy with other bytes, or a batch changed in between,
-    gives its own digest; two changed stamps give two different markers."""
+def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
+    """The forward's stamp of an untouched snapshot reads only the two logit biases (its own copy and
+    the snapshot's) and resolves both stamps to one digest; a bias copy with other bytes, a bias
+    written after the snapshot, or a batch changed in between gives each its own digest; two changed
+    stamps give two different markers."""
+    from engine import request
     from engine.request import DigestStamp
     from engine.trace import Tracer
 
@@ -165,7 +167,25 @@ def test_forward_stamp_reuses_the_snapshot_digest_only_when_it_may():
     sampling = b.sampling_info.copy_for_forward()          # the forward's copy: another tensor
     fwd = DigestStamp(b, tr.obj, sampling, marker="changed-in-launch", same_as=snap)
     assert fwd.same_as is snap
-    assert fwd.trace_value() == snap.value == b.digest(sampling, tr.obj) == b.digest(name=tr.obj)
+    read = []
+    update = request._update
+    monkeypatch.setattr(request, "_update", lambda h, t: (read.append(t), update(h, t)))
+    shared = fwd.trace_value()
+    monkeypatch.undo()
+    assert shared == snap.value and snap.batch is None          # resolved together
+    assert [t.shape for t in read] == [b.sampling_info.logit_bias.shape] * 2   # no other tensor read
+    assert shared != b.digest(name=tr.obj)                        # a kind of its own: no tensor bytes
+    # the same batch stamped again gives the same shared digest (deterministic, not identity-based)
+    snap2 = DigestStamp(b, tr.obj)
+    assert DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), same_as=snap2).trace_value() == shared
+    # the snapshot's bias written after its stamp: no sharing, the snapshot reads as changed
+    snap = DigestStamp(b, tr.obj)
+    b.sampling_info.logit_bias.add_(0)
+    copy = b.sampling_info.copy_for_forward()
+    fwd = DigestStamp(b, tr.obj, copy, same_as=snap)
+    assert fwd.same_as is snap                                    # the bias is not compared at the stamp
+    assert fwd.trace_value() == b.digest(copy, tr.obj)            # in full, its own moment
+    assert snap.value == f"changed:{b.bid}"
     # a forward copy whose bias differs (a non-idempotent copy_for_forward) digests differently
     snap = DigestStamp(b, tr.obj)
     other = b.sampling_info.copy_for_forward()

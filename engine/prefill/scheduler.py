@@ -257,13 +257,11 @@ class PrefillScheduler:
         sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
         tracing = self.tr.enabled
         if tracing:
-            # What this forward reads, stamped now and checked once it is launched (below); when the
-            # batch is still the snapshot's, only its copy of the logit bias is hashed.
-            snap_stamp = batch.__dict__.get("_digest_stamp")
-            fwd_stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch", same_as=snap_stamp)
+            # What this forward reads, stamped now and resolved once it is launched (below), with the
+            # snapshot's: while the batch is still the snapshot's, only the two logit biases are read.
+            fwd_stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch",
+                                    same_as=batch.__dict__.get("_digest_stamp"))
             self.tr.emit("fwd_begin", batch=batch.bid, digest=fwd_stamp)
-            if snap_stamp is not None:
-                snap_stamp.trace_value()   # the snapshot's digest: hashed here, off the scheduler thread
         if early_send_prefix:
             for req in batch.reqs:
                 self.maybe_send_cached_prefix(batch, req)
@@ -308,7 +306,7 @@ class PrefillScheduler:
         if sample_inline:
             self._launch_sample(result)
         if tracing:
-            fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here
+            fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here (and the snapshot's)
             self.tr.emit("fwd_end", batch=batch.bid)
         return result
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU checks and figures of issue #7 in one script, for a machine with one NVIDIA GPU (an H200 lent
+# by the `device` tool, or any CUDA box). About 6-8 minutes on an H200; every step has its own timeout,
+# so a hang in one still leaves the others' results.
+#
+#   bash scripts/gpu-bench.sh [OUTDIR]      # OUTDIR: $OUT if set (the device tool), else gpu-out/
+#   bash scripts/gpu-bench.sh --cpu-smoke   # the same steps, tiny, on the CPU: checks the script itself
+#
+# It runs from the working tree with the Python that has a CUDA torch (PYTHON, default python3; the
+# device machine's image has torch, triton, xxhash, aiohttp, matplotlib): nothing is installed. Steps:
+#   1. the engine on CUDA (real streams and events, the Triton attention kernels), tiny model, all four
+#      prefill loops, each trace checked (`pdo check`);
+#   2. the same with the large preset, `ahead`, checked;
+#   3. `pdo bench prefill` with the large preset and the Triton backend: table, JSON and PNG;
+#   4. `pdo bench trace-overhead` on the GPU (fewer pairs than on CPU: each run is shorter and steadier);
+#   5. the Triton kernels against torch SDPA (triton_kernels.bench), last: the longest and least needed.
+# Results: OUTDIR/summary.txt (every step's output), bench-prefill.{json,png}, trace-overhead.json,
+# kernels.json. Record the tables in docs/benchmarks.md with the date and this command.
+set -uo pipefail
+
+smoke=0
+if [[ "${1:-}" == "--cpu-smoke" ]]; then smoke=1; shift; fi
+out=${1:-${OUT:-gpu-out}}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+log="$out/summary.txt"
+: >"$log"
+failed=0
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log, keep going on failure
+    local name=$1 limit=$2; shift 2
+    echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$log"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    if [[ $rc -ne 0 ]]; then
+        echo "!! $name failed (exit $rc)" | tee -a "$log"
+        failed=$((failed + 1))
+    fi
+}
+
+pdo() { "$py" -m engine.cli "$@"; }
+
+if [[ $smoke == 1 ]]; then
+    export TRITON_INTERPRET=1   # the Triton kernels through the interpreter
+    dev=(--device cpu) large=(--model tiny) reps=(--reps 1 --requests 12 --hits 0.8)
+    to_reps=(--reps 2 --requests 12) kernels=(--smoke)
+else
+    export TRITON_INTERPRET=0
+    dev=(--device cuda) large=(--model large) reps=() to_reps=(--reps 100) kernels=()
+    step "machine" 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv"
+    step "torch sees the GPU" 60 "$py" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA';
+print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+    [[ $failed -ne 0 ]] && { echo "no usable GPU: stopping" | tee -a "$log"; exit 1; }
+fi
+
+for mode in normal overlap thread ahead; do
+    step "1. engine, tiny, $mode" 120 pdo run "${dev[@]}" --mode "$mode" --attention-backend triton \
+        --trace "$out/tiny-$mode.jsonl"
+    step "1. check tiny-$mode" 60 pdo check "$out/tiny-$mode.jsonl"
+done
+step "2. engine, large preset, ahead" 180 pdo run "${dev[@]}" "${large[@]}" --mode ahead --attention-backend triton \
+    --trace "$out/large-ahead.jsonl"
+step "2. check large-ahead" 60 pdo check "$out/large-ahead.jsonl"
+rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl   # checked; the files are not needed back
+step "3. bench prefill" 300 pdo bench prefill "${dev[@]}" "${large[@]}" --attention-backend triton "${reps[@]}" \
+    --json "$out/bench-prefill.json" --png "$out/bench-prefill.png"
+step "4. bench trace-overhead" 150 pdo bench trace-overhead "${dev[@]}" "${large[@]}" --attention-backend triton \
+    "${to_reps[@]}" --json "$out/trace-overhead.json"
+step "5. Triton kernels vs SDPA" 150 "$py" -m triton_kernels.bench "${kernels[@]}" --json "$out/kernels.json"
+
+echo "== done ($(date -u +%H:%M:%S)): $failed step(s) failed; results in $out" | tee -a "$log"
+exit $((failed > 0))
