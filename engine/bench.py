@@ -247,9 +247,13 @@ class gil_free_device:
         ms, full = self.ms, self.full
         self.orig = TinyLlama.forward
 
-        def forward(model, input_ids, positions, out_cache_loc, pool, backend, meta, logit_rows, *, decode=False):
+        def forward(model, input_ids, positions, out_cache_loc, pool, backend, meta, logit_rows, *, decode=False,
+                    impl=None, out=None):
             time.sleep(ms * 1e-3 * input_ids.shape[0] / full)
-            return torch.zeros((logit_rows.shape[0], model.cfg.vocab_size), device=input_ids.device)
+            logits = torch.zeros((logit_rows.shape[0], model.cfg.vocab_size), device=input_ids.device)
+            if out is not None:
+                out.copy_(logits)
+            return logits
 
         TinyLlama.forward = forward
         return self
@@ -268,15 +272,15 @@ FULL = dict(reps=9, requests=300, hits=(0.0, 0.5, 0.8))
 
 def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
     """One traced run: the engine's summary plus TTFT and the trace metrics."""
-    from .run import run_prefill
+    from .run import run_prefill, shared_model
     from .trace import Tracer
 
     tracer = Tracer()
     if progress is not None and progress.enabled:
         with progress.watch(label, tracer, wc.requests):
-            s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True)
+            s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True, model=shared_model(cfg))
     else:
-        s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True)
+        s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True, model=shared_model(cfg))
     if s["_error"] is not None:
         raise s["_error"]
     if s["finished"] != s["requests"] or any(s["leaks"].values()):
@@ -481,7 +485,7 @@ class _Accounting:
 def accounted_run(cfg, wc) -> dict:
     """One traced run with the tracing work timed where it happens; returns its share of wall time."""
     from . import request
-    from .run import run_prefill
+    from .run import run_prefill, shared_model
     from .trace import Tracer
 
     probe = _Accounting()          # the timing wrapper's own cost, subtracted below
@@ -497,7 +501,7 @@ def accounted_run(cfg, wc) -> dict:
     request.DigestStamp.__init__ = acc.wrap("digest", stamp)         # a stamp taken (on the calling thread)
     request.DigestStamp.trace_value = acc.wrap("digest", resolve)    # and hashed (by the worker)
     try:
-        s = run_prefill(cfg, wc, tracer=tr)
+        s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
     finally:
         request.DigestStamp.__init__, request.DigestStamp.trace_value = stamp, resolve
     for k, n in acc.calls.items():
@@ -556,7 +560,7 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     sides alike): wall-time ratio per pair, its median (bootstrap CI) and geometric mean (t-interval),
     a verdict against the target, and the per-event cost."""
     from .config import EngineConfig
-    from .run import run_prefill
+    from .run import run_prefill, shared_model
     from .trace import NullTracer, Tracer
     from .workload import WorkloadConfig
 
@@ -565,7 +569,8 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     progress = progress or Progress(False)
     cfg = EngineConfig(mode=mode, **engine)
     wc = WorkloadConfig(requests=requests, **workload)
-    forward = run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload))["forward"]  # warm-up
+    forward = run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload),
+                          model=shared_model(cfg))["forward"]  # warm-up
     pairs = []
     for rep in range(reps):
         row = {}
@@ -573,7 +578,7 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
         for which in order:
             tr = Tracer() if which == "on" else NullTracer()
             c0 = time.process_time()
-            s = run_prefill(cfg, wc, tracer=tr)
+            s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
             row[which] = {"wall_s": s["wall_s"], "cpu_s": time.process_time() - c0,
                           "events": tr.count if which == "on" else 0}
         row["ratio"] = row["on"]["wall_s"] / row["off"]["wall_s"]

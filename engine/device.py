@@ -12,6 +12,7 @@ completion, cross-stream dependencies, and the write-after-read hazard when a ba
 """
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -107,13 +108,34 @@ class CpuStream:
 
 
 class CudaStream:
+    """A CUDA stream with the CPU stream's contract: what `fn` was given is safe to use until the
+    stream has run it. Two things make that so on CUDA:
+
+    - The stream first waits for the launching thread's current stream: inputs that thread just
+      prepared there (a `.to(device)`, a write into req_to_token) are ready before `fn`'s kernels read
+      them. (A CPU stream runs `fn` after everything the host did before `launch`.)
+    - `fn` and its arguments are kept until an event recorded after them has completed. Tensors `fn`
+      captured were allocated on another stream; dropped when `launch` returns, their memory could go
+      to the next allocation there while this stream's kernels still read it (what
+      `Tensor.record_stream` prevents, here for everything `fn` holds)."""
+
     def __init__(self, name: str, device, on_error=None):
         self.name = name
         self.s = torch.cuda.Stream(device=device)
+        self._alive: collections.deque = collections.deque()   # (event, fn, args), oldest first
+        self._lock = threading.Lock()   # the worker and the scheduler both launch on some streams
 
     def launch(self, fn, *args) -> None:
+        self.s.wait_stream(torch.cuda.current_stream(self.s.device))
         with torch.cuda.stream(self.s):
             fn(*args)
+        ev = torch.cuda.Event()
+        with self._lock:
+            ev.record(self.s)
+            alive = self._alive
+            while alive and alive[0][0].query():
+                alive.popleft()
+            alive.append((ev, fn, args))
 
     def wait_event(self, event) -> None:
         self.s.wait_event(event)
@@ -125,12 +147,16 @@ class CudaStream:
 
     def synchronize(self) -> None:
         self.s.synchronize()
+        with self._lock:
+            alive = self._alive
+            while alive and alive[0][0].query():
+                alive.popleft()
 
     def check(self) -> None:
         return None
 
     def close(self) -> None:
-        self.s.synchronize()
+        self.synchronize()
 
 
 def make_stream(name: str, device: torch.device):

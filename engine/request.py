@@ -148,13 +148,19 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int, name) -> str:
     forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
     bid, reqs, slots, starts, extends, last_chunk, _ = key
     h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
-    if tensors:
-        for t in tensors[:3]:
-            _update(h, t)
-    else:   # DigestStamp's shared digest of a snapshot and its forward: a kind of its own
-        h.update(b"same-tensors")
+    for t in tensors[:3]:
+        _update(h, t)
     h.update(bias_hash.to_bytes(8, "little"))
     return h.hexdigest()
+
+
+def _shared_digest(key: tuple, bias_hash: int) -> str:
+    """The one digest of a snapshot and of the forward that read it untouched (DigestStamp): equal by
+    construction, so it only has to be cheap, stable and a fingerprint of the batch — Python's hash of
+    a tuple of ints and bools (deterministic, unlike a str's) over the metadata and the bias's hash,
+    the requests' identities and the tensors' bytes left out (the same objects on both sides)."""
+    bid, _, slots, starts, extends, last_chunk, _ = key
+    return f"{hash((0x5A, bid, slots, starts, extends, last_chunk, bias_hash)) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def _tensor_hash(t: torch.Tensor) -> int:
@@ -213,8 +219,8 @@ class DigestStamp:
     with the same values, requests and tensors (the same objects at the same versions). Resolved
     together, while both still hold (checked again at the forward's resolution), the two need no
     tensor read but the two logit biases (the forward's is its own copy): when those hash alike, both
-    get one digest of the metadata and the bias alone (`_digest` with no tensors, its own kind) — the
-    tensors are the same objects, unchanged, so their bytes cannot differ. Any other case hashes each
+    get one digest of the metadata and the bias alone (`_shared_digest`) — the tensors are the same
+    objects, unchanged, so their bytes cannot differ. Any other case hashes each
     stamp in full; a snapshot resolved earlier (by a reader of the trace) lends its digest to the
     forward's when they are alike."""
 
@@ -242,7 +248,7 @@ class DigestStamp:
                 sb = base.refs[3]   # the snapshot's bias: hashed, then checked still the batch's and unwritten
                 if (_tensor_hash(sb) == bias_hash and sb is base.batch.sampling_info.logit_bias
                         and sb._version == base.key[-1][3] and _same(*batch._stamp(self.sampling), key, refs)):
-                    value = _digest(key, (), bias_hash, self.name)
+                    value = _shared_digest(key, bias_hash)
                     base._resolved(value, bias_hash, False)
                     return self._resolved(value, bias_hash, False)
             if base is not None:

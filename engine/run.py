@@ -18,7 +18,8 @@ from .workload import WorkloadConfig, make_workload
 
 
 def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None = None, tracer=None,
-                keep_scheduler: bool = False) -> dict:
+                keep_scheduler: bool = False, model=None) -> dict:
+    """`model`: weights to reuse (`shared_model`), else built from cfg's preset and seed."""
     check_dispatch(cfg)
     inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
@@ -29,7 +30,7 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
     else:
         tracer.header.update(header)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
-    sched = PrefillScheduler(cfg, reqs, tracer=tracer)
+    sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model)
     import threading
     prev_name = threading.current_thread().name
     threading.current_thread().name = "scheduler"
@@ -64,6 +65,23 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
     elif error is not None:
         raise error
     return summary
+
+
+_MODELS: dict = {}
+
+
+def shared_model(cfg: EngineConfig):
+    """The model of cfg (preset, seed, dtype, device, forward), built once per process: the weights
+    are only read, and drawing the large preset's ~0.85 B weights takes seconds, per run of a benchmark."""
+    from .model import TinyLlama, default_forward_impl
+
+    impl = default_forward_impl() if cfg.forward == "auto" else cfg.forward
+    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device, impl)
+    model = _MODELS.get(key)
+    if model is None:
+        model = _MODELS[key] = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
+                                         device=torch.device(cfg.device), forward_impl=impl)
+    return model
 
 
 @contextlib.contextmanager

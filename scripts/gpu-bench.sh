@@ -13,9 +13,11 @@
 #   2. the same with the large preset, `ahead`, checked;
 #   3. `pdo bench prefill` with the large preset and the Triton backend: table, JSON and PNG;
 #   4. `pdo bench trace-overhead` on the GPU (fewer pairs than on CPU: each run is shorter and steadier);
+#   3b. the prefill bench again with GPU-sized batches (up to 4096 tokens; prompts of 256-2048);
 #   5. the Triton kernels against torch SDPA (triton_kernels.bench), last: the longest and least needed.
-# Results: OUTDIR/summary.txt (every step's output), bench-prefill.{json,png}, trace-overhead.json,
-# kernels.json. Record the tables in docs/benchmarks.md with the date and this command.
+# Results: OUTDIR/summary.txt (every step's output), bench-prefill{,-big}.{json,png}, trace-overhead.json,
+# kernels.json (8 files: what the device tool brings back). Steps that would overrun GPU_BENCH_BUDGET_S
+# (default 560 s) are skipped, and say so. Record the tables in docs/benchmarks.md with the date and this command.
 set -uo pipefail
 
 smoke=0
@@ -23,14 +25,24 @@ if [[ "${1:-}" == "--cpu-smoke" ]]; then smoke=1; shift; fi
 out=${1:-${OUT:-gpu-out}}
 py=${PYTHON:-python3}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 log="$out/summary.txt"
 : >"$log"
 failed=0
 
-step() {  # step NAME TIMEOUT_S CMD...: run, log, keep going on failure
+budget=${GPU_BENCH_BUDGET_S:-560}   # the whole script, under the device tool's 600 s per command
+t_end=$((SECONDS + budget))
+
+step() {  # step NAME TIMEOUT_S CMD...: run, log, keep going on failure; skipped when time is short
     local name=$1 limit=$2; shift 2
+    local left=$((t_end - SECONDS))
+    if (( left < 20 )); then
+        echo "-- $name: skipped (${left}s left of the ${budget}s budget)" | tee -a "$log"
+        return
+    fi
+    (( limit > left )) && limit=$left
     echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$log"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
     local rc=${PIPESTATUS[0]}
@@ -40,15 +52,23 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log, keep going on failure
     fi
 }
 
-pdo() { "$py" -m engine.cli "$@"; }
+pdo=("$py" -m engine.cli)   # the pdo command from this tree
 
 if [[ $smoke == 1 ]]; then
-    export TRITON_INTERPRET=1   # the Triton kernels through the interpreter
-    dev=(--device cpu) large=(--model tiny) reps=(--reps 1 --requests 12 --hits 0.8)
-    to_reps=(--reps 2 --requests 12) kernels=(--smoke)
+    # Tiny everything; the Triton kernels through the interpreter for the engine runs, torch attention
+    # for the benchmarks (the interpreter would take minutes there): checks the plumbing, not the GPU.
+    export TRITON_INTERPRET=1
+    dev=(--device cpu) large=(--model tiny) small=(--requests 4 --prompt-len 20:70 --max-batch-tokens 48
+        --chunk-size 32 --page-size 8) attn=(--attention-backend torch)
+    reps=(--reps 1 --requests 8 --hits 0.8 --modes thread,ahead) to_reps=(--reps 2 --requests 8) kernels=(--smoke)
+    reps_big=("${reps[@]}" --max-batch-tokens 64 --chunk-size 32 --prompt-len 40:120)
 else
-    export TRITON_INTERPRET=0
-    dev=(--device cuda) large=(--model large) reps=() to_reps=(--reps 100) kernels=()
+    export TRITON_INTERPRET=0 TRITON_CACHE_AUTOTUNING=1   # tuned once, reused by the later steps
+    dev=(--device cuda) large=(--model large) small=() attn=(--attention-backend triton)
+    reps=(--reps 6) to_reps=(--reps 100) kernels=()   # 6 rounds, not 9: room for the other steps
+    # batches of up to 4096 tokens over prompts of 256-2048 (the default workload's batches are a GPU's
+    # smallest: 256 tokens); a KV pool of 64k tokens
+    reps_big=(--reps 5 --max-batch-tokens 4096 --chunk-size 1024 --prompt-len 256:2048 --num-pages 4096)
     step "machine" 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv"
     step "torch sees the GPU" 60 "$py" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA';
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
@@ -56,18 +76,20 @@ print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_d
 fi
 
 for mode in normal overlap thread ahead; do
-    step "1. engine, tiny, $mode" 120 pdo run "${dev[@]}" --mode "$mode" --attention-backend triton \
+    step "1. engine, tiny, $mode" 120 "${pdo[@]}" run "${dev[@]}" --mode "$mode" --attention-backend triton "${small[@]}" \
         --trace "$out/tiny-$mode.jsonl"
-    step "1. check tiny-$mode" 60 pdo check "$out/tiny-$mode.jsonl"
+    step "1. check tiny-$mode" 60 "${pdo[@]}" check "$out/tiny-$mode.jsonl"
 done
-step "2. engine, large preset, ahead" 180 pdo run "${dev[@]}" "${large[@]}" --mode ahead --attention-backend triton \
-    --trace "$out/large-ahead.jsonl"
-step "2. check large-ahead" 60 pdo check "$out/large-ahead.jsonl"
+step "2. engine, large preset, ahead" 180 "${pdo[@]}" run "${dev[@]}" "${large[@]}" --mode ahead --attention-backend triton \
+    "${small[@]}" --trace "$out/large-ahead.jsonl"
+step "2. check large-ahead" 60 "${pdo[@]}" check "$out/large-ahead.jsonl"
 rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl   # checked; the files are not needed back
-step "3. bench prefill" 300 pdo bench prefill "${dev[@]}" "${large[@]}" --attention-backend triton "${reps[@]}" \
+step "3. bench prefill" 300 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" "${reps[@]}" \
     --json "$out/bench-prefill.json" --png "$out/bench-prefill.png"
-step "4. bench trace-overhead" 150 pdo bench trace-overhead "${dev[@]}" "${large[@]}" --attention-backend triton \
+step "4. bench trace-overhead" 150 "${pdo[@]}" bench trace-overhead "${dev[@]}" "${large[@]}" "${attn[@]}" \
     "${to_reps[@]}" --json "$out/trace-overhead.json"
+step "3b. bench prefill, GPU-sized batches" 200 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" \
+    "${reps_big[@]}" --json "$out/bench-prefill-big.json" --png "$out/bench-prefill-big.png"
 step "5. Triton kernels vs SDPA" 150 "$py" -m triton_kernels.bench "${kernels[@]}" --json "$out/kernels.json"
 
 echo "== done ($(date -u +%H:%M:%S)): $failed step(s) failed; results in $out" | tee -a "$log"

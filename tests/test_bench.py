@@ -65,6 +65,39 @@ def test_bench_prefill_tiny_json_and_chart(tmp_path, capsys):
     assert by[(0.8, "ahead")]["median"]["hidden_ms"] > 0
     assert "0.8" in res["headline"]
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # where it ran is said and recorded: the CPU here, torch attention (auto), float32
+    assert "device: cpu, attention: torch" in table
+    assert res["device"] == "cpu" and res["attention_backend"] == "torch" and res["engine"]["dtype"] == "float32"
+    assert "gpu" in res["machine"]
+
+
+def test_bench_prefill_device_knobs(capsys):
+    """--device cuda without a GPU is a one-line error; a CUDA run's default launch cost is 0 (a GPU
+    has real launches), the CPU's the emulated 1000 µs."""
+    import argparse
+
+    import torch
+
+    a = argparse.Namespace(prompt_len="24:160", device=None, dtype=None, launch_cost_us=None, model="tiny",
+                           admission_cost_us=0.0, max_batch_tokens=256, chunk_size=128, attention_backend="auto",
+                           num_pages=512, page_size=16, max_batch_reqs=16, groups=3)
+    engine, _ = bench._engine_workload(a, bench.DEFAULT_LAUNCH_COST_US)
+    if torch.cuda.is_available():
+        assert engine["device"] == "cuda" and engine["launch_cost_us"] == 0 and engine["dtype"] == "bfloat16"
+    else:
+        assert engine["device"] == "cpu" and engine["launch_cost_us"] == 1000 and engine["dtype"] == "float32"
+        assert main(["bench", "prefill", "--device", "cuda", "--reps", "1", "--requests", "2"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "no CUDA device" in err and len(err.splitlines()) == 1
+
+
+def test_bench_prefill_gil_free_device_what_if():
+    """The what-if replaces the model's forward (the engine passes `out`): it runs and is labelled."""
+    res = bench.bench_prefill(modes=("thread", "ahead"), hits=(0.8,), reps=1, requests=8, warmup=False,
+                              gil_free_device_ms=1.0)
+    assert res["gil_free_device_ms"] == 1.0
+    assert {e["mode"] for e in res["results"]} == {"thread", "ahead"}
+    assert all(e["median"]["uncached_tok_per_s"] > 0 for e in res["results"])
 
 
 def test_bench_prefill_rejects_bad_mode(capsys):

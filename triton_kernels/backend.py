@@ -7,11 +7,24 @@ package does not depend on ``engine/``. Inputs may be [tokens, heads, head_dim] 
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 
 from triton_kernels.decode_attention import choose_num_kv_splits, decode_attention
 from triton_kernels.extend_attention import extend_attention
 from triton_kernels.kv_write import write_kv
+
+
+# Triton's autotuner keeps the arguments of the call it is tuning on the shared kernel object, so
+# two threads tuning at once (two prefill ranks of `pdo run --pd --dp 2` in one process) break each
+# other. Launches of the tuned kernels (on a GPU; the interpreter does not tune) go one at a time.
+_TUNING = threading.Lock()
+
+
+def _one_at_a_time(t: torch.Tensor):
+    return _TUNING if t.is_cuda else contextlib.nullcontext()
 
 
 def _heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -34,19 +47,22 @@ class TritonAttention:
 
     def extend(self, q, k, v, k_pool, v_pool, meta) -> torch.Tensor:
         head_dim = k_pool.shape[-1]
-        out = extend_attention(
-            _heads(q, head_dim), _heads(k, head_dim), _heads(v, head_dim), k_pool, v_pool,
-            meta.req_to_token, meta.req_slots, meta.prefix_lens, meta.extend_lens, meta.extend_start_loc,
-            int(meta.max_extend_len), sm_scale=self.sm_scale,
-        )
+        with _one_at_a_time(q):
+            out = extend_attention(
+                _heads(q, head_dim), _heads(k, head_dim), _heads(v, head_dim), k_pool, v_pool,
+                meta.req_to_token, meta.req_slots, meta.prefix_lens, meta.extend_lens, meta.extend_start_loc,
+                int(meta.max_extend_len), sm_scale=self.sm_scale,
+            )
         return out.view(q.shape)
 
     def decode(self, q, k_pool, v_pool, meta) -> torch.Tensor:
         head_dim = k_pool.shape[-1]
-        out = decode_attention(
-            _heads(q, head_dim), k_pool, v_pool, meta.req_to_token, meta.req_slots, meta.seq_lens,
-            sm_scale=self.sm_scale, num_kv_splits=self._num_kv_splits(meta, k_pool),
-        )
+        splits = self._num_kv_splits(meta, k_pool)
+        with _one_at_a_time(q):
+            out = decode_attention(
+                _heads(q, head_dim), k_pool, v_pool, meta.req_to_token, meta.req_slots, meta.seq_lens,
+                sm_scale=self.sm_scale, num_kv_splits=splits,
+            )
         return out.view(q.shape)
 
     def _num_kv_splits(self, meta, k_pool) -> int:

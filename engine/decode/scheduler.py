@@ -48,7 +48,7 @@ class DecodeResult:
     done_event: object
     refs: list | None = None
     copy_event: object = None
-    host_tokens: list | None = None
+    host_buf: torch.Tensor | None = None   # filled on the copy stream; read after copy_event
 
 
 class DecodeScheduler:
@@ -195,11 +195,13 @@ class DecodeScheduler:
         tokens = chunk.k.shape[1]
         idx = self.pool.token_indices(r.pages, chunk.start, chunk.start + tokens)
         k, v, dev, dtype = chunk.k, chunk.v, self.device, self.pool.k.dtype
+        if dev.type == "cuda":   # pinned: asynchronous copies (from pageable memory the launching
+            idx, k, v = idx.pin_memory(), k.pin_memory(), v.pin_memory()   # thread would wait for the barrier)
 
         def write():
-            i = idx.to(dev).long()
-            self.pool.k[:, i] = k.to(dev, dtype)
-            self.pool.v[:, i] = v.to(dev, dtype)
+            i = idx.to(dev, non_blocking=True).long()
+            self.pool.k[:, i] = k.to(dev, dtype, non_blocking=True)
+            self.pool.v[:, i] = v.to(dev, dtype, non_blocking=True)
 
         self.sched_stream.launch(write)
         r.kv_tokens += tokens
@@ -353,10 +355,15 @@ class DecodeScheduler:
         self.fwd_stream.launch(sample)
         self.copy_stream.wait_event(self.fwd_stream.record_event())
 
+        # pinned on a GPU: the copy is then asynchronous (into pageable memory it would block the
+        # launching thread until the forward and the sampling are done)
+        host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+
         def to_host():
-            result.host_tokens = self.future_map[dev_slots].to("cpu").tolist()
+            host.copy_(self.future_map[dev_slots], non_blocking=True)
 
         self.copy_stream.launch(to_host)
+        result.host_buf = host
         result.copy_event = self.copy_stream.record_event()
         result.refs = [-(int(s) + 1) for s in slots]
         for r, ref in zip(batch.reqs, result.refs):
@@ -367,7 +374,7 @@ class DecodeScheduler:
         result.copy_event.synchronize()
         for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
             s.check()
-        for r, tok, ref in zip(batch.reqs, result.host_tokens, result.refs):
+        for r, tok, ref in zip(batch.reqs, result.host_buf.tolist(), result.refs):
             r.inflight -= 1
             r.output.append(int(tok))
             self.stats["decode_tokens"] += 1

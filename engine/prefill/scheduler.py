@@ -200,14 +200,23 @@ class PrefillScheduler:
         self._next_bid += 1
         reqs = [p[0] for p in picked]
         ids, pos, loc = [], [], []
+        on_host = self.device.type == "cpu"
         for req, start, take, last in picked:
             ids.append(torch.tensor(req.prompt[start:start + take], dtype=torch.int32))
             pos.append(torch.arange(start, start + take, dtype=torch.int32))
-            loc.append(self.req_to_token.table[req.slot, start:start + take].to("cpu"))
+            # the req_to_token row as written (_prepare, _alloc_pages); on a GPU from the host's pages,
+            # not read back (a device-to-host copy per request)
+            loc.append(self.req_to_token.table[req.slot, start:start + take] if on_host
+                       else self.pool.token_indices(req.pages, start, start + take))
+        ids, pos, loc = torch.cat(ids), torch.cat(pos), torch.cat(loc)
+        if not on_host:
+            # Pinned, so that staging's copies are asynchronous: a copy from pageable memory waits for
+            # the schedule stream, which waits for the forward in flight (the WAR barrier).
+            ids, pos, loc = ids.pin_memory(), pos.pin_memory(), loc.pin_memory()
         batch = ScheduleBatch(
             bid=bid, reqs=reqs, starts=[p[1] for p in picked], extends=[p[2] for p in picked],
-            last_chunk=[p[3] for p in picked], input_ids=torch.cat(ids), positions=torch.cat(pos),
-            out_cache_loc=torch.cat(loc), sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device))
+            last_chunk=[p[3] for p in picked], input_ids=ids, positions=pos,
+            out_cache_loc=loc, sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device))
         self.tr.emit("admit", batch=bid, rids=[r.rid for r in reqs])
         for req, last in zip(reqs, batch.last_chunk):
             if not last:
