@@ -243,14 +243,21 @@ class DigestStamp:
             if batch is None:    # resolved already
                 return self.value
             key, refs, base = self.key, self.refs, self.same_as
-            bias_hash = _tensor_hash(refs[3])
+            bias, bias_hash = refs[3], None
             if base is not None and base.batch is not None:
-                sb = base.refs[3]   # the snapshot's bias: hashed, then checked still the batch's and unwritten
-                if (_tensor_hash(sb) == bias_hash and sb is base.batch.sampling_info.logit_bias
+                sb = base.refs[3]   # the snapshot's bias: compared, then checked still the batch's and unwritten
+                if bias.is_cpu:     # by hashing in place (a torch op would let the GIL go: see _update)
+                    bias_hash = _tensor_hash(bias)
+                    alike = _tensor_hash(sb) == bias_hash
+                else:               # on a GPU where they are (one sync), not both copied to the host
+                    alike = sb.dtype == bias.dtype and torch.equal(sb, bias)
+                if (alike and sb is base.batch.sampling_info.logit_bias
                         and sb._version == base.key[-1][3] and _same(*batch._stamp(self.sampling), key, refs)):
-                    value = _shared_digest(key, bias_hash)
+                    value = _shared_digest(key, bias_hash or 0)
                     base._resolved(value, bias_hash, False)
                     return self._resolved(value, bias_hash, False)
+            if bias_hash is None:
+                bias_hash = _tensor_hash(bias)
             if base is not None:
                 base.trace_value()   # in full (the lock is reentrant)
                 if not base.changed and base.bias_hash == bias_hash:
