@@ -220,9 +220,9 @@ class DigestStamp:
     together, while both still hold (checked again at the forward's resolution), the two need no
     tensor read but the two logit biases (the forward's is its own copy): when those hash alike, both
     get one digest of the metadata and the bias alone (`_shared_digest`) — the tensors are the same
-    objects, unchanged, so their bytes cannot differ. Any other case hashes each
-    stamp in full; a snapshot resolved earlier (by a reader of the trace) lends its digest to the
-    forward's when they are alike."""
+    objects, unchanged, so their bytes cannot differ. Any other case hashes each stamp in full; a
+    snapshot resolved earlier (by a reader of the trace) lends its digest to the forward's when they
+    are alike."""
 
     __slots__ = ("batch", "sampling", "name", "key", "refs", "marker", "same_as", "value", "changed", "bias_hash")
 
@@ -269,7 +269,7 @@ class DigestStamp:
                 value = _digest(key, refs, bias_hash, self.name)
             return self._resolved(value, bias_hash, not _same(*batch._stamp(self.sampling), key, refs))
 
-    def _resolved(self, value: str, bias_hash: int, changed: bool) -> str:
+    def _resolved(self, value: str, bias_hash: int | None, changed: bool) -> str:
         if changed:
             value = f"{self.marker}:{self.batch.bid}"
         self.value, self.bias_hash, self.changed = value, bias_hash, changed
