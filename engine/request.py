@@ -156,11 +156,12 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int, name) -> str:
 
 def _shared_digest(key: tuple, bias_hash: int) -> str:
     """The one digest of a snapshot and of the forward that read it untouched (DigestStamp): equal by
-    construction, so it only has to be cheap, stable and a fingerprint of the batch — Python's hash of
-    a tuple of ints and bools (deterministic, unlike a str's) over the metadata and the bias's hash,
-    the requests' identities and the tensors' bytes left out (the same objects on both sides)."""
+    construction, so it only has to be cheap, stable across processes (a replay writes the same
+    trace) and a fingerprint of the batch: the metadata and the bias's hash, the requests' identities
+    and the tensors' bytes left out (the same objects on both sides). A repr, not Python's hash():
+    a slot may be None, whose hash is its address."""
     bid, _, slots, starts, extends, last_chunk, _ = key
-    return f"{hash((0x5A, bid, slots, starts, extends, last_chunk, bias_hash)) & 0xFFFFFFFFFFFFFFFF:016x}"
+    return xxhash.xxh3_64_hexdigest(repr(("shared", bid, slots, starts, extends, last_chunk, bias_hash)).encode())
 
 
 def _tensor_hash(t: torch.Tensor) -> int:

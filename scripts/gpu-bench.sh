@@ -16,8 +16,10 @@
 #   3b. the prefill bench again with GPU-sized batches (up to 4096 tokens; prompts of 256-2048);
 #   5. the Triton kernels against torch SDPA (triton_kernels.bench), last: the longest and least needed.
 # Results: OUTDIR/summary.txt (every step's output), bench-prefill{,-big}.{json,png}, trace-overhead.json,
-# kernels.json (8 files: what the device tool brings back). Steps that would overrun GPU_BENCH_BUDGET_S
-# (default 560 s) are skipped, and say so. Record the tables in docs/benchmarks.md with the date and this command.
+# kernels.json (8 files: what the device tool brings back). The steps share GPU_BENCH_BUDGET_S (default
+# 560 s): a step's timeout is cut to what is left of it (a cut bench writes no JSON), and with under
+# 20 s left a step is skipped; both say so. Record the tables in docs/benchmarks.md with the date and
+# this command.
 set -uo pipefail
 
 smoke=0
@@ -42,8 +44,9 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log, keep going on failure; skipped
         echo "-- $name: skipped (${left}s left of the ${budget}s budget)" | tee -a "$log"
         return
     fi
-    (( limit > left )) && limit=$left
-    echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$log"
+    local cut=""
+    if (( limit > left )); then limit=$left; cut=", cut to what is left of the budget"; fi
+    echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s$cut): $*" | tee -a "$log"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
     local rc=${PIPESTATUS[0]}
     if [[ $rc -ne 0 ]]; then
@@ -83,7 +86,9 @@ done
 step "2. engine, large preset, ahead" 180 "${pdo[@]}" run "${dev[@]}" "${large[@]}" --mode ahead --attention-backend triton \
     "${small[@]}" --trace "$out/large-ahead.jsonl"
 step "2. check large-ahead" 60 "${pdo[@]}" check "$out/large-ahead.jsonl"
-rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl   # checked; the files are not needed back
+if [[ $failed -eq 0 ]]; then   # all checked and passed: not needed back (a failing one comes back)
+    rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl
+fi
 step "3. bench prefill" 300 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" "${reps[@]}" \
     --json "$out/bench-prefill.json" --png "$out/bench-prefill.png"
 step "4. bench trace-overhead" 150 "${pdo[@]}" bench trace-overhead "${dev[@]}" "${large[@]}" "${attn[@]}" \

@@ -44,7 +44,7 @@ def test_trace_metrics_overlap_efficiency():
 def test_bench_prefill_tiny_json_and_chart(tmp_path, capsys):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
     assert main(["bench", "prefill", "--reps", "1", "--requests", "6", "--hits", "0.8", "--json", str(out),
-                 "--png", str(png), "--launch-cost-us", "100"]) == 0
+                 "--png", str(png), "--launch-cost-us", "100", "--device", "cpu"]) == 0
     table = capsys.readouterr().out
     assert "ahead / thread" in table and "overlap eff" in table
     res = json.loads(out.read_text())

@@ -207,6 +207,32 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     assert {snap.value, fwd.value} == {f"changed:{b.bid}", f"changed-in-launch:{b.bid}"}
 
 
+def test_a_change_during_the_shared_resolution_gives_both_markers(monkeypatch):
+    """The shared digest is given only if the batch is still as stamped after the biases are read: a
+    change landing in between (admission beside the worker) turns both stamps into their markers."""
+    from engine import request
+    from engine.request import DigestStamp
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    b = _batch()
+    snap = DigestStamp(b, tr.obj)
+    b._digest_stamp = snap
+    fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), marker="changed-in-launch", same_as=snap)
+    assert fwd.same_as is snap
+    hashing, calls = request._tensor_hash, []
+
+    def admission_lands_meanwhile(t):
+        calls.append(t)
+        if len(calls) == 2:          # the snapshot's bias, the second read of the shared path
+            b.extends[0] = 1
+        return hashing(t)
+
+    monkeypatch.setattr(request, "_tensor_hash", admission_lands_meanwhile)
+    assert fwd.trace_value() == f"changed-in-launch:{b.bid}"
+    assert snap.value == f"changed:{b.bid}" and "_digest_stamp" not in b.__dict__
+
+
 def test_sliced_hash_is_the_hash_of_the_whole_buffer():
     """Large tensors are hashed in slices (xxhash keeps the GIL up to 64 KiB); streaming the slices
     gives exactly the hash of the whole buffer, and any changed byte changes it."""

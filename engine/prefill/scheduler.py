@@ -316,6 +316,9 @@ class PrefillScheduler:
             self._launch_sample(result)
         if tracing:
             fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here (and the snapshot's)
+            snap_stamp = batch.__dict__.get("_digest_stamp")
+            if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
+                snap_stamp.trace_value()  # now, so that it keeps nothing of the batch alive
             self.tr.emit("fwd_end", batch=batch.bid)
         return result
 
