@@ -71,9 +71,11 @@ class TransferEngine:
                     ready.synchronize()  # the forward that wrote these pages has finished
                 if self._gather is not None:   # CPU: one call (engine/device_ops.py)
                     k, v = self._gather(self.pool.k, self.pool.v, idx)
-                else:
-                    k = self.pool.k[:, idx.long()].to("cpu", copy=True)
-                    v = self.pool.v[:, idx.long()].to("cpu", copy=True)
+                else:   # into pinned memory: decode's write of the chunk to its device is then asynchronous
+                    i = idx.long()    # without a second copy to pin it (Tensor.pin_memory keeps a pinned one)
+                    k = torch.empty((self.pool.k.shape[0], len(i)) + tuple(self.pool.k.shape[2:]),
+                                    dtype=self.pool.k.dtype, pin_memory=True).copy_(self.pool.k[:, i])
+                    v = torch.empty(k.shape, dtype=self.pool.v.dtype, pin_memory=True).copy_(self.pool.v[:, i])
                 self.receiver.deliver(KVChunk(sender.room, start, k, v, pages, last, meta))
             except BaseException as exc:
                 self.error = exc

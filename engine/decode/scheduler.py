@@ -195,8 +195,9 @@ class DecodeScheduler:
         tokens = chunk.k.shape[1]
         idx = self.pool.token_indices(r.pages, chunk.start, chunk.start + tokens)
         k, v, dev, dtype = chunk.k, chunk.v, self.device, self.pool.k.dtype
-        if dev.type == "cuda":   # pinned: asynchronous copies (from pageable memory the launching
-            idx, k, v = idx.pin_memory(), k.pin_memory(), v.pin_memory()   # thread would wait for the barrier)
+        if dev.type == "cuda":   # pinned: asynchronous copies (from pageable memory the launching thread
+            # would wait for the barrier); chunks from the in-process transfer already are (no copy then)
+            idx, k, v = idx.pin_memory(), k.pin_memory(), v.pin_memory()
 
         def write():
             i = idx.to(dev, non_blocking=True).long()
