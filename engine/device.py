@@ -132,10 +132,14 @@ class CudaStream:
         ev = torch.cuda.Event()
         with self._lock:
             ev.record(self.s)
-            alive = self._alive
-            while alive and alive[0][0].query():
-                alive.popleft()
-            alive.append((ev, fn, args))
+            self._prune()
+            self._alive.append((ev, fn, args))
+
+    def _prune(self) -> None:
+        """Drop what the stream has run past (the lock held)."""
+        alive = self._alive
+        while alive and alive[0][0].query():
+            alive.popleft()
 
     def wait_event(self, event) -> None:
         self.s.wait_event(event)
@@ -148,9 +152,7 @@ class CudaStream:
     def synchronize(self) -> None:
         self.s.synchronize()
         with self._lock:
-            alive = self._alive
-            while alive and alive[0][0].query():
-                alive.popleft()
+            self._prune()
 
     def check(self) -> None:
         return None

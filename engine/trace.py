@@ -16,8 +16,9 @@ on the engine's threads (a disabled tracer is a no-op method):
 - Object identities (the `obj` field) cost nothing in the run: the caller passes the object itself,
   the event keeps a reference to it, and it is named (o1, o2, ...: in the order the tracer first
   names them — when a digest covers them, or when the events are read) at that point. Kept alive
-  by the trace, an object's id() cannot be reused by another, so identity is exact. A `digest` field may likewise be a value computed late (an object with
-  `trace_value()`: engine.request.DigestStamp), resolved when read if nobody did before.
+  by the trace, an object's id() cannot be reused by another, so identity is exact. A `digest`
+  field may likewise be a value computed late (an object with `trace_value()`:
+  engine.request.DigestStamp), resolved when read if nobody did before.
 
 Every emit is also a schedule point: a controller (checker/fuzz.py) may block the calling thread
 there to choose which thread runs next.

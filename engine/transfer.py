@@ -71,11 +71,9 @@ class TransferEngine:
                     ready.synchronize()  # the forward that wrote these pages has finished
                 if self._gather is not None:   # CPU: one call (engine/device_ops.py)
                     k, v = self._gather(self.pool.k, self.pool.v, idx)
-                else:   # into pinned memory: decode's write of the chunk to its device is then asynchronous
-                    i = idx.long()    # without a second copy to pin it (Tensor.pin_memory keeps a pinned one)
-                    k = torch.empty((self.pool.k.shape[0], len(i)) + tuple(self.pool.k.shape[2:]),
-                                    dtype=self.pool.k.dtype, pin_memory=True).copy_(self.pool.k[:, i])
-                    v = torch.empty(k.shape, dtype=self.pool.v.dtype, pin_memory=True).copy_(self.pool.v[:, i])
+                else:
+                    i = idx.long()
+                    k, v = _pinned_copy(self.pool.k[:, i]), _pinned_copy(self.pool.v[:, i])
                 self.receiver.deliver(KVChunk(sender.room, start, k, v, pages, last, meta))
             except BaseException as exc:
                 self.error = exc
@@ -89,6 +87,12 @@ class TransferEngine:
         self._q.put(None)
         if not sync.controlled():
             self._thread.join(timeout=10)
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor copied to pinned host memory: decode's write of the chunk to its device is then
+    asynchronous without a second copy to pin it (Tensor.pin_memory keeps a pinned tensor as it is)."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
 
 class KVSender:
