@@ -404,6 +404,8 @@ def plot_prefill(res: dict, out: str) -> None:
         eff = [by[(h, m)]["median"]["overlap_efficiency"] for h in hits]
         ax2.bar(xs, eff, width, color=colors.get(m), label=m)
     ax1.axhline(1.0, color="k", lw=0.6)
+    seed = ax1.axhline(1.07, color="k", lw=0.7, ls=":", label="seed: ahead +7% (left)")
+    goal = ax2.axhline(0.9, color="k", lw=0.7, ls="--", label="goal: efficiency 0.9 (right)")
     lows = [e.get("ratio_vs_thread", {}).get("ci95", [1.0, 1.0])[0] for e in res["results"]]
     highs = [e.get("ratio_vs_thread", {}).get("ci95", [1.0, 1.0])[1] for e in res["results"]]
     ax1.set_ylim(min(0.8, min(lows) - 0.05), max(1.2, max(highs) + 0.05))
@@ -413,7 +415,10 @@ def plot_prefill(res: dict, out: str) -> None:
         ax.set_title(title, fontsize=10)
         ax.tick_params(labelsize=8)
     ax2.set_ylim(0, 1.05)
-    ax1.legend(fontsize=7, ncol=2, loc="upper left")
+    handles, labels = ax1.get_legend_handles_labels()   # below both panels: inside, it hid bars
+    handles = [h for h in handles if h is not seed] + [seed, goal]
+    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=len(handles), fontsize=7.5,
+               frameon=False)
     eng = res.get("engine", {})
     knobs = ", ".join(f"{k}={v:g}" for k, v in eng.items() if k.endswith("_us") and v)
     whatif = (f"WHAT-IF: GIL-free device, {res['gil_free_device_ms']:g} ms per full batch"
@@ -424,7 +429,7 @@ def plot_prefill(res: dict, out: str) -> None:
     where = gpu if gpu and "cuda" in str(res.get("device", "")) else f"{res['machine']['cpus']} CPUs"
     fig.suptitle(f"pdo bench prefill: {res['reps']} rounds x {res['requests']} requests, "
                  f"{where}, attention {res.get('attention_backend', '?')}\n{sub}", fontsize=8.5)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(out)
     plt.close(fig)
 
