@@ -248,6 +248,11 @@ def test_sliced_hash_is_the_hash_of_the_whole_buffer():
     before = _tensor_hash(big)
     big[_HASH_SLICE // 4 + 1] += 1
     assert _tensor_hash(big) != before
+    # every size reads exactly its own bytes through the one slice type: empty, under, at, just past
+    # and over a slice (a tail view shorter than the slice)
+    for n in (0, 1, _HASH_SLICE - 1, _HASH_SLICE, _HASH_SLICE + 1, 2 * _HASH_SLICE + 3):
+        t = torch.arange(n, dtype=torch.uint8)
+        assert _tensor_hash(t) == xxhash.xxh3_64(b"torch.uint8" + t.numpy().tobytes()).intdigest(), n
 
 
 def test_tracer_object_ids_survive_id_reuse():
