@@ -641,7 +641,8 @@ def format_trace_overhead(r: dict) -> str:
         f"{r['wall_q20_ratio_ci95'][0]:.3f}..{r['wall_q20_ratio_ci95'][1]:.3f})",
         f"  process CPU time on/off: geometric mean {r['cpu_ratio_geomean']:.4f} (95% CI "
         f"{r['cpu_ratio_geomean_ci95'][0]:.3f}..{r['cpu_ratio_geomean_ci95'][1]:.3f})",
-        f"  tracing work inside traced runs (emit, obj ids, digests; all threads, thread CPU time): "
+        f"  tracing work inside traced runs (emit, obj ids, digests; all threads, thread CPU time; an upper "
+        f"bound: the timer's clock reads cost more in a run than alone, which is what is subtracted): "
         f"{r['accounted_pct']:.2f}% of wall time, {r['accounted_ns_per_event']:.0f} ns per event "
         f"(elapsed inside, incl. waits for the GIL: {r['accounted_elapsed_pct']:.2f}%)"
         + (f"; per call: {per_kind}" if per_kind else ""),
