@@ -115,7 +115,7 @@ def cmd_fuzz(a) -> int:
 def mutant_row(name: str, *, strategy: str, seeds, budget: int) -> dict:
     """Schedules to first kill of `name`, as a median over seeds. A prefill mutant is hunted on one
     fixed prefill case; a decode mutant on PD cases drawn afresh for every schedule."""
-    kills, killed_by, t0 = [], None, time.perf_counter()
+    kills, killed_by, failures, t0 = [], None, [], time.perf_counter()
     for seed in seeds:
         if name in DECODE_MUTANTS:
             idx, out = find_bug(None, strategy, schedules=budget, seed=seed, draw=pd_draws(seed, inject=(name,)))
@@ -125,8 +125,9 @@ def mutant_row(name: str, *, strategy: str, seeds, budget: int) -> dict:
         if idx is not None:
             kills.append(idx + 1)
             killed_by = killed_by or out.killed_by
+            failures.append(out.failures)
     return {"mutant": name, "side": "decode" if name in DECODE_MUTANTS else "prefill",
-            "killed": len(kills) == len(seeds), "killed_by": killed_by,
+            "killed": len(kills) == len(seeds), "killed_by": killed_by, "failures": failures,
             "schedules_to_kill": statistics.median(kills) if kills else None, "kills_per_seed": kills,
             "kills": f"{len(kills)}/{len(seeds)}", "seconds": round(time.perf_counter() - t0, 2)}
 

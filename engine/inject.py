@@ -17,6 +17,21 @@ MUTANTS = {
     "send-before-forward-done": "a chunk's KV is sent before the forward that writes it has finished",
 }
 
+# The rule(s) of spec/rules.toml that must flag each prefill mutant on a real engine trace (any one
+# of them). Empty: no host-side rule can see it (a device race); only the outputs can.
+MUTANT_RULES: dict[str, tuple[str, ...]] = {
+    "live-batch": ("P-snapshot-isolation",),
+    "deepcopy-chunked-req": ("P-chunk-counter",),
+    "sample-before-collect": ("P-collect-before-sample", "P-sample-idle"),
+    "prefix-send-on-worker": ("P-prefix-send-ahead",),
+    "no-war-barrier": (),
+    "two-forwards": ("P-queue-capacity",),
+    "non-idempotent-copy-for-forward": ("P-snapshot-isolation",),
+    "floor-page-count": ("P-page-count",),
+    "free-slot-before-forward-done": ("P-release-after-done",),
+    "send-before-forward-done": ("P-scheduler-thread", "P-send-after-forward"),
+}
+
 _active: frozenset = frozenset()
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from checker.fuzz import (PCT, Case, Indices, PDCase, RandomWalk, Replay, dfs_schedules, draw_pd_case, find_bug,
                           pd_draws, run_case, shrink)
 from checker.fuzz_cli import ALL_MUTANTS, mutant_row
-from engine.inject import DECODE_MUTANTS, MUTANTS
+from engine.inject import DECODE_MUTANTS, MUTANT_RULES, MUTANTS
 
 SCALE = int(os.environ.get("PDO_FUZZ_BUDGET", "1"))
 MODES = ("normal", "overlap", "thread", "ahead")
@@ -48,6 +48,10 @@ def test_every_mutant_is_killed(mutant):
     assert row["schedules_to_kill"] < 50, row
     if mutant in DECODE_MUTANTS:  # caught by the decode rule named in its description
         assert row["killed_by"] == "rule " + DECODE_MUTANTS[mutant].rsplit("— ", 1)[1], row
+    else:  # every kill flags a rule the mutant breaks (a wrong output alone would not show the rule works)
+        rules = {f"rule {r}" for r in MUTANT_RULES[mutant]}
+        for failures in row["failures"]:
+            assert rules & set(failures) if rules else any(not f.startswith("rule ") for f in failures), row
 
 
 def test_replay_reproduces_trace_byte_for_byte():
