@@ -575,6 +575,7 @@ class Result:
     events: int
     rules: list          # [(Rule, checks)]
     violations: list[Violation]
+    ignored: dict = field(default_factory=dict)   # events of kinds no rule knows, skipped: ev -> count
 
     @property
     def ok(self) -> bool:
@@ -596,7 +597,8 @@ def check_file(path: str, *, rules: list[Rule] | None = None, extra_templates: d
 
 def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | None) -> Result:
     header: dict = {}
-    chunks = iter_chunks(path, header_out=header)
+    ignored: dict = {}
+    chunks = iter_chunks(path, header_out=header, ignored=ignored)
     first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
@@ -644,7 +646,7 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
     for t in active:
         t.finish()
     violations = [v for t in active for v in t.violations]
-    return Result(path, header, n, [(t.rule, t.checks) for t in active], violations)
+    return Result(path, header, n, [(t.rule, t.checks) for t in active], violations, ignored)
 
 
 def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:

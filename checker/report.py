@@ -38,6 +38,14 @@ def _context(path: str, seqs: set[int]) -> dict[int, dict]:
     return out
 
 
+def ignored_note(ignored: dict) -> list[str]:
+    """A line naming the engine's own events (`x.<name>`), which no rule saw."""
+    if not ignored:
+        return []
+    kinds = ", ".join(f"{ev} ({n})" for ev, n in sorted(ignored.items()))
+    return [f"  note: {sum(ignored.values())} event(s) of the engine's own (x.*) were skipped: {kinds}"]
+
+
 def text_report(result) -> str:
     h = result.header
     name = f"{result.path} ({h.get('role')}, mode={h.get('mode', '-')})"
@@ -45,12 +53,13 @@ def text_report(result) -> str:
         lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
         for rule, checks in result.rules:
             lines.append(f"  {rule.id:32s} {checks:7d} checks")
+        lines += ignored_note(getattr(result, "ignored", {}))
         return "\n".join(lines)
     by_rule: dict[str, int] = {}
     for v in result.violations:
         by_rule[v.rule.id] = by_rule.get(v.rule.id, 0) + 1
     lines = [f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
-             "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items())]
+             "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items())] + ignored_note(getattr(result, "ignored", {}))
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
     picked = sorted(firsts.values())[:MAX_SHOWN]
@@ -81,7 +90,7 @@ def text_report(result) -> str:
 
 def json_report(result) -> dict:
     return {
-        "path": result.path, "ok": result.ok, "events": result.events,
+        "path": result.path, "ok": result.ok, "events": result.events, "ignored": result.ignored,
         "header": {k: result.header.get(k) for k in ("role", "mode", "version", "page_size")},
         "rules": [{"id": r.id, "checks": c} for r, c in result.rules],
         "violations": [{"rule": v.rule.id, "statement": v.rule.statement, "message": v.message, "seqs": v.seqs}

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 
-from spec import load_events
+from spec import load_events, modes_of
 
 SUPPORTED_VERSIONS = (1,)
+# Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
+# Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
+PRIVATE_PREFIX = "x."
 _TYPES = {"int": int, "str": str}
 
 
@@ -45,12 +48,17 @@ def read_header(path: str, f) -> dict:
         raise TraceFormatError(path, 1, f"header is not JSON ({e.msg})") from None
     if not isinstance(header, dict) or header.get("format") != "pdo-trace":
         raise TraceFormatError(path, 1, "field 'format': expected \"pdo-trace\"")
-    if header.get("version") not in SUPPORTED_VERSIONS:
-        raise TraceFormatError(path, 1, f"field 'version': unsupported version {header.get('version')!r} "
+    version = header.get("version")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:   # not true, not 1.0
+        raise TraceFormatError(path, 1, f"field 'version': unsupported version {version!r} "
                                         f"(this checker reads {', '.join(map(str, SUPPORTED_VERSIONS))})")
     role = header.get("role")
     if role not in ("prefill", "decode"):
         raise TraceFormatError(path, 1, f"field 'role': expected \"prefill\" or \"decode\", got {role!r}")
+    modes = modes_of(role)
+    if header.get("mode") not in modes:   # the mode selects the rules: a wrong or missing one would check nothing
+        raise TraceFormatError(path, 1, f"field 'mode': expected one of {', '.join(modes)} for role {role}, "
+                                        f"got {header.get('mode')!r}")
     if role == "prefill" and not (isinstance(header.get("page_size"), int) and header["page_size"] > 0):
         raise TraceFormatError(path, 1, "field 'page_size': expected a positive integer")
     return header
@@ -106,7 +114,10 @@ def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, r
         raise TraceFormatError(path, line_no, f"field 'seq': {e['seq']} does not increase (previous {last_seq})")
     spec = fields_of.get(e["ev"])
     if spec is None:
-        raise TraceFormatError(path, line_no, f"field 'ev': unknown event {e['ev']!r} for role {role}")
+        if e["ev"].startswith(PRIVATE_PREFIX):   # an engine's own event: the base keys only
+            return
+        raise TraceFormatError(path, line_no, f"field 'ev': unknown event {e['ev']!r} for role {role} "
+                                              f"(an engine's own events are named {PRIVATE_PREFIX}<name>)")
     for name, typ in spec.items():
         if name not in e or not _check_type(e[name], typ):
             raise TraceFormatError(path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}")
@@ -128,15 +139,35 @@ def _decode_fast(raw: list) -> list | None:
     return events if len(events) == len(lines) else None
 
 
+def _valid_private(e) -> bool:
+    """An event that is not in the vocabulary: valid only as an engine's own (`x.<name>`)."""
+    return (type(e["seq"]) is int and type(e["t_ns"]) is int and type(e["thread"]) is str
+            and type(e["ev"]) is str and e["ev"].startswith(PRIVATE_PREFIX))
+
+
 def _validate_fast(events: list, valid: dict, last_seq: int) -> bool:
+    get = valid.get
     try:
         for e in events:
-            if not (valid[e["ev"]](e) and e["seq"] > last_seq):
+            if not (get(e["ev"], _valid_private)(e) and e["seq"] > last_seq):
                 return False
             last_seq = e["seq"]
-    except (KeyError, TypeError):   # not an object, no or unknown `ev`
+    except (KeyError, TypeError):   # not an object, no `ev`, a field missing
         return False
     return True
+
+
+def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | None):
+    """An engine's own events (`x.<name>`, validated as such) are not the checker's: they are dropped
+    here, before any rule sees them, and counted by kind in `ignored`."""
+    keep = [i for i, e in enumerate(events) if e["ev"] in known]
+    if len(keep) == len(events):
+        return events, nums
+    if ignored is not None:
+        for e in events:
+            if e["ev"] not in known:
+                ignored[e["ev"]] = ignored.get(e["ev"], 0) + 1
+    return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
 
 
 def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of: dict, role: str):
@@ -170,8 +201,9 @@ def _role_tables(role: str) -> tuple[dict, dict]:
     return hit[1], hit[2]
 
 
-def _chunks(path: str, header_out: dict | None, with_lines: bool):
-    """Yield (line numbers or None, events) per chunk of the file, every event validated."""
+def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict | None = None):
+    """Yield (line numbers or None, events) per chunk of the file, every event validated; events of
+    an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`)."""
     with open(path, "rb") as f:
         header = read_header(path, f)
         if header_out is not None:
@@ -193,18 +225,22 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool):
             line_no += len(raw)
             if events:
                 last_seq = events[-1]["seq"]
+                events, nums = _drop_unknown(events, nums, valid, ignored)
+            if events:
                 yield nums, events
 
 
-def iter_chunks(path: str, *, header_out: dict | None = None):
+def iter_chunks(path: str, *, header_out: dict | None = None, ignored: dict | None = None):
     """Yield lists of validated events, in file order (the checker's fast path: no per-event
-    generator step). Memory is one chunk, whatever the file size."""
-    for _, events in _chunks(path, header_out, False):
+    generator step). Memory is one chunk, whatever the file size. An engine's own events
+    (`x.<name>`) are skipped, counted by kind in `ignored`."""
+    for _, events in _chunks(path, header_out, False, ignored):
         yield events
 
 
-def iter_events(path: str, *, header_out: dict | None = None):
-    """Yield (line_no, event) for every event of the file, validated against spec/events.toml.
-    Streams: memory is one chunk of lines, whatever the file size."""
-    for nums, events in _chunks(path, header_out, True):
+def iter_events(path: str, *, header_out: dict | None = None, ignored: dict | None = None):
+    """Yield (line_no, event) for every event of the file, validated against spec/events.toml (an
+    engine's own, `x.<name>`, skipped and counted in `ignored`). Streams: memory is one chunk of lines,
+    whatever the file size."""
+    for nums, events in _chunks(path, header_out, True, ignored):
         yield from zip(nums, events)

@@ -45,6 +45,7 @@ class Z3Result:
     uncovered: list = field(default_factory=list)  # what an UNKNOWN did not cover, one line each
     windows: int = 0
     seconds: float = 0.0
+    ignored: dict = field(default_factory=dict)   # events of kinds no rule knows, skipped: ev -> count
 
     @property
     def ok(self) -> bool:
@@ -55,9 +56,9 @@ class Z3Result:
         return sorted(self.cores)
 
 
-def _load(path):
+def _load(path, ignored: dict | None = None):
     header: dict = {}
-    events = [e for _, e in iter_events(path, header_out=header)]
+    events = [e for _, e in iter_events(path, header_out=header, ignored=ignored)]
     if not header:  # an empty trace still has its header read by iter_events
         next(iter_events(path, header_out=header), None)
     return header, events
@@ -66,11 +67,14 @@ def _load(path):
 def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
                max_obligations: int = MAX_OBLIGATIONS, rlimit: int = 0) -> Z3Result:
     t0 = time.perf_counter()
-    header, events = _load(path)
+    ignored: dict = {}
+    header, events = _load(path, ignored)
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
-    return _check(path, header, events, TraceUniverse(header, events), rules, t0, window=window,
-                  timeout_ms=timeout_ms, max_obligations=max_obligations, rlimit=rlimit)
+    res = _check(path, header, events, TraceUniverse(header, events), rules, t0, window=window,
+                 timeout_ms=timeout_ms, max_obligations=max_obligations, rlimit=rlimit)
+    res.ignored = ignored
+    return res
 
 
 def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Result]:
@@ -235,12 +239,15 @@ def text_report(res: Z3Result) -> str:
         lines += [f"    {u}" for u in res.uncovered]
     if res.not_encoded:
         lines.append(f"  rules of kinds without a z3 encoding (not checked): {', '.join(res.not_encoded)}")
+    from .report import ignored_note
+    lines += ignored_note(res.ignored)
     return "\n".join(lines)
 
 
 def json_report(res: Z3Result) -> dict:
     return {
         "path": res.path, "ok": res.ok, "status": res.status, "engine": "z3", "events": res.events,
+        "ignored": res.ignored,
         "header": {k: res.header.get(k) for k in ("role", "mode", "version", "page_size")},
         "rules": [{"id": r.id, "obligations": n} for r, n in res.rules],
         "violations": [{"rule": rid, "statement": c.rule.statement, "seqs": [e["seq"] for e in c.events]}

@@ -70,6 +70,12 @@ def load_rules() -> list[Rule]:
     return rules
 
 
+def modes_of(role: str) -> tuple[str, ...]:
+    """The loop modes a trace of `role` may declare: those its rules name (a trace's `mode` selects
+    the rules that apply to it, so a mode no rule names would select none)."""
+    return tuple(dict.fromkeys(m for r in load_rules() if r.role == role for m in r.modes if m != "any"))
+
+
 def load_events() -> dict[str, dict[str, dict]]:
     """role -> ev -> {"where": str, "fields": {name: type}}"""
     return _load("events.toml")

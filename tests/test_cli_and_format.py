@@ -42,13 +42,19 @@ MALFORMED = [
     ("", 1, "empty file"),
     ("not json\n", 1, "header is not JSON"),
     ('{"format": "other", "version": 1}\n', 1, "field 'format'"),
-    ('{"format": "pdo-trace", "version": 99, "role": "prefill", "page_size": 16}\n', 1, "field 'version'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill"}\n', 1, "field 'page_size'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "scheduler", "ev": "admit", "batch": 0}\n', 2, "field 'rids'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{oops\n', 3, "not JSON"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "teleport"}\n', 2, "unknown event"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}\n', 3, "field 'seq'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": "zero"}\n', 2, "field 'batch'"),
+    ('{"format": "pdo-trace", "version": 99, "role": "prefill", "mode": "normal", "page_size": 16}\n', 1, "field 'version'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "ahead"}\n', 1, "field 'page_size'"),
+    ('{"format": "pdo-trace", "version": true, "role": "prefill", "mode": "ahead", "page_size": 16}\n', 1, "field 'version'"),
+    ('{"format": "pdo-trace", "version": 1.0, "role": "prefill", "mode": "ahead", "page_size": 16}\n', 1, "field 'version'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n', 1, "field 'mode'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "sideways", "page_size": 16}\n', 1, "field 'mode'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "decode", "mode": "ahead"}\n', 1, "field 'mode'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "scheduler", "ev": "admit", "batch": 0}\n', 2, "field 'rids'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{oops\n', 3, "not JSON"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": 7}\n', 2, "field 'ev'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "ev": "teleport"}\n', 2, "field 'thread'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}\n', 3, "field 'seq'"),
+    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": "zero"}\n', 2, "field 'batch'"),
 ]
 
 
@@ -59,6 +65,30 @@ def test_malformed_trace_exit_2_one_line(text, line, reason, tmp_path, capsys):
     assert main(["check", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{p}:{line}:" in err and reason in err, err
+
+
+def test_an_engines_own_events_are_skipped_and_named(tmp_path, capsys):
+    """An engine may log its own events, named x.<name> (docs/trace-format.md): the checker checks
+    the trace as if they were not there and says what it skipped; any other unknown name, a
+    misspelt event, is an error."""
+    events = canonical("ahead")
+    plus = []
+    for e in events:
+        plus.append(e)
+        if e["ev"] == "submit":   # between submit and fwd_begin: where an adjacency rule would see it
+            plus.append({"thread": e["thread"], "ev": "x.my_engine_note", "n": 1})
+    path = write(tmp_path / "own.jsonl", "ahead", plus)
+    assert main(["check", path]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: x.my_engine_note (" in out, out
+    assert main(["check", "--engine", "z3", path]) == 0
+    assert "skipped: x.my_engine_note (" in capsys.readouterr().out
+    assert main(["check", "--json", path]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["ignored"] == {"x.my_engine_note": sum(e["ev"] == "submit" for e in events)}
+    typo = [{**e, "ev": "prefix_snd"} if e["ev"] == "prefix_send" else e for e in events]
+    assert typo != events
+    assert main(["check", write(tmp_path / "typo.jsonl", "ahead", typo)]) == 2
+    assert "field 'ev': unknown event 'prefix_snd'" in capsys.readouterr().err
 
 
 def test_missing_file_and_bad_flag_are_one_line(tmp_path):
@@ -84,7 +114,7 @@ def test_failed_check_explains_every_violated_rule(tmp_path):
     from checker.report import MAX_SHOWN, text_report
 
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}) + "\n")
+    path.write_text(json.dumps({"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}) + "\n")
 
     def rule(rid):
         return SimpleNamespace(id=rid, statement=f"statement of {rid}", seed="seed passage")

@@ -84,10 +84,16 @@ def test_digest_sees_every_input_in_place_and_every_identity():
         assert b.digest(name=tr.obj) == base
     b.reqs[1] = copy.copy(b.reqs[1])
     assert b.digest(name=tr.obj) != base
-    # a non-contiguous input is hashed by value
+    # a non-contiguous input is hashed by value: as its contiguous copy, and a changed value shows
     nc = _batch()
     nc.input_ids = torch.arange(6 * 3)[::2]
-    assert nc.digest(name=tr.obj) == nc.digest(name=tr.obj)
+    d = nc.digest(name=tr.obj)
+    dense = nc.input_ids
+    nc.input_ids = dense.contiguous()
+    assert nc.digest(name=tr.obj) == d
+    nc.input_ids = dense
+    dense[-1] += 1
+    assert nc.digest(name=tr.obj) != d
 
 
 def test_digest_sees_every_list_value_and_slot():

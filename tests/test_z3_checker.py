@@ -86,8 +86,8 @@ def test_checkers_agree_on_generated_traces(mode, seed, kind, tmp_path_factory):
 
 def test_checkers_agree_on_the_hand_written_fixtures(tmp_path):
     """The canonical trace of each mode and the one-violation-per-rule traces of the rule tests."""
-    trace_fixtures = pytest.importorskip("tests.trace_fixtures")
-    violations = pytest.importorskip("tests.test_rules_violations").VIOLATIONS
+    from tests import trace_fixtures
+    from tests.test_rules_violations import VIOLATIONS as violations
     for mode in MODES:
         ids, _ = assert_agree(trace_fixtures.write(tmp_path / f"{mode}.jsonl", mode, trace_fixtures.canonical(mode)))
         assert ids == []
@@ -178,7 +178,8 @@ def assert_agree_encoded(path):
 
 
 def _decode_fixtures():
-    return pytest.importorskip("tests.test_decode_rules")
+    from tests import test_decode_rules
+    return test_decode_rules
 
 
 def test_checkers_agree_on_the_decode_fixtures(tmp_path):
@@ -214,7 +215,7 @@ def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["thread", "ahead"])
 def test_engine_trace(mode, tmp_path):
     """A trace of the real engine (tiny model, CPU)."""
-    run = pytest.importorskip("engine.run")
+    from engine import run
     from engine.config import EngineConfig
     from engine.workload import WorkloadConfig
 
