@@ -210,11 +210,14 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
             header_out.update(header)
         role = header["role"]
         fields_of, valid = _role_tables(role)
-        last_seq = 0
+        last_seq = -1      # seq may start at 0 or 1 (or anywhere above): it only has to increase
         line_no = 2
+        admitted: set = set()
         while True:
             raw = f.readlines(_CHUNK_BYTES)
             if not raw:
+                if role == "prefill":
+                    _check_consecutive(path, admitted)
                 return
             events = _decode_fast(raw)
             if events is not None and _validate_fast(events, valid, last_seq):
@@ -226,8 +229,33 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
             if events:
                 last_seq = events[-1]["seq"]
                 events, nums = _drop_unknown(events, nums, valid, ignored)
+                admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
             if events:
                 yield nums, events
+
+
+def _check_consecutive(path: str, admitted: set) -> None:
+    """The rules relate batch N to N-1 and N+1 by id, so admitted batch ids must be consecutive
+    integers (in any order: admitting them out of order is a rule's to report, P-fifo). A gap would
+    leave those rules nothing to compare: it is a malformed trace, reported at the admit after it."""
+    if not admitted or max(admitted) - min(admitted) + 1 == len(admitted):
+        return
+    after = min(b for b in admitted if b - 1 not in admitted and b != min(admitted))
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if n > 1 and b'"admit"' in line:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("ev") == "admit" and e.get("batch") == after:
+                    break
+        else:
+            n = 1
+    below = max(b for b in admitted if b < after)
+    gap = f"batch {below + 1} was" if after - below == 2 else f"batches {below + 1}..{after - 1} were"
+    raise TraceFormatError(path, n, f"field 'batch': {gap} never admitted, but {below} and {after} were "
+                                    f"(admitted batch ids must be consecutive)")
 
 
 def iter_chunks(path: str, *, header_out: dict | None = None, ignored: dict | None = None):

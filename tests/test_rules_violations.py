@@ -95,6 +95,7 @@ VIOLATIONS = {
     "P-worker-runs-submitted": ("thread", _before("fwd_begin", 1, "submit", 1)),
     "P-ahead-stage-on-scheduler": ("ahead", _set("stage", 1, thread="forward")),
     "P-ahead-one-batch-ahead": ("ahead", _admit_early(2, "submit", 1)),
+    "P-ahead-process-before-next-round": ("ahead", _after("process_end", 0, "admit", 2)),
     "P-worker-copy": ("thread", _before("batch_copy", 1, "war_barrier", 1)),
     "P-snapshot-isolation": ("ahead", _set("fwd_begin", 1, digest="changed")),
     "P-prefix-send-ahead": ("ahead", _after("prefix_send", 1, "fwd_begin", 1)),

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from checker import z3check
 from checker.linear import check_file as linear_check
+from checker.trace_io import TraceFormatError, iter_chunks
 from engine.cli import main as pdo
 from spec import abstract, load_rules
 
@@ -58,7 +59,20 @@ def verdicts(path):
     return sorted({v.rule.id for v in lin.violations}), lin.ok, z
 
 
+def malformed(path) -> bool:
+    """An edit can leave a trace malformed (a dropped admit leaves a gap in the batch ids): both
+    checkers read it through the same loader, which refuses it before any rule runs."""
+    try:
+        for _ in iter_chunks(path):
+            pass
+    except TraceFormatError:
+        return True
+    return False
+
+
 def assert_agree(path):
+    if malformed(path):
+        return None, None
     lin_ids, lin_ok, z = verdicts(path)
     assert z.status != "unknown", z.uncovered
     assert (lin_ok, lin_ids) == (z.ok, z.violated), f"linear {lin_ids}, z3 {z.violated}: {path}"
@@ -168,6 +182,8 @@ def test_every_kind_is_encoded():
 # ---- decode traces: the rules whose kinds have an encoding -------------------------------------------
 
 def assert_agree_encoded(path):
+    if malformed(path):
+        return None, None
     lin = linear_check(path)
     z = z3check.check_file(path)
     encoded = {r.id for r, _ in z.rules}

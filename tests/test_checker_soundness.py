@@ -1,0 +1,50 @@
+"""Traces that must not pass: edits that once slipped past both checkers (a review of 2026-11-30)."""
+import json
+
+from checker.linear import check_file
+from engine.cli import main
+
+from .trace_fixtures import canonical, write
+
+
+def _renumber(events, f):
+    return [{**e, "batch": f(e["batch"])} if "batch" in e else e for e in events]
+
+
+def test_a_gap_in_batch_ids_is_malformed_not_a_pass(tmp_path, capsys):
+    """The rules relate N to N±1 by id: with ids 0, 2, 4, ... nothing would be compared (the queue
+    capacity violation below passed both checkers)."""
+    from .test_rules_violations import VIOLATIONS
+
+    mode, edit = VIOLATIONS["P-queue-capacity"]
+    events = canonical(mode)
+    edit(events)
+    dense = write(tmp_path / "dense.jsonl", mode, events)
+    assert "P-queue-capacity" in {v.rule.id for v in check_file(dense).violations}
+    sparse = write(tmp_path / "sparse.jsonl", mode, _renumber(events, lambda b: 2 * b))
+    for engine in ("linear", "z3"):
+        assert main(["check", "--engine", engine, sparse]) == 2
+        err = capsys.readouterr().err
+        assert "field 'batch': batch 1 was never admitted, but 0 and 2 were" in err and "\n" not in err.strip(), err
+    # far from 0 but consecutive is fine
+    shifted = write(tmp_path / "shifted.jsonl", mode, _renumber(canonical(mode), lambda b: b + 1000))
+    assert main(["check", shifted]) == 0
+
+
+def test_seq_may_start_at_zero(tmp_path, capsys):
+    path = write(tmp_path / "t.jsonl", "ahead", canonical("ahead"))
+    lines = open(path).read().splitlines()
+    zero = [lines[0]] + [json.dumps({**json.loads(x), "seq": json.loads(x)["seq"] - 1}) for x in lines[1:]]
+    (tmp_path / "z.jsonl").write_text("\n".join(zero) + "\n")
+    assert main(["check", str(tmp_path / "z.jsonl")]) == 0
+
+
+def test_ahead_processing_cannot_spill_into_the_next_round(tmp_path):
+    """process_end(0) after admit(2), collect(1), sample(1) and submit(2): P(0) spanning a whole round."""
+    events = canonical("ahead")
+    i = next(k for k, e in enumerate(events) if e["ev"] == "process_end" and e["batch"] == 0)
+    e = events.pop(i)
+    j = next(k for k, x in enumerate(events) if x["ev"] == "submit" and x["batch"] == 2)
+    events.insert(j + 1, e)
+    ids = {v.rule.id for v in check_file(write(tmp_path / "t.jsonl", "ahead", events)).violations}
+    assert "P-ahead-process-before-next-round" in ids, ids
