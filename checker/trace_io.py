@@ -25,6 +25,14 @@ class TraceFormatError(Exception):
 def _check_type(value, typ: str) -> bool:
     if typ == "list[str]":
         return isinstance(value, list) and all(isinstance(x, str) for x in value)
+    if typ == "list[int]":
+        return isinstance(value, list) and all(type(x) is int for x in value)
+    if typ == "bool":
+        return type(value) is bool
+    if typ == "str|null":
+        return value is None or type(value) is str
+    if typ == "object|null":
+        return value is None or type(value) is dict
     if typ == "int|null":
         return value is None or (isinstance(value, int) and not isinstance(value, bool))
     if typ == "int":
@@ -59,9 +67,22 @@ def read_header(path: str, f) -> dict:
     if header.get("mode") not in modes:   # the mode selects the rules: a wrong or missing one would check nothing
         raise TraceFormatError(path, 1, f"field 'mode': expected one of {', '.join(modes)} for role {role}, "
                                         f"got {header.get('mode')!r}")
-    if role == "prefill" and not (isinstance(header.get("page_size"), int) and header["page_size"] > 0):
+    if not (type(header.get("page_size")) is int and header["page_size"] > 0):   # both roles' page-count rules
         raise TraceFormatError(path, 1, "field 'page_size': expected a positive integer")
+    for name, ok, what in _HEADER_OPTIONAL:
+        if name in header and not ok(header[name]):
+            raise TraceFormatError(path, 1, f"field '{name}': expected {what}, got {header[name]!r}")
+    if "dp_rank" in header and "dp_size" in header and header["dp_rank"] >= header["dp_size"]:
+        raise TraceFormatError(path, 1, f"field 'dp_rank': {header['dp_rank']} is not below dp_size {header['dp_size']}")
     return header
+
+
+# Header fields that rules read when present (the cross-process rules, the decode prefetch rules).
+_HEADER_OPTIONAL = (
+    ("dp_size", lambda v: type(v) is int and v > 0, "a positive integer"),
+    ("dp_rank", lambda v: type(v) is int and v >= 0, "a non-negative integer"),
+    ("prefetch", lambda v: type(v) is bool, "true or false"),
+)
 
 
 # The file is read in binary, a chunk of whole lines (about 256 KiB) at a time. The fast path decodes
@@ -81,10 +102,12 @@ except ImportError:  # orjson is a declared dependency; the standard library sti
     _orjson_loads = None
 
 
-def _compile_validator(spec: dict):
+def _compile_validator(spec: dict, optional: dict):
     """A fast predicate for one event kind: True when the base keys and every field of `spec` have
-    the right type. False sends the event to the exact (slow) path, which says what is wrong."""
+    the right type, and each field of `optional` present has. False sends the event to the exact
+    (slow) path, which says what is wrong."""
     conds = ['type(e["seq"]) is int', 'type(e["t_ns"]) is int', 'type(e["thread"]) is str']
+    conds += [f"({name!r} not in e or _check_type(e[{name!r}], {typ!r}))" for name, typ in optional.items()]
     for name, typ in spec.items():
         v = f"e[{name!r}]"
         if typ == "int":
@@ -103,7 +126,8 @@ def _compile_validator(spec: dict):
     return scope["valid"]
 
 
-def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str) -> None:
+def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str,
+                   optional_of: dict) -> None:
     """The reference validation of one decoded event: raises TraceFormatError with the reason."""
     if type(e) is not dict:
         raise TraceFormatError(path, line_no, "an event must be a JSON object")
@@ -121,6 +145,9 @@ def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, r
     for name, typ in spec.items():
         if name not in e or not _check_type(e[name], typ):
             raise TraceFormatError(path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}")
+    for name, typ in optional_of.get(e["ev"], {}).items():   # optional, but typed when present
+        if name in e and not _check_type(e[name], typ):
+            raise TraceFormatError(path, line_no, f"field '{name}': not {typ} in {e['ev']!r}")
 
 
 def _decode_fast(raw: list) -> list | None:
@@ -170,7 +197,8 @@ def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | 
     return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
 
 
-def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of: dict, role: str):
+def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of: dict, role: str,
+                optional_of: dict):
     """The reference path for one chunk: yields (line_no, event); raises TraceFormatError at the
     first bad line."""
     for n, line in enumerate(raw, first_line):
@@ -184,7 +212,7 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of:
             e = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TraceFormatError(path, n, f"not JSON ({exc.msg} at column {exc.colno})") from None
-        _validate_slow(path, n, e, last_seq, fields_of, role)
+        _validate_slow(path, n, e, last_seq, fields_of, role, optional_of)
         last_seq = e["seq"]
         yield n, e
 
@@ -192,13 +220,17 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of:
 _TABLES: dict = {}   # role -> (the vocabulary they were built from, fields per event, validators)
 
 
-def _role_tables(role: str) -> tuple[dict, dict]:
+def _role_tables(role: str) -> tuple[dict, dict, dict]:
+    """(required fields, optional fields, fast validator) per event kind of `role`."""
     vocab = load_events()
     hit = _TABLES.get(role)
     if hit is None or hit[0] is not vocab:
-        fields_of = {ev: spec.get("fields", {}) for ev, spec in vocab.get(role, {}).items()}
-        hit = _TABLES[role] = (vocab, fields_of, {ev: _compile_validator(spec) for ev, spec in fields_of.items()})
-    return hit[1], hit[2]
+        kinds = vocab.get(role, {})
+        fields_of = {ev: spec.get("fields", {}) for ev, spec in kinds.items()}
+        optional_of = {ev: spec.get("optional", {}) for ev, spec in kinds.items()}
+        hit = _TABLES[role] = (vocab, fields_of, optional_of,
+                               {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds})
+    return hit[1], hit[2], hit[3]
 
 
 def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict | None = None):
@@ -209,7 +241,7 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
         if header_out is not None:
             header_out.update(header)
         role = header["role"]
-        fields_of, valid = _role_tables(role)
+        fields_of, optional_of, valid = _role_tables(role)
         last_seq = -1      # seq may start at 0 or 1 (or anywhere above): it only has to increase
         line_no = 2
         admitted: set = set()
@@ -223,7 +255,7 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
             if events is not None and _validate_fast(events, valid, last_seq):
                 nums = [n for n, line in enumerate(raw, line_no) if not line.isspace()] if with_lines else None
             else:
-                pairs = list(_chunk_slow(path, line_no, raw, last_seq, fields_of, role))
+                pairs = list(_chunk_slow(path, line_no, raw, last_seq, fields_of, role, optional_of))
                 nums, events = [n for n, _ in pairs], [e for _, e in pairs]
             line_no += len(raw)
             if events:

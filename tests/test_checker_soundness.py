@@ -48,3 +48,37 @@ def test_ahead_processing_cannot_spill_into_the_next_round(tmp_path):
     events.insert(j + 1, e)
     ids = {v.rule.id for v in check_file(write(tmp_path / "t.jsonl", "ahead", events)).violations}
     assert "P-ahead-process-before-next-round" in ids, ids
+
+
+def _exit2(path, capsys, what):
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert what in err and ":" in err and "\n" not in err and "Traceback" not in err, err
+
+
+def test_optional_fields_are_typed_when_present(tmp_path, capsys):
+    """`rooms` as a string made the decode rooms rules vacuous; `tokens` as a string crashed the
+    page-count rule with a bare Python message."""
+    from . import test_decode_rules as d
+
+    events = d.base()
+    rooms = [e for e in events if "rooms" in e[2]]
+    assert rooms
+    bad = [(t, ev, {**f, "rooms": "x"}) if "rooms" in f else (t, ev, f) for t, ev, f in events]
+    _exit2(d.write(tmp_path / "rooms.jsonl", bad), capsys, "field 'rooms': not list[int]")
+    ev = canonical("ahead")
+    k = next(i for i, e in enumerate(ev) if e["ev"] == "prefix_send")
+    ev[k] = {**ev[k], "tokens": "64"}
+    _exit2(write(tmp_path / "tokens.jsonl", "ahead", ev), capsys, "field 'tokens': not int in 'prefix_send'")
+
+
+def test_header_fields_rules_read_are_validated(tmp_path, capsys):
+    from . import test_decode_rules as d
+
+    for header, what in [({"page_size": 0}, "field 'page_size'"), ({"page_size": "16"}, "field 'page_size'"),
+                         ({"prefetch": "false"}, "field 'prefetch'"), ({"dp_size": "2"}, "field 'dp_size'"),
+                         ({"dp_size": 2, "dp_rank": 2}, "field 'dp_rank'")]:
+        _exit2(d.write(tmp_path / "h.jsonl", d.base(), **header), capsys, what)
+    head = json.dumps({"format": "pdo-trace", "version": 1, "role": "decode", "mode": "overlap"})
+    (tmp_path / "nops.jsonl").write_text(head + "\n")
+    _exit2(str(tmp_path / "nops.jsonl"), capsys, "field 'page_size'")
