@@ -563,9 +563,49 @@ class InSpan(Template):
                     self.fail(f"{ev} for {e['rid']} inside processing of batch {b}, which does not hold it", e["seq"])
 
 
+class EachInSpan(Template):
+    """The converse of in_span: every request a batch holds has an `ev` inside that batch's span (on
+    the thread that began it, between its begin and its end, whatever else opened meanwhile)."""
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.ev = rule["ev"]
+        self.begin, self.end = rule["span"]
+        self.events = (self.ev, self.begin, self.end, "admit")
+        self.open = {}    # batch -> (thread, seq) of its span's latest begin, until its end
+        self.got = {}     # batch -> rids seen inside its span so far
+        self.rids = {}    # batch -> rids (the admit event's list)
+
+    def on_chunk(self, evs):
+        begin, end, open_, got, rids = self.begin, self.end, self.open, self.got, self.rids
+        for e in evs:
+            ev = e["ev"]
+            if ev == "admit":
+                rids[e["batch"]] = e["rids"]
+            elif ev == begin:
+                b = e["batch"]
+                open_[b], got[b] = (e["thread"], e["seq"]), set()
+            elif ev == end:
+                b = e["batch"]
+                if b not in open_:
+                    continue   # an end without its begin: P-fifo and the order rules say so
+                _, s = open_.pop(b)
+                seen = got.pop(b)
+                for rid in rids.get(b, ()):
+                    self.checks += 1
+                    if rid not in seen:
+                        self.fail(f"batch {b} holds {rid}, but its {begin}/{end} span has no {self.ev} for it",
+                                  s, e["seq"])
+            else:
+                t = e["thread"]
+                for b, (bt, _) in open_.items():
+                    if bt == t:
+                        got[b].add(e["rid"])
+
+
 TEMPLATES = {"fifo": Fifo, "complete": Complete, "disjoint": Disjoint, "order": Order, "adjacent": Adjacent,
              "outside": Outside, "within": Within, "thread": Thread, "equal": Equal, "counter": Counter,
-             "lifecycle": Lifecycle, "page_count": PageCount, "in_span": InSpan}
+             "lifecycle": Lifecycle, "page_count": PageCount, "in_span": InSpan, "each_in_span": EachInSpan}
 
 
 @dataclass

@@ -10,11 +10,34 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 HERE = pathlib.Path(__file__).parent
-KINDS = ("fifo", "complete", "disjoint", "order", "adjacent", "outside", "within", "thread", "equal",
-         "counter", "lifecycle", "page_count", "in_span", "decode",
-         # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
-         "prefetch_top", "one_inflight", "published_first", "unknown_rooms", "prefetch_match", "no_stale",
-         "release", "init_once", "init_fifo", "kv_recv", "req_end", "cross_rank", "cross_pages")
+# Each rule kind (a template of checker/linear.py and checker/decode_templates.py, an encoding of
+# spec/z3model.py) with its parameters: name -> type, "?" marking an optional one. Types: event (a
+# name in the role's vocabulary, spec/events.toml), events (a list of them), span (two of them),
+# steps (a list of [event, batch offset]), str, bool, int; `check` of lifecycle is one of two words.
+# load_rules() checks every rule against this, so a misspelt event or parameter fails at load time
+# instead of making a rule vacuous.
+PARAMS: dict[str, dict[str, str]] = {
+    "fifo": {"events": "events"},
+    "complete": {"events": "events"},
+    "disjoint": {"span": "span"},
+    "order": {"chain": "steps", "when?": "steps", "same_thread?": "bool", "same_thread_prefix?": "int"},
+    "adjacent": {"first": "event", "then": "event", "thread": "str"},
+    "outside": {"ev": "event", "span": "span"},
+    "within": {"ev": "event", "after": "event", "before": "event", "thread?": "str", "same_thread_as?": "event"},
+    "thread": {"events": "events", "thread?": "str", "not_thread?": "str"},
+    "equal": {"a": "event", "b": "event", "field": "str"},
+    "counter": {"inc": "event", "dec": "event", "owner": "event"},
+    "lifecycle": {"acquire": "event", "release": "event", "check": "pairing|after_done", "processed?": "events",
+                  "sent?": "event", "counter?": "events"},
+    "page_count": {"events": "events"},
+    "in_span": {"ev": "event", "span": "span"},
+    "each_in_span": {"ev": "event", "span": "span"},
+    # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
+    "prefetch_top": {"thread?": "str"},
+    **{k: {} for k in ("one_inflight", "published_first", "unknown_rooms", "prefetch_match", "no_stale",
+                       "release", "init_once", "init_fifo", "kv_recv", "req_end", "cross_rank", "cross_pages")},
+}
+KINDS = tuple(PARAMS)
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,7 @@ def load_rules() -> list[Rule]:
             role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
             if base["kind"] not in KINDS:
                 raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
+            _check_params(fname, base["id"], base["kind"], raw, role, tuple(base["modes"]))
             rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["seed"], base["kind"], raw, role))
     ids = [r.id for r in rules]
     if len(ids) != len(set(ids)):
@@ -74,6 +98,47 @@ def modes_of(role: str) -> tuple[str, ...]:
     """The loop modes a trace of `role` may declare: those its rules name (a trace's `mode` selects
     the rules that apply to it, so a mode no rule names would select none)."""
     return tuple(dict.fromkeys(m for r in load_rules() if r.role == role for m in r.modes if m != "any"))
+
+
+def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, modes: tuple) -> None:
+    where = f"spec/{fname}: rule {rid} ({kind})"
+    vocab = load_events()
+    names = set(vocab.get(role, {})) if role != "cross" else set(vocab.get("prefill", {})) | set(vocab.get("decode", {}))
+    schema = {k.rstrip("?"): (t, k.endswith("?")) for k, t in PARAMS[kind].items()}
+    unknown = set(params) - set(schema)
+    if unknown:
+        raise ValueError(f"{where}: unknown parameter(s) {', '.join(sorted(unknown))}")
+    if not modes or not all(isinstance(m, str) for m in modes):
+        raise ValueError(f"{where}: 'modes' must be a non-empty list of mode names")
+
+    def event(v, what):
+        if not isinstance(v, str) or v not in names:
+            raise ValueError(f"{where}: {what}: {v!r} is not an event of role {role} (spec/events.toml)")
+
+    for name, (typ, optional) in schema.items():
+        if name not in params:
+            if not optional:
+                raise ValueError(f"{where}: missing parameter {name!r}")
+            continue
+        v, what = params[name], f"parameter {name!r}"
+        if typ == "event":
+            event(v, what)
+        elif typ in ("events", "span"):
+            if not isinstance(v, list) or not v or (typ == "span" and len(v) != 2):
+                raise ValueError(f"{where}: {what}: expected {'two event names' if typ == 'span' else 'a list of event names'}")
+            for x in v:
+                event(x, what)
+        elif typ == "steps":
+            if not isinstance(v, list) or len(v) < 2 or not all(
+                    isinstance(x, list) and len(x) == 2 and type(x[1]) is int for x in v):
+                raise ValueError(f"{where}: {what}: expected a list of [event, batch offset], at least two")
+            for x, _ in v:
+                event(x, what)
+        elif typ == "bool" and type(v) is not bool or typ == "int" and type(v) is not int \
+                or typ == "str" and not isinstance(v, str):
+            raise ValueError(f"{where}: {what}: expected {typ}, got {v!r}")
+        elif "|" in typ and v not in typ.split("|"):
+            raise ValueError(f"{where}: {what}: expected one of {typ.replace('|', ', ')}, got {v!r}")
 
 
 def load_events() -> dict[str, dict[str, dict]]:

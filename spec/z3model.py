@@ -579,6 +579,23 @@ def enc_page_count(rule, U):
                 yield implies(ex(e), ok), [e]
 
 
+# each_in_span: for every batch N and every rid its admit lists, some ev for rid falls strictly between
+# a begin(N) and a later end(N), on the begin's thread.
+def enc_each_in_span(rule, U):
+    begin, end = rule["span"]
+    per_rid = defaultdict(list)
+    for e in U.named(rule["ev"]):
+        per_rid[e.rid].append(e)
+    for a in U.named("admit"):
+        for y in U.occ(begin, a.batch):
+            for z in U.occ(end, a.batch):
+                for rid in a.f["rids"]:
+                    inside = U.among(per_rid.get(rid, []), lo=y, hi=z)
+                    yield implies(conj(ex(a), ex(y), ex(z), lt(y, z)),
+                                  disj(*[conj(ex(e), eq(th(e), th(y)), lt(y, e), lt(e, z)) for e in inside])), \
+                        [a, y, z, *inside]
+
+
 # in_span: every ev for rid falls in a span whose begin is the latest begin/end on its thread before
 # it, of a batch whose latest admit before it lists rid.
 def enc_in_span(rule, U):
@@ -610,7 +627,7 @@ def enc_in_span(rule, U):
 ENCODERS = {"fifo": enc_fifo, "complete": enc_complete, "disjoint": enc_disjoint, "order": enc_order,
             "adjacent": enc_adjacent, "outside": enc_outside, "within": enc_within, "thread": enc_thread,
             "equal": enc_equal, "counter": enc_counter, "lifecycle": enc_lifecycle,
-            "page_count": enc_page_count, "in_span": enc_in_span}
+            "page_count": enc_page_count, "in_span": enc_in_span, "each_in_span": enc_each_in_span}
 
 
 # ---- the decode kinds of spec/decode_rules.toml (checker/decode_templates.py) ---------------------

@@ -82,3 +82,20 @@ def test_header_fields_rules_read_are_validated(tmp_path, capsys):
     head = json.dumps({"format": "pdo-trace", "version": 1, "role": "decode", "mode": "overlap"})
     (tmp_path / "nops.jsonl").write_text(head + "\n")
     _exit2(str(tmp_path / "nops.jsonl"), capsys, "field 'page_size'")
+
+
+def test_a_dropped_kv_send_fails(tmp_path):
+    """Dropping a chunk's KV send (here the last chunk's of a chunked request) passed both checkers
+    while any other send of that request existed."""
+    from checker import z3check
+
+    events = canonical("ahead")
+    sends = [i for i, e in enumerate(events) if e["ev"] == "kv_send"]
+    multi = [r for r in {events[i]["rid"] for i in sends} if sum(events[i]["rid"] == r for i in sends) > 1]
+    assert multi, "the fixture needs a chunked request"
+    for drop in (min, max):   # its first chunk's send, then its last chunk's
+        ev = list(events)
+        del ev[drop(i for i in sends if ev[i]["rid"] == multi[0])]
+        path = write(tmp_path / "t.jsonl", "ahead", ev)
+        assert "P-send-each-chunk" in {v.rule.id for v in check_file(path).violations}
+        assert "P-send-each-chunk" in z3check.check_file(path).violated

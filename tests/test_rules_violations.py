@@ -26,9 +26,9 @@ def _set(ev, batch=None, rid=None, **fields):
     return edit
 
 
-def _delete(ev, batch=None, rid=None):
+def _delete(ev, batch=None, rid=None, nth=0):
     def edit(events):
-        del events[find(events, ev, batch, rid)]
+        del events[find(events, ev, batch, rid, nth)]
     return edit
 
 
@@ -105,6 +105,7 @@ VIOLATIONS = {
     "P-release-after-done": ("ahead", _before("release", None, "process_begin", 1, rid="a")),
     "P-page-count": ("normal", _set("kv_send", rid="a", pages=0)),
     "P-send-after-forward": ("overlap", _before("kv_send", None, "process_begin", 2, rid="c")),
+    "P-send-each-chunk": ("ahead", _delete("kv_send", rid="a", nth=1)),
 }
 
 
