@@ -646,7 +646,10 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
     from .decode_templates import TEMPLATES as DECODE_TEMPLATES  # decode kinds live in their own module
 
     templates = {**TEMPLATES, **DECODE_TEMPLATES, **(extra_templates or {})}
-    active = [templates[r.kind](r, ctx) for r in rules if r.kind in templates]
+    missing = sorted({r.kind for r in rules} - set(templates))
+    if missing:   # a rule this checker cannot check must not pass silently
+        raise ValueError(f"no linear template for rule kind(s) {', '.join(missing)}")
+    active = [templates[r.kind](r, ctx) for r in rules]
     # One pass per chunk routes each event to the lists of the templates that listen to it (an
     # append, not a call) and fills the shared batch index; then each template takes its list.
     feeds = [(t, []) for t in active]

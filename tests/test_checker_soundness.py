@@ -99,3 +99,26 @@ def test_a_dropped_kv_send_fails(tmp_path):
         path = write(tmp_path / "t.jsonl", "ahead", ev)
         assert "P-send-each-chunk" in {v.rule.id for v in check_file(path).violations}
         assert "P-send-each-chunk" in z3check.check_file(path).violated
+
+
+def test_rule_parameters_are_checked_at_load():
+    """A misspelt event or parameter in the rule data fails at load instead of checking nothing."""
+    import pytest
+
+    from checker.decode_templates import CROSS_TEMPLATES
+    from checker.decode_templates import TEMPLATES as DECODE_TEMPLATES
+    from checker.linear import TEMPLATES
+    from spec import PARAMS, _check_params
+
+    # every kind has a linear template
+    assert set(PARAMS) == set(TEMPLATES) | set(DECODE_TEMPLATES) | set(CROSS_TEMPLATES)
+    ok = {"chain": [["collect", 0], ["sample", 0]]}
+    _check_params("rules.toml", "X", "order", ok, "prefill", ("ahead",))
+    for params, what in [({"chain": [["colect", 0], ["sample", 0]]}, "'colect' is not an event"),
+                         ({**ok, "not_thred": "forward"}, r"unknown parameter\(s\) not_thred"),
+                         ({"chain": [["collect", 0]]}, "at least two"),
+                         ({**ok, "same_thread": "yes"}, "expected bool")]:
+        with pytest.raises(ValueError, match=what):
+            _check_params("rules.toml", "X", "order", params, "prefill", ("ahead",))
+    with pytest.raises(ValueError, match="missing parameter 'span'"):
+        _check_params("rules.toml", "X", "in_span", {"ev": "kv_send"}, "prefill", ("ahead",))

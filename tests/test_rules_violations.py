@@ -101,6 +101,7 @@ VIOLATIONS = {
     "P-prefix-send-ahead": ("ahead", _after("prefix_send", 1, "fwd_begin", 1)),
     "P-prefix-send-in-run-batch": ("overlap", _before("prefix_send", 1, "fwd_begin", 1)),
     "P-chunk-counter": ("thread", _set("chunk_dec", rid="a", obj="a-copy")),
+    "P-chunk-dec-in-processing": ("ahead", _after("chunk_dec", None, "process_end", 0, rid="a")),
     "P-release-once": ("normal", _delete("release", rid="c")),
     "P-release-after-done": ("ahead", _before("release", None, "process_begin", 1, rid="a")),
     "P-page-count": ("normal", _set("kv_send", rid="a", pages=0)),
