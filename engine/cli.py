@@ -71,10 +71,11 @@ def cmd_run(a) -> int:
 
     cfg, wc = build_configs(a)
     s = run_prefill(cfg, wc, trace_path=a.trace)
+    leaks = s["leaks"]
+    code = 0 if not any(leaks.values()) else 1
     if a.json:
         print(json.dumps(s))
-        return 0
-    leaks = s["leaks"]
+        return code
     print(f"pdo run: mode={s['mode']} device={s['device']} attention={s['attention_backend']} "
           f"requests={s['finished']}/{s['requests']} batches={s['batches']}")
     print(f"  input tokens {s['input_tokens']} (uncached {s['uncached_tokens']}, cached {s['cached_tokens']}), "
@@ -82,7 +83,20 @@ def cmd_run(a) -> int:
     print(f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
           f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
           + (f"; trace: {a.trace} ({s['events']} events)" if a.trace else ""))
-    return 0 if not any(leaks.values()) else 1
+    return code
+
+
+_UNSET = object()
+
+
+def pd_only_flags_given(run_parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The options of `pdo run`'s "PD disaggregation" group, --pd aside, written on this command line
+    (even at their default value): they only mean something with --pd."""
+    group = next(g for g in run_parser._action_groups if g.title == "PD disaggregation")
+    actions = [x for x in group._group_actions if x.dest != "pd"]
+    ns = argparse.Namespace(**{x.dest: _UNSET for x in actions})  # argparse fills in only what is unset
+    run_parser.parse_args(argv, namespace=ns)
+    return [x.option_strings[0] for x in actions if getattr(ns, x.dest) is not _UNSET]
 
 
 def cmd_check(a) -> int:
@@ -109,7 +123,7 @@ def cmd_check(a) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="pdo", description="pd-overlap: run the instrumented engine, check its traces.")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("run", help="run the prefill engine (optionally writing a trace)")
+    p = run_parser = sub.add_parser("run", help="run the prefill engine (optionally writing a trace)")
     _add_engine_args(p)
     from .decode.cli import add_pd_args
     add_pd_args(p)
@@ -135,6 +149,12 @@ def main(argv=None) -> int:
         from .bootstrap import main as bootstrap_main
         return bootstrap_main(argv[1:])
     a = parser.parse_args(argv)
+    if a.cmd == "run" and not a.pd:
+        given = pd_only_flags_given(run_parser, argv[1:])
+        if given:
+            print(f"pdo run: error: {', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --pd",
+                  file=sys.stderr)
+            return 2
     try:
         return a.fn(a)
     except KeyboardInterrupt:

@@ -91,12 +91,19 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def mode_from_env(default: str = "overlap") -> str:
-    """The seed's two switches, under SGLang's names: FWD_THREAD alone is the validation mode,
-    both together enable admit-ahead; AHEAD without FWD_THREAD does nothing (as in SGLang)."""
-    if _env_flag("SGLANG_ENABLE_PREFILL_FWD_THREAD"):
-        return "ahead" if _env_flag("SGLANG_PREFILL_FWD_THREAD_AHEAD") else "thread"
-    return default
+_SWITCHES = ("SGLANG_ENABLE_PREFILL_FWD_THREAD", "SGLANG_PREFILL_FWD_THREAD_AHEAD")
+
+
+def mode_from_env(default: str = "ahead") -> str:
+    """The seed's two switches, under SGLang's names, read as SGLang reads them once either is set
+    (both default off there): FWD_THREAD off -> the old overlap loop (AHEAD alone does nothing: it is
+    read only inside the threaded loop); FWD_THREAD alone -> thread (validation mode); both -> ahead.
+    With neither set, `default`: this project runs admit-ahead unless told otherwise."""
+    if not any(os.environ.get(n, "").strip() for n in _SWITCHES):
+        return default
+    if not _env_flag("SGLANG_ENABLE_PREFILL_FWD_THREAD"):
+        return "overlap"
+    return "ahead" if _env_flag("SGLANG_PREFILL_FWD_THREAD_AHEAD") else "thread"
 
 
 def check_dispatch(cfg: EngineConfig) -> None:

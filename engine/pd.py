@@ -34,6 +34,9 @@ from .trace import NullTracer, Tracer
 from .workload import WorkloadConfig, make_workload
 
 
+STOP_GRACE_S = 5.0  # how long loops asked to stop after a timeout get to finish their batch
+
+
 def route(reqs, dp: int, policy: str = "round_robin", seed: int = 0) -> list[int]:
     """The DP rank each request goes to. Seeded, so every process of `pdo launch` agrees."""
     if dp < 1:
@@ -179,8 +182,16 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
             sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
     wall = time.monotonic() - wall0
     hung = [t for t in threads if not sync.finished(t)]
-    for s in prefills:
-        if not hung:
+    if hung:
+        # Past the timeout: ask every loop to end and give it a bounded grace, so that its worker,
+        # streams, transfer thread and query pool are closed below rather than left running.
+        for s in [*prefills, decode]:
+            s.stop()
+        grace = time.monotonic() + STOP_GRACE_S
+        for t in threads:
+            sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
+    for s, t in zip(prefills, threads):
+        if sync.finished(t):  # closing under a loop that still runs would race with it
             s.close()
     decode.close()
     sync.quiesce("pd.quiesce")  # under a controller: every stream, transfer and prefetch thread has exited

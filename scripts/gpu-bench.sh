@@ -11,6 +11,10 @@
 #   1. the engine on CUDA (real streams and events, the Triton attention kernels), tiny model, all four
 #      prefill loops, each trace checked (`pdo check`);
 #   2. the same with the large preset, `ahead`, checked;
+#   2b. a PD run (`pdo run --pd --dp 2`: two prefill ranks, the bootstrap server, decode), decode's
+#      attention on the Triton kernels too, in float32 so that its tokens are compared exactly with the
+#      torch reference (a mismatch, an abort or a leak fails the step), its three traces checked
+#      (added after the last GPU timing: not yet timed on an H200; its limits are 120 + 60 s);
 #   3. `pdo bench prefill` with the large preset and the Triton backend: table, JSON and PNG;
 #   4. `pdo bench trace-overhead` on the GPU (fewer pairs than on CPU: each run is shorter and steadier);
 #   3b. the prefill bench again with GPU-sized batches (up to 4096 tokens; prompts of 256-2048);
@@ -65,9 +69,12 @@ if [[ $smoke == 1 ]]; then
         --chunk-size 32 --page-size 8) attn=(--attention-backend torch)
     reps=(--reps 1 --requests 8 --hits 0.8 --modes thread,ahead) to_reps=(--reps 2 --requests 8) kernels=(--smoke)
     reps_big=("${reps[@]}" --max-batch-tokens 64 --chunk-size 32 --prompt-len 40:120)
+    # PD on the Triton kernels too (the backend serialises interpreted launches: the interpreter is
+    # not thread-safe, and a PD process interprets prefill's and decode's forwards at once)
+    pd_attn=(--attention-backend triton)
 else
     export TRITON_INTERPRET=0 TRITON_CACHE_AUTOTUNING=1   # tuned once, reused by the later steps
-    dev=(--device cuda) large=(--model large) small=() attn=(--attention-backend triton)
+    dev=(--device cuda) large=(--model large) small=() attn=(--attention-backend triton) pd_attn=("${attn[@]}")
     reps=(--reps 6) to_reps=(--reps 100) kernels=()   # 6 rounds, not 9: room for the other steps
     # batches of up to 4096 tokens over prompts of 256-2048 (the default workload's batches are a GPU's
     # smallest: 256 tokens); a KV pool of 64k tokens
@@ -86,8 +93,11 @@ done
 step "2. engine, large preset, ahead" 180 "${pdo[@]}" run "${dev[@]}" "${large[@]}" --mode ahead --attention-backend triton \
     "${small[@]}" --trace "$out/large-ahead.jsonl"
 step "2. check large-ahead" 60 "${pdo[@]}" check "$out/large-ahead.jsonl"
+step "2b. engine, PD, dp 2" 120 "${pdo[@]}" run --pd --dp 2 "${dev[@]}" --dtype float32 --mode ahead "${pd_attn[@]}" \
+    "${small[@]}" --trace "$out/pd.jsonl"
+step "2b. check pd" 60 "${pdo[@]}" check "$out/pd.decode.jsonl" "$out/pd.prefill0.jsonl" "$out/pd.prefill1.jsonl"
 if [[ $failed -eq 0 ]]; then   # all checked and passed: not needed back (a failing one comes back)
-    rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl
+    rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl "$out"/pd.*.jsonl
 fi
 step "3. bench prefill" 300 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" "${reps[@]}" \
     --json "$out/bench-prefill.json" --png "$out/bench-prefill.png"

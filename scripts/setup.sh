@@ -1,20 +1,52 @@
 #!/usr/bin/env bash
-# Set up .venv for pd-overlap. Installs torch first, so that the project's loose `torch>=2.4`
-# requirement is already satisfied and pip never pulls a multi-GB CUDA build onto a CPU machine.
-#   CPU machine: torch==2.13.0 (a CPU build where the machine provides one, as here; elsewhere set
-#                PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index first).
-#   GPU machine: the default torch build (CUDA), which also brings the matching triton.
-# Idempotent: a second run only checks.
+# Set up .venv for pd-overlap. torch and Triton are installed first, pinned, so that the project's loose
+# `torch>=2.4` / `triton>=3.2` requirements are already met and pip neither pulls a multi-GB CUDA build
+# onto a CPU machine nor the newest Triton from the index.
+#
+#   Triton: 3.8.0 everywhere, so that the CPU tests (the kernels through the interpreter, and
+#           tests/test_triton_compile_sm90.py, which compiles them for sm_90 without a GPU) run the
+#           Triton a GPU machine runs. Its wheel lies on this workplace's disk (a fresh set-up here
+#           downloads nothing big).
+#   CPU machine: torch 2.13.0, a CPU build where the machine provides one, as here (elsewhere set
+#           PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index first). The CPU build requires no Triton;
+#           the kernels' tests pass with 3.8.0 in the interpreter.
+#   GPU machine: torch 2.14.1, PyPI's default Linux build (CUDA 13.0), which itself requires
+#           triton~=3.8.0: the same Triton as on the CPU. (The CUDA build of torch 2.13.0 requires
+#           triton==3.7.1 instead, hence the different torch versions.) CUDA 13 needs an NVIDIA driver
+#           >= 580; with an older one, install the CUDA 12.x build of torch 2.14.1 from PyTorch's wheel
+#           index (same Triton) into .venv, then re-run this script.
+# The GPU branch fails, with one line, unless torch is a CUDA build that sees the GPU.
+#
+# Idempotent: a second run, with pyproject.toml and this script unchanged since the last complete run
+# (a stamp in .venv records them), installs nothing and only checks the versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    .venv/bin/pip install -q "torch>=2.4"
-  else
-    .venv/bin/pip install -q "torch==2.13.0"
-  fi
+TRITON=3.8.0 TORCH_CPU=2.13.0 TORCH_GPU=2.14.1
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1 torch=$TORCH_GPU
+else
+  gpu=0 torch=$TORCH_CPU
 fi
-.venv/bin/pip install -q -e ".[test]"
-.venv/bin/python -c "import torch, triton, z3; print(f'pd-overlap ready: torch {torch.__version__}, triton {triton.__version__}, cuda={torch.cuda.is_available()}')"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.pdo-setup
+key="gpu=$gpu $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
+  .venv/bin/pip install -q "torch==$torch" "triton==$TRITON"
+  .venv/bin/pip install -q -e ".[test]"
+  echo "$key" >"$stamp"
+fi
+.venv/bin/python - "$gpu" "$torch" "$TRITON" <<'EOF'
+import sys
+import torch, triton, z3  # noqa: F401
+gpu, want_torch, want_triton = sys.argv[1] == "1", sys.argv[2], sys.argv[3]
+have = torch.__version__.split("+")[0]
+if have != want_torch or triton.__version__ != want_triton:
+    sys.exit(f"setup.sh: .venv has torch {torch.__version__}, triton {triton.__version__}; expected torch "
+             f"{want_torch}, triton {want_triton} (remove .venv/.pdo-setup and re-run)")
+if gpu and not (torch.version.cuda and torch.cuda.is_available()):
+    sys.exit(f"setup.sh: a GPU is present but torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use it "
+             "(a CPU build, or an NVIDIA driver too old for it)")
+print(f"pd-overlap ready: torch {torch.__version__}, triton {triton.__version__}, cuda={torch.cuda.is_available()}")
+EOF

@@ -140,3 +140,33 @@ def test_bench_has_subcommands(capsys):
     with pytest.raises(SystemExit):
         main(["bench"])
     assert "prefill" in capsys.readouterr().err
+
+
+def test_bench_decode_tiny_run_has_the_documented_fields(capsys):
+    """`pdo bench decode` at its smallest: one latency, one run per arm, two requests, one DP rank, no
+    modelled prefill or intake cost. The JSON has the documented fields (docs/benchmarks.md), zero
+    errors, outputs identical to the reference; the table has a row per arm and the wait cut."""
+    from engine.decode.bench import markdown
+
+    assert main(["bench", "decode", "--latencies", "0.5", "--reps", "1", "--requests", "2", "--max-new-tokens", "3",
+                 "--rate", "1000", "--prompt-len", "16:32", "--prefill-launch-cost-us", "0", "--recv-wait-us", "0",
+                 "--dp", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["bench"] == "decode" and res["ok"] is True and res["cpus"] >= 1
+    assert res["config"] == {"requests": 2, "max_new_tokens": 3, "rate": 1000.0, "prompt_len": [16, 32],
+                             "prefill_launch_cost_us": 0.0, "dp": 1, "prefill_mode": "normal",
+                             "decode_mode": "overlap", "polling_interval": 1, "recv_wait_us": 0.0,
+                             "latency_scope": "all", "reps": 1}
+    [row] = res["rows"]
+    assert row["latency_ms"] == 0.5 and row["wait_cut"] > 0
+    for arm in (row["prefetch"], row["no_prefetch"]):
+        assert set(arm) == {"consumption_points", "by_source", "mean_wait_ms", "p99_wait_ms", "mean_lead_ms",
+                            "decode_tok_per_s", "errors", "aborted", "identical", "leaks"}
+        assert arm["errors"] == 0 and arm["aborted"] == 0 and arm["identical"] is True and arm["leaks"] is False
+        assert arm["consumption_points"] >= 1 and sum(arm["by_source"].values()) == arm["consumption_points"]
+        assert 0 < arm["mean_wait_ms"] <= arm["p99_wait_ms"] and arm["decode_tok_per_s"] > 0
+    assert set(row["no_prefetch"]["by_source"]) == {"sync"} and row["no_prefetch"]["mean_lead_ms"] == 0
+    table = markdown(res).splitlines()
+    assert table[2].startswith("| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) |")
+    assert [ln.split("|")[2].strip() for ln in table[4:]] == ["prefetch", "--no-prefetch", "**wait cut**"]
+    assert all(ln.endswith("| 0 | identical |") for ln in table[4:6])

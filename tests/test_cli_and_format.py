@@ -2,6 +2,7 @@
 naming file, line and field; the trace-format doc lists every event of the vocabulary."""
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -100,10 +101,112 @@ def test_missing_file_and_bad_flag_are_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
-def test_trace_format_doc_lists_every_event():
-    doc = (ROOT / "docs" / "trace-format.md").read_text()
-    for ev in load_events()["prefill"]:
-        assert f"`{ev}`" in doc, ev
+_TICK = re.compile(r"`([^`]+)`")
+# role -> the doc and the header line of its vocabulary table
+EVENT_TABLES = {"prefill": ("docs/trace-format.md", "| ev | where it is logged | fields |"),
+                "decode": ("docs/decode.md", "| ev | where | fields |")}
+
+
+def _table_rows(text: str, header: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = [i for i, ln in enumerate(lines) if ln.strip() == header]
+    assert len(start) == 1, f"table {header!r}: found {len(start)} times"
+    rows = []
+    for ln in lines[start[0] + 2:]:  # past the header and the |---| line
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows
+
+
+def _row_fields(evs: list[str], cell: str) -> dict[str, set]:
+    """The fields a table row gives each of its events. The cell's notation: `a`, `b` for every event
+    of the row; `x` / `y` as the last item: the first event gets x, the second y; a clause `ev`: ...,
+    `ev` also ..., or a suffix of one event's name (begin: ..., end: ...): that event only, also in
+    parentheses; (+ `f`, ...): optional fields of every event; other parentheses and — are prose."""
+    out = {e: set() for e in evs}
+
+    def target(word):
+        m = _TICK.fullmatch(word)
+        hits = [m.group(1)] if m and m.group(1) in evs else [e for e in evs if e.endswith("_" + word)]
+        return hits if len(hits) == 1 else None
+
+    for par in re.findall(r"\(([^()]*)\)", cell):
+        head, _, rest = par.partition(":")
+        if par.lstrip().startswith("+"):
+            for e in evs:
+                out[e] |= set(_TICK.findall(par))
+        elif rest and target(head.strip()):
+            out[target(head.strip())[0]] |= set(_TICK.findall(rest))
+    for clause in re.sub(r"\([^()]*\)", "", cell).split(";"):
+        clause = clause.strip()
+        m = re.match(r"(`\w+`|\w+)(:| also) ", clause)
+        if m and target(m.group(1)):
+            out[target(m.group(1))[0]] |= set(_TICK.findall(clause[m.end():]))
+        elif " / " in clause:
+            assert len(evs) == 2, (evs, clause)
+            left, right = clause.split(" / ")
+            names = _TICK.findall(left)
+            for e in evs:
+                out[e] |= set(names[:-1])
+            out[evs[0]].add(names[-1])
+            out[evs[1]] |= set(_TICK.findall(right))
+        elif clause != "—":
+            for e in evs:
+                out[e] |= set(_TICK.findall(clause))
+    return out
+
+
+def _doc_vocabulary(text: str, header: str) -> dict[str, set]:
+    vocab: dict[str, set] = {}
+    for cells in _table_rows(text, header):
+        evs = _TICK.findall(cells[0])
+        assert evs and not set(evs) & set(vocab), cells[0]
+        vocab.update(_row_fields(evs, cells[-1]))
+    return vocab
+
+
+def _spec_vocabulary(role: str) -> dict[str, set]:
+    return {ev: set(d.get("fields", {})) | set(d.get("optional", {})) for ev, d in load_events()[role].items()}
+
+
+@pytest.mark.parametrize("role", sorted(EVENT_TABLES))
+def test_trace_format_doc_lists_every_event(role):
+    """The vocabulary tables of docs/trace-format.md (prefill) and docs/decode.md (decode) name exactly
+    the events of spec/events.toml, each with exactly its fields (required and optional)."""
+    path, header = EVENT_TABLES[role]
+    doc, spec = _doc_vocabulary((ROOT / path).read_text(), header), _spec_vocabulary(role)
+    assert sorted(set(doc) - set(spec)) == [] and sorted(set(spec) - set(doc)) == [], (path, "events differ")
+    wrong = {ev: {"doc": sorted(doc[ev]), "spec": sorted(spec[ev])} for ev in spec if doc[ev] != spec[ev]}
+    assert not wrong, (path, wrong)
+
+
+def test_the_doc_sync_parser_sees_each_notation():
+    """The parser behind the doc-sync test reads every notation the tables use, and a dropped field or
+    event shows up."""
+    cells = {
+        "`alloc` / `release`|`rid`, `obj`, `slot`": {"alloc": {"rid", "obj", "slot"}, "release": {"rid", "obj", "slot"}},
+        "`chunk_inc`|`rid`, `value` (after)": {"chunk_inc": {"rid", "value"}},
+        "`prefix_send`|`batch` (+ `tokens`, `pages`, checked when present)": {"prefix_send": {"batch", "tokens", "pages"}},
+        "`fwd_begin` / `fwd_end`|`batch`; `fwd_begin` also `digest` of what it reads":
+            {"fwd_begin": {"batch", "digest"}, "fwd_end": {"batch"}},
+        "`q_begin` / `q_end`|`addr`; begin: `source`; end: `result` or `error`":
+            {"q_begin": {"addr", "source"}, "q_end": {"addr", "result", "error"}},
+        "`req_done` / `req_abort`|`rid`, `room`, `tokens` / `reason`":
+            {"req_done": {"rid", "room", "tokens"}, "req_abort": {"rid", "room", "reason"}},
+        "`release_memory` / `resume_memory`|—": {"release_memory": set(), "resume_memory": set()},
+        "`admit`, `stage`|`batch` (`admit`: `rids`)": {"admit": {"batch", "rids"}, "stage": {"batch"}},
+    }
+    for row, want in cells.items():
+        evs, cell = row.split("|")
+        assert _row_fields(_TICK.findall(evs), cell) == want, row
+    path, header = EVENT_TABLES["prefill"]
+    text = (ROOT / path).read_text()
+    assert _doc_vocabulary(text, header) == _spec_vocabulary("prefill")
+    dropped = _doc_vocabulary(text.replace("`fwd_begin` also `digest`", "`fwd_begin` also"), header)
+    assert dropped["fwd_begin"] == {"batch"}
+    without = re.sub(r"(?m)^\| `kv_send` \|.*\n", "", text)
+    assert without != text and "kv_send" not in _doc_vocabulary(without, header)
 
 
 def test_failed_check_explains_every_violated_rule(tmp_path):

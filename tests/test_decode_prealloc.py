@@ -3,6 +3,7 @@ how the consumption point uses it, receiver init order, and the failure paths.""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -82,6 +83,41 @@ def test_prefetch_submits_pending_rooms_then_prefix_tail_is_sync_and_init_is_fif
     assert res["source"] == "prefix" and res["rooms"] == [7, 8] and res["result"] == {"7": 1, "8": 0}
     assert [e["rooms"] for e in evs(tr, "query_begin", source="sync")] == [[8]]   # only the tail
     assert q.pending == [] and q._queries == {}
+
+
+def test_prefix_tail_query_overlaps_the_future_instead_of_following_it(server):
+    """The tail's synchronous query runs while the prefetched one is still on its way: the
+    consumption point waits about one round trip, not two in a row."""
+    server.set_faults(latency_s=0.3, latency_scope="query_dp_ranks")
+    q, sched, tr, addr = make_queue(server.url)
+    q.add(req(7, addr))
+    publish(q)
+    q.prefetch_prefill_dp_rank_queries(1)
+    q.add(req(8, addr))
+    q.pop_preallocated()
+    (res,) = evs(tr, "resolve")
+    assert res["source"] == "prefix" and res["error"] is None and sched.inits == [(7, 1), (8, 0)]
+    assert res["wait_ns"] < 0.5e9, res["wait_ns"]   # two round trips in series would be >= 0.6 s
+
+
+def test_prefetch_submit_is_logged_before_the_pool_can_begin_the_query(server):
+    """Even a pool thread that starts at once (here: runs the query inside submit) logs its
+    query_begin after the scheduler's prefetch_submit."""
+    from concurrent.futures import Future
+
+    q, sched, tr, addr = make_queue(server.url)
+
+    def run_now(fn, *args):
+        fut = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    q._executor.submit = run_now
+    q.add(req(7, addr))
+    publish(q)
+    q.prefetch_prefill_dp_rank_queries(1)
+    names = [e["ev"] for e in tr.events if e["ev"] in ("prefetch_submit", "query_begin", "query_end")]
+    assert names == ["prefetch_submit", "query_begin", "query_end"]
 
 
 def test_equal_rooms_use_the_future_and_nothing_else(server):
@@ -181,6 +217,24 @@ def test_release_memory_cancels_every_future_and_initialises_nothing_until_resum
     q.resume_memory_occupation()
     q.pop_preallocated()
     assert sched.inits == [(7, 1)]
+
+
+def test_no_query_at_all_while_memory_is_released(server):
+    """Released: neither the prefetch nor the consumption point asks anything (D-release-cancels: no
+    query until resume), and the bootstrap timeout does not abort rooms nobody asked about."""
+    q, sched, tr, addr = make_queue(server.url, bootstrap_timeout_s=0.05)
+    q.release_memory_occupation()
+    q.add(req(7, addr))
+    server.reset_counters()
+    q.prefetch_prefill_dp_rank_queries(1)
+    time.sleep(0.1)
+    q.pop_preallocated()
+    assert not evs(tr, "query_begin") and not evs(tr, "resolve") and not evs(tr, "prefill_info")
+    assert server.counters.get("query_dp_ranks", 0) == 0 and server.counters.get("route_get", 0) == 0
+    assert q.pending and not sched.aborted and sched.inits == []
+    q.resume_memory_occupation()
+    q.pop_preallocated()
+    assert sched.inits == [(7, 1)] and not sched.aborted
 
 
 def test_failed_queries_keep_rooms_pending_then_the_budget_aborts_them(server):

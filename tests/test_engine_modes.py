@@ -91,6 +91,60 @@ def test_env_switches_and_dispatch(monkeypatch):
     check_dispatch(EngineConfig(mode="normal", enable_overlap=False))
 
 
+@pytest.mark.parametrize("fwd, ahead, mode", [
+    (None, None, "ahead"),        # neither set: the project's default
+    ("0", "0", "overlap"),        # both off, as set: SGLang's old overlap loop
+    ("0", None, "overlap"),
+    (None, "1", "overlap"),       # AHEAD without the thread: SGLang only reads it inside the threaded loop
+    ("0", "1", "overlap"),
+    ("1", None, "thread"),
+    ("1", "0", "thread"),
+    ("1", "1", "ahead"),
+    ("true", "yes", "ahead"),
+])
+def test_env_switches_are_honoured_exactly_when_set(monkeypatch, fwd, ahead, mode):
+    for name, value in (("SGLANG_ENABLE_PREFILL_FWD_THREAD", fwd), ("SGLANG_PREFILL_FWD_THREAD_AHEAD", ahead)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert mode_from_env() == mode
+
+
+def test_pdo_run_with_both_switches_off_runs_the_overlap_loop():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "SGLANG_ENABLE_PREFILL_FWD_THREAD": "0", "SGLANG_PREFILL_FWD_THREAD_AHEAD": "0"}
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--requests", "2"], capture_output=True,
+                       text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "mode=overlap" in r.stdout + r.stderr
+
+
+def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
+    """A worker thread that exits without answering (here: at once, its input never read) must not
+    make shutdown() wait forever: collect() raises before counting the batch as collected."""
+    import threading
+    from types import SimpleNamespace
+
+    from engine.prefill.worker import ForwardWorker
+    from engine.trace import NullTracer
+
+    class DeadWorker(ForwardWorker):
+        def _loop(self):
+            return
+
+    w = DeadWorker(SimpleNamespace(tr=NullTracer()))
+    w.thread.join(5)
+    w.submit(SimpleNamespace(bid=0), early_send_prefix=False)   # stays in the input queue: nobody takes it
+    done = threading.Event()
+    threading.Thread(target=lambda: (w.shutdown(), done.set()), daemon=True).start()
+    assert done.wait(10), "shutdown() hung on a worker that died without a result"
+
+
 def test_worker_exception_reaches_scheduler():
     from engine.prefill import scheduler as sched_mod
 

@@ -28,3 +28,33 @@ def test_triton_backend_matches_reference(mode, tmp_path):
         torch.testing.assert_close(v, v_ref, atol=2e-4, rtol=1e-4)
     assert not any(summary["leaks"].values())
     assert check_file(str(trace)).ok
+
+
+@pytest.mark.parametrize("mode, loop, dp", [("ahead", "overlap", 2), ("thread", "normal", 1)])
+def test_pd_decode_on_the_triton_backend_matches_reference(tmp_path, monkeypatch, mode, loop, dp):
+    """A whole PD run (prefill ranks, bootstrap server, decode) with every attention call on the Triton
+    kernels — prefill's extend and decode's paged decode attention — gives the tokens of the
+    single-process reference (torch attention), leaks nothing, and its traces pass `pdo check`. Under
+    the interpreter the prefill and decode forwards interpret kernels from two threads at once, which
+    the backend serialises (triton_kernels/backend.py)."""
+    from triton_kernels.backend import TritonAttention
+
+    from engine.config import EngineConfig
+    from engine.decode.config import DecodeConfig
+    from engine.pd import run_pd
+
+    from .test_pd import assert_clean, assert_traces_pass
+
+    calls = {"extend": 0, "decode": 0}
+    for name in calls:
+        def counted(self, *a, _name=name, _fn=getattr(TritonAttention, name), **k):
+            calls[_name] += 1
+            return _fn(self, *a, **k)
+        monkeypatch.setattr(TritonAttention, name, counted)
+    wc = WorkloadConfig(requests=3, prompt_len=(20, 60), hit=0.8, groups=1, max_new_tokens=4, seed=2)
+    cfg = EngineConfig(mode=mode, attention_backend="triton", page_size=8, chunk_size=32, max_batch_tokens=48)
+    s = run_pd(cfg, wc, DecodeConfig(loop=loop), dp=dp, trace_path=str(tmp_path / "t.jsonl"))
+    assert_clean(s)
+    assert s["decode_tokens"] == wc.requests * (wc.max_new_tokens - 1)
+    assert calls["extend"] > 0 and calls["decode"] > 0, calls
+    assert_traces_pass(s["traces"])

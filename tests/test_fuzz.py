@@ -203,3 +203,38 @@ def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
     assert rc == 0 and "PD cases" in out.out and "no violation" in out.out, out
     rc, out = run("--inject", "no-such-mutant")
     assert rc == 2 and "unknown mutant" in out.err
+
+
+@pytest.mark.parametrize("mutant", ["two-forwards", "prefetch-before-published"])
+def test_pdo_fuzz_replay_reproduces_a_saved_failing_case(tmp_path, capsys, mutant):
+    """`pdo fuzz` saves the failing case (and its shrunk form); `pdo fuzz --replay FILE` reproduces the
+    same failures, in the same order, and exits 1; without the mutant the same case passes."""
+    import json
+
+    from engine.cli import main
+
+    out = tmp_path / "out"
+    assert main(["fuzz", "--inject", mutant, "--schedules", "20", "--seed", "0", "--requests", "3",
+                 "--out", str(out)]) == 1
+    capsys.readouterr()
+    files = sorted(out.glob("*.case.json")) + sorted(out.glob("*.shrunk.json"))
+    assert len(files) == 2, files
+    for f in files:
+        saved = json.loads(f.read_text())
+        assert saved["case"]["inject"] == [mutant] and saved["failures"], saved["failures"]
+        trace = tmp_path / f"{f.stem}.jsonl"
+        assert main(["fuzz", "--replay", str(f), "--trace", str(trace)]) == 1
+        text = capsys.readouterr().out
+        assert text.startswith(f"replayed {f}: ")
+        assert [ln.strip()[len("FAIL "):] for ln in text.splitlines() if ln.strip().startswith("FAIL ")] \
+            == saved["failures"]
+        traces = [str(trace)] if saved["case"].get("kind") != "pd" else \
+            [str(p) for p in sorted(tmp_path.glob(f"{f.stem}.*.jsonl"))]
+        assert traces and main(["check", *traces]) == 1   # the replayed trace shows the violation too
+        capsys.readouterr()
+    clean = json.loads(files[1].read_text())
+    clean["case"]["inject"] = []
+    path = tmp_path / "clean.json"
+    path.write_text(json.dumps(clean))
+    assert main(["fuzz", "--replay", str(path)]) == 0
+    assert "no failure" in capsys.readouterr().out

@@ -18,7 +18,9 @@ def test_gpu_bench_script_runs_every_step_on_cpu(tmp_path):
     assert r.returncode == 0, log[-4000:] + r.stderr[-2000:]
     assert "0 step(s) failed" in log and "skipped" not in log
     assert log.count("== 1. check") == 4 and log.count("attention=triton") == 5   # four loops + the larger run
-    assert log.count("PASS ") == 5
+    assert log.count("PASS ") == 5 + 4   # + the PD run's decode, two prefill and cross checks
+    assert "pdo run --pd: dp=2" in log and "outputs vs single-process reference: identical" in log
+    assert "leaks: none; traces: " in log and log.count("(cross, mode=overlap)") == 1
     for name in ("bench-prefill.json", "bench-prefill.png", "bench-prefill-big.json", "bench-prefill-big.png",
                  "trace-overhead.json", "kernels.json"):
         assert (tmp_path / name).stat().st_size > 0, name

@@ -141,3 +141,31 @@ def test_embedded_pd_over_the_inproc_bootstrap_matches_reference(tmp_path):
                trace_path=str(tmp_path / "t.jsonl"), bootstrap="inproc")
     assert_clean(s)
     assert_traces_pass(s["traces"])
+
+
+def test_timeout_stops_and_closes_every_role(monkeypatch):
+    """Past timeout_s the run fails with a PDError, and every loop is asked to stop and joined for a
+    bounded time: each prefill rank's streams and transfer thread are closed, not left running."""
+    import time
+
+    import engine.pd as pd_mod
+    from engine.pd import PDError
+
+    made = []
+
+    class Recorded(pd_mod.PrefillScheduler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(pd_mod, "PrefillScheduler", Recorded)
+    # Arrivals spread over ~2 s: at a 0.3 s timeout every prefill rank still waits for some.
+    wc = WorkloadConfig(requests=20, prompt_len=(8, 30), max_new_tokens=4, arrival="poisson", rate=10, seed=1)
+    t0 = time.monotonic()
+    with pytest.raises(PDError, match="did not finish within"):
+        run_pd(EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, timeout_s=0.3, verify=False)
+    assert time.monotonic() - t0 < 0.3 + pd_mod.STOP_GRACE_S + 5
+    assert len(made) == 2 and all(s.stopping for s in made)
+    threads = [t for s in made for t in (s.sched_stream._thread, s.fwd_stream._thread, s.copy_stream._thread,
+                                         s.transfer._thread)]
+    assert not [t.name for t in threads if t.is_alive()]

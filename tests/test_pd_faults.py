@@ -40,6 +40,7 @@ def violated(results):
 def no_leaks(s):
     assert not any(s["decode_leaks"].values()), s["decode_leaks"]
     assert all(not any(p.values()) for p in s["prefill_leaks"]), s["prefill_leaks"]
+    assert s["unclaimed_rooms"] == [], s["unclaimed_rooms"]  # aborted rooms' KV was dropped, not kept
 
 
 def served_ok(s, aborted=()):
@@ -113,8 +114,7 @@ def test_persistent_failure_aborts_the_requests_with_an_error_and_nothing_hangs(
                     dc=DecodeConfig(query_retries=0, query_failure_budget=4), requests=4)
     assert s["finished"] == 0 and len(s["aborted"]) == 4
     assert all("failed 4 times in a row" in e and "HTTP 500" in e for e in s["aborted"].values())
-    no_leaks(s)
-    assert s["unclaimed_rooms"] == [1000, 1001, 1002, 1003]  # their KV stayed on prefill, dropped at exit
+    no_leaks(s)   # their rank never known: every prefill rank dropped the rooms, none kept their KV
     assert not violated(results)
 
 
@@ -160,6 +160,17 @@ def test_room_the_server_never_learns_is_aborted_after_the_bootstrap_timeout(tmp
     served_ok(s, aborted={"x0"})
     assert "room 5000 still unknown to the bootstrap server after 0.6 s" in s["aborted"]["x0"]
     assert not violated(results)
+
+
+def test_requests_aborted_while_pending_leave_no_kv_on_the_prefill_side(tmp_path):
+    """Regression: a request aborted in the prealloc queue after its rank was resolved (here: prompt +
+    max_new_tokens exceeds max_context, found at receiver init) must drop its room on that rank, or
+    the rank's KV server keeps the room's chunks for good."""
+    s = run_pd(EngineConfig(), WorkloadConfig(requests=4, prompt_len=(30, 40), max_new_tokens=1000, seed=7),
+               DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl"))
+    assert len(s["aborted"]) == 4 and all("exceeds max_context" in e for e in s["aborted"].values())
+    no_leaks(s)
+    assert not violated(check_files(s["traces"]))
 
 
 def test_release_and_resume_memory_mid_run(tmp_path):

@@ -12,19 +12,22 @@ import threading
 
 import torch
 
+from triton_kernels import interpreting
 from triton_kernels.decode_attention import choose_num_kv_splits, decode_attention
 from triton_kernels.extend_attention import extend_attention
 from triton_kernels.kv_write import write_kv
 
 
-# Triton's autotuner keeps the arguments of the call it is tuning on the shared kernel object, so
-# two threads tuning at once (two prefill ranks of `pdo run --pd --dp 2` in one process) break each
-# other. Launches of the tuned kernels (on a GPU; the interpreter does not tune) go one at a time.
-_TUNING = threading.Lock()
+# Launches that share state go one at a time. On a GPU: Triton's autotuner keeps the arguments of
+# the call it is tuning on the shared kernel object, so two threads tuning at once (two prefill
+# ranks of `pdo run --pd --dp 2` in one process) break each other. Under the interpreter: it patches
+# `triton.language` for the duration of a launch and keeps the program id in one global, so a
+# prefill and a decode forward interpreting at once crash, or worse, compute with each other's grid.
+_ONE_LAUNCH = threading.Lock()
 
 
 def _one_at_a_time(t: torch.Tensor):
-    return _TUNING if t.is_cuda else contextlib.nullcontext()
+    return _ONE_LAUNCH if t.is_cuda or interpreting() else contextlib.nullcontext()
 
 
 def _heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -43,7 +46,8 @@ class TritonAttention:
 
     def write_kv(self, k_pool, v_pool, loc, k, v) -> None:
         head_dim = k_pool.shape[-1]
-        write_kv(k_pool, v_pool, loc, _heads(k, head_dim), _heads(v, head_dim))
+        with _one_at_a_time(k):
+            write_kv(k_pool, v_pool, loc, _heads(k, head_dim), _heads(v, head_dim))
 
     def extend(self, q, k, v, k_pool, v_pool, meta) -> torch.Tensor:
         head_dim = k_pool.shape[-1]

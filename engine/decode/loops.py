@@ -16,7 +16,7 @@ def _loop_top(s: DecodeScheduler):
     s.prefetch()
     s.ingest_requests()
     s.process_decode_queue()
-    return s.get_next_batch()
+    return None if s.stopping else s.get_next_batch()
 
 
 def event_loop_normal(s: DecodeScheduler) -> None:

@@ -12,7 +12,7 @@ consumption point uses the future's answer when it still fits:
     prefill side has not published its parallel info, query only rooms whose rank is unknown
   _resolve_pending_reqs()              consumption point
     rooms == prefetched rooms          -> future.result()                  source "prefetched"
-    prefetched rooms a prefix of rooms -> future.result() + sync tail      source "prefix"
+    prefetched rooms a prefix of rooms -> sync tail, then future.result()  source "prefix"
     otherwise                          -> cancel it, query synchronously   source "sync"
 
 Failures keep SGLang's meaning, "nothing known yet": the rooms stay pending and are asked again.
@@ -90,9 +90,10 @@ class DecodePreallocQueue:
                 self.tr.emit("prefetch_skip", addr=addr, reason=reason)
                 continue
             qid = next(self._qids)
+            # Logged before the hand-off: the pool thread's query_begin must follow its submit.
+            self.tr.emit("prefetch_submit", addr=addr, rooms=list(rooms), qid=qid)
             fut = self._executor.submit(self._query, addr, rooms, qid, "prefetch")
             self._queries[addr] = Prefetch(rooms, fut, qid, now())
-            self.tr.emit("prefetch_submit", addr=addr, rooms=list(rooms), qid=qid)
         self.tr.emit("prefetch_end", iter=it)
 
     def _cancel(self, addr: str, reason: str) -> None:
@@ -182,11 +183,14 @@ class DecodePreallocQueue:
             source, qid = "prefetched", p.qid
             result, error = sync.result(p.future, "prefetch.result")
         elif p is not None and rooms[:len(p.rooms)] == p.rooms:
+            # Requests that arrived after the prefetch: the future answers its rooms, the tail is
+            # asked synchronously (SGLang's test of PR #35071 expects exactly this). The tail goes
+            # first, so that the future's remaining time overlaps it: one round trip, not two.
             source, qid = "prefix", p.qid
-            result, error = sync.result(p.future, "prefetch.result")
-            if error is None:
-                tail, error = self._query(addr, rooms[len(p.rooms):], next(self._qids), "sync")
-                result = None if error else {**result, **tail}
+            tail, error = self._query(addr, rooms[len(p.rooms):], next(self._qids), "sync")
+            head, head_error = sync.result(p.future, "prefetch.result")
+            error = head_error or error
+            result = None if error else {**head, **tail}
         else:
             if p is not None:
                 self._cancel_popped(addr, p, "mismatch")
@@ -216,10 +220,12 @@ class DecodePreallocQueue:
     def pop_preallocated(self) -> list[DecodeReq]:
         """Resolve ranks, then initialise receivers in arrival order while memory lasts. A request
         whose rank is still unknown does not hold back younger ones; one that does not fit in memory
-        does (FIFO), and everything stays pending while memory is released."""
-        self._resolve_pending_reqs()
+        does (FIFO), and everything stays pending while memory is released: then not even the
+        synchronous query runs (no query at all until resume, as in SGLang, where a released decode
+        is idle and paused), nor the bootstrap timeout, which would abort rooms nobody asked about."""
         if self.memory_released:
             return []
+        self._resolve_pending_reqs()
         out = []
         for r in list(self.pending):
             if r.prefill_dp_rank is None:

@@ -88,6 +88,7 @@ class DecodeScheduler:
         self.done: list[DecodeReq] = []
         self.aborted: list[DecodeReq] = []
         self.iter = 0
+        self.stopping = False
         self._poll = 0
         self._next_bid = 0
         self.t0 = sync.now()
@@ -125,7 +126,12 @@ class DecodeScheduler:
 
     @property
     def finished_all(self) -> bool:
-        return len(self.done) + len(self.aborted) == self.total
+        return self.stopping or len(self.done) + len(self.aborted) == self.total
+
+    def stop(self) -> None:
+        """Ask the loop to end (a PD run past its timeout): no new batch; the one in flight is
+        processed, then the loop returns, so that close() does not race with it."""
+        self.stopping = True
 
     def idle_wait(self) -> None:
         sync.sleep(0.0005)
@@ -249,6 +255,7 @@ class DecodeScheduler:
             return
         if r.state == "pending":
             self.prealloc.remove(r)
+            self._drop_unpulled(r)
         elif r.state == "transfer":
             self.transfer.remove(r)
             self.client.drop(r.prefill_dp_rank, r.room)
@@ -262,6 +269,17 @@ class DecodeScheduler:
         r.state, r.error = "aborted", reason
         self.aborted.append(r)
         self.tr.emit("req_abort", rid=r.rid, room=r.room, reason=reason)
+
+    def _drop_unpulled(self, r: DecodeReq) -> None:
+        """A prefill rank keeps a room's KV until decode pulls or drops it: a request aborted before
+        its pull must drop it, or it stays there for good. Rank still unknown: every rank of that
+        prefill drops the room (only one has it); nothing to do before its parallel info is known."""
+        if r.prefill_dp_rank is not None:
+            ranks = [r.prefill_dp_rank]
+        else:
+            ranks = range(self.prealloc.prefill_info_table.get(r.addr, {}).get("dp_size") or 0)
+        for rank in ranks:
+            self.client.drop(rank, r.room)
 
     # ---- decode batches ----------------------------------------------------------------------------
     def get_next_batch(self) -> DecodeBatch | None:
@@ -336,12 +354,12 @@ class DecodeScheduler:
         return result
 
     def apply_war_barrier(self, batch: DecodeBatch, result: DecodeResult) -> None:
-        self.tr.emit("war_barrier", batch=batch.bid)
         self.sched_stream.wait_event(result.done_event)
+        self.tr.emit("war_barrier", batch=batch.bid)  # after the wait is queued: the barrier is in place
 
     def launch_batch_sample_if_needed(self, batch: DecodeBatch, result: DecodeResult) -> None:
-        self.tr.emit("sample", batch=batch.bid)
         self._launch_sample(batch, result)
+        self.tr.emit("sample", batch=batch.bid)  # once launched: the whole launch precedes F(N+1)
 
     def _launch_sample(self, batch: DecodeBatch, result: DecodeResult) -> None:
         bs, cap = result.bs, self.future_map.shape[0]

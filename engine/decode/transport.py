@@ -274,8 +274,13 @@ class ZmqKVClient:
         self._send({"op": "pull", "rank": rank, "ep": self._endpoint(rank), "room": room})
 
     def drop(self, rank: int, room: int) -> None:
-        if rank in self._endpoints:
-            self._send({"op": "drop", "rank": rank, "ep": self._endpoints[rank], "room": room})
+        # A request aborted before its pull has no endpoint cached yet: look it up, or that rank
+        # keeps the room's KV buffered for good.
+        try:
+            ep = self._endpoint(rank)
+        except KVTransportError:
+            return  # a rank the bootstrap server does not know holds nothing of ours
+        self._send({"op": "drop", "rank": rank, "ep": ep, "room": room})
 
     def bye(self, rank: int) -> None:
         self._send({"op": "bye", "rank": rank, "ep": self._endpoint(rank)})

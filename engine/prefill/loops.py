@@ -17,7 +17,7 @@ from .worker import ForwardWorker
 def _loop_top(s: PrefillScheduler):
     s.retire_ascache_writes()
     s.ingest_requests()
-    return s.get_next_batch()
+    return None if s.stopping else s.get_next_batch()
 
 
 def event_loop_normal(s: PrefillScheduler) -> None:

@@ -82,6 +82,7 @@ class PrefillScheduler:
         self.inflight: list[Req] = []
         self.done: list[Req] = []
         self.last_batch: ScheduleBatch | None = None
+        self.stopping = False
         self._next_bid = 0
         self.t0 = sync.now()
         self.stats = dict(batches=0, tokens=0, uncached_tokens=0, cached_tokens=0)
@@ -101,7 +102,12 @@ class PrefillScheduler:
 
     @property
     def finished_all(self) -> bool:
-        return len(self.done) == self.total
+        return self.stopping or len(self.done) == self.total
+
+    def stop(self) -> None:
+        """Ask the loop to end (a PD run past its timeout): it admits nothing more, finishes the
+        batch in flight and returns, so that close() does not race with it."""
+        self.stopping = True
 
     def idle_wait(self) -> None:
         """Nothing to run: sleep until the next arrival or a short poll interval. With nothing left
@@ -323,10 +329,12 @@ class PrefillScheduler:
         return result
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
-        """Later writes to the shared buffers (on the schedule stream) wait for forward N's reads."""
-        self.tr.emit("war_barrier", batch=batch.bid)
+        """Later writes to the shared buffers (on the schedule stream) wait for forward N's reads.
+        Logged once the wait is queued: the event means "the barrier is in place", so a stage logged
+        after it really is behind the wait."""
         if not inject.on("no-war-barrier"):
             self.sched_stream.wait_event(result.war_event)
+        self.tr.emit("war_barrier", batch=batch.bid)
 
     def maybe_send_cached_prefix(self, batch: ScheduleBatch, req: Req) -> None:
         """The cached prefix's KV goes to decode before the suffix forward (it is already computed)."""
@@ -339,9 +347,11 @@ class PrefillScheduler:
     # ---- deferred sampling ---------------------------------------------------------------------
     def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
         """Deferred sampling on the forward stream (shared with run_batch: logits buffer, future map),
-        hence only while no forward is being launched."""
-        self.tr.emit("sample", batch=result.bid)
+        hence only while no forward is being launched. Logged once launched: rules order it before
+        the next submit/forward, so the whole launch must precede them (it cannot start before the
+        collect that hands it `result`)."""
         self._launch_sample(result)
+        self.tr.emit("sample", batch=result.bid)
 
     def _launch_sample(self, result: ForwardResult) -> None:
         bs = result.bs

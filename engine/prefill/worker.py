@@ -68,12 +68,15 @@ class ForwardWorker:
         return self.submitted - self.collected
 
     def shutdown(self) -> None:
-        """Drain what was submitted, then stop the thread."""
-        while self.in_flight > 0:
+        """Drain what was submitted, then stop the thread. A worker that died without a result will
+        never answer (collect raises before counting it) and may have left its input unread (a put
+        of _STOP would block): stop waiting for it then."""
+        while self.in_flight > 0 and not sync.finished(self.thread):
             try:
                 self.collect()
             except WorkerError:
                 pass
-        sync.q_put(self.in_q, _STOP, "worker.stop")
-        if not sync.controlled():
-            self.thread.join(timeout=10)
+        if not sync.finished(self.thread):
+            sync.q_put(self.in_q, _STOP, "worker.stop")
+            if not sync.controlled():
+                self.thread.join(timeout=10)

@@ -1,0 +1,34 @@
+"""Trace events are logged where the action they stand for has taken effect, so a trace that passes
+the rules describes what the engine did: the WAR barrier once the stream's wait is queued, deferred
+sampling once it is launched (the rules order both before later events)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from engine.decode.scheduler import DecodeScheduler
+from engine.prefill.scheduler import PrefillScheduler
+
+
+def recorder():
+    log = []
+    tr = SimpleNamespace(emit=lambda ev, **fields: log.append(ev))
+    stream = SimpleNamespace(wait_event=lambda event: log.append("wait queued"))
+    return log, tr, stream
+
+
+@pytest.mark.parametrize("cls", [PrefillScheduler, DecodeScheduler])
+def test_war_barrier_is_logged_after_the_wait_is_queued(cls):
+    log, tr, stream = recorder()
+    owner = SimpleNamespace(tr=tr, sched_stream=stream)
+    cls.apply_war_barrier(owner, SimpleNamespace(bid=0), SimpleNamespace(war_event=1, done_event=1))
+    assert log == ["wait queued", "war_barrier"]
+
+
+def test_sample_is_logged_after_it_was_launched():
+    log, tr, _ = recorder()
+    owner = SimpleNamespace(tr=tr, _launch_sample=lambda *a: log.append("launched"))
+    PrefillScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0))
+    DecodeScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0), SimpleNamespace(bid=0))
+    assert log == ["launched", "sample", "launched", "sample"]
