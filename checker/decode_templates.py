@@ -252,8 +252,17 @@ class NoStale(DecodeTemplate):
         self.out.on(e)
 
 
+def _asks_while_released(e) -> bool:
+    """What D-release-cancels forbids between release_memory and resume_memory: a prefetch submitted,
+    a synchronous query, a parallel-info fetch, a receiver initialised. (A prefetch query the pool had
+    already started cannot be cancelled: its query_begin, source prefetch, may still come.)"""
+    ev = e["ev"]
+    return ev in ("prefetch_submit", "receiver_init", "prefill_info") or (ev == "query_begin" and e["source"] == "sync")
+
+
 class Release(DecodeTemplate):
-    events = ("release_memory", "resume_memory", "prefetch_submit", "prefetch_cancel", "resolve", "receiver_init")
+    events = ("release_memory", "resume_memory", "prefetch_submit", "prefetch_cancel", "resolve", "receiver_init",
+              "query_begin", "prefill_info")
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -269,9 +278,10 @@ class Release(DecodeTemplate):
             self.released = e["seq"]
         elif ev == "resume_memory":
             self.released = None
-        elif ev in ("prefetch_submit", "receiver_init") and self.released is not None:
+        elif self.released is not None and _asks_while_released(e):
             self.checks += 1
-            what = f"room {e['room']}" if ev == "receiver_init" else f"query {e['qid']}"
+            what = {"receiver_init": lambda: f"room {e['room']}", "prefill_info": lambda: e["addr"]}.get(
+                ev, lambda: f"query {e['qid']}")()
             self.fail(f"{ev} ({what}) after release_memory, before resume_memory", self.released, e["seq"])
         self.out.on(e)
 

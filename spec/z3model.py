@@ -757,7 +757,8 @@ def enc_no_stale(rule, U):
 
 
 # release: at release_memory no query is outstanding; between it and the next resume_memory no
-# prefetch_submit and no receiver_init. (Symbolic universes: the pairwise form, as for one_inflight.)
+# prefetch_submit, sync query_begin, prefill_info or receiver_init. (Symbolic universes: the pairwise
+# form, as for one_inflight.)
 def enc_release(rule, U):
     subs, closers = _query_state(U)
     resumes = U.named("resume_memory")
@@ -774,7 +775,9 @@ def enc_release(rule, U):
             out, refs = _outstanding(U, x, lst, closers.get(a, []))
             if out is not False:
                 yield implies(ex(x), neg(out)), [x, *refs]
-    for x in U.named("prefetch_submit") + U.named("receiver_init"):
+    asks = U.named("prefetch_submit") + U.named("receiver_init") + U.named("prefill_info") + \
+        [q for q in U.named("query_begin") if q.f.get("source") == "sync"]
+    for x in asks:
         for r in U.last_before(x, releases):
             resumed = disj(*[conj(ex(m), lt(r, m), lt(m, x)) for m in resumes])
             yield implies(conj(ex(x), ex(r), lt(r, x)), resumed), [x, r, *resumes]
@@ -1608,15 +1611,17 @@ def decode_engine(U: DecodeUniverse) -> dict[str, list]:
         for _, r in rooms:
             causes[("req_add", r)].append((arr[r] == i, base + 10 + idx[r] / 10))
             causes[("req_abort", r)].append((abort[r], base + 15 + idx[r] / 10))
-        # consumption point (when this iteration polls the prealloc queue)
+        # consumption point (when this iteration polls the prealloc queue, unless memory is released:
+        # then nothing is resolved, not even synchronously, until resume)
+        cp = conj(polls[i], neg(rel_c))
         anyp = disj(*[pend_c[r] for _, r in rooms])
-        empty = conj(polls[i], neg(anyp))
+        empty = conj(cp, neg(anyp))
         for a, (_, rs) in enumerate(W.rooms):
             for k in keys(a):
                 if k in live:
                     causes[("prefetch_cancel", *k)].append((conj(live[k], empty), base + 20 + a / 10))
                     U.ends["cancelled with nothing pending"].append(conj(live[k], empty))
-            act = define(f"act:{a}:{i}", conj(polls[i], anyp, disj(*[pend_c[r] for r in rs])))
+            act = define(f"act:{a}:{i}", conj(cp, anyp, disj(*[pend_c[r] for r in rs])))
             causes[("prefill_info", a)].append((conj(act, neg(info[(a, i - 1)])), base + 30 + 10 * a))
             info[(a, i)] = define(f"info:{a}:{i}", disj(info[(a, i - 1)], act))
             need = {r: conj(act, pend_c[r], neg(known[(r, i - 1)])) for r in rs}

@@ -122,3 +122,21 @@ def test_rule_parameters_are_checked_at_load():
             _check_params("rules.toml", "X", "order", params, "prefill", ("ahead",))
     with pytest.raises(ValueError, match="missing parameter 'span'"):
         _check_params("rules.toml", "X", "in_span", {"ev": "kv_send"}, "prefill", ("ahead",))
+
+
+def test_no_synchronous_query_while_memory_is_released(tmp_path):
+    """D-release-cancels covered only prefetch submits and receiver inits: a synchronous query (or a
+    parallel-info fetch) between release_memory and resume_memory passed."""
+    from checker import z3check
+
+    from . import test_decode_rules as d
+
+    events = d.base()
+    k = next(i for i, (_, ev, f) in enumerate(events) if ev == "query_begin" and f["qid"] == 1)
+    events[k:k] = [(d.S, "release_memory", {})]
+    j = next(i for i, (_, ev, f) in enumerate(events) if ev == "resolve" and f["rooms"] == [2])
+    events[j + 1:j + 1] = [(d.S, "resume_memory", {})]
+    path = d.write(tmp_path / "t.jsonl", events)
+    lin = [v for v in check_file(path).violations if v.rule.id == "D-release-cancels"]
+    assert lin and "query_begin (query 1) after release_memory" in lin[0].message, lin
+    assert "D-release-cancels" in z3check.check_file(path).violated
