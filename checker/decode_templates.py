@@ -514,8 +514,11 @@ def check_cross(paths: list, rules: list) -> list:
         ctx = Ctx(header, headers[d].get("page_size", 1))
         ctx.facts = facts
         mode = headers[d].get("mode")
-        active = [CROSS_TEMPLATES[r.kind](r, ctx) for r in rules
-                  if r.role == "cross" and r.applies(mode) and r.kind in CROSS_TEMPLATES]
+        mine = [r for r in rules if r.role == "cross" and r.applies(mode)]
+        missing = sorted({r.kind for r in mine} - set(CROSS_TEMPLATES))
+        if missing:   # a rule this checker cannot check must not pass silently
+            raise ValueError(f"no cross-process template for rule kind(s) {', '.join(missing)}")
+        active = [CROSS_TEMPLATES[r.kind](r, ctx) for r in mine]
         n = 0
         for _, e in iter_events(d):
             n += 1

@@ -248,8 +248,7 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
         while True:
             raw = f.readlines(_CHUNK_BYTES)
             if not raw:
-                if role == "prefill":
-                    _check_consecutive(path, admitted)
+                _check_consecutive(path, admitted)   # both roles relate batch N to N±1 by id
                 return
             events = _decode_fast(raw)
             if events is not None and _validate_fast(events, valid, last_seq):

@@ -190,14 +190,18 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
         grace = time.monotonic() + STOP_GRACE_S
         for t in threads:
             sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
-    for s, t in zip(prefills, threads):
+    roles = [*prefills, decode]   # in the order of `threads`
+    for s, t in zip(roles, threads):
         if sync.finished(t):  # closing under a loop that still runs would race with it
             s.close()
-    decode.close()
-    sync.quiesce("pd.quiesce")  # under a controller: every stream, transfer and prefetch thread has exited
+    still = [f"prefill{i}" for i, t in enumerate(threads[:-1]) if not sync.finished(t)] + \
+        (["decode"] if not sync.finished(threads[-1]) else [])
+    if not still:
+        sync.quiesce("pd.quiesce")  # under a controller: every stream, transfer and prefetch thread has exited
     if hung:
+        left = f"; still running after a {STOP_GRACE_S:g} s grace, not closed: {', '.join(still)}" if still else ""
         raise PDError(f"PD run did not finish within {timeout_s:g} s "
-                      f"(decode: {len(decode.done)} done, {len(decode.aborted)} aborted of {decode.total})")
+                      f"(decode: {len(decode.done)} done, {len(decode.aborted)} aborted of {decode.total}){left}")
     if errors:
         who, exc = next(iter(errors.items()))
         raise PDError(f"{who} failed: {exc}") from exc

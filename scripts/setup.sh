@@ -7,9 +7,10 @@
 #           tests/test_triton_compile_sm90.py, which compiles them for sm_90 without a GPU) run the
 #           Triton a GPU machine runs. Its wheel lies on this workplace's disk (a fresh set-up here
 #           downloads nothing big).
-#   CPU machine: torch 2.13.0, a CPU build where the machine provides one, as here (elsewhere set
-#           PIP_EXTRA_INDEX_URL to PyTorch's CPU wheel index first). The CPU build requires no Triton;
-#           the kernels' tests pass with 3.8.0 in the interpreter.
+#   CPU machine: torch 2.13.0+cpu, the CPU build: from wherever pip is configured to look (here, local
+#           wheels), else from PyTorch's CPU wheel index (PyPI's torch 2.13.0 is the CUDA build, which
+#           would also pin Triton 3.7.1). The CPU build requires no Triton; the kernels' tests pass
+#           with 3.8.0 in the interpreter.
 #   GPU machine: torch 2.14.1, PyPI's default Linux build (CUDA 13.0), which itself requires
 #           triton~=3.8.0: the same Triton as on the CPU. (The CUDA build of torch 2.13.0 requires
 #           triton==3.7.1 instead, hence the different torch versions.) CUDA 13 needs an NVIDIA driver
@@ -33,7 +34,12 @@ fi
 stamp=.venv/.pdo-setup
 key="gpu=$gpu $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
-  .venv/bin/pip install -q "torch==$torch" "triton==$TRITON"
+  if (( gpu )); then
+    .venv/bin/pip install -q "torch==$torch" "triton==$TRITON"
+  else   # the CPU build: from wherever pip finds it (here, local wheels), else from PyTorch's CPU index
+    .venv/bin/pip install -q "torch==$torch+cpu" "triton==$TRITON" 2>/dev/null ||
+      .venv/bin/pip install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$torch+cpu" "triton==$TRITON"
+  fi
   .venv/bin/pip install -q -e ".[test]"
   echo "$key" >"$stamp"
 fi

@@ -13,7 +13,8 @@ HERE = pathlib.Path(__file__).parent
 # Each rule kind (a template of checker/linear.py and checker/decode_templates.py, an encoding of
 # spec/z3model.py) with its parameters: name -> type, "?" marking an optional one. Types: event (a
 # name in the role's vocabulary, spec/events.toml), events (a list of them), span (two of them),
-# steps (a list of [event, batch offset]), str, bool, int; `check` of lifecycle is one of two words.
+# steps (a list of [event, batch offset]), thread (a name in THREADS), str, bool, int; `check` of
+# lifecycle is one of two words. A rule's modes must be its role's (LOOP_MODES).
 # load_rules() checks every rule against this, so a misspelt event or parameter fails at load time
 # instead of making a rule vacuous.
 PARAMS: dict[str, dict[str, str]] = {
@@ -21,10 +22,10 @@ PARAMS: dict[str, dict[str, str]] = {
     "complete": {"events": "events"},
     "disjoint": {"span": "span"},
     "order": {"chain": "steps", "when?": "steps", "same_thread?": "bool", "same_thread_prefix?": "int"},
-    "adjacent": {"first": "event", "then": "event", "thread": "str"},
+    "adjacent": {"first": "event", "then": "event", "thread": "thread"},
     "outside": {"ev": "event", "span": "span"},
-    "within": {"ev": "event", "after": "event", "before": "event", "thread?": "str", "same_thread_as?": "event"},
-    "thread": {"events": "events", "thread?": "str", "not_thread?": "str"},
+    "within": {"ev": "event", "after": "event", "before": "event", "thread?": "thread", "same_thread_as?": "event"},
+    "thread": {"events": "events", "thread?": "thread", "not_thread?": "thread"},
     "equal": {"a": "event", "b": "event", "field": "str"},
     "counter": {"inc": "event", "dec": "event", "owner": "event"},
     "lifecycle": {"acquire": "event", "release": "event", "check": "pairing|after_done", "processed?": "events",
@@ -33,11 +34,15 @@ PARAMS: dict[str, dict[str, str]] = {
     "in_span": {"ev": "event", "span": "span"},
     "each_in_span": {"ev": "event", "span": "span"},
     # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
-    "prefetch_top": {"thread?": "str"},
+    "prefetch_top": {"thread?": "thread"},
     **{k: {} for k in ("one_inflight", "published_first", "unknown_rooms", "prefetch_match", "no_stale",
                        "release", "init_once", "init_fifo", "kv_recv", "req_end", "cross_rank", "cross_pages")},
 }
 KINDS = tuple(PARAMS)
+# The loop modes a rule may name, per role ("any": every mode), and the threads a rule may name.
+LOOP_MODES = {"prefill": ("normal", "overlap", "thread", "ahead"), "decode": ("normal", "overlap"),
+              "cross": ("normal", "overlap")}
+THREADS = ("scheduler", "forward")
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,8 @@ def load_rules() -> list[Rule]:
 
 
 def modes_of(role: str) -> tuple[str, ...]:
-    """The loop modes a trace of `role` may declare: those its rules name (a trace's `mode` selects
-    the rules that apply to it, so a mode no rule names would select none)."""
-    return tuple(dict.fromkeys(m for r in load_rules() if r.role == role for m in r.modes if m != "any"))
+    """The loop modes a trace of `role` may declare (its `mode` selects the rules that apply)."""
+    return LOOP_MODES[role]
 
 
 def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, modes: tuple) -> None:
@@ -108,8 +112,10 @@ def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, mode
     unknown = set(params) - set(schema)
     if unknown:
         raise ValueError(f"{where}: unknown parameter(s) {', '.join(sorted(unknown))}")
-    if not modes or not all(isinstance(m, str) for m in modes):
-        raise ValueError(f"{where}: 'modes' must be a non-empty list of mode names")
+    bad = [m for m in modes if m not in (*LOOP_MODES[role], "any")]
+    if not modes or bad:
+        raise ValueError(f"{where}: 'modes' must list modes of role {role} ({', '.join(LOOP_MODES[role])}, "
+                         f"or any); got {list(modes)}")
 
     def event(v, what):
         if not isinstance(v, str) or v not in names:
@@ -137,6 +143,8 @@ def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, mode
         elif typ == "bool" and type(v) is not bool or typ == "int" and type(v) is not int \
                 or typ == "str" and not isinstance(v, str):
             raise ValueError(f"{where}: {what}: expected {typ}, got {v!r}")
+        elif typ == "thread" and v not in THREADS:
+            raise ValueError(f"{where}: {what}: expected a thread ({', '.join(THREADS)}), got {v!r}")
         elif "|" in typ and v not in typ.split("|"):
             raise ValueError(f"{where}: {what}: expected one of {typ.replace('|', ', ')}, got {v!r}")
 

@@ -140,3 +140,23 @@ def test_no_synchronous_query_while_memory_is_released(tmp_path):
     lin = [v for v in check_file(path).violations if v.rule.id == "D-release-cancels"]
     assert lin and "query_begin (query 1) after release_memory" in lin[0].message, lin
     assert "D-release-cancels" in z3check.check_file(path).violated
+
+
+def test_a_gap_in_decode_batch_ids_is_malformed_too(tmp_path, capsys):
+    from . import test_decode_rules as d
+
+    events = [(t, ev, {**f, "batch": 2 * f["batch"]}) if "batch" in f else (t, ev, f) for t, ev, f in d.base()]
+    assert len({f["batch"] for _, ev, f in events if ev == "admit"}) > 1
+    _exit2(d.write(tmp_path / "gap.jsonl", events), capsys, "admitted batch ids must be consecutive")
+
+
+def test_rule_modes_and_threads_are_checked_at_load():
+    import pytest
+
+    from spec import _check_params
+
+    ok = {"chain": [["collect", 0], ["sample", 0]]}
+    with pytest.raises(ValueError, match="'modes' must list modes of role prefill"):
+        _check_params("rules.toml", "X", "order", ok, "prefill", ("ahaed",))
+    with pytest.raises(ValueError, match="expected a thread"):
+        _check_params("rules.toml", "X", "thread", {"events": ["submit"], "thread": "forwrd"}, "prefill", ("ahead",))

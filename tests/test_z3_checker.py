@@ -60,12 +60,16 @@ def verdicts(path):
 
 
 def malformed(path) -> bool:
-    """An edit can leave a trace malformed (a dropped admit leaves a gap in the batch ids): both
-    checkers read it through the same loader, which refuses it before any rule runs."""
+    """An edit can leave a trace malformed (a dropped admit leaves a gap in the batch ids): then both
+    checkers must refuse it, with the same error."""
     try:
         for _ in iter_chunks(path):
             pass
-    except TraceFormatError:
+    except TraceFormatError as exc:
+        for check in (linear_check, z3check.check_file):
+            with pytest.raises(TraceFormatError) as got:
+                check(path)
+            assert str(got.value) == str(exc)
         return True
     return False
 

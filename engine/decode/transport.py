@@ -20,10 +20,13 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 
 import torch
 
 from ..transfer import KVChunk
+
+DROP_RETRY_S = 10.0   # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
 
 
 class KVTransportError(RuntimeError):
@@ -249,6 +252,7 @@ class ZmqKVClient:
         self._cmd_out.connect(self._cmd_addr)
         self._cmd_lock = threading.Lock()
         self._endpoints: dict[int, str] = {}
+        self._lookup_failed: dict[int, float] = {}   # rank -> monotonic time before which drop skips it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kv-client", daemon=True)
         self._thread.start()
@@ -275,11 +279,16 @@ class ZmqKVClient:
 
     def drop(self, rank: int, room: int) -> None:
         # A request aborted before its pull has no endpoint cached yet: look it up, or that rank
-        # keeps the room's KV buffered for good.
+        # keeps the room's KV buffered for good. A failed lookup (no such rank, or the bootstrap
+        # server down: aborts come in bursts exactly then) is not retried for DROP_RETRY_S, so a
+        # burst of aborts costs the scheduler one lookup timeout per rank, not one per request.
+        if time.monotonic() < self._lookup_failed.get(rank, 0.0):
+            return
         try:
             ep = self._endpoint(rank)
         except KVTransportError:
-            return  # a rank the bootstrap server does not know holds nothing of ours
+            self._lookup_failed[rank] = time.monotonic() + DROP_RETRY_S
+            return
         self._send({"op": "drop", "rank": rank, "ep": ep, "room": room})
 
     def bye(self, rank: int) -> None:
