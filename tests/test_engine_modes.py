@@ -145,6 +145,30 @@ def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
     assert done.wait(10), "shutdown() hung on a worker that died without a result"
 
 
+def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
+    """The worker is alive at shutdown's check, then dies with its input queue full: the stop must
+    not block on a queue nobody will read again."""
+    import threading
+    from types import SimpleNamespace
+
+    from engine.prefill.worker import ForwardWorker
+    from engine.trace import NullTracer
+
+    release = threading.Event()
+
+    class DyingWorker(ForwardWorker):
+        def _loop(self):
+            release.wait(10)   # alive, reading nothing; then gone
+
+    w = DyingWorker(SimpleNamespace(tr=NullTracer()))
+    w.in_q.put((SimpleNamespace(bid=0), False))   # the input is full, and nothing in flight to collect
+    done = threading.Event()
+    threading.Thread(target=lambda: (w.shutdown(), done.set()), daemon=True).start()
+    assert not done.wait(0.3)   # still waiting for room in the queue while the worker lives
+    release.set()
+    assert done.wait(10), "shutdown() blocked on the input of a worker that died"
+
+
 def test_worker_exception_reaches_scheduler():
     from engine.prefill import scheduler as sched_mod
 

@@ -76,7 +76,15 @@ class ForwardWorker:
                 self.collect()
             except WorkerError:
                 pass
-        if not sync.finished(self.thread):
+        if sync.finished(self.thread):
+            return
+        if sync.controlled():   # a dead worker there is a deadlock the controller reports
             sync.q_put(self.in_q, _STOP, "worker.stop")
-            if not sync.controlled():
-                self.thread.join(timeout=10)
+            return
+        while not sync.finished(self.thread):   # it may still die with its input full: never block on it
+            try:
+                self.in_q.put(_STOP, timeout=0.1)
+                break
+            except queue.Full:
+                pass
+        self.thread.join(timeout=10)
