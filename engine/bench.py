@@ -29,7 +29,8 @@ import sys
 import threading
 import time
 
-MODES = ("normal", "overlap", "thread", "ahead")
+from .config import MODES
+
 BASELINE = "thread"
 # Host time per layer launch (EngineConfig.launch_cost_us) that `bench prefill` models unless told
 # otherwise: 2 layers x 1 ms = 2 ms per batch, about a fifth of the emulated forward of a full batch —

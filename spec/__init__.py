@@ -39,7 +39,9 @@ PARAMS: dict[str, dict[str, str]] = {
                        "release", "init_once", "init_fifo", "kv_recv", "req_end", "cross_rank", "cross_pages")},
 }
 KINDS = tuple(PARAMS)
-# The loop modes a rule may name, per role ("any": every mode), and the threads a rule may name.
+# The loop modes a rule may name, per role ("any": every mode), and the threads a rule may name. The
+# models in spec/ read these; the engine keeps its own lists (engine/config.py MODES, engine/decode/
+# config.py DECODE_LOOPS: it does not depend on spec/), and a test keeps the two in step.
 LOOP_MODES = {"prefill": ("normal", "overlap", "thread", "ahead"), "decode": ("normal", "overlap"),
               "cross": ("normal", "overlap")}
 THREADS = ("scheduler", "forward")

@@ -18,7 +18,9 @@ import json
 import random
 from dataclasses import dataclass, field
 
-MODES = ("normal", "overlap", "thread", "ahead")
+from . import LOOP_MODES
+
+MODES = LOOP_MODES["prefill"]
 SCHED, FWD = "scheduler", "forward"
 _STOP = object()
 

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 
 import z3
 
-from . import load_events, load_rules
+from . import LOOP_MODES, load_events, load_rules
 
 SCHED, FWD = 0, 1                      # host threads of the model
 THREAD_IDS = {"scheduler": SCHED, "forward": FWD}
 THREAD_NAMES = {v: k for k, v in THREAD_IDS.items()}
 STREAM = 2                             # device work (schedule and forward streams): hidden events
-MODES = ("normal", "overlap", "thread", "ahead")
+MODES = LOOP_MODES["prefill"]
 THREAD_MODES = ("thread", "ahead")
 
 
@@ -1726,7 +1726,7 @@ def p_nothing_after_release(U):
     return conj(*out)
 
 
-DECODE_MODES = ("normal", "overlap")
+DECODE_MODES = LOOP_MODES["decode"]
 
 
 # ---- properties: the seed's safety claims, stated without the rules ---------------------------------

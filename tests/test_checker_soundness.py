@@ -160,3 +160,13 @@ def test_rule_modes_and_threads_are_checked_at_load():
         _check_params("rules.toml", "X", "order", ok, "prefill", ("ahaed",))
     with pytest.raises(ValueError, match="expected a thread"):
         _check_params("rules.toml", "X", "thread", {"events": ["submit"], "thread": "forwrd"}, "prefill", ("ahead",))
+
+
+def test_the_engine_and_the_spec_name_the_same_loop_modes():
+    """The engine does not import spec/; its mode lists and the spec's must still agree, or a trace
+    the engine writes would be refused (or a spec mode never run)."""
+    from engine.config import MODES
+    from engine.decode.config import DECODE_LOOPS
+    from spec import LOOP_MODES
+
+    assert MODES == LOOP_MODES["prefill"] and DECODE_LOOPS == LOOP_MODES["decode"] == LOOP_MODES["cross"]
