@@ -82,11 +82,22 @@ def _load(name: str) -> dict:
     return hit[1]
 
 
+_RULES: list = [None, None]   # (the parsed files they were built from, the rules)
+
+
 def load_rules() -> list[Rule]:
+    """Every rule of spec/, checked against PARAMS and the vocabulary: built again only when a file
+    changed (the checker asks once per trace file, a fuzz campaign for thousands of small files)."""
+    files = [f for f in ("rules.toml", "decode_rules.toml", "events.toml") if (HERE / f).exists()]
+    parsed = tuple(_load(f) for f in files)   # held, so that a new parse is never mistaken for them
+    if _RULES[0] is None or len(_RULES[0]) != len(parsed) or any(a is not b for a, b in zip(_RULES[0], parsed)):
+        _RULES[:] = [parsed, _build_rules([f for f in files if f != "events.toml"])]
+    return list(_RULES[1])
+
+
+def _build_rules(files: list[str]) -> list[Rule]:
     rules = []
-    for fname in ("rules.toml", "decode_rules.toml"):
-        if not (HERE / fname).exists():
-            continue
+    for fname in files:
         for raw in _load(fname)["rule"]:
             raw = dict(raw)
             base = {k: raw.pop(k) for k in ("id", "statement", "modes", "seed", "kind")}
