@@ -53,13 +53,13 @@ def text_report(result) -> str:
         lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
         for rule, checks in result.rules:
             lines.append(f"  {rule.id:32s} {checks:7d} checks")
-        lines += ignored_note(getattr(result, "ignored", {}))
+        lines += ignored_note(result.ignored)
         return "\n".join(lines)
     by_rule: dict[str, int] = {}
     for v in result.violations:
         by_rule[v.rule.id] = by_rule.get(v.rule.id, 0) + 1
     lines = [f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
-             "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items())] + ignored_note(getattr(result, "ignored", {}))
+             "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items())] + ignored_note(result.ignored)
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
     picked = sorted(firsts.values())[:MAX_SHOWN]

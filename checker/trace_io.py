@@ -187,13 +187,13 @@ def _validate_fast(events: list, valid: dict, last_seq: int) -> bool:
 def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | None):
     """An engine's own events (`x.<name>`, validated as such) are not the checker's: they are dropped
     here, before any rule sees them, and counted by kind in `ignored`."""
-    keep = [i for i, e in enumerate(events) if e["ev"] in known]
-    if len(keep) == len(events):
+    skipped = [e["ev"] for e in events if e["ev"] not in known]
+    if not skipped:   # the usual case: nothing built but an empty list
         return events, nums
     if ignored is not None:
-        for e in events:
-            if e["ev"] not in known:
-                ignored[e["ev"]] = ignored.get(e["ev"], 0) + 1
+        for ev in skipped:
+            ignored[ev] = ignored.get(ev, 0) + 1
+    keep = [i for i, e in enumerate(events) if e["ev"] in known]
     return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
 
 

@@ -190,12 +190,13 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
         grace = time.monotonic() + STOP_GRACE_S
         for t in threads:
             sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
-    roles = [*prefills, decode]   # in the order of `threads`
-    for s, t in zip(roles, threads):
+    roles = {**{f"prefill{i}": s for i, s in enumerate(prefills)}, "decode": decode}   # in the order of `threads`
+    still = []
+    for (name, s), t in zip(roles.items(), threads):
         if sync.finished(t):  # closing under a loop that still runs would race with it
             s.close()
-    still = [f"prefill{i}" for i, t in enumerate(threads[:-1]) if not sync.finished(t)] + \
-        (["decode"] if not sync.finished(threads[-1]) else [])
+        else:
+            still.append(name)
     if not still:
         sync.quiesce("pd.quiesce")  # under a controller: every stream, transfer and prefetch thread has exited
     if hung:

@@ -226,7 +226,7 @@ def test_failed_check_explains_every_violated_rule(tmp_path):
     violations = [SimpleNamespace(rule=many, message=f"many #{i}", seqs=[]) for i in range(MAX_SHOWN + 5)]
     violations.append(SimpleNamespace(rule=rare, message="the rare one", seqs=[]))
     result = SimpleNamespace(ok=False, path=str(path), header={"role": "prefill", "mode": "ahead"}, events=99,
-                             rules=[], violations=violations)
+                             rules=[], violations=violations, ignored={})
     text = text_report(result)
     assert f"{len(violations)} violation(s) of 2 rule(s)" in text
     assert f"P-many {MAX_SHOWN + 5}, P-rare 1" in text
