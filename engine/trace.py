@@ -13,6 +13,10 @@ on the engine's threads (a disabled tracer is a no-op method):
   objects, and a traced run that kept a tuple per event collected twice as often, and now and then
   fully (~100 ms in an engine process, ~170k objects with torch loaded; the engine loops also run
   with their start-up objects frozen out of the collector, engine/run.py).
+- Hot paths log through declared events (`events`): the event's field names are given once, and a
+  call passes the values positionally and keeps them as one tuple, named when the events are read:
+  ~0.4 µs a call here against ~0.9 µs for `emit`, which builds a keyword dict per call (a run of
+  the prefill engine logs ~7,000 events a second, so each µs is 0.7% of its wall time).
 - Object identities (the `obj` field) cost nothing in the run: the caller passes the object itself,
   the event keeps a reference to it, and it is named (o1, o2, ...: in the order the tracer first
   names them — when a digest covers them, or when the events are read) at that point. Kept alive
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 from time import monotonic_ns as _monotonic_ns
 
 from . import sync
@@ -48,6 +53,7 @@ class Tracer:
         self._read_lock = threading.Lock()
         self._names: dict[int, tuple] = {}   # id(obj) -> (obj, kept alive so its id stays its own; name)
         self._obj_count = 0
+        self.declared: dict[str, tuple[str, ...]] = {}   # ev -> field names, of the events declared by events_for
 
     def emit(self, ev: str, **fields) -> None:
         try:
@@ -56,6 +62,35 @@ class Tracer:
             thread = self._thread.name = threading.current_thread().name
         sync.point(ev)
         self._extend((_monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
+
+    def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
+        """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
+        "pages"))`, then `log.kv_send(req.rid, req, tokens, pages)` logs what `emit("kv_send", rid=...,
+        obj=..., ...)` would, at half its cost. The values are kept as one tuple and named when the
+        events are read; a call with too many or too few values is an error then."""
+        self.declared.update({ev: tuple(names) for ev, names in kinds.items()})
+        return types.SimpleNamespace(**{ev: self._logger(_Kind(ev, tuple(names))) for ev, names in kinds.items()})
+
+    def _logger(self, kind: "_Kind"):
+        ext, local, point, now, ev = self._extend, self._thread, sync.point, _monotonic_ns, kind.ev
+
+        def log(*values):
+            try:
+                thread = local.name
+            except AttributeError:
+                thread = local.name = threading.current_thread().name
+            point(ev)
+            ext((now(), thread, kind, values))
+        return log
+
+    def _fields(self, ev, fields, seq: int) -> tuple[str, dict]:
+        """(ev, fields) of a stored event: a declared event's values named."""
+        if ev.__class__ is not _Kind:
+            return ev, fields
+        if len(fields) != len(ev.names):
+            raise ValueError(f"event {seq} ({ev.ev}): {len(fields)} values logged for the fields "
+                             f"{', '.join(ev.names)}")
+        return ev.ev, dict(zip(ev.names, fields))
 
     @property
     def count(self) -> int:
@@ -69,7 +104,7 @@ class Tracer:
         The fields are the tracer's own: read them, do not change them."""
         raw = self._raw
         part = raw[4 * start:4 * (len(raw) // 4)]
-        return list(zip(part[2::4], part[3::4]))
+        return [self._fields(ev, f, s) for s, ev, f in zip(range(start + 1, len(raw) // 4 + 1), part[2::4], part[3::4])]
 
     @property
     def events(self) -> list[dict]:
@@ -80,9 +115,10 @@ class Tracer:
             n = len(raw) // 4
             if len(dicts) < n:
                 part = raw[4 * len(dicts):4 * n]
-                name = self.obj
+                name, named = self.obj, self._fields
                 for s, t, th, ev, f in zip(range(len(dicts) + 1, n + 1), part[0::4], part[1::4], part[2::4],
                                            part[3::4]):
+                    ev, f = named(ev, f, s)
                     e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
                     o = e.get("obj")
                     if o is not None and not isinstance(o, str):
@@ -119,6 +155,14 @@ class Tracer:
         return [e for e in self.events if e["ev"] == ev]
 
 
+class _Kind:
+    """A declared event (Tracer.events_for): its name and its fields' names, in the order logged."""
+    __slots__ = ("ev", "names")
+
+    def __init__(self, ev: str, names: tuple[str, ...]):
+        self.ev, self.names = ev, names
+
+
 class NullTracer(Tracer):
     enabled = False
 
@@ -127,6 +171,13 @@ class NullTracer(Tracer):
 
     def emit(self, ev: str, **fields) -> None:  # noqa: D401 - deliberately nothing
         sync.point(ev)
+
+    def _logger(self, kind: _Kind):
+        point, ev = sync.point, kind.ev
+
+        def log(*values):   # nothing kept; still a schedule point
+            point(ev)
+        return log
 
     def obj(self, x) -> str:
         return ""

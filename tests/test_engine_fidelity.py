@@ -11,6 +11,16 @@ from engine.decode.scheduler import DecodeScheduler
 from engine.prefill.scheduler import PrefillScheduler
 
 
+class Declared:
+    """Stands in for Tracer.events_for's loggers: any event, its name recorded."""
+
+    def __init__(self, log: list):
+        self._log = log
+
+    def __getattr__(self, ev):
+        return lambda *values: self._log.append(ev)
+
+
 def recorder():
     log = []
     tr = SimpleNamespace(emit=lambda ev, **fields: log.append(ev))
@@ -21,14 +31,14 @@ def recorder():
 @pytest.mark.parametrize("cls", [PrefillScheduler, DecodeScheduler])
 def test_war_barrier_is_logged_after_the_wait_is_queued(cls):
     log, tr, stream = recorder()
-    owner = SimpleNamespace(tr=tr, sched_stream=stream)
+    owner = SimpleNamespace(tr=tr, log=Declared(log), sched_stream=stream)
     cls.apply_war_barrier(owner, SimpleNamespace(bid=0), SimpleNamespace(war_event=1, done_event=1))
     assert log == ["wait queued", "war_barrier"]
 
 
 def test_sample_is_logged_after_it_was_launched():
     log, tr, _ = recorder()
-    owner = SimpleNamespace(tr=tr, _launch_sample=lambda *a: log.append("launched"))
+    owner = SimpleNamespace(tr=tr, log=Declared(log), _launch_sample=lambda *a: log.append("launched"))
     PrefillScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0))
     DecodeScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0), SimpleNamespace(bid=0))
     assert log == ["launched", "sample", "launched", "sample"]

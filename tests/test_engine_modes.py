@@ -137,7 +137,7 @@ def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
         def _loop(self):
             return
 
-    w = DeadWorker(SimpleNamespace(tr=NullTracer()))
+    w = DeadWorker(SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",))))
     w.thread.join(5)
     w.submit(SimpleNamespace(bid=0), early_send_prefix=False)   # stays in the input queue: nobody takes it
     done = threading.Event()
@@ -160,7 +160,7 @@ def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
         def _loop(self):
             release.wait(10)   # alive, reading nothing; then gone
 
-    w = DyingWorker(SimpleNamespace(tr=NullTracer()))
+    w = DyingWorker(SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",))))
     w.in_q.put((SimpleNamespace(bid=0), False))   # the input is full, and nothing in flight to collect
     done = threading.Event()
     threading.Thread(target=lambda: (w.shutdown(), done.set()), daemon=True).start()

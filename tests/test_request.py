@@ -1,9 +1,10 @@
 """Snapshot semantics of the seed: shallow batch copy, idempotent copy_for_forward without the
 penalizer, shallow spec_info, Req objects by identity; in-place filter does not reach a snapshot."""
+import pytest
 import torch
 
 from engine import inject
-from engine.request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
+from engine.request import DigestStamp, Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 
 
 class Spec:
@@ -310,3 +311,56 @@ def test_forward_stamp_of_a_resolved_snapshot_hashes_itself_and_readers_leave_st
     assert tr.events[-1]["digest"] == snap.value == b.digest(name=tr.obj)   # `events` resolves it
     fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), same_as=snap)
     assert fwd.same_as is None and fwd.trace_value() == snap.value
+
+
+def test_declared_events_read_back_as_emitted():
+    """A declared event (Tracer.events_for, the engine's hot paths) reads back as `emit` would have
+    logged it: the same fields, objects named, digest stamps resolved; the progress monitor's view
+    (names_and_fields) names its values too. A NullTracer's loggers keep nothing."""
+    from engine.trace import NullTracer, Tracer
+
+    a = Req(rid="a", prompt=[1], bootstrap_room=0)
+    kw, pos = Tracer(), Tracer()
+    log = pos.events_for(kv_send=("rid", "obj", "tokens", "pages"), snapshot=("batch", "digest"))
+    assert pos.declared == {"kv_send": ("rid", "obj", "tokens", "pages"), "snapshot": ("batch", "digest")}
+    for tr, send, snap in ((kw, lambda: kw.emit("kv_send", rid="a", obj=a, tokens=3, pages=1),
+                            lambda b: kw.emit("snapshot", batch=0, digest=DigestStamp(b, kw.obj))),
+                           (pos, lambda: log.kv_send("a", a, 3, 1), lambda b: log.snapshot(0, DigestStamp(b, pos.obj)))):
+        send()
+        snap(_batch())
+    assert pos.names_and_fields()[0] == ("kv_send", {"rid": "a", "obj": a, "tokens": 3, "pages": 1})
+    strip = lambda evs: [{k: v for k, v in e.items() if k != "t_ns"} for e in evs]  # noqa: E731
+    assert strip(pos.events) == strip(kw.events)
+    assert pos.events[0]["obj"] == "o1" and len(pos.events[1]["digest"]) == 16
+    null = NullTracer()
+    null.events_for(kv_send=("rid", "obj", "tokens", "pages")).kv_send("a", a, 3, 1)
+    assert null.count == 0
+
+
+def test_a_declared_event_logged_with_the_wrong_values_is_an_error_when_read():
+    from engine.trace import Tracer
+
+    tr = Tracer()
+    tr.events_for(alloc=("rid", "obj", "slot")).alloc("a", "o1")
+    with pytest.raises(ValueError, match=r"event 1 \(alloc\): 2 values logged for the fields rid, obj, slot"):
+        tr.events
+
+
+def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
+    """Every event the prefill scheduler declares is in the spec's prefill vocabulary, with all the
+    required fields and no field the spec does not know (spec/events.toml)."""
+    from spec import load_events
+
+    from engine.config import EngineConfig
+    from engine.run import run_prefill
+    from engine.trace import Tracer
+    from engine.workload import WorkloadConfig
+
+    tr = Tracer()
+    run_prefill(EngineConfig(mode="ahead"), WorkloadConfig(requests=2), tracer=tr)
+    vocab = load_events()["prefill"]
+    assert tr.declared and set(tr.declared) <= set(vocab)
+    for ev, names in tr.declared.items():
+        required, optional = set(vocab[ev]["fields"]), set(vocab[ev].get("optional", {}))
+        assert required <= set(names) <= required | optional, ev
+        assert len(set(names)) == len(names), ev

@@ -44,6 +44,14 @@ class PrefillScheduler:
                  on_ingest=None):
         self.cfg = cfg
         self.tr = tracer or NullTracer()
+        # The prefill events (spec/events.toml), declared once and logged positionally (engine/trace.py).
+        self.log = self.tr.events_for(
+            admit=("batch", "rids"), alloc=("rid", "obj", "slot"), chunk_inc=("rid", "obj", "value"),
+            snapshot=("batch", "digest"), stage=("batch",), submit=("batch",), fwd_begin=("batch", "digest"),
+            fwd_end=("batch",), war_barrier=("batch",), batch_copy=("batch",), collect=("batch",),
+            prefix_send=("batch", "rid", "obj", "tokens", "pages"), sample=("batch",),
+            process_begin=("batch",), chunk_dec=("rid", "obj", "value"), kv_send=("rid", "obj", "tokens", "pages"),
+            process_end=("batch",), release=("rid", "obj", "slot"))
         self.device = torch.device(cfg.device)
         mc = cfg.model_config
         self.mc = mc
@@ -182,7 +190,7 @@ class PrefillScheduler:
         req.slot = self.req_to_token.alloc()
         if req.pages:
             self.req_to_token.table[req.slot, :req.prefix_len] = self.pool.token_indices(req.pages, 0, req.prefix_len).to(self.device)
-        self.tr.emit("alloc", rid=req.rid, obj=req, slot=req.slot)
+        self.log.alloc(req.rid, req, req.slot)
         self.stats["cached_tokens"] += req.prefix_len
         return True
 
@@ -223,11 +231,11 @@ class PrefillScheduler:
             bid=bid, reqs=reqs, starts=[p[1] for p in picked], extends=[p[2] for p in picked],
             last_chunk=[p[3] for p in picked], input_ids=ids, positions=pos,
             out_cache_loc=loc, sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device))
-        self.tr.emit("admit", batch=bid, rids=[r.rid for r in reqs])
+        self.log.admit(bid, [r.rid for r in reqs])
         for req, last in zip(reqs, batch.last_chunk):
             if not last:
                 req.inflight_middle_chunks += 1
-                self.tr.emit("chunk_inc", rid=req.rid, obj=req, value=req.inflight_middle_chunks)
+                self.log.chunk_inc(req.rid, req, req.inflight_middle_chunks)
             elif inject.on("free-slot-before-forward-done"):
                 # MUTANT: slot and pages freed as soon as the last chunk is scheduled; the request still
                 # uses them (its forward reads the req_to_token row, its KV send reads the pages).
@@ -241,7 +249,7 @@ class PrefillScheduler:
     def stage(self, batch: ScheduleBatch) -> None:
         """Write the batch's inputs into the shared buffers, on the schedule stream. The stream waits
         for the previous forward's reads (WAR barrier) because it is in order after that wait."""
-        self.tr.emit("stage", batch=batch.bid)
+        self.log.stage(batch.bid)
         n = batch.num_tokens
         ids, pos, loc = batch.input_ids, batch.positions, batch.out_cache_loc
 
@@ -264,7 +272,7 @@ class PrefillScheduler:
         snap = snapshot_for_forward(batch)
         if self.tr.enabled:   # hashed later, by the worker (DigestStamp): not on this thread's critical path
             snap._digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
-            self.tr.emit("snapshot", batch=snap.bid, digest=stamp)
+            self.log.snapshot(snap.bid, stamp)
         return snap
 
     def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
@@ -276,7 +284,7 @@ class PrefillScheduler:
             # snapshot's: while the batch is still the snapshot's, only the two logit biases are read.
             fwd_stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch",
                                     same_as=batch.__dict__.get("_digest_stamp"))
-            self.tr.emit("fwd_begin", batch=batch.bid, digest=fwd_stamp)
+            self.log.fwd_begin(batch.bid, fwd_stamp)
         if early_send_prefix:
             for req in batch.reqs:
                 self.maybe_send_cached_prefix(batch, req)
@@ -325,7 +333,7 @@ class PrefillScheduler:
             snap_stamp = batch.__dict__.get("_digest_stamp")
             if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
                 snap_stamp.trace_value()  # now, so that it keeps nothing of the batch alive
-            self.tr.emit("fwd_end", batch=batch.bid)
+            self.log.fwd_end(batch.bid)
         return result
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
@@ -334,7 +342,7 @@ class PrefillScheduler:
         after it really is behind the wait."""
         if not inject.on("no-war-barrier"):
             self.sched_stream.wait_event(result.war_event)
-        self.tr.emit("war_barrier", batch=batch.bid)
+        self.log.war_barrier(batch.bid)
 
     def maybe_send_cached_prefix(self, batch: ScheduleBatch, req: Req) -> None:
         """The cached prefix's KV goes to decode before the suffix forward (it is already computed)."""
@@ -342,7 +350,7 @@ class PrefillScheduler:
             return
         req.prefix_sent = True
         tokens, pages = req.sender.send(req, req.prefix_len, None, last=False)
-        self.tr.emit("prefix_send", batch=batch.bid, rid=req.rid, obj=req, tokens=tokens, pages=pages)
+        self.log.prefix_send(batch.bid, req.rid, req, tokens, pages)
 
     # ---- deferred sampling ---------------------------------------------------------------------
     def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
@@ -351,7 +359,7 @@ class PrefillScheduler:
         the next submit/forward, so the whole launch must precede them (it cannot start before the
         collect that hands it `result`)."""
         self._launch_sample(result)
-        self.tr.emit("sample", batch=result.bid)
+        self.log.sample(result.bid)
 
     def _launch_sample(self, result: ForwardResult) -> None:
         bs = result.bs
@@ -388,7 +396,7 @@ class PrefillScheduler:
 
     # ---- result processing ---------------------------------------------------------------------
     def process_batch_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
-        self.tr.emit("process_begin", batch=batch.bid)
+        self.log.process_begin(batch.bid)
         result.copy_event.synchronize()
         result.host_tokens = result.host_buf.tolist()
         for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
@@ -401,7 +409,7 @@ class PrefillScheduler:
             end = batch.starts[i] + batch.extends[i]
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
-                self.tr.emit("chunk_dec", rid=req.rid, obj=req, value=req.inflight_middle_chunks)
+                self.log.chunk_dec(req.rid, req, req.inflight_middle_chunks)
                 if not inject.on("send-before-forward-done"):
                     self._send(req, end, result.done_event, last=False)
             else:
@@ -415,11 +423,11 @@ class PrefillScheduler:
         self.astore.stage([r for r in finished if r.inflight_middle_chunks <= 0], result.done_event)
         self.inflight.extend(finished)
         self.stats["uncached_tokens"] += batch.num_tokens
-        self.tr.emit("process_end", batch=batch.bid)
+        self.log.process_end(batch.bid)
 
     def _send(self, req: Req, end: int, ready, *, last: bool, meta=None) -> None:
         tokens, pages = req.sender.send(req, end, ready, last=last, meta=meta)
-        self.tr.emit("kv_send", rid=req.rid, obj=req, tokens=tokens, pages=pages)
+        self.log.kv_send(req.rid, req, tokens, pages)
 
     def process_inflight_queue(self) -> None:
         """Release requests whose KV transfer and AttentionStore staging have completed."""
@@ -435,7 +443,7 @@ class PrefillScheduler:
         self.inflight = still
 
     def _release(self, req: Req, *, early: bool = False) -> None:
-        self.tr.emit("release", rid=req.rid, obj=req, slot=req.slot)
+        self.log.release(req.rid, req, req.slot)
         self.req_to_token.free(req.slot)
         req.released = True
         if not early:

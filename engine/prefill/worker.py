@@ -38,13 +38,13 @@ class ForwardWorker:
                 result = self.sched.run_batch(batch, early_send_prefix=early_send_prefix)
                 self.sched.apply_war_barrier(batch, result)
                 copy = batch.copy()
-                self.sched.tr.emit("batch_copy", batch=batch.bid)
+                self.sched.log.batch_copy(batch.bid)
                 sync.q_put(self.out_q, (result, copy), "worker.out_q")
             except BaseException as exc:  # reaches the scheduler thread through collect()
                 sync.q_put(self.out_q, exc, "worker.out_q")
 
     def submit(self, batch, *, early_send_prefix: bool) -> None:
-        self.sched.tr.emit("submit", batch=batch.bid)
+        self.sched.log.submit(batch.bid)
         self.submitted += 1
         sync.q_put(self.in_q, (batch, early_send_prefix), "submit")
 
@@ -60,7 +60,7 @@ class ForwardWorker:
         if isinstance(item, BaseException):
             raise WorkerError(f"forward worker failed: {item!r}") from item
         result, copy = item
-        self.sched.tr.emit("collect", batch=copy.bid)
+        self.sched.log.collect(copy.bid)
         return result, copy
 
     @property
