@@ -72,14 +72,15 @@ class Tracer:
         return types.SimpleNamespace(**{ev: self._logger(_Kind(ev, tuple(names))) for ev, names in kinds.items()})
 
     def _logger(self, kind: "_Kind"):
-        ext, local, point, now, ev = self._extend, self._thread, sync.point, _monotonic_ns, kind.ev
+        ext, local, now, ev = self._extend, self._thread, _monotonic_ns, kind.ev
 
         def log(*values):
             try:
                 thread = local.name
             except AttributeError:
                 thread = local.name = threading.current_thread().name
-            point(ev)
+            if sync.CONTROLLER is not None or sync.JITTER_US:   # sync.point, without its call when idle
+                sync.point(ev)
             ext((now(), thread, kind, values))
         return log
 

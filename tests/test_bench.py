@@ -110,8 +110,10 @@ def test_trace_overhead_tiny():
     assert r["pairs"][0]["on"]["events"] > 0 and r["pairs"][0]["off"]["events"] == 0
     assert r["wall_ratio_median"] > 0 and r["emit_ns"] > 0 and r["write_ns"] > 0
     assert "per event" in bench.format_trace_overhead(r)
+    # the in-run accounting times every event, whether logged by a declared event or by emit
+    assert all(a["events"] > 0 and a["calls"]["emit"] == a["events"] for a in r["accounted"])
     c = bench.emit_cost_ns(1000)
-    assert 0 < c["emit_ns"] < 1e6
+    assert 0 < c["emit_ns"] < 1e6 and 0 < c["emit_kw_ns"] < 1e6
 
 
 def test_big_trace_is_valid_and_checker_bench_runs(tmp_path):
