@@ -105,6 +105,12 @@ def test_bench_prefill_rejects_bad_mode(capsys):
     assert "sideways" in capsys.readouterr().err
 
 
+def test_trace_overhead_what_if_is_labelled(capsys):
+    assert main(["bench", "trace-overhead", "--reps", "1", "--requests", "4", "--gil-free-device", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("WHAT-IF") and "forward=a GIL-free wait (what-if)" in out
+
+
 def test_trace_overhead_tiny():
     r = bench.bench_trace_overhead(mode="thread", reps=1, requests=6)
     assert r["pairs"][0]["on"]["events"] > 0 and r["pairs"][0]["off"]["events"] == 0
