@@ -144,6 +144,24 @@ def test_progress_lines():
     assert bench.Progress(None, stream=io.StringIO()).enabled is False
 
 
+def test_progress_counts_requests_and_tokens_from_the_running_trace():
+    """The monitor reads the engine's events while it runs (names_and_fields: declared events named):
+    its lines count released requests and sent tokens, so a run shows progress, not 0/N."""
+    import re
+
+    from engine.config import EngineConfig
+    from engine.workload import WorkloadConfig
+
+    buf = io.StringIO()
+    p = bench.Progress(True, stream=buf)
+    p.period = 0.002   # not a TTY: a line every 2 s at the most, longer than this run
+    bench.run_one(EngineConfig(mode="ahead"), WorkloadConfig(requests=60), progress=p, label="ahead")
+    counts = [(int(a), int(b), float(c.replace(",", ""))) for a, b, c in
+              re.findall(r"ahead: (\d+)/(\d+) requests, ([\d,]+) uncached tok/s", buf.getvalue())]
+    assert counts and all(total == 60 and done <= 60 for done, total, _ in counts)
+    assert max(done for done, _, _ in counts) > 0 and max(tok for _, _, tok in counts) > 0
+
+
 def test_bench_has_subcommands(capsys):
     with pytest.raises(SystemExit):
         main(["bench"])
