@@ -9,8 +9,9 @@ on the engine's threads (a disabled tracer is a no-op method):
   is its `seq`, the global order in which events were logged. `t_ns` is read just before the append,
   so across threads it may trail the previous event's by a thread switch; timelines use it, the
   checker orders by `seq`. Dicts are built only when the events are read (`events`) or written.
-- No per-event tuple is kept: CPython starts a collection after ~700 net allocations of container
-  objects, and a traced run that kept a tuple per event collected twice as often, and now and then
+- No per-event tuple is kept beside the fields (a declared event's values are its fields): CPython
+  starts a collection after ~700 net allocations of container objects, and a traced run that kept a
+  tuple per event collected twice as often, and now and then
   fully (~100 ms in an engine process, ~170k objects with torch loaded; the engine loops also run
   with their start-up objects frozen out of the collector, engine/run.py).
 - Hot paths log through declared events (`events_for`): the event's field names are given once, and
@@ -67,14 +68,16 @@ class Tracer:
         """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
         "pages"))`, then `log.kv_send(req.rid, req, tokens, pages)` logs what `emit("kv_send", rid=...,
         obj=..., ...)` would, at ~60% of its cost. The values are kept as one tuple and named when the
-        events are read; a call with too many or too few values is an error then."""
+        events are read; a call with too many or too few values raises TypeError where it is made."""
         self.declared.update({ev: tuple(names) for ev, names in kinds.items()})
         return types.SimpleNamespace(**{ev: self._logger(_Kind(ev, tuple(names))) for ev, names in kinds.items()})
 
     def _logger(self, kind: "_Kind"):
-        ext, local, now, ev = self._extend, self._thread, _monotonic_ns, kind.ev
+        ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
 
         def log(*values):
+            if len(values) != n:
+                raise _arity(kind, values)
             try:
                 thread = local.name
             except AttributeError:
@@ -84,13 +87,11 @@ class Tracer:
             ext((now(), thread, kind, values))
         return log
 
-    def _fields(self, ev, fields, seq: int) -> tuple[str, dict]:
+    @staticmethod
+    def _fields(ev, fields) -> tuple[str, dict]:
         """(ev, fields) of a stored event: a declared event's values named."""
         if ev.__class__ is not _Kind:
             return ev, fields
-        if len(fields) != len(ev.names):
-            raise ValueError(f"event {seq} ({ev.ev}): {len(fields)} values logged for the fields "
-                             f"{', '.join(ev.names)}")
         return ev.ev, dict(zip(ev.names, fields))
 
     @property
@@ -105,7 +106,7 @@ class Tracer:
         The fields are the tracer's own: read them, do not change them."""
         raw = self._raw
         part = raw[4 * start:4 * (len(raw) // 4)]
-        return [self._fields(ev, f, s) for s, ev, f in zip(range(start + 1, len(raw) // 4 + 1), part[2::4], part[3::4])]
+        return [self._fields(ev, f) for ev, f in zip(part[2::4], part[3::4])]
 
     @property
     def events(self) -> list[dict]:
@@ -119,7 +120,7 @@ class Tracer:
                 name, named = self.obj, self._fields
                 for s, t, th, ev, f in zip(range(len(dicts) + 1, n + 1), part[0::4], part[1::4], part[2::4],
                                            part[3::4]):
-                    ev, f = named(ev, f, s)
+                    ev, f = named(ev, f)
                     e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
                     o = e.get("obj")
                     if o is not None and not isinstance(o, str):
@@ -132,9 +133,10 @@ class Tracer:
 
     def write(self, path: str, *, extra_header: dict | None = None) -> None:
         header = {**self.header, **(extra_header or {})}
+        events = self.events   # resolved before the file is opened: a failure leaves no partial trace
         with open(path, "w") as f:
             f.write(json.dumps(header) + "\n")
-            for e in self.events:
+            for e in events:
                 f.write(json.dumps(e, separators=(",", ":")) + "\n")
 
     def obj(self, x) -> str:
@@ -164,6 +166,10 @@ class _Kind:
         self.ev, self.names = ev, names
 
 
+def _arity(kind: _Kind, values: tuple) -> TypeError:
+    return TypeError(f"event {kind.ev}: {len(values)} values logged for the fields {', '.join(kind.names)}")
+
+
 class NullTracer(Tracer):
     enabled = False
 
@@ -174,10 +180,13 @@ class NullTracer(Tracer):
         sync.point(ev)
 
     def _logger(self, kind: _Kind):
-        point, ev = sync.point, kind.ev
+        ev, n = kind.ev, len(kind.names)
 
-        def log(*values):   # nothing kept; still a schedule point
-            point(ev)
+        def log(*values):   # nothing kept; still a schedule point, and checked as the real one
+            if len(values) != n:
+                raise _arity(kind, values)
+            if sync.CONTROLLER is not None or sync.JITTER_US:
+                sync.point(ev)
         return log
 
     def obj(self, x) -> str:

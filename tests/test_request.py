@@ -337,13 +337,34 @@ def test_declared_events_read_back_as_emitted():
     assert null.count == 0
 
 
-def test_a_declared_event_logged_with_the_wrong_values_is_an_error_when_read():
-    from engine.trace import Tracer
+def test_a_declared_event_logged_with_the_wrong_values_fails_where_it_is_logged():
+    from engine.trace import NullTracer, Tracer
 
-    tr = Tracer()
-    tr.events_for(alloc=("rid", "obj", "slot")).alloc("a", "o1")
-    with pytest.raises(ValueError, match=r"event 1 \(alloc\): 2 values logged for the fields rid, obj, slot"):
-        tr.events
+    for tr in (Tracer(), NullTracer()):
+        alloc = tr.events_for(alloc=("rid", "obj", "slot")).alloc
+        with pytest.raises(TypeError, match=r"event alloc: 2 values logged for the fields rid, obj, slot"):
+            alloc("a", "o1")
+        with pytest.raises(TypeError, match=r"event alloc: 4 values"):
+            alloc("a", "o1", 0, 1)
+        assert tr.count == 0
+
+
+def test_declared_events_and_emit_are_schedule_points_in_the_order_logged(monkeypatch):
+    """Under a controller (checker/fuzz.py) every event is a schedule point, whichever way it is
+    logged and whether or not the tracer keeps it."""
+    from types import SimpleNamespace
+
+    from engine import sync
+    from engine.trace import NullTracer, Tracer
+
+    points = []
+    monkeypatch.setattr(sync, "CONTROLLER", SimpleNamespace(point=points.append))
+    tr, null = Tracer(), NullTracer()
+    tr.events_for(a=("batch",)).a(0)
+    tr.emit("b", batch=1)
+    null.events_for(c=("batch",)).c(2)
+    null.emit("d", batch=3)
+    assert points == ["a", "b", "c", "d"] and [e["ev"] for e in tr.events] == ["a", "b"]
 
 
 def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
@@ -357,10 +378,28 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
     from engine.workload import WorkloadConfig
 
     tr = Tracer()
-    run_prefill(EngineConfig(mode="ahead"), WorkloadConfig(requests=2), tracer=tr)
+    # as tests/helpers.py's run_mode: FIFO-paced admission, so prefix hits and chunks do not depend on timing
+    s = run_prefill(EngineConfig(mode="ahead", max_batch_tokens=128),
+                    WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3), tracer=tr, keep_scheduler=True)
     vocab = load_events()["prefill"]
     assert tr.declared and set(tr.declared) <= set(vocab)
     for ev, names in tr.declared.items():
         required, optional = set(vocab[ev]["fields"]), set(vocab[ev].get("optional", {}))
         assert required <= set(names) <= required | optional, ev
         assert len(set(names)) == len(names), ev
+    # ...and the values land in their fields: each request's rid with its own object, its slot, its
+    # batches; the tokens sent add up to its prompt, in page counts that fit them
+    events, reqs = tr.events, {r.rid: r for r in s["_requests"]}
+    assert {e["ev"] for e in events} == set(tr.declared)   # every declared event was logged here
+    objs, page = {}, s["_scheduler"].cfg.page_size
+    for e in events:
+        if "rid" in e:
+            assert e["rid"] in reqs and objs.setdefault(e["rid"], e["obj"]) == e["obj"], e
+        if e["ev"] in ("alloc", "release"):
+            assert isinstance(e["slot"], int), e
+        if e["ev"] in ("kv_send", "prefix_send") and "tokens" in e:
+            assert 0 <= e["pages"] <= -(-e["tokens"] // page) + 1, e
+    assert len(set(objs.values())) == len(reqs) == 12
+    for rid, r in reqs.items():
+        assert sum(e.get("tokens", 0) for e in events if e["ev"] in ("kv_send", "prefix_send") and e["rid"] == rid) == len(r.prompt)
+    assert [e["batch"] for e in events if e["ev"] == "admit"] == list(range(s["batches"]))
