@@ -19,7 +19,6 @@ BENCH_PLUGINS (its `register(bench_subparsers)` adds the sub-command), or, from 
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -572,7 +571,7 @@ def _quantile_ratio(on, off, q: float = 20.0, n: int = 2000, seed: int = 0):
 
 def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 200, engine: dict | None = None,
                          workload: dict | None = None, progress: Progress | None = None,
-                         target_pct: float = 3.0) -> dict:
+                         target_pct: float = 3.0, gil_free_device_ms: float | None = None) -> dict:
     """Interleaved runs with tracing on (Tracer, in memory, as `pdo run --trace` before the write)
     and off (NullTracer), in ABBA order (off on, on off, off on, ...: drift of the machine hits both
     sides alike): wall-time ratio per pair, its median (bootstrap CI) and geometric mean (t-interval),
@@ -585,6 +584,12 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     engine = dict(engine or {})
     workload = dict(workload or {})
     progress = progress or Progress(False)
+    if gil_free_device_ms:   # as bench_prefill's what-if
+        with gil_free_device(gil_free_device_ms, EngineConfig(**engine).max_batch_tokens):
+            res = bench_trace_overhead(mode=mode, reps=reps, requests=requests, engine=engine, workload=workload,
+                                       progress=progress, target_pct=target_pct)
+        res["gil_free_device_ms"] = gil_free_device_ms
+        return res
     cfg = EngineConfig(mode=mode, **engine)
     wc = WorkloadConfig(requests=requests, **workload)
     forward = run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload),
@@ -883,6 +888,12 @@ def _switch(a):
     return sys.getswitchinterval() * 1e6
 
 
+def _print_what_if(ms: float | None) -> None:
+    if ms:
+        print(f"WHAT-IF: the model's forward is a GIL-free wait of {ms:g} ms per full batch (no real compute, no "
+              "host CPU taken, as a GPU's); these are not the engine's own numbers")
+
+
 def _write_json(path: str | None, res: dict) -> None:
     if not path:
         return
@@ -912,9 +923,7 @@ def cmd_prefill(a) -> int:
     res["switch_interval_us"] = switch
     res["command"] = "pdo " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pdo") else None
     if a.json != "-":
-        if a.gil_free_device:
-            print(f"WHAT-IF: the model's forward is a GIL-free wait of {a.gil_free_device} ms per full batch "
-                  "(no real compute); these are not the engine's own numbers")
+        _print_what_if(a.gil_free_device)
         gpu = res["machine"].get("gpu")
         print(f"device: {res.get('device')}{f' ({gpu})' if gpu and 'cuda' in res.get('device', '') else ''}, "
               f"attention: {res.get('attention_backend')}, model: {res['engine'].get('model')}, "
@@ -934,21 +943,14 @@ def cmd_prefill(a) -> int:
 
 
 def cmd_trace_overhead(a) -> int:
-    from .config import EngineConfig
-
     engine, workload = _engine_workload(a, 0.0)
     _switch(a)
     reps = a.reps or (6 if a.quick else 400)
     requests = a.requests or (120 if a.quick else 200)
-    with (gil_free_device(a.gil_free_device, EngineConfig(**engine).max_batch_tokens) if a.gil_free_device
-          else contextlib.nullcontext()):
-        res = bench_trace_overhead(mode=a.mode, reps=reps, requests=requests, engine=engine, workload=workload,
-                                   progress=_progress(a))
-    res["gil_free_device_ms"] = a.gil_free_device
+    res = bench_trace_overhead(mode=a.mode, reps=reps, requests=requests, engine=engine, workload=workload,
+                               progress=_progress(a), gil_free_device_ms=a.gil_free_device)
     if a.json != "-":
-        if a.gil_free_device:
-            print(f"WHAT-IF: the model's forward is a GIL-free wait of {a.gil_free_device:g} ms per full batch "
-                  "(a device that takes no host CPU, as a GPU); not the CPU engine's own overhead")
+        _print_what_if(a.gil_free_device)
         print(format_trace_overhead(res))
     _write_json(a.json, res)
     return 0

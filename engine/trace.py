@@ -11,9 +11,9 @@ on the engine's threads (a disabled tracer is a no-op method):
   checker orders by `seq`. Dicts are built only when the events are read (`events`) or written.
 - No per-event tuple is kept beside the fields (a declared event's values are its fields): CPython
   starts a collection after ~700 net allocations of container objects, and a traced run that kept a
-  tuple per event collected twice as often, and now and then
-  fully (~100 ms in an engine process, ~170k objects with torch loaded; the engine loops also run
-  with their start-up objects frozen out of the collector, engine/run.py).
+  tuple per event collected twice as often, and now and then fully (~100 ms in an engine process,
+  ~170k objects with torch loaded; the engine loops also run with their start-up objects frozen out
+  of the collector, engine/run.py).
 - Hot paths log through declared events (`events_for`): the event's field names are given once, and
   a call passes the values positionally and keeps them as one tuple, named when the events are read:
   ~0.45 µs a call here against ~0.75 µs for `emit`, which builds a keyword dict per call (a run of
@@ -69,8 +69,9 @@ class Tracer:
         "pages"))`, then `log.kv_send(req.rid, req, tokens, pages)` logs what `emit("kv_send", rid=...,
         obj=..., ...)` would, at ~60% of its cost. The values are kept as one tuple and named when the
         events are read; a call with too many or too few values raises TypeError where it is made."""
-        self.declared.update({ev: tuple(names) for ev, names in kinds.items()})
-        return types.SimpleNamespace(**{ev: self._logger(_Kind(ev, tuple(names))) for ev, names in kinds.items()})
+        declared = {ev: _Kind(ev, tuple(names)) for ev, names in kinds.items()}
+        self.declared.update({ev: k.names for ev, k in declared.items()})
+        return types.SimpleNamespace(**{ev: self._logger(k) for ev, k in declared.items()})
 
     def _logger(self, kind: "_Kind"):
         ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
