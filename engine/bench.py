@@ -510,13 +510,13 @@ def accounted_run(cfg, wc) -> dict:
     logger = tr._logger   # the engine's declared events (Tracer.events_for), each logger timed
     tr._logger = lambda kind: acc.wrap("emit", logger(kind))
     tr.obj = acc.wrap("obj", tr.obj)
-    stamp, resolve = request.DigestStamp.__init__, request.DigestStamp.trace_value
+    stamp, resolve = request.DigestStamp.__init__, request.DigestStamp.resolve
     request.DigestStamp.__init__ = acc.wrap("digest", stamp)         # a stamp taken (on the calling thread)
-    request.DigestStamp.trace_value = acc.wrap("digest", resolve)    # and hashed (by the worker)
+    request.DigestStamp.resolve = acc.wrap("digest", resolve)        # and hashed (by the worker)
     try:
         s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
     finally:
-        request.DigestStamp.__init__, request.DigestStamp.trace_value = stamp, resolve
+        request.DigestStamp.__init__, request.DigestStamp.resolve = stamp, resolve
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
     # which is the write's cost (reported per event by emit_cost_ns), not the run's.
     ns, elapsed, calls = dict(acc.ns), dict(acc.elapsed), dict(acc.calls)

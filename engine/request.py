@@ -132,21 +132,25 @@ class ScheduleBatch:
         return _digest(key, tensors, _tensor_hash(tensors[3]), name)
 
     def _stamp(self, sampling: "SamplingBatchInfo | None" = None) -> tuple[tuple, tuple]:
-        """What `digest` covers, by reference: (the values, the requests by identity and the tensors'
-        version counters; the tensors, the logit bias last)."""
+        """What `digest` covers, by reference: (the values, the requests by identity, the tensors'
+        identities and version counters — the logit bias's last, on its own; the tensors). Two stamps
+        whose keys are equal record the same state (while both hold their tensors, ids are not reused):
+        one tuple comparison, in C."""
         reqs = self.reqs
-        tensors = (self.input_ids, self.positions, self.out_cache_loc, (sampling or self.sampling_info).logit_bias)
+        ids, pos, loc = self.input_ids, self.positions, self.out_cache_loc
+        bias = (sampling or self.sampling_info).logit_bias
         return ((self.bid, tuple(reqs), tuple(map(_slot, reqs)), tuple(self.starts), tuple(self.extends),
-                 tuple(self.last_chunk), tuple(map(_version, tensors))), tensors)   # Req: == is identity
+                 tuple(self.last_chunk), (id(ids), ids._version, id(pos), pos._version, id(loc), loc._version),
+                 (id(bias), bias._version)), (ids, pos, loc, bias))   # Req: == is identity
 
 
-_slot, _version = operator.attrgetter("slot"), operator.attrgetter("_version")
+_slot = operator.attrgetter("slot")
 
 
 def _digest(key: tuple, tensors: tuple, bias_hash: int, name) -> str:
     """The digest of a stamp's key (its values) and tensors. The bias enters by its own hash, so a
     forward's copy of the bias can be compared with the snapshot's alone (DigestStamp.same_as)."""
-    bid, reqs, slots, starts, extends, last_chunk, _ = key
+    bid, reqs, slots, starts, extends, last_chunk, _, _ = key
     h = xxhash.xxh3_64(repr((bid, [name(r) for r in reqs], slots, starts, extends, last_chunk)).encode())
     for t in tensors[:3]:
         _update(h, t)
@@ -154,14 +158,29 @@ def _digest(key: tuple, tensors: tuple, bias_hash: int, name) -> str:
     return h.hexdigest()
 
 
-def _shared_digest(key: tuple, bias_hash: int) -> str:
+def _shared_digest(meta: tuple) -> str:
     """The one digest of a snapshot and of the forward that read it untouched (DigestStamp): equal by
     construction, so it only has to be cheap, stable across processes (a replay writes the same
-    trace) and a fingerprint of the batch: the metadata and the bias's hash, the requests' identities
-    and the tensors' bytes left out (the same objects on both sides). A repr, not Python's hash():
-    a slot may be None, whose hash is its address."""
-    bid, _, slots, starts, extends, last_chunk, _ = key
-    return xxhash.xxh3_64_hexdigest(repr(("shared", bid, slots, starts, extends, last_chunk, bias_hash)).encode())
+    trace) and a fingerprint of the batch: its metadata (`_shared_meta`), the requests' identities and
+    the tensors' bytes left out (the same objects on both sides; the two logit biases were compared
+    byte for byte). A repr, not Python's hash(): a slot may be None, whose hash is its address.
+    Computed when the trace is read, not in the run."""
+    return xxhash.xxh3_64_hexdigest(repr(meta).encode())
+
+
+def _shared_meta(key: tuple) -> tuple:
+    bid, _, slots, starts, extends, last_chunk, _, _ = key
+    return ("shared", bid, slots, starts, extends, last_chunk)
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes. On CPU by memcmp in place, keeping the GIL (a torch op would let it
+    go: see _HASH_SLICE); on a GPU with torch.equal where they are (one sync, not both copied)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if _memcmp is not None and a.is_cpu and b.is_cpu and a.is_contiguous() and b.is_contiguous():
+        return _memcmp(a.data_ptr(), b.data_ptr(), a.nbytes) == 0
+    return bool(torch.equal(a, b))
 
 
 def _tensor_hash(t: torch.Tensor) -> int:
@@ -178,6 +197,11 @@ _HASH_SLICE = 1 << 16
 # distinct n, and ctypes caches it only weakly: the collector frees it, and building it again cost
 # 10-90 µs per tensor in a run here (against ~1 µs for this view).
 _Slice = ctypes.c_char * _HASH_SLICE
+try:   # PyDLL: the call keeps the GIL (a CDLL call lets it go, the trap above)
+    _memcmp = ctypes.PyDLL(None).memcmp
+    _memcmp.restype, _memcmp.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+except (OSError, AttributeError, TypeError):   # no C library to look it up in (Windows): torch.equal
+    _memcmp = None
 _DTYPE_TAGS: dict = {}
 
 
@@ -218,11 +242,11 @@ class DigestStamp:
     `same_as`: the forward's stamp of a snapshot that nothing has touched finds the snapshot's stamp
     with the same values, requests and tensors (the same objects at the same versions). Resolved
     together, while both still hold (checked again at the forward's resolution), the two need no
-    tensor read but the two logit biases (the forward's is its own copy): when those hash alike, both
-    get one digest of the metadata and the bias alone (`_shared_digest`) — the tensors are the same
-    objects, unchanged, so their bytes cannot differ. Any other case hashes each stamp in full; a
-    snapshot resolved earlier (by a reader of the trace) lends its digest to the forward's when they
-    are alike."""
+    tensor read but the two logit biases (the forward's is its own copy): when those are equal byte
+    for byte (`_equal`), both get one digest of the batch's metadata (`_shared_digest`, computed when
+    the trace is read) — the tensors are the same objects, unchanged, so their bytes cannot differ.
+    Any other case hashes each stamp in full; a snapshot resolved earlier (by a reader of the trace)
+    lends its digest to the forward's when they are alike."""
 
     __slots__ = ("batch", "sampling", "name", "key", "refs", "marker", "same_as", "value", "changed", "bias_hash")
 
@@ -232,34 +256,41 @@ class DigestStamp:
         self.key, self.refs = key, refs = batch._stamp(sampling)
         base = same_as
         base_refs = base.refs if base is not None else None   # read once: another thread may resolve it
-        self.same_as = base if base_refs is not None and _same(base.key, base_refs, key, refs, 3) else None
-        self.value: str | None = None
+        self.same_as = base if base_refs is not None and base.key[:-1] == key[:-1] else None   # all but the bias
+        # a str once resolved; the shared digest's metadata until the trace is read (_shared_digest)
+        self.value: str | tuple | None = None
         self.changed = False
-        self.bias_hash = 0
+        self.bias_hash = None
 
     def trace_value(self) -> str:
+        """The digest (or marker), resolved now if it is not yet."""
+        with _RESOLVE:
+            self.resolve()
+            value = self.value
+            if type(value) is tuple:
+                value = self.value = _shared_digest(value)
+            return value
+
+    def resolve(self) -> None:
+        """Hash what the stamp recorded (or find it changed), and let go of the batch. The worker calls
+        this once the forward is launched; the string of a shared digest waits for the trace's reader."""
         with _RESOLVE:           # the worker and a reader of the trace may both ask
             batch = self.batch
             if batch is None:    # resolved already
-                return self.value
+                return
             key, refs, base = self.key, self.refs, self.same_as
-            bias, bias_hash = refs[3], None
+            bias = refs[3]
             if base is not None and base.batch is not None:
                 sb = base.refs[3]   # the snapshot's bias: compared, then checked still the batch's and unwritten
-                if bias.is_cpu:     # by hashing in place (a torch op would let the GIL go: see _update)
-                    bias_hash = _tensor_hash(bias)
-                    alike = _tensor_hash(sb) == bias_hash
-                else:               # on a GPU where they are (one sync), not both copied to the host
-                    alike = sb.dtype == bias.dtype and torch.equal(sb, bias)
-                if (alike and sb is base.batch.sampling_info.logit_bias
-                        and sb._version == base.key[-1][3] and _same(*batch._stamp(self.sampling), key, refs)):
-                    value = _shared_digest(key, bias_hash or 0)
-                    base._resolved(value, bias_hash, False)
-                    return self._resolved(value, bias_hash, False)
-            if bias_hash is None:
-                bias_hash = _tensor_hash(bias)
+                if (_equal(sb, bias) and sb is base.batch.sampling_info.logit_bias
+                        and base.key[-1][1] == sb._version and batch._stamp(self.sampling)[0] == key):
+                    meta = _shared_meta(key)
+                    base._resolved(meta, None, False)
+                    self._resolved(meta, None, False)
+                    return
+            bias_hash = _tensor_hash(bias)
             if base is not None:
-                base.trace_value()   # in full (the lock is reentrant)
+                base.resolve()   # in full (the lock is reentrant)
                 if not base.changed and base.bias_hash == bias_hash:
                     # at the stamp the batch was as the snapshot's was when hashed
                     value = base.value
@@ -267,9 +298,9 @@ class DigestStamp:
                     value = _digest(key, refs, bias_hash, self.name)
             else:
                 value = _digest(key, refs, bias_hash, self.name)
-            return self._resolved(value, bias_hash, not _same(*batch._stamp(self.sampling), key, refs))
+            self._resolved(value, bias_hash, batch._stamp(self.sampling)[0] != key)
 
-    def _resolved(self, value: str, bias_hash: int | None, changed: bool) -> str:
+    def _resolved(self, value, bias_hash: int | None, changed: bool) -> None:
         if changed:
             value = f"{self.marker}:{self.batch.bid}"
         self.value, self.bias_hash, self.changed = value, bias_hash, changed
@@ -279,17 +310,9 @@ class DigestStamp:
         self.batch = self.sampling = self.refs = self.same_as = self.name = None
         if batch.__dict__.get("_digest_stamp") is self:
             del batch.__dict__["_digest_stamp"]
-        return value
 
 
 _RESOLVE = threading.RLock()
-
-
-def _same(key_a: tuple, refs_a: tuple, key_b: tuple, refs_b: tuple, tensors: int = 4) -> bool:
-    """Two stamps (`ScheduleBatch._stamp`) record the same state: the same values and requests, and
-    their first `tensors` tensors the same objects at the same versions (3: all but the logit bias)."""
-    return (key_a[:-1] == key_b[:-1] and key_a[-1][:tensors] == key_b[-1][:tensors]
-            and all(a is b for a, b in zip(refs_a[:tensors], refs_b[:tensors])))
 
 
 def snapshot_for_forward(batch: ScheduleBatch) -> ScheduleBatch:

@@ -131,8 +131,11 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     b = _batch()
     now = b.digest(name=tr.obj)
     assert DigestStamp(b, tr.obj).trace_value() == now
+    ids = b.input_ids
     for change, undo in ((lambda: b.out_cache_loc.add_(1), lambda: b.out_cache_loc.sub_(1)),
                          (lambda: b.extends.__setitem__(0, 2), lambda: b.extends.__setitem__(0, 3)),
+                         # rebound to a copy: equal bytes and version, another object (the key holds ids)
+                         (lambda: setattr(b, "input_ids", ids.clone()), lambda: setattr(b, "input_ids", ids)),
                          (lambda: b.sampling_info.filter_([0, 1]), None)):
         stamp = DigestStamp(b, tr.obj)
         change()
@@ -172,15 +175,20 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     b = _batch()
     snap = DigestStamp(b, tr.obj)
     sampling = b.sampling_info.copy_for_forward()          # the forward's copy: another tensor
-    fwd = DigestStamp(b, tr.obj, sampling, marker="changed-in-launch", same_as=snap)
-    assert fwd.same_as is snap
-    read = []
-    update = request._update
+    read, compared = [], []
+    update, equal = request._update, request._equal
     monkeypatch.setattr(request, "_update", lambda h, t: (read.append(t), update(h, t)))
+    monkeypatch.setattr(request, "_equal", lambda x, y: (compared.append((x, y)), equal(x, y))[1])
+    fwd = DigestStamp(b, tr.obj, sampling, marker="changed-in-launch", same_as=snap)
+    assert fwd.same_as is snap and compared == []                  # compared when resolved, not at the stamp
+    fwd.resolve()                                                  # as the worker: no string made yet
+    assert snap.batch is None and fwd.batch is None                # resolved together
+    assert type(fwd.value) is tuple and fwd.value is snap.value    # the metadata, kept for the reader
     shared = fwd.trace_value()
     monkeypatch.undo()
-    assert shared == snap.value and snap.batch is None          # resolved together
-    assert [t.shape for t in read] == [b.sampling_info.logit_bias.shape] * 2   # no other tensor read
+    assert shared == snap.trace_value() and isinstance(shared, str) and len(shared) == 16
+    assert read == []                                              # no tensor hashed
+    assert compared == [(b.sampling_info.logit_bias, sampling.logit_bias)]   # the two biases, compared once
     assert shared != b.digest(name=tr.obj)                        # a kind of its own: no tensor bytes
     # the same batch stamped again gives the same shared digest (deterministic, not identity-based)
     snap2 = DigestStamp(b, tr.obj)
@@ -193,6 +201,16 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     assert fwd.same_as is snap                                    # the bias is not compared at the stamp
     assert fwd.trace_value() == b.digest(copy, tr.obj)            # in full, its own moment
     assert snap.value == f"changed:{b.bid}"
+    # either bias written after the forward's stamp (equal bytes): the writer's stamp reads as changed
+    for written, marker in (("snapshot", "changed"), ("forward", "changed-in-launch")):
+        snap = DigestStamp(b, tr.obj)
+        copy = b.sampling_info.copy_for_forward()
+        fwd = DigestStamp(b, tr.obj, copy, marker="changed-in-launch", same_as=snap)
+        (b.sampling_info if written == "snapshot" else copy).logit_bias.add_(0)
+        fwd.resolve()
+        assert (snap if written == "snapshot" else fwd).trace_value() == f"{marker}:{b.bid}", written
+        assert (fwd if written == "snapshot" else snap).trace_value() == (
+            b.digest(copy, tr.obj) if written == "snapshot" else b.digest(name=tr.obj)), written
     # a forward copy whose bias differs (a non-idempotent copy_for_forward) digests differently
     snap = DigestStamp(b, tr.obj)
     other = b.sampling_info.copy_for_forward()
@@ -227,17 +245,31 @@ def test_a_change_during_the_shared_resolution_gives_both_markers(monkeypatch):
     b._digest_stamp = snap
     fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), marker="changed-in-launch", same_as=snap)
     assert fwd.same_as is snap
-    hashing, calls = request._tensor_hash, []
+    equal = request._equal
 
-    def admission_lands_meanwhile(t):
-        calls.append(t)
-        if len(calls) == 2:          # the snapshot's bias, the second read of the shared path
-            b.extends[0] = 1
-        return hashing(t)
+    def admission_lands_meanwhile(x, y):   # while the two biases are compared
+        b.extends[0] = 1
+        return equal(x, y)
 
-    monkeypatch.setattr(request, "_tensor_hash", admission_lands_meanwhile)
+    monkeypatch.setattr(request, "_equal", admission_lands_meanwhile)
     assert fwd.trace_value() == f"changed-in-launch:{b.bid}"
     assert snap.value == f"changed:{b.bid}" and "_digest_stamp" not in b.__dict__
+
+
+def test_bias_comparison_is_exact():
+    """The shared path compares the two logit biases byte for byte (memcmp on CPU, keeping the GIL):
+    equal only with the same dtype, shape and bytes; a strided view goes through torch.equal."""
+    from engine.request import _equal
+
+    a = torch.randn(4, 64)
+    assert _equal(a, a.clone())
+    c = a.clone()
+    c.view(-1)[-1] += 1                          # the last byte region differs
+    assert not _equal(a, c)
+    assert not _equal(a, a.clone().view(64, 4))  # same bytes, another shape
+    assert not _equal(a, a.view(torch.int32))    # same bytes, another dtype
+    assert _equal(a.t(), a.clone().t()) and not _equal(a.t(), c.t())   # not contiguous
+    assert _equal(a[:0], a[:0].clone())          # empty
 
 
 def test_sliced_hash_is_the_hash_of_the_whole_buffer():

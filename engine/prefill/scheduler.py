@@ -329,10 +329,10 @@ class PrefillScheduler:
         if sample_inline:
             self._launch_sample(result)
         if tracing:
-            fwd_stamp.trace_value()   # a change to the batch while run_batch read it shows here (and the snapshot's)
+            fwd_stamp.resolve()   # a change to the batch while run_batch read it shows here (and the snapshot's)
             snap_stamp = batch.__dict__.get("_digest_stamp")
             if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
-                snap_stamp.trace_value()  # now, so that it keeps nothing of the batch alive
+                snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
             self.log.fwd_end(batch.bid)
         return result
 
