@@ -329,11 +329,13 @@ class PrefillScheduler:
         if sample_inline:
             self._launch_sample(result)
         if tracing:
-            fwd_stamp.resolve()   # a change to the batch while run_batch read it shows here (and the snapshot's)
+            self.log.fwd_end(batch.bid)
+            # The tracer's own work, after run_batch's end (not in the forward's span), before the
+            # scheduler can have the batch back: a change while run_batch read it shows here.
+            fwd_stamp.resolve()
             snap_stamp = batch.__dict__.get("_digest_stamp")
             if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
                 snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
-            self.log.fwd_end(batch.bid)
         return result
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
