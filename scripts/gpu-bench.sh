@@ -75,7 +75,7 @@ if [[ $smoke == 1 ]]; then
 else
     export TRITON_INTERPRET=0 TRITON_CACHE_AUTOTUNING=1   # tuned once, reused by the later steps
     dev=(--device cuda) large=(--model large) small=() attn=(--attention-backend triton) pd_attn=("${attn[@]}")
-    reps=(--reps 6) to_reps=(--reps 100) kernels=()   # 6 rounds, not 9: room for the other steps
+    reps=(--reps 6 --requests 300) to_reps=(--reps 100) kernels=()   # 6 rounds of 300, not 9 of 1,000: room for the other steps
     # batches of up to 4096 tokens over prompts of 256-2048 (the default workload's batches are a GPU's
     # smallest: 256 tokens); a KV pool of 64k tokens
     reps_big=(--reps 5 --max-batch-tokens 4096 --chunk-size 1024 --prompt-len 256:2048 --num-pages 4096)
