@@ -174,12 +174,18 @@ def _shared_meta(key: tuple) -> tuple:
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bytes. On CPU by memcmp in place, keeping the GIL (a torch op would let it
-    go: see _HASH_SLICE); on a GPU with torch.equal where they are (one sync, not both copied)."""
+    """Same dtype, shape and values. On CPU by memcmp of the bytes in place, keeping the GIL (a torch op
+    would let it go: see _HASH_SLICE) — unless a lazy conjugate or negation bit makes the bytes not the
+    values; else torch.equal where they are (a GPU: one sync, not both copied). Tensors on different
+    devices are not equal here: the caller then hashes each."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    if _memcmp is not None and a.is_cpu and b.is_cpu and a.is_contiguous() and b.is_contiguous():
-        return _memcmp(a.data_ptr(), b.data_ptr(), a.nbytes) == 0
+    if a.is_cpu and b.is_cpu:
+        if (_memcmp is not None and a.is_contiguous() and b.is_contiguous()
+                and not (a.is_conj() or b.is_conj() or a.is_neg() or b.is_neg())):
+            return _memcmp(a.data_ptr(), b.data_ptr(), a.nbytes) == 0
+    elif a.device != b.device:
+        return False
     return bool(torch.equal(a, b))
 
 
@@ -282,7 +288,7 @@ class DigestStamp:
             bias = refs[3]
             if base is not None and base.batch is not None:
                 sb = base.refs[3]   # the snapshot's bias: compared, then checked still the batch's and unwritten
-                if (_equal(sb, bias) and sb is base.batch.sampling_info.logit_bias
+                if (base.batch is batch and _equal(sb, bias) and sb is base.batch.sampling_info.logit_bias
                         and base.key[-1][1] == sb._version and batch._stamp(self.sampling)[0] == key):
                     meta = _shared_meta(key)
                     base._resolved(meta, None, False)

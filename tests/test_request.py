@@ -132,6 +132,13 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     now = b.digest(name=tr.obj)
     assert DigestStamp(b, tr.obj).trace_value() == now
     ids = b.input_ids
+    # A forward copy's bias is a fresh tensor at version 0, and so is any rebinding of it: the key holds
+    # the bias's id, or a rebinding to another version-0 tensor would pass unseen.
+    b.sampling_info = b.sampling_info.copy_for_forward()
+    assert b.sampling_info.logit_bias._version == 0
+    stamp = DigestStamp(b, tr.obj)
+    b.sampling_info.logit_bias = b.sampling_info.logit_bias.clone()
+    assert b.sampling_info.logit_bias._version == 0 and stamp.trace_value() == f"changed:{b.bid}"
     for change, undo in ((lambda: b.out_cache_loc.add_(1), lambda: b.out_cache_loc.sub_(1)),
                          (lambda: b.extends.__setitem__(0, 2), lambda: b.extends.__setitem__(0, 3)),
                          # rebound to a copy: equal bytes and version, another object (the key holds ids)
@@ -188,7 +195,8 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     monkeypatch.undo()
     assert shared == snap.trace_value() and isinstance(shared, str) and len(shared) == 16
     assert read == []                                              # no tensor hashed
-    assert compared == [(b.sampling_info.logit_bias, sampling.logit_bias)]   # the two biases, compared once
+    assert len(compared) == 1 and compared[0][0] is b.sampling_info.logit_bias   # the two biases, once
+    assert compared[0][1] is sampling.logit_bias
     assert shared != b.digest(name=tr.obj)                        # a kind of its own: no tensor bytes
     # the same batch stamped again gives the same shared digest (deterministic, not identity-based)
     snap2 = DigestStamp(b, tr.obj)
@@ -270,6 +278,10 @@ def test_bias_comparison_is_exact():
     assert not _equal(a, a.view(torch.int32))    # same bytes, another dtype
     assert _equal(a.t(), a.clone().t()) and not _equal(a.t(), c.t())   # not contiguous
     assert _equal(a[:0], a[:0].clone())          # empty
+    assert _equal(a[1:], a.clone()[1:])          # a storage offset: data_ptr() includes it
+    assert not _equal(torch._neg_view(a), a) and _equal(torch._neg_view(a), -a)   # a lazy negation bit
+    z = torch.randn(4, 4, dtype=torch.complex64)
+    assert not _equal(z.conj(), z) and _equal(z.conj(), z.conj().resolve_conj())   # a lazy conjugate bit
 
 
 def test_sliced_hash_is_the_hash_of_the_whole_buffer():
