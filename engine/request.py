@@ -174,15 +174,15 @@ def _shared_meta(key: tuple) -> tuple:
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and values. On CPU by memcmp of the bytes in place, keeping the GIL (a torch op
-    would let it go: see _HASH_SLICE) — unless a lazy conjugate or negation bit makes the bytes not the
-    values; else torch.equal where they are (a GPU: one sync, not both copied). Tensors on different
-    devices are not equal here: the caller then hashes each."""
+    """Same dtype, shape and bytes: the two logit biases of the shared path. On CPU by memcmp in place,
+    keeping the GIL (a torch op would let it go: see _HASH_SLICE); else torch.equal where they are (a
+    GPU: one sync, not both copied). Tensors on two devices are not equal here: each is then hashed.
+    Bytes are values for these tensors: both are made by clone() (copy_for_forward), which resolves
+    lazy conjugate and negation bits (a test checks it) — not checked here, a hot path."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     if a.is_cpu and b.is_cpu:
-        if (_memcmp is not None and a.is_contiguous() and b.is_contiguous()
-                and not (a.is_conj() or b.is_conj() or a.is_neg() or b.is_neg())):
+        if _memcmp is not None and a.is_contiguous() and b.is_contiguous():
             return _memcmp(a.data_ptr(), b.data_ptr(), a.nbytes) == 0
     elif a.device != b.device:
         return False
