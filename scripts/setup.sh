@@ -18,21 +18,27 @@
 #           index (same Triton) into .venv, then re-run this script.
 # The GPU branch fails, with one line, unless torch is a CUDA build that sees the GPU.
 #
-# Idempotent: a second run, with pyproject.toml and this script unchanged since the last complete run
-# (a stamp in .venv records them), installs nothing and only checks the versions.
+# SGLang 0.5.23 (for `pdo conform sglang`, docs/sglang.md) goes in last, without its own dependency
+# resolution: scripts/sglang-requirements.txt is the exact set its scheduler modules import, and
+# torchvision is the build that matches the torch above (0.28.0 for 2.13, 0.29.1 for 2.14).
+# PDO_NO_SGLANG=1 skips it; the engine, the checker and the main job never need it.
+#
+# Idempotent: a second run, with pyproject.toml, the SGLang list and this script unchanged since the
+# last complete run (a stamp in .venv records them), installs nothing and only checks the versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-TRITON=3.8.0 TORCH_CPU=2.13.0 TORCH_GPU=2.14.1
+TRITON=3.8.0 TORCH_CPU=2.13.0 TORCH_GPU=2.14.1 VISION_CPU=0.28.0 VISION_GPU=0.29.1
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  gpu=1 torch=$TORCH_GPU
+  gpu=1 torch=$TORCH_GPU vision=$VISION_GPU
 else
-  gpu=0 torch=$TORCH_CPU
+  gpu=0 torch=$TORCH_CPU vision=$VISION_CPU
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.pdo-setup
-key="gpu=$gpu $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+sglang=$([[ "${PDO_NO_SGLANG:-0}" == 1 ]] && echo 0 || echo 1)
+key="gpu=$gpu sglang=$sglang $(cat pyproject.toml scripts/setup.sh scripts/sglang-requirements.txt | sha256sum | cut -c1-16)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
   if (( gpu )); then
     .venv/bin/pip install -q "torch==$torch" "triton==$TRITON"
@@ -41,6 +47,9 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
       .venv/bin/pip install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$torch+cpu" "triton==$TRITON"
   fi
   .venv/bin/pip install -q -e ".[test]"
+  if (( sglang )); then
+    .venv/bin/pip install -q --no-deps -r scripts/sglang-requirements.txt "torchvision==$vision"
+  fi
   echo "$key" >"$stamp"
 fi
 .venv/bin/python - "$gpu" "$torch" "$TRITON" <<'EOF'
