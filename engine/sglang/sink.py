@@ -1,0 +1,79 @@
+"""Where the adapter's events go: one pdo-trace file per scheduler, written line by line as they happen.
+
+A real SGLang server can die at any moment (that is when its trace matters), so every event is written
+and flushed when it is logged, not at exit. The header needs the role, the loop mode and the page size,
+which are known only once a scheduler loop starts: events logged before `begin` are held and written
+after the header. `seq` is taken under the same lock as the write, so it is the logging order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from .. import sync
+from ..trace import FORMAT, VERSION
+
+
+class TraceSink:
+    def __init__(self, path: str):
+        self.path = path
+        self.header: dict | None = None
+        self._file = None
+        self._held: list[str] = []
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._names: dict[int, tuple[object, str]] = {}   # id -> (object kept alive, o1, o2, ...)
+        self._scheduler_ident: int | None = None
+        self.counts: dict[str, int] = {}
+
+    def begin(self, role: str, mode: str, page_size: int, **extra) -> None:
+        """Write the header (once); the calling thread is the trace's `scheduler` thread."""
+        with self._lock:
+            self._scheduler_ident = threading.get_ident()
+            if self.header is not None:
+                return
+            self.header = {"format": FORMAT, "version": VERSION, "role": role, "mode": mode,
+                           "page_size": page_size, **extra}
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")
+            self._file.write(json.dumps(self.header) + "\n")
+            for line in self._held:
+                self._file.write(line)
+            self._held.clear()
+            self._file.flush()
+
+    def set_scheduler_thread(self) -> None:
+        self._scheduler_ident = threading.get_ident()
+
+    def _thread(self) -> str:
+        if threading.get_ident() == self._scheduler_ident:
+            return "scheduler"
+        return threading.current_thread().name
+
+    def obj(self, o: object) -> str:
+        """The identity name of a Python object (the format's `obj`), stable for the trace's life."""
+        entry = self._names.get(id(o))
+        if entry is None or entry[0] is not o:
+            entry = self._names[id(o)] = (o, f"o{len(self._names) + 1}")
+        return entry[1]
+
+    def emit(self, ev: str, **fields) -> None:
+        sync.point(ev)
+        with self._lock:
+            self._seq += 1
+            line = json.dumps({"seq": self._seq, "t_ns": time.monotonic_ns(), "thread": self._thread(),
+                               "ev": ev, **fields}) + "\n"
+            self.counts[ev] = self.counts.get(ev, 0) + 1
+            if self._file is None:
+                self._held.append(line)
+                return
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
