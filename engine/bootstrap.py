@@ -4,19 +4,21 @@ Prefill ranks register their parallel layout and KV endpoint here; decode
 learns the prefill topology, each rank's endpoint and (when prefill has
 several DP ranks) which DP rank took a given bootstrap room.
 
-Endpoints (status codes follow SGLang's CommonKVBootstrapServer):
+Endpoints (status codes and JSON bodies as SGLang 0.5.23's CommonKVBootstrapServer;
+tests/sglang/test_wire.py runs both side by side, docs/decode.md "The wire" lists
+the differences kept on purpose):
   PUT  /route                 register one prefill rank             -> 200 "OK"
   GET  /route?<all -1>        prefill parallel info                 -> 200 JSON | 503
   GET  /route?<rank coords>   one rank's {"rank_ip", "rank_port"}   -> 200 | 404 | 503
   POST /register_dp_rank      {"bootstrap_room", "dp_rank"}         -> 200 "OK"
   POST /query_dp_ranks        {"bootstrap_rooms": [...]}            -> 200 {"<room>": rank}
-  GET  /health                                                      -> 200 "OK"
+  GET|HEAD /health                                                  -> 200 "OK"
   GET|POST /_faults, GET /_stats   test/benchmark admin (never delayed or failed)
 
 GET /route takes either SGLang's current coordinates (prefill_dp_rank,
 prefill_cp_rank, target_tp_rank, target_pp_rank) or the older ones
 (engine_rank, target_dp_group, target_pp_rank).  Bad input gets a 4xx with a
-one-line plain-text reason.
+one-line plain-text reason (SGLang answers most bad input with a 500).
 
 In-process (``start_inproc()``, URL ``inproc://<name>``): the same handlers called
 directly by engine/bootstrap_client.py, no socket; injected latency is a
@@ -49,6 +51,19 @@ _MAX_LATENCY_S = 3600.0  # bounds asyncio.sleep; more is a typo, not a test
 # client, the second its older (pre context-parallel) one.
 _ROUTE_PARAMS = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
 _LEGACY_ROUTE_PARAMS = ("engine_rank", "target_dp_group", "target_pp_rank")
+
+# The parallel info body: every field of SGLang 0.5.23's PrefillServerInfo, which its
+# server serialises whole (dataclasses.asdict) and its decode rebuilds with
+# PrefillServerInfo(**body), so a key it lacks would break the decode and a key missing
+# here silently takes its default (skipping, e.g., the kv_layout check or the
+# decode_allocation_policy one).  The last six are the decode's own rank mapping, always
+# null from the server.  kv_layout and dsv41_spec_layout are left out when null, as SGLang.
+_INFO_FIELDS = ("attn_tp_size", "attn_cp_size", "dp_size", "pp_size", "page_size", "kv_cache_dtype",
+                "follow_bootstrap_room", "enable_dsa_cache_layer_split", "dsv41_spec_layout", "kv_layout",
+                "decode_allocation_policy", "enable_kv_cache_sharding", "prefill_http_port")
+_INFO_DECODE_SIDE = ("target_tp_rank", "target_tp_ranks", "target_cp_ranks", "target_pp_ranks",
+                     "required_dst_info_num", "required_prefill_response_num")
+_INFO_OMITTED_WHEN_NULL = ("dsv41_spec_layout", "kv_layout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +118,13 @@ def _int_field(data: dict, key: str, *, minimum: int | None = None, default: Any
         raise _bad(f"field '{key}' must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise _bad(f"field '{key}' must be >= {minimum}, got {value}")
+    return value
+
+
+def _str_field(data: dict, key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _bad(f"field '{key}' must be a string or null")
     return value
 
 
@@ -230,7 +252,7 @@ class BootstrapServer:
         try:
             with self._state_lock:
                 if name == "health":
-                    resp = web.Response(text="OK")
+                    resp = web.Response(text="" if method == "HEAD" else "OK")
                 elif name == "route_put":
                     resp = self._do_route_put(_inproc_body(payload))
                 elif name == "route_get":
@@ -368,7 +390,7 @@ class BootstrapServer:
         app.router.add_get("/route", self._route_get, allow_head=False)
         app.router.add_post("/register_dp_rank", self._register_dp_rank)
         app.router.add_post("/query_dp_ranks", self._query_dp_ranks)
-        app.router.add_get("/health", self._health, allow_head=False)
+        app.router.add_get("/health", self._health)  # HEAD too, as SGLang (load-balancer probes)
         app.router.add_get("/_faults", self._faults_get, allow_head=False)
         app.router.add_post("/_faults", self._faults_post)
         app.router.add_get("/_stats", self._stats, allow_head=False)
@@ -377,8 +399,8 @@ class BootstrapServer:
     _ENDPOINTS = {
         ("PUT", "/route"): "route_put", ("GET", "/route"): "route_get",
         ("POST", "/register_dp_rank"): "register_dp_rank", ("POST", "/query_dp_ranks"): "query_dp_ranks",
-        ("GET", "/health"): "health", ("GET", "/_faults"): "faults", ("POST", "/_faults"): "faults",
-        ("GET", "/_stats"): "stats",
+        ("GET", "/health"): "health", ("HEAD", "/health"): "health",
+        ("GET", "/_faults"): "faults", ("POST", "/_faults"): "faults", ("GET", "/_stats"): "stats",
     }
 
     def _fault_plan(self, name: str) -> tuple[float, int | None]:
@@ -434,9 +456,14 @@ class BootstrapServer:
             raise _bad("field 'rank_ip' must be a non-empty string")
         if rank_port > 65535:
             raise _bad(f"field 'rank_port' must be <= 65535, got {rank_port}")
-        kv_cache_dtype = data.get("kv_cache_dtype")
-        if kv_cache_dtype is not None and not isinstance(kv_cache_dtype, str):
-            raise _bad("field 'kv_cache_dtype' must be a string or null")
+        kv_cache_dtype = _str_field(data, "kv_cache_dtype")
+        kv_layout = _str_field(data, "kv_layout")
+        policy = _str_field(data, "decode_allocation_policy")
+        if policy is None:  # absent from older clients, whose only policy was "early"
+            policy = "early"
+        dsv41_spec_layout = data.get("dsv41_spec_layout")
+        if dsv41_spec_layout is not None and not isinstance(dsv41_spec_layout, dict):
+            raise _bad("field 'dsv41_spec_layout' must be an object or null")
         for rank, size, what in ((tp_rank, tp_size, "attn_tp"), (cp_rank, cp_size, "attn_cp"),
                                  (attn_dp_rank, attn_dp_size, "attn_dp"), (pp_rank, pp_size, "pp"),
                                  (sys_dp_rank, sys_dp_size, "system_dp")):
@@ -448,22 +475,37 @@ class BootstrapServer:
         dp_size, dp_group = (attn_dp_size, attn_dp_rank) if single else (sys_dp_size, sys_dp_rank)
         topology = {"attn_tp_size": tp_size, "attn_cp_size": cp_size, "dp_size": dp_size,
                     "pp_size": pp_size, "page_size": page_size}
-        if self._topology is None:
-            self._topology = {
-                **topology,
-                "kv_cache_dtype": kv_cache_dtype,
-                "follow_bootstrap_room":
-                    data.get("load_balance_method", "follow_bootstrap_room") == "follow_bootstrap_room",
-                "enable_dsa_cache_layer_split": bool(data.get("enable_dsa_cache_layer_split", False)),
-                "prefill_http_port": prefill_http_port,
-            }
-        else:
+        t = self._topology
+        if t is not None:
+            # Both refused with a 400 by SGLang too: a decode pairs with all prefill ranks
+            # under one policy and one DSpark layout.
+            if dsv41_spec_layout != t["dsv41_spec_layout"]:
+                raise _bad("dsv41_spec_layout differs from the one registered by earlier prefill ranks")
+            if policy != t["decode_allocation_policy"]:
+                raise _bad(f"decode_allocation_policy={policy!r} conflicts with registered "
+                           f"{t['decode_allocation_policy']!r}")
             # SGLang silently keeps the first rank's sizes; a mismatch means a misconfigured
             # deployment, which is better refused than served as a wrong topology.
             for key, value in topology.items():
-                known = self._topology[key]
+                known = t[key]
                 if value is not None and known is not None and value != known:
                     raise web.HTTPConflict(text=f"{key}={value} conflicts with registered {key}={known}")
+        else:
+            t = self._topology = {
+                **topology,
+                "follow_bootstrap_room":
+                    data.get("load_balance_method", "follow_bootstrap_room") == "follow_bootstrap_room",
+                "enable_dsa_cache_layer_split": bool(data.get("enable_dsa_cache_layer_split", False)),
+                "enable_kv_cache_sharding": bool(data.get("enable_kv_cache_sharding", False)),
+                "dsv41_spec_layout": dsv41_spec_layout,
+                "decode_allocation_policy": policy,
+                "kv_cache_dtype": None, "kv_layout": None, "prefill_http_port": None,
+            }
+        # SGLang takes these from the first rank that sends one, not from the first rank.
+        for key, value in (("page_size", page_size), ("kv_cache_dtype", kv_cache_dtype),
+                           ("kv_layout", kv_layout), ("prefill_http_port", prefill_http_port)):
+            if t[key] is None:
+                t[key] = value
         # Re-registration replaces the endpoint and is not counted twice (SGLang counts PUTs).
         self._ranks[(dp_group, cp_rank, tp_rank, pp_rank)] = {"rank_ip": rank_ip, "rank_port": rank_port}
         return web.Response(text="OK")
@@ -471,16 +513,16 @@ class BootstrapServer:
     def _parallel_info(self) -> dict[str, Any]:
         t = self._topology
         assert t is not None
-        # Exactly SGLang's PrefillServerInfo fields: its decode builds the dataclass with **json.
-        return {k: t[k] for k in ("attn_tp_size", "attn_cp_size", "dp_size", "pp_size", "page_size",
-                                  "kv_cache_dtype", "follow_bootstrap_room",
-                                  "enable_dsa_cache_layer_split", "prefill_http_port")}
+        info = {k: t[k] for k in _INFO_FIELDS if not (k in _INFO_OMITTED_WHEN_NULL and t[k] is None)}
+        info.update(dict.fromkeys(_INFO_DECODE_SIDE))
+        return info
 
     async def _route_get(self, request: web.Request) -> web.Response:
         return self._do_route_get(request.query)
 
     def _do_route_get(self, query) -> web.Response:
-        legacy = "engine_rank" in query
+        # The current client never sends engine_rank; a query with both sets is a current one.
+        legacy = "engine_rank" in query and "prefill_dp_rank" not in query
         names = _LEGACY_ROUTE_PARAMS if legacy else _ROUTE_PARAMS
         values = {n: _query_int(query, n) for n in names}
         if all(v == -1 for v in values.values()):

@@ -67,10 +67,11 @@ def ready_server():
 
 def test_health_and_unknown_routes(server):
     assert requests.get(f"{server.url}/health", timeout=T).status_code == 200
+    assert requests.head(f"{server.url}/health", timeout=T).status_code == 200  # load-balancer probes
     assert bc.health(server.url)
     assert requests.get(f"{server.url}/nope", timeout=T).status_code == 404
     assert requests.delete(f"{server.url}/route", timeout=T).status_code == 405
-    assert server.counters["health"] == 2
+    assert server.counters["health"] == 3
     assert server.counters["other"] == 2
 
 
@@ -113,9 +114,14 @@ def test_parallel_info_is_503_until_every_rank_registered(server):
         assert bc.get_prefill_info(url) is None
         bc.register_prefill_rank(url, rank(tp_rank=tp, tp_size=2, dp_rank=dp, dp_size=2))
     info = bc.get_prefill_info(url)
+    # SGLang 0.5.23's PrefillServerInfo, whole; kv_layout and dsv41_spec_layout are left out when null.
     assert info == {"attn_tp_size": 2, "attn_cp_size": 1, "dp_size": 2, "pp_size": 1, "page_size": 16,
                     "kv_cache_dtype": "auto", "follow_bootstrap_room": False,
-                    "enable_dsa_cache_layer_split": False, "prefill_http_port": None}
+                    "enable_dsa_cache_layer_split": False, "decode_allocation_policy": "early",
+                    "enable_kv_cache_sharding": False, "prefill_http_port": None,
+                    "target_tp_rank": None, "target_tp_ranks": None, "target_cp_ranks": None,
+                    "target_pp_ranks": None, "required_dst_info_num": None,
+                    "required_prefill_response_num": None}
     assert server.is_ready and server.expected_ranks == 4
 
 
@@ -172,6 +178,11 @@ def test_route_get_bad_params(ready_server, params, reason):
     (rank(page_size=1.5), 400, "page_size"),
     (rank(tp_rank=1, tp_size=4), 409, "attn_tp_size=4 conflicts"),
     (rank(tp_rank=1, tp_size=2, page_size=32), 409, "page_size=32 conflicts"),
+    (rank(kv_layout=3), 400, "'kv_layout' must be a string"),
+    (rank(dsv41_spec_layout=[1]), 400, "'dsv41_spec_layout' must be an object"),
+    # Refused by SGLang too (400): one policy and one DSpark layout across the prefill's ranks.
+    (rank(tp_rank=1, tp_size=2, decode_allocation_policy="prefill_complete"), 400, "decode_allocation_policy"),
+    (rank(tp_rank=1, tp_size=2, dsv41_spec_layout={"n": 4}), 400, "dsv41_spec_layout differs"),
 ])
 def test_route_put_rejects_bad_input_and_keeps_serving(server, body, status, reason):
     bc.register_prefill_rank(server.url, rank(tp_rank=0, tp_size=2))
@@ -189,6 +200,21 @@ def test_route_put_accepts_extra_and_older_fields(server):
     assert requests.put(f"{server.url}/route", json=old_style, timeout=T).text == "OK"
     info = bc.get_prefill_info(server.url)
     assert info["attn_cp_size"] == 1 and info["page_size"] is None and info["prefill_http_port"] == 30000
+
+
+def test_parallel_info_carries_layouts_policy_and_first_sent_fields(server):
+    # As SGLang: page_size, kv_cache_dtype, kv_layout and prefill_http_port come from the first rank
+    # that sends one; kv_layout and dsv41_spec_layout are left out of the info while null.
+    policy = {"decode_allocation_policy": "prefill_complete", "dsv41_spec_layout": {"n": 4}}
+    bc.register_prefill_rank(server.url, rank(tp_size=2, kv_cache_dtype=None, enable_kv_cache_sharding=True,
+                                              **policy))
+    bc.register_prefill_rank(server.url, rank(tp_rank=1, tp_size=2, kv_layout="L", prefill_http_port=30000,
+                                              **policy))
+    info = bc.get_prefill_info(server.url)
+    assert {k: info[k] for k in ("kv_cache_dtype", "kv_layout", "prefill_http_port", "enable_kv_cache_sharding",
+                                 "decode_allocation_policy", "dsv41_spec_layout")} == \
+        {"kv_cache_dtype": "auto", "kv_layout": "L", "prefill_http_port": 30000, "enable_kv_cache_sharding": True,
+         "decode_allocation_policy": "prefill_complete", "dsv41_spec_layout": {"n": 4}}
 
 
 def test_register_prefill_rank_client_does_not_retry_4xx(server):
