@@ -287,16 +287,33 @@ class Release(DecodeTemplate):
 
 
 class InitOnce(DecodeTemplate):
-    events = ("resolve", "receiver_init", "req_done")
+    events = ("prefill_info", "req_add", "resolve", "receiver_init", "req_done")
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.rank: dict = {}     # room -> (rank, seq)
         self.inits: dict = {}    # room -> seq
+        self.local: dict = {}    # addr -> (dp_size, follow_bootstrap_room, seq) from its parallel info
+        self.addr_of: dict = {}  # room -> addr
+
+    def _local_rank(self, room):
+        """The rank the parallel info alone decides (as SGLang's _resolve_prefill_dp_rank): 0 with one
+        DP rank, room mod dp_size when the prefill follows the room; None when a query must say."""
+        dp, follow, seq = self.local.get(self.addr_of.get(room), (None, False, None))
+        if dp == 1:
+            return 0, seq
+        if follow and dp:
+            return room % dp, seq
+        return None, None
 
     def on(self, e):
         ev, seq = e["ev"], e["seq"]
-        if ev == "resolve":
+        if ev == "prefill_info":
+            if e.get("published") and isinstance(e.get("dp_size"), int):
+                self.local[e["addr"]] = (e["dp_size"], bool(e.get("follow_bootstrap_room")), seq)
+        elif ev == "req_add":
+            self.addr_of[e["room"]] = e["addr"]
+        elif ev == "resolve":
             for room, rank in _answered(e).items():
                 if room in self.rank and self.rank[room][0] != rank:
                     self.fail(f"room {room} resolved to rank {rank}, earlier to {self.rank[room][0]}", self.rank[room][1], seq)
@@ -308,7 +325,12 @@ class InitOnce(DecodeTemplate):
                 self.fail(f"room {room} initialised twice", self.inits[room], seq)
             self.inits.setdefault(room, seq)
             if room not in self.rank:
-                self.fail(f"room {room} initialised (rank {e['rank']}) before any resolve answered its rank", seq)
+                local, info_seq = self._local_rank(room)
+                if local is None:
+                    self.fail(f"room {room} initialised (rank {e['rank']}) before any resolve answered its rank", seq)
+                elif local != e["rank"]:
+                    self.fail(f"room {room} initialised with rank {e['rank']}, but the parallel info decides "
+                              f"rank {local}", info_seq, seq)
             elif self.rank[room][0] != e["rank"]:
                 self.fail(f"room {room} initialised with rank {e['rank']}, the bootstrap server said "
                           f"{self.rank[room][0]}", self.rank[room][1], seq)

@@ -790,6 +790,16 @@ def enc_init_once(rule, U):
     for r in U.named("resolve"):
         for room, rank in _answers(r).items():
             answered[room].append((r, rank))
+    # The published parallel info alone decides a rank (0 with one DP rank, room mod dp_size when the
+    # prefill follows the room): such a prefill_info answers every room of its address.
+    addr_of = {e.f["room"]: e.f["addr"] for e in U.named("req_add")}
+    for info in U.named("prefill_info"):
+        dp, follow = info.f.get("dp_size"), info.f.get("follow_bootstrap_room")
+        if info.f.get("published") is not True or not isinstance(dp, int) or not (dp == 1 or (follow and dp)):
+            continue
+        for room, addr in addr_of.items():
+            if addr == info.f["addr"] and isinstance(room, int):
+                answered[room].append((info, 0 if dp == 1 else room % dp))
     inits = _by(U.named("receiver_init"), lambda e: e.f["room"])
     for room, lst in answered.items():
         for (r1, k1), (r2, k2) in zip(lst, lst[1:]) if U.ordered else \

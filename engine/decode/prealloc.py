@@ -76,6 +76,8 @@ class DecodePreallocQueue:
         for addr, reqs in groups.items():
             # MUTANT: query-every-iteration — rooms whose rank is already known are asked again
             rooms = tuple(r.room for r in reqs if r.prefill_dp_rank is None or inject.on("query-every-iteration"))
+            if self.prefill_info_table.get(addr, {}).get("dp_size") == 1:
+                rooms = ()   # one DP rank: the resolve step knows the answer without a query
             reason = None
             if self.memory_released:
                 reason = "released"
@@ -141,7 +143,8 @@ class DecodePreallocQueue:
                 info = bc.get_prefill_info(addr, timeout=self.dc.query_timeout_s)
             except bc.BootstrapError as exc:
                 info, error = None, str(exc)
-            self.tr.emit("prefill_info", addr=addr, published=info is not None, error=error)
+            self.tr.emit("prefill_info", addr=addr, published=info is not None, error=error,
+                         **_layout(info))
             if info is not None:
                 self.prefill_info_table[addr] = info
                 self._info_attempts.pop(addr, None)
@@ -163,6 +166,10 @@ class DecodePreallocQueue:
             return
         groups = self._by_addr()
         for addr in self._ensure_prefill_info(groups):
+            if self.prefill_info_table[addr].get("dp_size") == 1:
+                for r in groups[addr]:   # as SGLang: one DP rank, so rank 0, with no query
+                    r.prefill_dp_rank = 0
+                continue
             need = [r for r in groups[addr] if r.prefill_dp_rank is None and r.state == "pending"]
             if need:
                 self._resolve_addr(addr, need)
@@ -256,3 +263,10 @@ class DecodePreallocQueue:
     def close(self) -> None:
         self.cancel_all("shutdown")
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _layout(info: dict | None) -> dict:
+    """The parallel info's fields that decide a rank without a query (prefill_info's optional fields)."""
+    if not info:
+        return {}
+    return {k: info[k] for k in ("dp_size", "follow_bootstrap_room") if k in info}

@@ -254,8 +254,11 @@ def _parallel_info(sink, wrapped, manager, args, kwargs):
     cached = addr in manager.prefill_info_table
     ok = wrapped(*args, **kwargs)
     if not cached:
+        info = manager.prefill_info_table.get(addr)
+        layout = {} if info is None else {"dp_size": info.dp_size,
+                                          "follow_bootstrap_room": info.follow_bootstrap_room}
         sink.emit("prefill_info", addr=addr, published=bool(ok),
-                  error=None if ok else "prefill parallel info not available")
+                  error=None if ok else "prefill parallel info not available", **layout)
     return ok
 
 

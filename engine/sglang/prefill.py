@@ -1,0 +1,335 @@
+"""Prefill-side hooks on SGLang 0.5.23: its PD prefill loops as pdo-trace events (docs/trace-format.md).
+
+What each real SGLang function logs (the meaning is the reference engine's, engine/prefill/scheduler.py):
+
+  SchedulerDisaggregationPrefillMixin.event_loop_{normal,overlap}_disagg_prefill
+      the trace header: role prefill, mode normal / overlap, page size, engine sglang. 0.5.23 runs the
+      forward on the scheduler thread in both loops (there is no forward worker thread), so the thread
+      modes (thread, ahead) never apply, and snapshot / submit / batch_copy / collect are never logged.
+  Scheduler.get_next_disagg_prefill_batch_to_run   admit when it returns a batch (ids 0, 1, ... per
+      trace, by the batch object's identity), then chunk_inc for each middle chunk it counted
+  ReqToTokenPool.alloc / .free       alloc / release of a request's req_to_token row (`slot`)
+  ScheduleBatch.copy                 no event: the copy the overlap loop keeps for result processing
+      answers to its source's batch id
+  Scheduler.run_batch                fwd_begin (digest of the batch's requests, lengths and KV slots)
+      and stage, then fwd_end when it returns. 0.5.23 has no staging step of its own: run_batch hands
+      the inputs to the forward (resolve_forward_inputs, then the worker copies them into the graph's
+      buffers on the forward stream), so `stage` is logged where run_batch begins.
+  Scheduler._apply_war_barrier       war_barrier of the batch the last run_batch ran, logged once the
+      wait is queued; in the overlap loop 0.5.23 defers a coarse (whole-forward) barrier past result
+      processing of the previous batch (SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse),
+      and the event is logged where SGLang really applies it. With the barrier disabled (no CUDA and no
+      SGLANG_ENABLE_WAR_BARRIER) the call fences nothing: x.war_barrier_off.
+  Scheduler.launch_batch_sample_if_needed   sample, when the batch result holds a deferred sampling
+      function (it launches it); a result whose tokens were sampled inside the forward is x.sample_inline
+  Scheduler.process_batch_result     process_begin / process_end (prefill batches only), with the
+      chunk_dec of every middle chunk it counted down
+  Scheduler._send_kv_chunk, and the KV sender's send   kv_send per call of the sender's send, with the
+      tokens (num_kv_tokens) and pages (the page indices) SGLang passes it; inside
+      Scheduler.maybe_send_cached_prefix_chunk (run_batch's early send of the cached prefix) the same
+      send is prefix_send, with the batch run_batch is running
+  Req.inflight_middle_chunks         chunk_inc / chunk_dec: 0.5.23 changes it as a plain attribute
+      (+= 1 in Scheduler._get_new_batch_prefill_raw, -= 1 in process_batch_result_disagg_prefill), so
+      the hooks compare each watched request's value before and after admission, before each KV send
+      and at the end of result processing, one event per unit step
+
+The wrappers only read SGLang's state: they pass every argument through and return what the real
+function returned.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import xxhash
+
+from . import hooks
+
+LOOPS = {"event_loop_normal_disagg_prefill": "normal", "event_loop_overlap_disagg_prefill": "overlap"}
+_LOOP = "prefill_loop"
+_local = threading.local()       # .sending: stack of Req objects whose KV _send_kv_chunk is sending
+
+
+class _State:
+    """What one trace's hooks remember: batch ids by object, the Req objects whose middle-chunk counter
+    is watched, the batch run_batch is running or ran last."""
+
+    def __init__(self):
+        self.bids: dict[int, tuple] = {}      # id(batch) -> (weakref to it, batch id)
+        self.next_bid = 0
+        self.running: int | None = None       # batch inside run_batch
+        self.forwarded: int | None = None     # batch of the last run_batch
+        self.barriered: set[int] = set()
+        self.counters: dict[int, tuple] = {}  # id(req) -> (req, last value logged)
+
+    def bid(self, batch) -> int | None:
+        entry = self.bids.get(id(batch))
+        if entry is None or entry[0]() is not batch:
+            return None
+        return entry[1]
+
+    def name(self, batch, bid: int) -> None:
+        self.bids[id(batch)] = (weakref.ref(batch), bid)
+
+
+def _state(sink) -> _State:
+    st = getattr(sink, "_pdo_prefill", None)
+    if st is None:
+        st = sink._pdo_prefill = _State()
+    return st
+
+
+def _in_loop() -> bool:
+    return _LOOP in hooks.context()
+
+
+def install(sgl) -> None:
+    p, sched = sgl.prefill, sgl.scheduler.Scheduler
+    mixin = p.SchedulerDisaggregationPrefillMixin
+    from sglang.srt.disaggregation.base.conn import BaseKVSender
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    for name, mode in LOOPS.items():
+        hooks.wrap(mixin, name, _loop(mode, sgl.version))
+    hooks.wrap(mixin, "get_next_disagg_prefill_batch_to_run", _admit)
+    hooks.wrap(ScheduleBatch, "copy", _copy)
+    hooks.wrap(sched, "run_batch", _run_batch)
+    hooks.wrap(sched, "_apply_war_barrier", _war_barrier)
+    hooks.wrap(sched, "launch_batch_sample_if_needed", _sample)
+    hooks.wrap(sched, "process_batch_result", _process)
+    hooks.wrap(mixin, "_send_kv_chunk", _send_kv_chunk)
+    hooks.wrap(mixin, "maybe_send_cached_prefix_chunk", _within("prefix_send"))
+    for cls in _classes_defining(BaseKVSender, "send"):
+        hooks.wrap(cls, "send", _sender_send)
+    for cls in _classes_defining(ReqToTokenPool, "alloc"):
+        hooks.wrap(cls, "alloc", _slot_alloc)
+    for cls in _classes_defining(ReqToTokenPool, "free"):
+        hooks.wrap(cls, "free", _slot_free)
+
+
+def _classes_defining(base, method: str) -> list:
+    """`base` and its subclasses known now that define `method` themselves (a subclass inheriting it
+    is covered by its parent's wrapper)."""
+    seen, out, todo = set(), [], [base]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if method in cls.__dict__:
+            out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def _within(name: str):
+    def around(sink, wrapped, instance, args, kwargs):
+        with hooks.inside(name):
+            return wrapped(*args, **kwargs)
+    return around
+
+
+# ---- the loop -------------------------------------------------------------------------------------
+def _loop(mode: str, version: str):
+    def around(sink, wrapped, sched, args, kwargs):
+        page_size = getattr(sched, "page_size", None) or sched.token_to_kv_pool_allocator.page_size
+        sink.begin("prefill", mode, int(page_size), engine="sglang", sglang_version=version)
+        with hooks.inside(_LOOP):
+            return wrapped(*args, **kwargs)
+    return around
+
+
+# ---- the middle-chunk counter ---------------------------------------------------------------------
+def _watch(st: _State, reqs) -> None:
+    for req in reqs:
+        entry = st.counters.get(id(req))
+        if entry is None or entry[0] is not req:
+            st.counters[id(req)] = (req, int(req.inflight_middle_chunks))
+
+
+def _flush_counters(sink, st: _State, reqs) -> None:
+    """chunk_inc / chunk_dec for every unit step of a watched request's counter since it was last seen."""
+    for req in reqs:
+        entry = st.counters.get(id(req))
+        if entry is None or entry[0] is not req:
+            continue
+        old, new = entry[1], int(req.inflight_middle_chunks)
+        step = 1 if new > old else -1
+        for v in range(old + step, new + step, step) if new != old else ():
+            sink.emit("chunk_inc" if step > 0 else "chunk_dec", rid=str(req.rid), obj=sink.obj(req), value=v)
+        st.counters[id(req)] = (req, new)
+
+
+def _watched(st: _State) -> list:
+    return [req for req, _ in st.counters.values()]
+
+
+# ---- admission ------------------------------------------------------------------------------------
+def _admit(sink, wrapped, sched, args, kwargs):
+    if not _in_loop():
+        return wrapped(*args, **kwargs)
+    st = _state(sink)
+    candidates = list(sched.waiting_queue)
+    if sched.chunked_req is not None:
+        candidates.append(sched.chunked_req)
+    _watch(st, candidates)
+    with hooks.inside("admission"):
+        plan = wrapped(*args, **kwargs)
+    batch = plan.batch_to_run
+    if batch is not None and st.bid(batch) is None:
+        bid = st.next_bid
+        st.next_bid += 1
+        st.name(batch, bid)
+        sink.emit("admit", batch=bid, rids=[str(r.rid) for r in batch.reqs])
+        _watch(st, batch.reqs)
+    _flush_counters(sink, st, _watched(st))
+    return plan
+
+
+def _copy(sink, wrapped, batch, args, kwargs):
+    out = wrapped(*args, **kwargs)
+    st = _state(sink)
+    bid = st.bid(batch)
+    if bid is not None:
+        st.name(out, bid)
+    return out
+
+
+# ---- the forward ----------------------------------------------------------------------------------
+def _digest(batch) -> str:
+    """What run_batch reads of the batch: its requests, their prefix and extend lengths, their
+    req_to_token rows and the KV slots the forward writes (out_cache_loc)."""
+    h = xxhash.xxh3_64()
+    h.update(repr(([str(r.rid) for r in batch.reqs], list(batch.prefix_lens or ()),
+                   list(batch.extend_lens or ()))).encode())
+    for t in (batch.req_pool_indices, batch.out_cache_loc):
+        if t is not None:
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _run_batch(sink, wrapped, sched, args, kwargs):
+    batch = args[0] if args else kwargs["batch"]
+    st = _state(sink)
+    bid = st.bid(batch) if _in_loop() else None
+    if bid is None:
+        return wrapped(*args, **kwargs)
+    sink.emit("fwd_begin", batch=bid, digest=_digest(batch))
+    sink.emit("stage", batch=bid)
+    st.running = bid
+    try:
+        with hooks.inside("run_batch"):
+            return wrapped(*args, **kwargs)
+    finally:
+        st.running = None
+        st.forwarded = bid
+        sink.emit("fwd_end", batch=bid)
+
+
+def _war_barrier(sink, wrapped, sched, args, kwargs):
+    if not _in_loop():
+        return wrapped(*args, **kwargs)
+    st = _state(sink)
+    out = wrapped(*args, **kwargs)
+    bid = st.forwarded
+    if not sched._war_barrier_enabled:
+        sink.emit("x.war_barrier_off", batch=bid)
+    elif bid is None or bid in st.barriered:
+        sink.emit("x.war_barrier_again", batch=bid)
+    else:
+        st.barriered.add(bid)
+        sink.emit("war_barrier", batch=bid)
+    return out
+
+
+def _sample(sink, wrapped, sched, args, kwargs):
+    result = args[0] if args else kwargs.get("batch_result")
+    batch = args[1] if len(args) > 1 else kwargs.get("cur_batch")
+    st = _state(sink)
+    bid = st.bid(batch) if batch is not None and _in_loop() else None
+    if bid is None or result is None:
+        return wrapped(*args, **kwargs)
+    deferred = result.delay_sample_func is not None
+    out = wrapped(*args, **kwargs)
+    sink.emit("sample" if deferred else "x.sample_inline", batch=bid)
+    return out
+
+
+# ---- result processing ----------------------------------------------------------------------------
+def _process(sink, wrapped, sched, args, kwargs):
+    batch = args[0] if args else kwargs["batch"]
+    st = _state(sink)
+    bid = st.bid(batch) if _in_loop() else None
+    if bid is None:
+        return wrapped(*args, **kwargs)
+    _watch(st, batch.reqs)
+    sink.emit("process_begin", batch=bid)
+    with hooks.inside("process"):
+        out = wrapped(*args, **kwargs)
+    _flush_counters(sink, st, batch.reqs)
+    sink.emit("process_end", batch=bid)
+    return out
+
+
+def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
+    req = args[0] if args else kwargs["req"]
+    if not _in_loop():
+        return wrapped(*args, **kwargs)
+    _flush_counters(sink, _state(sink), [req])   # a middle chunk's count-down precedes its send
+    stack = getattr(_local, "sending", None)
+    if stack is None:
+        stack = _local.sending = []
+    stack.append(req)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        stack.pop()
+
+
+def _sender_send(sink, wrapped, sender, args, kwargs):
+    stack = getattr(_local, "sending", None)
+    if not stack or not _in_loop():
+        return wrapped(*args, **kwargs)
+    req = stack[-1]
+    page_indices = args[0] if args else kwargs["kv_indices"]
+    tokens = kwargs.get("num_kv_tokens", args[2] if len(args) > 2 else None)
+    fields = dict(rid=str(req.rid), obj=sink.obj(req), tokens=int(tokens), pages=int(len(page_indices)))
+    out = wrapped(*args, **kwargs)
+    if "prefix_send" in hooks.context():
+        st = _state(sink)
+        sink.emit("prefix_send", batch=st.running if st.running is not None else -1, **fields)
+    else:
+        sink.emit("kv_send", **fields)
+    return out
+
+
+# ---- req_to_token rows ----------------------------------------------------------------------------
+def _slot_alloc(sink, wrapped, pool, args, kwargs):
+    reqs = list(args[0] if args else kwargs["reqs"])
+    if not _in_loop() or "slot_alloc" in hooks.context():
+        return wrapped(*args, **kwargs)
+    held = [r.kv.holds_kv for r in reqs]
+    with hooks.inside("slot_alloc"):
+        out = wrapped(*args, **kwargs)
+    if out is not None:
+        for req, before in zip(reqs, held):
+            if not before and req.kv.holds_kv:
+                sink.emit("alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(req.kv.req_pool_idx))
+    return out
+
+
+def _slot_free(sink, wrapped, pool, args, kwargs):
+    req = args[0] if args else kwargs["req"]
+    if not _in_loop() or "slot_free" in hooks.context() or not hasattr(req, "kv"):
+        return wrapped(*args, **kwargs)
+    slot = req.kv.req_pool_idx
+    with hooks.inside("slot_free"):
+        out = wrapped(*args, **kwargs)
+    if slot is not None:
+        sink.emit("release", rid=str(req.rid), obj=sink.obj(req), slot=int(slot))
+        st = _state(sink)
+        entry = st.counters.get(id(req))
+        if entry is not None and entry[0] is req and entry[1] == int(req.inflight_middle_chunks):
+            del st.counters[id(req)]   # nothing left to observe on a released request
+    return out
