@@ -13,6 +13,7 @@ PLUGINS: list[str] = ["engine.bench", "checker.trace_cli"]
 PLUGINS += ["engine.launch", "engine.decode.bench"]  # pdo launch, pdo bench decode
 PLUGINS += ["checker.fuzz_cli"]  # pdo fuzz
 PLUGINS += ["spec.cli"]  # pdo spec table | prove | docs
+PLUGINS += ["engine.sglang.conform"]  # pdo conform sglang (imports SGLang only when it runs)
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:

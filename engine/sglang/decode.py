@@ -264,10 +264,12 @@ def _parallel_info(sink, wrapped, manager, args, kwargs):
 
 # ---- the consumption point ------------------------------------------------------------------------
 def _resolve(sink, wrapped, queue, args, kwargs):
-    state = {"thread": threading.get_ident(), "addrs": {}, "queried": set(), "flushed": False}
+    state = {"thread": threading.get_ident(), "addrs": {}, "queried": set(), "need": {}, "flushed": False}
     for addr, reqs in _groups(queue).items():
-        if any(queue._resolve_prefill_dp_rank(r.req) is None for r in reqs):
+        need = [r.req.bootstrap_room for r in reqs if queue._resolve_prefill_dp_rank(r.req) is None]
+        if need:
             state["queried"].add(addr)
+            state["need"][addr] = need
     _resolving.append(state)
     try:
         with hooks.inside("resolve"):
@@ -286,7 +288,8 @@ def _flush_resolves(sink, state) -> None:
     for addr, entry in state["addrs"].items():
         future, syncs = entry.get("future"), entry["sync"]
         if future is not None:
-            rooms = list(future["rooms"]) + [r for s in syncs for r in s["rooms"]]
+            # the rooms this consumption point needed, as it saw them when it began
+            rooms = state["need"].get(addr) or list(future["rooms"]) + [r for s in syncs for r in s["rooms"]]
             result = {**entry["result"], **{k: v for s in syncs for k, v in s["result"].items()}}
             source = "prefix" if syncs else "prefetched"
             wait = entry["wait"] + sum(s["wait"] for s in syncs)
