@@ -50,6 +50,7 @@ class Script:
     published: tuple = (0,)           # servers whose ranks are registered before the loop starts
     sglang_server: bool = False       # SGLang's CommonKVBootstrapServer instead of pdo bootstrap
     max_iters: int = 60
+    polling_interval: int = 1         # process_decode_queue resolves every this many iterations
 
 
 class _Receiver:
@@ -197,6 +198,10 @@ class Harness:
             sink.emit("kv_done", room=req.bootstrap_room, rid=rid, first_token=0)
             sink.emit("req_done", rid=rid, room=req.bootstrap_room, tokens=1)
             self.ended.add(rid)
+        # as SGLang's process_decode_queue: pop_preallocated (whose first step is the resolve) runs
+        # only every disaggregation_decode_polling_interval iterations
+        if self.iteration % self.script.polling_interval:
+            return
         self.queue._resolve_pending_reqs()
         for decode_req in list(self.queue.queue):
             req = decode_req.req
@@ -288,6 +293,8 @@ def _scripts() -> dict[str, Script]:
         "decode-release-idle": Script(idle),
         "decode-release-pending": Script(pending),
         "decode-single-rank": Script(_arrivals(3, 1, lag=0), dp_size=1),
+        "decode-polling-interval": Script(_merge(_arrivals(3, 1, lag=2), _arrivals(2, 3, lag=0, first_room=400)),
+                                          polling_interval=3),
         "decode-sglang-server": Script(burst, sglang_server=True),
     }
 

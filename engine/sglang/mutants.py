@@ -88,7 +88,7 @@ MUTANTS = {m.name: m for m in (
            ("decode-release-pending/normal",), ("D-release-cancels",)),
     Mutant("double-prefetch", "a second query is submitted while one is in flight for the address",
            Q, "prefetch_prefill_dp_rank_queries", _make(_DropIf, "bootstrap_addr in queries"),
-           ("decode-arrivals/normal", "decode-two-addresses/normal"), ("D-one-query-per-addr",)),
+           ("decode-polling-interval/normal", "decode-polling-interval/overlap"), ("D-one-query-per-addr",)),
     Mutant("prefetch-before-published", "a query goes to a prefill that has not published its parallel info",
            Q, "prefetch_prefill_dp_rank_queries", _make(_DropIf, "prefill_info_table.get(bootstrap_addr) is None"),
            ("decode-two-addresses/normal",), ("D-published-first",)),
