@@ -208,3 +208,457 @@ class FakeModelWorker:
         else:
             result.next_token_ids = tokens
         return result
+
+
+# ---- the KV transfer ------------------------------------------------------------------------------
+def _fake_sender_base():
+    from sglang.srt.disaggregation.fake.conn import FakeKVSender
+    return FakeKVSender
+
+
+class ScriptedKVSender:
+    """Built on SGLang's FakeKVSender (its warmup sender, what create_sender makes for the fake transfer
+    backend): the bootstrap handshake takes `bootstrap_polls` polls, and the transfer concludes
+    `transfer_polls` polls after the last page was handed over (FakeKVSender's transfer is instant,
+    so an inflight queue with a transfer still running could not be shown). Faked: a real sender
+    moves the KV over RDMA to the decode server."""
+
+    @staticmethod
+    def make(base_sender, log: CallLog, rid: str, *, bootstrap_polls: int, transfer_polls: int):
+        cls = _scripted_class()
+        sender = cls.__new__(cls)
+        sender.__dict__.update(base_sender.__dict__)
+        sender.rid, sender.log = rid, log
+        sender.bootstrap_left, sender.transfer_left = bootstrap_polls, transfer_polls
+        sender.total_pages, sender.sent_pages = None, 0
+        return sender
+
+
+_SCRIPTED: list = []
+
+
+def _scripted_class():
+    if _SCRIPTED:
+        return _SCRIPTED[0]
+    from sglang.srt.disaggregation.base import KVPoll
+
+    base = _fake_sender_base()
+
+    class _Scripted(base):
+        __qualname__ = "ScriptedKVSender"
+
+        def poll(self):
+            if self.conclude_state is not None:
+                state = self.conclude_state
+            elif self.bootstrap_left > 0:
+                self.bootstrap_left -= 1
+                state = KVPoll.Bootstrapping
+            elif self.total_pages is None or self.sent_pages < self.total_pages:
+                state = KVPoll.WaitingForInput
+            elif self.transfer_left > 0:
+                self.transfer_left -= 1
+                state = KVPoll.Transferring
+            else:
+                state = self.conclude_state = KVPoll.Success
+            self.log("sender.poll", self.rid, int(state))
+            return state
+
+        def init(self, num_kv_indices, aux_index=None):
+            self.log("sender.init", self.rid, int(num_kv_indices))
+            self.total_pages = int(num_kv_indices)
+            return super().init(num_kv_indices, aux_index)
+
+        def send(self, kv_indices, state_indices=None, num_kv_tokens=None):
+            self.log("sender.send", self.rid, [int(i) for i in kv_indices], num_kv_tokens, state_indices is not None)
+            self.sent_pages += len(kv_indices)
+            return super().send(kv_indices, state_indices, num_kv_tokens)
+
+        def clear(self):
+            self.log("sender.clear", self.rid)
+
+    _SCRIPTED.append(_Scripted)
+    return _Scripted
+
+
+# ---- the request intake and the outputs ------------------------------------------------------------
+@dataclasses.dataclass
+class Arrival:
+    rid: str
+    length: int          # prompt tokens
+    at: int              # intake call (loop iteration) at which the tokenizer's message arrives
+    prefix_of: str | None = None   # shares its first `shared` tokens with this earlier request
+    shared: int = 0
+
+
+class FakeTokenizerSocket:
+    """The request receiver's side of the tokenizer's ZMQ socket. Faked: in a real server the
+    TokenizerManager process sends each tokenized request over IPC. `recv_requests` hands the real
+    scheduler SGLang's own TokenizedGenerateReqInput messages at the intake calls the workload
+    names; the scheduler's real ingest_requests / process_input_requests / handle_generate_request
+    turn them into Req objects and queue them in the bootstrap queue."""
+
+    def __init__(self, arrivals: list[Arrival], vocab: int, log: CallLog):
+        self.arrivals, self.vocab, self.log = sorted(arrivals, key=lambda a: a.at), vocab, log
+        self.calls = 0
+        self.prompts: dict[str, list[int]] = {}
+
+    def prompt(self, a: Arrival) -> list[int]:
+        rng = random.Random(a.rid)
+        ids = [rng.randrange(3, self.vocab) for _ in range(a.length)]
+        if a.prefix_of is not None:
+            ids[:a.shared] = self.prompts[a.prefix_of][:a.shared]
+        self.prompts[a.rid] = ids
+        return ids
+
+    def recv_requests(self, local_reqs=None):
+        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        n, self.calls = self.calls, self.calls + 1
+        out = list(local_reqs or [])
+        for i, a in enumerate(self.arrivals):
+            if a.at != n:
+                continue
+            params = SamplingParams(max_new_tokens=8, temperature=0.0)
+            params.normalize(None)
+            params.verify(self.vocab)
+            out.append(TokenizedGenerateReqInput(
+                rid=a.rid, input_text=None, input_ids=array("q", self.prompt(a)), input_embeds=None,
+                mm_inputs=None, token_type_ids=None, sampling_params=params, return_logprob=False,
+                logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
+                bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=8998, bootstrap_room=1000 + i))
+            self.log("tokenizer.recv", a.rid)
+        return out
+
+    @property
+    def pending(self) -> bool:
+        return any(a.at >= self.calls for a in self.arrivals)
+
+
+class FakeSocket:
+    """A ZMQ socket the scheduler sends on (to the detokenizer, to the tokenizer). Faked: the
+    receiving processes are not running; what is sent is recorded (finished requests' outputs)."""
+
+    def __init__(self, log: CallLog, name: str):
+        self.log, self.name, self.sent = log, name, []
+
+    def send_output(self, obj, *args, **kwargs):
+        self.sent.append(obj)
+        rids = getattr(obj, "rids", None)
+        self.log("socket.send", self.name, type(obj).__name__, list(rids) if rids is not None else None)
+
+    send_pyobj = send_output
+
+
+# ---- the scheduler ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Workload:
+    mode: str                              # "normal" or "overlap"
+    arrivals: list[Arrival]
+    page_size: int = 4
+    chunk: int = 16                        # chunked_prefill_size
+    max_prefill_tokens: int = 64
+    max_running: int = 4
+    kv_tokens: int = 512
+    fine_barrier: bool = True              # the forward publishes its shared reads (else: coarse barrier)
+    delay_sample: bool = True              # SGLANG_ENABLE_DELAY_SAMPLE: deferred sampling under overlap
+    continuous_polling: bool = False       # SGLANG_ENABLE_DISAGG_PREFILL_CONTINUOUS_INPUT_POLLING
+    early_send_prefix: bool = False        # SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX
+    radix_cache: bool = True
+    max_iterations: int = 400
+
+
+def _envs(w: Workload):
+    from sglang.srt.environ import envs
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(envs.SGLANG_ENABLE_DELAY_SAMPLE.override(w.delay_sample))
+    stack.enter_context(envs.SGLANG_ENABLE_DISAGG_PREFILL_CONTINUOUS_INPUT_POLLING.override(w.continuous_polling))
+    stack.enter_context(envs.SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX.override(w.early_send_prefix))
+    return stack
+
+
+_model_dir: list[str] = []
+
+
+def _model_path() -> str:
+    """A model directory holding only config.json: the scheduler reads the model's configuration
+    (vocabulary, heads, context length), never its weights."""
+    if not _model_dir:
+        d = tempfile.mkdtemp(prefix="pdo-sglang-model-")
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(_MODEL, f)
+        _model_dir.append(d)
+    return _model_dir[0]
+
+
+def _process_groups() -> None:
+    """SGLang's process groups for a world of one rank (TP = PP = DP = 1), on gloo over an in-memory
+    store: SGLang's own init_distributed_environment / initialize_model_parallel build the groups the
+    scheduler's polls and broadcasts reduce over."""
+    import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state as ps
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if getattr(ps, "_WORLD", None) is None:
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    if getattr(ps, "_TP", None) is None:
+        ps.initialize_model_parallel()
+
+
+def build_scheduler(w: Workload, log: CallLog, schedule: Schedule):
+    """A real Scheduler, made as Scheduler.__new__ and initialised by SGLang's own init_* methods
+    where they run without a GPU, a model or a network; the rest (the pools, the bootstrap queue with
+    SGLang's fake transfer backend) is built here from SGLang's classes."""
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+    from sglang.srt.disaggregation.utils import (DisaggregationMode, MetadataBuffers,
+                                                  ReqToMetadataIdxAllocator, TransferBackend)
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.dp_attention import get_dp_tp_group
+    from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import NgramEmbeddingManager
+    from sglang.srt.runtime_context import (get_disagg, get_lora, get_memory, get_parallel, get_schedule,
+                                            get_serving, get_spec)
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+    sgl = sglang()
+    server_args = ServerArgs(
+        model_path=_model_path(), device="cpu", disaggregation_mode="prefill", page_size=w.page_size,
+        chunked_prefill_size=w.chunk, max_prefill_tokens=w.max_prefill_tokens, max_running_requests=w.max_running,
+        max_total_tokens=w.kv_tokens, context_length=256, tp_size=1, disable_cuda_graph=True,
+        attention_backend="torch_native", skip_tokenizer_init=True, disable_radix_cache=not w.radix_cache,
+        disable_overlap_schedule=w.mode != "overlap")
+    rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    _process_groups()
+
+    S = sgl.scheduler.Scheduler
+    s = S.__new__(S)
+    # The plain settings Scheduler.__init__ reads from the published configuration.
+    s.server_args = server_args
+    s.is_initializing = True
+    s.forward_ct = s.processed_tokens_counter = 0
+    s.cur_batch_for_debug = None
+    sch = get_schedule()
+    s.schedule_policy = sch.schedule_policy
+    s.enable_priority_scheduling = sch.enable_priority_scheduling
+    s.abort_on_priority_when_disabled = sch.abort_on_priority_when_disabled
+    s.schedule_low_priority_values_first = sch.schedule_low_priority_values_first
+    s.priority_scheduling_preemption_threshold = sch.priority_scheduling_preemption_threshold
+    s.enable_lora = get_lora().enable_lora
+    s.enable_lora_overlap_loading = get_lora().enable_lora_overlap_loading
+    s.max_loras_per_batch = get_lora().max_loras_per_batch
+    s.enable_overlap = not sch.disable_overlap_schedule
+    s.enable_overlap_mlx = False
+    s.enable_pdmux = get_disagg().enable_pdmux
+    s.skip_tokenizer_init = get_serving().skip_tokenizer_init
+    s.stream_interval = get_serving().stream_interval
+    s.spec_algorithm = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
+    s.page_size = sch.page_size
+    mem = get_memory()
+    s.enable_hierarchical_cache = mem.enable_hierarchical_cache
+    s.enable_lmcache = mem.enable_lmcache
+    s.enable_session_radix_cache = mem.enable_session_radix_cache
+    s.enable_hicache_storage = mem.hicache_storage_backend is not None
+    s.enable_unified_cache_external_linker = mem.enable_unified_cache_external_linker
+    s.enable_decode_hicache = False
+    s.max_recv_per_poll = envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get()
+    s.max_new_tokens_limit = envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get()
+    s.enable_hisparse = mem.enable_hisparse
+    s.attn_dp_enabled = get_parallel().attn_dp_enabled
+    s.enable_unified_memory = mem.enable_unified_memory
+    s.init_model_config()
+    s.init_tokenizer()
+    s.init_moe_gemm_config()
+    s.init_metrics_collector()
+
+    # The model worker (faked: the forward needs the GPU) and what TpModelWorker.get_worker_info
+    # would report for this configuration.
+    worker = FakeModelWorker(log, fine_barrier=w.fine_barrier, enable_overlap=s.enable_overlap)
+    s.tp_worker = s.model_worker = worker
+    s.maybe_init_draft_worker()   # no speculative decoding: no draft worker
+    s.device, s.random_seed = "cpu", 0
+    mc = s.model_config
+    s.max_total_num_tokens = w.kv_tokens
+    s.max_prefill_tokens = sch.max_prefill_tokens
+    s.max_running_requests = sch.max_running_requests
+    s.max_queued_requests = sch.max_queued_requests
+    s.max_req_len = min(mc.context_len - 1, w.kv_tokens - 1)
+    s.max_req_input_len = s.max_req_len - 5
+    s.min_free_slots_delayer = None
+    if not get_parallel().pp_max_micro_batch_size:
+        rc.get_context().override("scheduler.pp_max_micro_batch_size_default",
+                                  pp_max_micro_batch_size=max(s.max_running_requests // get_parallel().pp_size, 1))
+    s.tp_group = get_parallel().tp_group
+    s.tp_cpu_group = s.tp_group.cpu_group
+    s.attn_tp_group = get_parallel().attn_tp_group
+    s.attn_tp_cpu_group = s.attn_tp_group.cpu_group
+    s.attn_cp_group = get_parallel().attn_cp_group
+    s.attn_cp_cpu_group = s.attn_cp_group.cpu_group
+    s.pp_group = get_parallel().pp_group
+    s.world_group = get_parallel().world_group
+    s.dp_tp_group = get_dp_tp_group()
+    s.dp_tp_cpu_group = s.dp_tp_group.cpu_group
+    s.pad_input_ids_func = None
+    # Streams (faked: CUDA streams); in a real run the loop runs inside the schedule stream's context.
+    s.schedule_stream = FakeStream(log, "schedule")
+    s.forward_stream = FakeStream(log, "forward")
+
+    # The pools and the cache, SGLang's classes on the CPU (what kv_cache_builder.build_kv_cache builds
+    # for this model, without a model runner to size them).
+    s.req_to_token_pool = ReqToTokenPool(size=s.max_running_requests, max_context_len=mc.context_len + 4,
+                                         device="cpu", enable_memory_saver=False)
+    kv = MHATokenToKVPool(size=w.kv_tokens, page_size=w.page_size, dtype=torch.float32,
+                          head_num=mc.get_num_kv_heads(1), head_dim=mc.head_dim, layer_num=mc.num_hidden_layers,
+                          device="cpu", enable_memory_saver=False)
+    s.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+        size=w.kv_tokens, page_size=w.page_size, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False)
+    s.tree_cache = UnifiedRadixCache(CacheInitParams(
+        disable=not w.radix_cache, req_to_token_pool=s.req_to_token_pool,
+        token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, page_size=w.page_size,
+        tree_components=(ComponentType.FULL,), chunked_prefill_size=sch.chunked_prefill_size))
+    s.disable_radix_cache = not w.radix_cache
+    s.is_hybrid_swa = s.is_hybrid_ssm = False
+    s.sliding_window_size = None
+    s.full_tokens_per_layer, s.swa_tokens_per_layer = w.kv_tokens, 0
+    s.kv_shard_widening = page_interleave_shard_size(s.token_to_kv_pool_allocator)
+    s.decode_offload_manager = None
+    s.rust_server = None
+    s.memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
+    s.recv_skipper = s.input_blocker = None
+    detok, tok = FakeSocket(log, "detokenizer"), FakeSocket(log, "tokenizer")
+    s.ipc_channels = SimpleNamespace(send_to_detokenizer=detok, send_to_tokenizer=tok,
+                                     send_metrics_from_scheduler=None, recv_from_rpc=None)
+    s.recv_from_tokenizer = None
+    s.load_snapshot_writer = None
+    worker.model_runner.effective_logical_max_total_num_tokens = w.kv_tokens
+    worker.model_runner.kv_cache_dtype_str = "auto"
+    worker.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
+        model=torch.nn.Module(), model_config=mc, req_to_token_pool=s.req_to_token_pool,
+        max_running_requests=s.max_running_requests, device="cpu")
+    worker.model_config = mc
+
+    for step in ("init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter"):
+        getattr(s, step)()
+    s.scheduler_stage_metrics = s.metrics_reporter.scheduler_stage_metrics
+    for step in ("init_schedule_policy", "init_profiler", "init_running_status", "init_chunked_prefill",
+                 "maybe_init_dynamic_chunk_sizer"):
+        getattr(s, step)()
+
+    # Scheduler.init_disaggregation's prefill branch, with the bootstrap queue on SGLang's fake transfer
+    # backend (the real one registers with a bootstrap server over the network).
+    s.disaggregation_mode = DisaggregationMode.PREFILL
+    s.transfer_backend = TransferBackend.FAKE
+    s.mm_receiver = s.disagg_decode_prealloc_queue = s.disagg_decode_transfer_queue = None
+    size = s.max_running_requests * 2
+    s.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(size)
+    s.disagg_metadata_buffers = MetadataBuffers(
+        size, hidden_size=16, hidden_states_dtype=torch.float32,
+        max_sampling_mask_tokens=server_args.sampling_mask_max_tokens, custom_mem_pool=None,
+        output_dsa_topk_indices_dim=0, kv_checksum_enabled=False)
+    s.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue(
+        token_to_kv_pool=kv, draft_token_to_kv_pool=None,
+        req_to_metadata_buffer_idx_allocator=s.req_to_metadata_buffer_idx_allocator,
+        metadata_buffers=s.disagg_metadata_buffers, gpu_id=0,
+        bootstrap_port=get_disagg().disaggregation_bootstrap_port, max_total_num_tokens=w.kv_tokens,
+        scheduler=s, scheduler_stage_metrics=s.scheduler_stage_metrics, transfer_backend=TransferBackend.FAKE)
+    s.disagg_prefill_inflight_queue = []
+    s.disagg_prefill_pending_chunk_rids = set()
+    s.enable_staging = envs.SGLANG_DISAGG_STAGING_BUFFER.get()
+
+    s.init_overlap()
+    # init_overlap took torch's CPU device module; the device's streams and events are the fakes.
+    device = FakeDeviceModule(log, schedule)
+    s.device_module = device
+    s.forward_stream_ctx = device.stream(s.forward_stream)
+    s.copy_stream = FakeStream(log, "copy")
+    s.copy_stream_ctx = device.stream(s.copy_stream)
+    for step in ("maybe_init_ngram_embedding", "init_deterministic_inference_config",
+                 "init_dsa_kpool_truncation_align", "init_mamba_truncation_align",
+                 "check_truncation_align_fits_chunk", "init_weight_updater", "init_request_dispatcher",
+                 "init_lora_drainer", "init_lora_overlap_loader", "init_grammar_manager",
+                 "maybe_init_scripted_scheduler_hook", "init_dp_attn_adapter", "init_pool_stats_observer",
+                 "init_invariant_checker", "init_load_publisher", "init_load_inquirer", "init_output_streamer",
+                 "init_batch_result_processor", "init_kv_events_publisher"):
+        getattr(s, step)()
+    s.idle_sleeper = None
+    s.is_initializing = False
+    # Scheduler.run_event_loop's switch: on by default on CUDA, which these scenarios stand for.
+    s._war_barrier_enabled = True
+    return s
+
+
+class Stuck(RuntimeError):
+    """The loop ran past the workload's iteration bound without finishing its requests."""
+
+
+def _install_intake(s, w: Workload, socket: FakeTokenizerSocket, log: CallLog, schedule: Schedule) -> None:
+    """The loop's ingest_requests, as the instance sees it: SGLang's real Scheduler.ingest_requests
+    (the socket above feeds it), then, for each request it queued in the bootstrap queue, the scripted
+    sender in place of the FakeKVSender create_sender made (before anything polls it), and the exit:
+    `gracefully_exit` once every request arrived and SGLang's is_fully_idle says nothing is left."""
+    real = type(s).ingest_requests
+    scripted = _scripted_class()
+    state = {"iterations": 0}
+
+    def ingest_requests(stop_at_pause: bool = False):
+        state["iterations"] += 1
+        if state["iterations"] > w.max_iterations:
+            raise Stuck(f"loop still running after {w.max_iterations} iterations")
+        out = real(s, stop_at_pause=stop_at_pause)
+        for req in s.disagg_prefill_bootstrap_queue.queue:
+            if not isinstance(req.disagg_kv_sender, scripted):
+                req.disagg_kv_sender = ScriptedKVSender.make(
+                    req.disagg_kv_sender, log, str(req.rid), bootstrap_polls=schedule.transfer_polls() // 2,
+                    transfer_polls=schedule.transfer_polls())
+        if not socket.pending and not s.disagg_prefill_bootstrap_queue.queue and s.is_fully_idle():
+            log("exit")
+            s.gracefully_exit = True
+        return out
+
+    s.ingest_requests = ingest_requests
+
+
+LOOPS = {"normal": "event_loop_normal_disagg_prefill", "overlap": "event_loop_overlap_disagg_prefill"}
+
+
+def run_workload(w: Workload, trace_path: str | None, fuzz_schedule=None, *, patch=None) -> dict:
+    """Run the workload's loop to its exit. With `trace_path`, under the adapter's hooks (one trace
+    file); without, the same run with no sink active. `patch` is a context manager entered around the
+    loop (a mutation). Returns the trace, the real SGLang functions the hooks saw run, the fakes' call
+    log and what the scheduler holds at the end."""
+    with _lock:
+        sgl = sglang()
+        log, schedule = CallLog(), Schedule(fuzz_schedule)
+        with _envs(w):
+            s = build_scheduler(w, log, schedule)
+            socket = FakeTokenizerSocket(w.arrivals, s.model_config.vocab_size, log)
+            s.request_receiver = SimpleNamespace(recv_requests=socket.recv_requests)
+            _install_intake(s, w, socket, log, schedule)
+            before = dict(hooks.ran)
+            loop = getattr(s, LOOPS[w.mode])
+            with contextlib.ExitStack() as stack:
+                if patch is not None:
+                    stack.enter_context(patch)
+                if trace_path is not None:
+                    stack.enter_context(hooks.tracing(TraceSink(trace_path)))
+                loop()
+        ran = sorted(k for k, v in hooks.ran.items() if v > before.get(k, 0))
+        outputs = [rid for obj in s.ipc_channels.send_to_detokenizer.sent for rid in getattr(obj, "rids", ())]
+        return {"trace": trace_path, "functions": ran, "calls": log.calls, "outputs": outputs,
+                "leaks": _leaks(s), "version": sgl.version}
+
+
+def _leaks(s) -> dict:
+    return {"req_slots_in_use": s.req_to_token_pool.size - s.req_to_token_pool.available_size(),
+            "inflight": len(s.disagg_prefill_inflight_queue), "waiting": len(s.waiting_queue),
+            "chunked": s.chunked_req is not None}

@@ -100,12 +100,30 @@ def install(sgl) -> None:
     hooks.wrap(sched, "process_batch_result", _process)
     hooks.wrap(mixin, "_send_kv_chunk", _send_kv_chunk)
     hooks.wrap(mixin, "maybe_send_cached_prefix_chunk", _within("prefix_send"))
+    _import_senders()
     for cls in _classes_defining(BaseKVSender, "send"):
         hooks.wrap(cls, "send", _sender_send)
     for cls in _classes_defining(ReqToTokenPool, "alloc"):
         hooks.wrap(cls, "alloc", _slot_alloc)
     for cls in _classes_defining(ReqToTokenPool, "free"):
         hooks.wrap(cls, "free", _slot_free)
+
+
+_SENDER_MODULES = ("sglang.srt.disaggregation.fake.conn", "sglang.srt.disaggregation.mooncake.conn",
+                   "sglang.srt.disaggregation.nixl.conn", "sglang.srt.disaggregation.mori.conn",
+                   "sglang.srt.disaggregation.ascend.conn")
+
+
+def _import_senders() -> None:
+    """The transfer backends' sender classes, so that their `send` is wrapped (a backend whose own
+    dependencies are missing cannot be the one running)."""
+    import importlib
+
+    for name in _SENDER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:   # noqa: BLE001 (any import failure means the backend is not in use)
+            pass
 
 
 def _classes_defining(base, method: str) -> list:
@@ -289,13 +307,14 @@ def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
 
 def _sender_send(sink, wrapped, sender, args, kwargs):
     stack = getattr(_local, "sending", None)
-    if not stack or not _in_loop():
-        return wrapped(*args, **kwargs)
+    if not stack or not _in_loop() or "sender_send" in hooks.context():
+        return wrapped(*args, **kwargs)   # (a subclass's send calling its parent's is one send)
     req = stack[-1]
     page_indices = args[0] if args else kwargs["kv_indices"]
     tokens = kwargs.get("num_kv_tokens", args[2] if len(args) > 2 else None)
     fields = dict(rid=str(req.rid), obj=sink.obj(req), tokens=int(tokens), pages=int(len(page_indices)))
-    out = wrapped(*args, **kwargs)
+    with hooks.inside("sender_send"):
+        out = wrapped(*args, **kwargs)
     if "prefix_send" in hooks.context():
         st = _state(sink)
         sink.emit("prefix_send", batch=st.running if st.running is not None else -1, **fields)
