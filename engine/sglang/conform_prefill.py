@@ -17,7 +17,14 @@ would go to.
     scenarios()    [(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", ...})]
 
 `fuzz_schedule` (an int seed, or None for the fixed schedule) decides what the fakes decide in a real
-run: after how many polls a KV transfer completes and a result's device-to-host copy is done.
+run: after how many polls a request's bootstrap handshake and its KV transfer complete, and after how
+many queries a result's device-to-host copy is done. The loops run on one thread, so those are the
+only choices a schedule has.
+
+    mutants()      the same, with SGLang's loop rewritten (engine/sglang/mutate.py); each names the
+                   rules that must report it
+    DIVERGENCES    per scenario, the rules its trace fails, each with why (SGLang 0.5.23 against the
+                   spec, not a hazard in SGLang)
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ from types import SimpleNamespace
 
 import torch
 
-from . import hooks, load
+from . import hooks, load, mutate
 from . import prefill as prefill_hooks
 from .sink import TraceSink
 
@@ -50,10 +57,9 @@ def sglang():
     """SGLang's modules with the adapter's hooks installed (once per process)."""
     global _sgl
     if _sgl is None:
-        sgl = load()
-        if not hooks.is_installed():
-            prefill_hooks.install(sgl)
-        _sgl = sgl
+        _sgl = load()
+    if not prefill_hooks.is_installed(_sgl):
+        prefill_hooks.install(_sgl)
     return _sgl
 
 
@@ -71,7 +77,8 @@ class CallLog:
 
 @dataclasses.dataclass
 class Schedule:
-    """What the fakes decide: polls until a KV transfer concludes, queries until a copy is done."""
+    """What the fakes decide: polls until a request's bootstrap handshake is done and until its KV
+    transfer concludes, queries until a result's device-to-host copy is done."""
     seed: int | None = None
 
     def __post_init__(self):
@@ -79,6 +86,9 @@ class Schedule:
 
     def transfer_polls(self) -> int:
         return 1 if self._rng is None else self._rng.randint(0, 3)
+
+    def bootstrap_polls(self) -> int:
+        return 0 if self._rng is None else self._rng.randint(0, 2)
 
     def copy_queries(self) -> int:
         return 1 if self._rng is None else self._rng.randint(0, 2)
@@ -144,13 +154,37 @@ class FakeDeviceModule:
         self.n += 1
         return FakeEvent(self.log, f"copy_done{self.n}", pending=self.schedule.copy_queries())
 
-    def Stream(self):  # noqa: N802
-        return FakeStream(self.log, "stream")
-
-    @contextlib.contextmanager
     def stream(self, s):
-        self.log("stream.enter", getattr(s, "name", None))
-        yield
+        return _StreamContext(self.log, s)
+
+
+class _CudaEvents:
+    """`torch.cuda.Event`, for the one place the prefill path makes a CUDA event itself:
+    maybe_send_cached_prefix_chunk under the overlap loop records one on the forward stream, for the
+    transfer to wait on the previous forward's writes. Faked: a CPU build of torch cannot make one.
+    Swapped into torch.cuda for the run only (scenarios run one at a time)."""
+
+    def __init__(self, log: CallLog):
+        self.log, self.n = log, 0
+
+    def __call__(self, *args, **kwargs):
+        self.n += 1
+        return FakeEvent(self.log, f"cuda_event{self.n}")
+
+
+class _StreamContext:
+    """`with torch.cuda.stream(s)`: reusable, as the scheduler keeps one per stream."""
+
+    def __init__(self, log: CallLog, stream):
+        self.log, self.stream = log, stream
+
+    def __enter__(self):
+        self.log("stream.enter", getattr(self.stream, "name", None))
+        return self.stream
+
+    def __exit__(self, *exc):
+        self.log("stream.exit", getattr(self.stream, "name", None))
+        return False
 
 
 # ---- the model forward ----------------------------------------------------------------------------
@@ -158,15 +192,18 @@ class FakeRunner:
     """The model runner as the scheduler reads it. Faked: a real one loads weights and runs on the
     GPU. The scheduler reads the attention backend's tile size, the prefill-aware-SWA flag, and the
     WAR barrier's event (`shared_read_done_event`: set by each forward that publishes its shared-buffer
-    reads; None makes SGLang's barrier fall back to the coarse whole-forward wait)."""
+    reads; None makes SGLang's barrier fall back to the coarse whole-forward wait); the bootstrap
+    queue reads the KV capacity and dtype."""
 
-    def __init__(self):
+    def __init__(self, kv_tokens: int):
         self.attn_backend = SimpleNamespace(extend_attention_block_m=64)
         self.prefill_aware_swa = False
         self.shared_read_done_event = None
         self.sliding_window_size = None
         self.is_hybrid_swa = False
-        self.ngram_embedding_manager = SimpleNamespace(prepare_for_forward=lambda batch, chunked_req: batch)
+        self.effective_logical_max_total_num_tokens = kv_tokens
+        self.kv_cache_dtype_str = "auto"
+        self.ngram_embedding_manager = None   # SGLang's own (disabled), set by build_scheduler
 
 
 class FakeModelWorker:
@@ -175,9 +212,10 @@ class FakeModelWorker:
     samples: deferred (`delay_sample_func`, launched by `launch_batch_sample_if_needed`) under the
     overlap schedule with SGLANG_ENABLE_DELAY_SAMPLE or a grammar, else inside the forward."""
 
-    def __init__(self, log: CallLog, *, fine_barrier: bool, enable_overlap: bool):
+    def __init__(self, log: CallLog, *, kv_tokens: int, fine_barrier: bool, enable_overlap: bool):
         self.log = log
-        self.model_runner = FakeRunner()
+        self.model_runner = FakeRunner(kv_tokens)
+        self.model_config = None   # the scheduler's ModelConfig, set by build_scheduler
         self.fine_barrier = fine_barrier
         self.enable_overlap = enable_overlap
         self.forwards = 0
@@ -211,42 +249,21 @@ class FakeModelWorker:
 
 
 # ---- the KV transfer ------------------------------------------------------------------------------
-def _fake_sender_base():
-    from sglang.srt.disaggregation.fake.conn import FakeKVSender
-    return FakeKVSender
+_SENDER: list = []
 
 
-class ScriptedKVSender:
-    """Built on SGLang's FakeKVSender (its warmup sender, what create_sender makes for the fake transfer
-    backend): the bootstrap handshake takes `bootstrap_polls` polls, and the transfer concludes
-    `transfer_polls` polls after the last page was handed over (FakeKVSender's transfer is instant,
-    so an inflight queue with a transfer still running could not be shown). Faked: a real sender
-    moves the KV over RDMA to the decode server."""
-
-    @staticmethod
-    def make(base_sender, log: CallLog, rid: str, *, bootstrap_polls: int, transfer_polls: int):
-        cls = _scripted_class()
-        sender = cls.__new__(cls)
-        sender.__dict__.update(base_sender.__dict__)
-        sender.rid, sender.log = rid, log
-        sender.bootstrap_left, sender.transfer_left = bootstrap_polls, transfer_polls
-        sender.total_pages, sender.sent_pages = None, 0
-        return sender
-
-
-_SCRIPTED: list = []
-
-
-def _scripted_class():
-    if _SCRIPTED:
-        return _SCRIPTED[0]
+def scripted_sender_class():
+    """ScriptedKVSender: SGLang's FakeKVSender (its warmup sender, which create_sender makes on the fake
+    transfer backend) with a bootstrap handshake that takes `bootstrap_left` polls and a transfer that
+    concludes `transfer_left` polls after the last page was handed over; FakeKVSender's are instant, so
+    a request waiting in the bootstrap queue or in the inflight queue could not be shown. Faked: a real
+    sender registers with the decode server and moves the KV over RDMA."""
+    if _SENDER:
+        return _SENDER[0]
     from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.fake.conn import FakeKVSender
 
-    base = _fake_sender_base()
-
-    class _Scripted(base):
-        __qualname__ = "ScriptedKVSender"
-
+    class ScriptedKVSender(FakeKVSender):
         def poll(self):
             if self.conclude_state is not None:
                 state = self.conclude_state
@@ -269,15 +286,27 @@ def _scripted_class():
             return super().init(num_kv_indices, aux_index)
 
         def send(self, kv_indices, state_indices=None, num_kv_tokens=None):
-            self.log("sender.send", self.rid, [int(i) for i in kv_indices], num_kv_tokens, state_indices is not None)
+            self.log("sender.send", self.rid, [int(i) for i in kv_indices], num_kv_tokens,
+                     state_indices is not None)
             self.sent_pages += len(kv_indices)
             return super().send(kv_indices, state_indices, num_kv_tokens)
 
         def clear(self):
             self.log("sender.clear", self.rid)
 
-    _SCRIPTED.append(_Scripted)
-    return _Scripted
+    _SENDER.append(ScriptedKVSender)
+    return ScriptedKVSender
+
+
+def scripted_sender(fake_sender, log: CallLog, rid: str, *, bootstrap_polls: int, transfer_polls: int):
+    """The FakeKVSender create_sender made for `rid`, as a ScriptedKVSender (its state carried over)."""
+    cls = scripted_sender_class()
+    sender = cls.__new__(cls)
+    sender.__dict__.update(fake_sender.__dict__)
+    sender.rid, sender.log = rid, log
+    sender.bootstrap_left, sender.transfer_left = bootstrap_polls, transfer_polls
+    sender.total_pages, sender.sent_pages = None, 0
+    return sender
 
 
 # ---- the request intake and the outputs ------------------------------------------------------------
@@ -288,6 +317,11 @@ class Arrival:
     at: int              # intake call (loop iteration) at which the tokenizer's message arrives
     prefix_of: str | None = None   # shares its first `shared` tokens with this earlier request
     shared: int = 0
+
+
+# The decode server's address in the requests: never contacted (the bootstrap queue runs SGLang's fake
+# transfer backend). Not FAKE_BOOTSTRAP_HOST, which marks warmup requests (kept out of the radix cache).
+DECODE_HOST = "decode.invalid"
 
 
 class FakeTokenizerSocket:
@@ -311,11 +345,11 @@ class FakeTokenizerSocket:
         return ids
 
     def recv_requests(self, local_reqs=None):
-        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         n, self.calls = self.calls, self.calls + 1
+        self.log("tokenizer.poll", n)
         out = list(local_reqs or [])
         for i, a in enumerate(self.arrivals):
             if a.at != n:
@@ -327,7 +361,7 @@ class FakeTokenizerSocket:
                 rid=a.rid, input_text=None, input_ids=array("q", self.prompt(a)), input_embeds=None,
                 mm_inputs=None, token_type_ids=None, sampling_params=params, return_logprob=False,
                 logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
-                bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=8998, bootstrap_room=1000 + i))
+                bootstrap_host=DECODE_HOST, bootstrap_port=8998, bootstrap_room=1000 + i))
             self.log("tokenizer.recv", a.rid)
         return out
 
@@ -362,9 +396,9 @@ class Workload:
     max_running: int = 4
     kv_tokens: int = 512
     fine_barrier: bool = True              # the forward publishes its shared reads (else: coarse barrier)
-    delay_sample: bool = True              # SGLANG_ENABLE_DELAY_SAMPLE: deferred sampling under overlap
+    delay_sample: bool = True              # SGLANG_ENABLE_DELAY_SAMPLE (off by default in SGLang)
     continuous_polling: bool = False       # SGLANG_ENABLE_DISAGG_PREFILL_CONTINUOUS_INPUT_POLLING
-    early_send_prefix: bool = False        # SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX
+    early_send_prefix: bool = True         # SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX (SGLang's default)
     radix_cache: bool = True
     max_iterations: int = 400
 
@@ -483,7 +517,8 @@ def build_scheduler(w: Workload, log: CallLog, schedule: Schedule):
 
     # The model worker (faked: the forward needs the GPU) and what TpModelWorker.get_worker_info
     # would report for this configuration.
-    worker = FakeModelWorker(log, fine_barrier=w.fine_barrier, enable_overlap=s.enable_overlap)
+    worker = FakeModelWorker(log, kv_tokens=w.kv_tokens, fine_barrier=w.fine_barrier,
+                             enable_overlap=s.enable_overlap)
     s.tp_worker = s.model_worker = worker
     s.maybe_init_draft_worker()   # no speculative decoding: no draft worker
     s.device, s.random_seed = "cpu", 0
@@ -540,8 +575,6 @@ def build_scheduler(w: Workload, log: CallLog, schedule: Schedule):
                                      send_metrics_from_scheduler=None, recv_from_rpc=None)
     s.recv_from_tokenizer = None
     s.load_snapshot_writer = None
-    worker.model_runner.effective_logical_max_total_num_tokens = w.kv_tokens
-    worker.model_runner.kv_cache_dtype_str = "auto"
     worker.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
         model=torch.nn.Module(), model_config=mc, req_to_token_pool=s.req_to_token_pool,
         max_running_requests=s.max_running_requests, device="cpu")
@@ -607,7 +640,7 @@ def _install_intake(s, w: Workload, socket: FakeTokenizerSocket, log: CallLog, s
     sender in place of the FakeKVSender create_sender made (before anything polls it), and the exit:
     `gracefully_exit` once every request arrived and SGLang's is_fully_idle says nothing is left."""
     real = type(s).ingest_requests
-    scripted = _scripted_class()
+    scripted = scripted_sender_class()
     state = {"iterations": 0}
 
     def ingest_requests(stop_at_pause: bool = False):
@@ -617,8 +650,8 @@ def _install_intake(s, w: Workload, socket: FakeTokenizerSocket, log: CallLog, s
         out = real(s, stop_at_pause=stop_at_pause)
         for req in s.disagg_prefill_bootstrap_queue.queue:
             if not isinstance(req.disagg_kv_sender, scripted):
-                req.disagg_kv_sender = ScriptedKVSender.make(
-                    req.disagg_kv_sender, log, str(req.rid), bootstrap_polls=schedule.transfer_polls() // 2,
+                req.disagg_kv_sender = scripted_sender(
+                    req.disagg_kv_sender, log, str(req.rid), bootstrap_polls=schedule.bootstrap_polls(),
                     transfer_polls=schedule.transfer_polls())
         if not socket.pending and not s.disagg_prefill_bootstrap_queue.queue and s.is_fully_idle():
             log("exit")
@@ -638,27 +671,192 @@ def run_workload(w: Workload, trace_path: str | None, fuzz_schedule=None, *, pat
     log and what the scheduler holds at the end."""
     with _lock:
         sgl = sglang()
+        from sglang.srt import runtime_context as rc
+
         log, schedule = CallLog(), Schedule(fuzz_schedule)
-        with _envs(w):
+        # The scenario publishes its own configuration; what was published before is put back after
+        # (the process groups of the one-rank world stay: building them again is not supported).
+        with _envs(w), _restored(rc.snapshot_context(), rc.restore_context):
             s = build_scheduler(w, log, schedule)
             socket = FakeTokenizerSocket(w.arrivals, s.model_config.vocab_size, log)
             s.request_receiver = SimpleNamespace(recv_requests=socket.recv_requests)
             _install_intake(s, w, socket, log, schedule)
             before = dict(hooks.ran)
-            loop = getattr(s, LOOPS[w.mode])
             with contextlib.ExitStack() as stack:
+                stack.enter_context(mutate.swapped(torch.cuda, "Event", _CudaEvents(log)))
                 if patch is not None:
                     stack.enter_context(patch)
                 if trace_path is not None:
                     stack.enter_context(hooks.tracing(TraceSink(trace_path)))
-                loop()
+                getattr(s, LOOPS[w.mode])()   # looked up inside the patch: a mutant is the loop that runs
         ran = sorted(k for k, v in hooks.ran.items() if v > before.get(k, 0))
         outputs = [rid for obj in s.ipc_channels.send_to_detokenizer.sent for rid in getattr(obj, "rids", ())]
         return {"trace": trace_path, "functions": ran, "calls": log.calls, "outputs": outputs,
                 "leaks": _leaks(s), "version": sgl.version}
 
 
+@contextlib.contextmanager
+def _restored(state, restore):
+    try:
+        yield
+    finally:
+        restore(state)
+
+
 def _leaks(s) -> dict:
     return {"req_slots_in_use": s.req_to_token_pool.size - s.req_to_token_pool.available_size(),
             "inflight": len(s.disagg_prefill_inflight_queue), "waiting": len(s.waiting_queue),
             "chunked": s.chunked_req is not None}
+
+
+# ---- the scenarios -------------------------------------------------------------------------------
+def _chunked_mix() -> list[Arrival]:
+    """A request of 2.5 chunks, one that becomes the chunked request in the batch finishing the first,
+    a short one arriving later, and a late one after the first ones left (several batches, two
+    chunked requests, every batch shape: a lone middle chunk, a last chunk with a new chunked one)."""
+    return [Arrival("r0", 40, 0), Arrival("r1", 10, 0), Arrival("r2", 7, 2), Arrival("r3", 21, 9)]
+
+
+def _polling_mix() -> list[Arrival]:
+    """As _chunked_mix, with r3 arriving while the loop waits on the last batch's copy (with the fixed
+    schedule): it is admitted and forwarded before that batch's result is processed."""
+    return [Arrival("r0", 40, 0), Arrival("r1", 10, 0), Arrival("r2", 7, 2), Arrival("r3", 21, 7)]
+
+
+def _shared_prefix() -> list[Arrival]:
+    """r1 arrives after r0 finished and shares r0's first 24 tokens: its prefix is matched in the radix
+    cache, and SGLang's early send of the cached prefix has pages to send."""
+    return [Arrival("r0", 30, 0), Arrival("r1", 34, 14, prefix_of="r0", shared=24), Arrival("r2", 9, 15)]
+
+
+SCENARIOS: dict[str, tuple[Workload, str]] = {
+    "prefill-chunked/normal": (Workload("normal", _chunked_mix()),
+                       "the normal loop: run_batch then process_batch_result; middle chunks are sent at the "
+                       "next admission"),
+    "prefill-prefix-send/normal": (Workload("normal", _shared_prefix()),
+                           "the normal loop with a radix hit: run_batch sends the cached prefix early"),
+    "prefill-chunked/overlap": (Workload("overlap", _chunked_mix()),
+                        "the overlap loop as configured by default but for deferred sampling: fine WAR barrier, "
+                        "the early cached-prefix send on, which sends a continuing chunked request's previous "
+                        "chunk from run_batch"),
+    "prefill-no-early-send/overlap": (Workload("overlap", _chunked_mix(), early_send_prefix=False),
+                              "the overlap loop with SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX off: every "
+                              "chunk is sent by its own batch's result processing"),
+    "prefill-coarse-barrier/overlap": (Workload("overlap", _chunked_mix(), fine_barrier=False),
+                               "the overlap loop with the coarse WAR barrier, deferred past result processing"),
+    "prefill-polling/overlap": (Workload("overlap", _polling_mix(), continuous_polling=True, fine_barrier=False),
+                        "the overlap loop with continuous input polling: a request admitted and forwarded while "
+                        "the oldest result's copy is pending, the coarse barrier applied while waiting"),
+    "prefill-inline-sample/overlap": (Workload("overlap", _chunked_mix(), delay_sample=False),
+                              "the overlap loop as configured by default: tokens sampled inside the forward"),
+}
+# Not run: a radix hit under the overlap loop. The early cached-prefix send then records a
+# torch.cuda.Event on the forward stream (maybe_send_cached_prefix_chunk), which a CPU build of torch
+# cannot make; the overlap workloads' prompts share no prefix, so the send returns before it.
+
+
+_NORMAL_SEND = (
+    "event_loop_normal_disagg_prefill sends a middle chunk's KV in process_prefill_chunk, called by "
+    "get_next_disagg_prefill_batch_to_run at the top of the next iteration (`In non-overlap-mode, KV is "
+    "sent in process_prefill_chunk`), after P(N) ended and before A(N+1) is formed; only the last chunk "
+    "is sent inside process_batch_result_disagg_prefill. Not a hazard: P(N) already waited for forward "
+    "N (next_token_ids.tolist() synchronizes the stream it ran on), so the chunk's KV is complete when "
+    "it is sent. The rule places every send inside result processing; for the normal loop it would "
+    "need to allow [process_begin(N), admit(N+1)].")
+_EARLY_SEND = (
+    "under the overlap loop run_batch(N+1) sends, as SGLang's early send of the cached prefix "
+    "(maybe_send_cached_prefix_chunk, SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX, on by default), the "
+    "KV a continuing chunked request computed in batch N: its prefix_len already covers chunk N while "
+    "start_send_idx does not, since P(N) runs after F(N+1). P(N) then finds nothing left to send "
+    "(start_send_idx == tmp_end_idx, zero pages, should_send_kv_chunk says no), so batch N's span has no "
+    "kv_send for it (the trace has prefix_send(batch=N+1, start=<chunk N's start>)). The send is issued "
+    "before forward N is known to be complete; SGLang records a CUDA event on the forward stream and "
+    "hands it to the sender (_early_send_wait_event), which the Mooncake and Mori transfer workers "
+    "synchronize on before reading the KV. NIXL's add_transfer_request takes that wait_event and drops "
+    "it (nixl/conn.py, add_transfer_request: TransferKVChunk has no wait_event), so on NIXL the read "
+    "can race forward N's writes: a real hazard there unless something else orders it (with the coarse "
+    "barrier the schedule stream has waited for forward N, and kv_to_page_indices' device-to-host copy "
+    "on that stream syncs the host behind it; with the fine barrier it has not). With Mooncake / Mori "
+    "the rule is too strict: a chunk's KV may be handed over before its batch's processing when the "
+    "transfer waits on the forward's completion event.")
+DIVERGENCES: dict[str, dict[str, str]] = {
+    "prefill-chunked/normal": {
+        "P-complete": (
+            "war_barrier is never logged: event_loop_normal_disagg_prefill never calls _apply_war_barrier. "
+            "Not a hazard: without the overlap schedule run_batch does not enter forward_stream_ctx, so the "
+            "forward is enqueued on the schedule stream itself (run_event_loop runs the loop inside its "
+            "StreamContext) and every later schedule-stream write is behind the forward's reads in stream "
+            "order. The rule assumes separate schedule and forward streams in the normal mode too."),
+        "P-send-after-forward": _NORMAL_SEND,
+        "P-send-each-chunk": _NORMAL_SEND,
+    },
+    "prefill-chunked/overlap": {"P-send-each-chunk": _EARLY_SEND},
+    "prefill-coarse-barrier/overlap": {"P-send-each-chunk": _EARLY_SEND},
+    "prefill-polling/overlap": {"P-send-each-chunk": _EARLY_SEND},
+    "prefill-inline-sample/overlap": {
+        "P-complete-sample": (
+            "no batch is sampled by launch_batch_sample_if_needed: with SGLANG_ENABLE_DELAY_SAMPLE off "
+            "(SGLang's default) and no grammar, TpModelWorker.forward_batch_generation samples inside the "
+            "forward and leaves no delay_sample_func, and launch_batch_sample_if_needed returns at once "
+            "(logged as x.sample_inline). Not a hazard: deferral exists so that sampling N can wait for "
+            "P(N-1) (a grammar's state); a batch without a grammar does not depend on P(N-1), and one with "
+            "a grammar is always deferred. The rule assumes every overlap batch is sampled after the "
+            "forward."),
+        "P-send-each-chunk": _EARLY_SEND,
+    },
+}
+DIVERGENCES["prefill-prefix-send/normal"] = DIVERGENCES["prefill-chunked/normal"]
+
+
+def _scenario(name: str):
+    w, what = SCENARIOS[name]
+
+    def run(trace_dir: str, fuzz_schedule=None) -> dict:
+        path = os.path.join(trace_dir, f"sglang-{name.replace('/', '_')}.jsonl")
+        out = run_workload(w, path, fuzz_schedule)
+        out["name"] = name
+        return out
+
+    run.__name__ = "scenario_" + name.replace('-', '_').replace('/', '_')
+    run.__doc__ = what
+    return run
+
+
+def scenarios() -> list:
+    """[(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", ...})]"""
+    return [(name, _scenario(name)) for name in SCENARIOS]
+
+
+# ---- mutants of SGLang's real loop ----------------------------------------------------------------
+def _sample_before_process():
+    """event_loop_overlap_disagg_prefill with `self.launch_batch_sample_if_needed(batch_result, batch)`
+    moved before `if self.last_batch:` (result processing of the previous batch): batch N is sampled
+    before P(N-1) ran, which SGLang's own comment forbids (sampling depends on the previous batch's
+    result, e.g. its grammar state)."""
+    mixin = sglang().prefill.SchedulerDisaggregationPrefillMixin
+    return mutate.mutation(mixin, "event_loop_overlap_disagg_prefill", mutate.MoveStatement(
+        "self.launch_batch_sample_if_needed(batch_result, batch)", "if self.last_batch:"))
+
+
+# name -> (the scenario it mutates, the patch, the rules that must report it)
+MUTANTS = {"prefill-sample-before-process": ("prefill-no-early-send/overlap", _sample_before_process,
+                                             {"P-overlap-process-prev"})}
+
+
+def mutants() -> list:
+    """[(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", "expect", ...})]: each runs
+    its scenario's workload with SGLang's loop rewritten; `expect` names the rules that must fail."""
+    out = []
+    for name, (base, patch, expect) in MUTANTS.items():
+        def run(trace_dir: str, fuzz_schedule=None, _base=base, _patch=patch, _expect=expect, _name=name) -> dict:
+            w, _ = SCENARIOS[_base]
+            path = os.path.join(trace_dir, f"sglang-mutant-{_name}.jsonl")
+            with _lock:
+                sglang()
+                patch_cm = _patch()
+            res = run_workload(w, path, fuzz_schedule, patch=patch_cm)
+            res.update(name=_name, expect=sorted(_expect))
+            return res
+        run.__doc__ = patch.__doc__
+        out.append((name, run))
+    return out

@@ -1,53 +1,65 @@
 """Prefill-side hooks on SGLang 0.5.23: its PD prefill loops as pdo-trace events (docs/trace-format.md).
 
-What each real SGLang function logs (the meaning is the reference engine's, engine/prefill/scheduler.py):
+What each real SGLang function logs (the meaning is the reference engine's, engine/prefill/scheduler.py;
+"mixin" is SchedulerDisaggregationPrefillMixin, "Scheduler" managers/scheduler.py's):
 
-  SchedulerDisaggregationPrefillMixin.event_loop_{normal,overlap}_disagg_prefill
+  mixin.event_loop_{normal,overlap}_disagg_prefill
       the trace header: role prefill, mode normal / overlap, page size, engine sglang. 0.5.23 runs the
       forward on the scheduler thread in both loops (there is no forward worker thread), so the thread
       modes (thread, ahead) never apply, and snapshot / submit / batch_copy / collect are never logged.
-  Scheduler.get_next_disagg_prefill_batch_to_run   admit when it returns a batch (ids 0, 1, ... per
-      trace, by the batch object's identity), then chunk_inc for each middle chunk it counted
-  ReqToTokenPool.alloc / .free       alloc / release of a request's req_to_token row (`slot`)
-  ScheduleBatch.copy                 no event: the copy the overlap loop keeps for result processing
-      answers to its source's batch id
-  Scheduler.run_batch                fwd_begin (digest of the batch's requests, lengths and KV slots)
-      and stage, then fwd_end when it returns. 0.5.23 has no staging step of its own: run_batch hands
-      the inputs to the forward (resolve_forward_inputs, then the worker copies them into the graph's
-      buffers on the forward stream), so `stage` is logged where run_batch begins.
-  Scheduler._apply_war_barrier       war_barrier of the batch the last run_batch ran, logged once the
-      wait is queued; in the overlap loop 0.5.23 defers a coarse (whole-forward) barrier past result
-      processing of the previous batch (SchedulerDisaggregationPrefillMixin._war_barrier_is_coarse),
-      and the event is logged where SGLang really applies it. With the barrier disabled (no CUDA and no
-      SGLANG_ENABLE_WAR_BARRIER) the call fences nothing: x.war_barrier_off.
-  Scheduler.launch_batch_sample_if_needed   sample, when the batch result holds a deferred sampling
-      function (it launches it); a result whose tokens were sampled inside the forward is x.sample_inline
-  Scheduler.process_batch_result     process_begin / process_end (prefill batches only), with the
-      chunk_dec of every middle chunk it counted down
-  Scheduler._send_kv_chunk, and the KV sender's send   kv_send per call of the sender's send, with the
-      tokens (num_kv_tokens) and pages (the page indices) SGLang passes it; inside
-      Scheduler.maybe_send_cached_prefix_chunk (run_batch's early send of the cached prefix) the same
-      send is prefix_send, with the batch run_batch is running
-  Req.inflight_middle_chunks         chunk_inc / chunk_dec: 0.5.23 changes it as a plain attribute
-      (+= 1 in Scheduler._get_new_batch_prefill_raw, -= 1 in process_batch_result_disagg_prefill), so
-      the hooks compare each watched request's value before and after admission, before each KV send
-      and at the end of result processing, one event per unit step
+  mixin.get_next_disagg_prefill_batch_to_run
+      admit when it returns a batch (ids 0, 1, ... per trace, by the batch object's identity), then
+      chunk_inc for each middle chunk admission counted
+  ReqToTokenPool.alloc / .free
+      alloc / release of a request's req_to_token row (`slot`)
+  ScheduleBatch.copy
+      no event: the copy the overlap loop keeps for result processing answers to its source's batch id
+  Scheduler.run_batch
+      fwd_begin (a digest of the batch's requests, rows and lengths) and stage, then fwd_end when it
+      returns. 0.5.23 has no staging step of its own: run_batch hands the inputs to the forward
+      (resolve_forward_inputs, then the worker copies them into its buffers on the forward stream),
+      so `stage` is logged where run_batch begins.
+  Scheduler._apply_war_barrier
+      war_barrier of the batch the last run_batch ran, once the wait is queued. The overlap loop
+      defers a coarse (whole-forward) barrier past result processing of the previous batch
+      (mixin._war_barrier_is_coarse); the event is logged where SGLang really applies it. With the
+      barrier disabled (no CUDA and no SGLANG_ENABLE_WAR_BARRIER) the call fences nothing:
+      x.war_barrier_off.
+  Scheduler.launch_batch_sample_if_needed
+      sample, when the batch result holds a deferred sampling function (the call launches it); a
+      result whose tokens were sampled inside the forward gives x.sample_inline
+  Scheduler.process_batch_result
+      process_begin / process_end (prefill batches only), with the chunk_dec of every middle chunk it
+      counted down
+  mixin._send_kv_chunk, then the KV sender's send
+      kv_send per call of the sender's send, with the tokens (num_kv_tokens) and pages (the page
+      indices) SGLang hands it, and `start` (an extra field): the prompt offset of its first token.
+      Inside mixin.maybe_send_cached_prefix_chunk (run_batch's early send of the cached prefix) the
+      same send is prefix_send, with the batch run_batch is running.
+  Req.inflight_middle_chunks
+      chunk_inc / chunk_dec. 0.5.23 changes it as a plain attribute (+= 1 in
+      Scheduler._get_new_batch_prefill_raw, -= 1 in mixin.process_batch_result_disagg_prefill), so
+      the hooks compare each watched request's value after admission, before each KV send and at the
+      end of result processing with the value they last logged, one event per unit step.
 
-The wrappers only read SGLang's state: they pass every argument through and return what the real
-function returned.
+The wrappers only read SGLang's state, host-side only (nothing that would synchronize with the GPU):
+they pass every argument through and return what the real function returned.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 import threading
 import weakref
 
+import wrapt
 import xxhash
 
 from . import hooks
 
 LOOPS = {"event_loop_normal_disagg_prefill": "normal", "event_loop_overlap_disagg_prefill": "overlap"}
 _LOOP = "prefill_loop"
-_local = threading.local()       # .sending: stack of Req objects whose KV _send_kv_chunk is sending
+_local = threading.local()       # .sending: stack of [Req, next token offset] of the _send_kv_chunk calls
 
 
 class _State:
@@ -81,6 +93,13 @@ def _state(sink) -> _State:
 
 def _in_loop() -> bool:
     return _LOOP in hooks.context()
+
+
+def is_installed(sgl) -> bool:
+    """Whether these hooks are on SGLang's classes now (the decode hooks may be installed alone)."""
+    attr = inspect.getattr_static(sgl.prefill.SchedulerDisaggregationPrefillMixin,
+                                  "get_next_disagg_prefill_batch_to_run")
+    return isinstance(attr, wrapt.FunctionWrapper)
 
 
 def install(sgl) -> None:
@@ -117,8 +136,6 @@ _SENDER_MODULES = ("sglang.srt.disaggregation.fake.conn", "sglang.srt.disaggrega
 def _import_senders() -> None:
     """The transfer backends' sender classes, so that their `send` is wrapped (a backend whose own
     dependencies are missing cannot be the one running)."""
-    import importlib
-
     for name in _SENDER_MODULES:
         try:
             importlib.import_module(name)
@@ -216,15 +233,15 @@ def _copy(sink, wrapped, batch, args, kwargs):
 
 # ---- the forward ----------------------------------------------------------------------------------
 def _digest(batch) -> str:
-    """What run_batch reads of the batch: its requests, their prefix and extend lengths, their
-    req_to_token rows and the KV slots the forward writes (out_cache_loc)."""
-    h = xxhash.xxh3_64()
-    h.update(repr(([str(r.rid) for r in batch.reqs], list(batch.prefix_lens or ()),
-                   list(batch.extend_lens or ()))).encode())
-    for t in (batch.req_pool_indices, batch.out_cache_loc):
-        if t is not None:
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+    """What run_batch reads of the batch, from its host-side fields only (reading a device tensor
+    would synchronize the scheduler with the GPU, which the hooks must not do): its requests, their
+    req_to_token rows, prefix, extend and sequence lengths."""
+    rows = batch.req_pool_indices_cpu
+    seqs = batch.seq_lens_cpu
+    return xxhash.xxh3_64(repr((
+        [str(r.rid) for r in batch.reqs], list(batch.prefix_lens or ()), list(batch.extend_lens or ()),
+        rows.tolist() if rows is not None else None, seqs.tolist() if seqs is not None else None,
+    )).encode()).hexdigest()
 
 
 def _run_batch(sink, wrapped, sched, args, kwargs):
@@ -298,7 +315,7 @@ def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
     stack = getattr(_local, "sending", None)
     if stack is None:
         stack = _local.sending = []
-    stack.append(req)
+    stack.append([req, int(req.start_send_idx)])
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -309,15 +326,24 @@ def _sender_send(sink, wrapped, sender, args, kwargs):
     stack = getattr(_local, "sending", None)
     if not stack or not _in_loop() or "sender_send" in hooks.context():
         return wrapped(*args, **kwargs)   # (a subclass's send calling its parent's is one send)
-    req = stack[-1]
+    entry = stack[-1]
+    req = entry[0]
     page_indices = args[0] if args else kwargs["kv_indices"]
-    tokens = kwargs.get("num_kv_tokens", args[2] if len(args) > 2 else None)
-    fields = dict(rid=str(req.rid), obj=sink.obj(req), tokens=int(tokens), pages=int(len(page_indices)))
+    tokens = kwargs["num_kv_tokens"] if "num_kv_tokens" in kwargs else args[2] if len(args) > 2 else None
     with hooks.inside("sender_send"):
         out = wrapped(*args, **kwargs)
+    if tokens is None:   # every 0.5.23 caller passes it; without it the send's size is unknown
+        sink.emit("x.kv_send_unsized", rid=str(req.rid), pages=int(len(page_indices)))
+        return out
+    fields = dict(rid=str(req.rid), obj=sink.obj(req), tokens=int(tokens), pages=int(len(page_indices)),
+                  start=entry[1])
+    entry[1] += int(tokens)
     if "prefix_send" in hooks.context():
-        st = _state(sink)
-        sink.emit("prefix_send", batch=st.running if st.running is not None else -1, **fields)
+        running = _state(sink).running
+        if running is None:   # 0.5.23 sends the cached prefix from run_batch only
+            sink.emit("x.prefix_send_outside_run_batch", **fields)
+        else:
+            sink.emit("prefix_send", batch=running, **fields)
     else:
         sink.emit("kv_send", **fields)
     return out
