@@ -641,7 +641,7 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
     chunks = iter_chunks(path, header_out=header, ignored=ignored)
     first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
-    rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
+    rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
     ctx = Ctx(header, header.get("page_size", 1))
     from .decode_templates import TEMPLATES as DECODE_TEMPLATES  # decode kinds live in their own module
 

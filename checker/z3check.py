@@ -70,7 +70,7 @@ def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WIND
     ignored: dict = {}
     header, events = _load(path, ignored)
     role, mode = header["role"], header.get("mode")
-    rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
+    rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
     res = _check(path, header, events, TraceUniverse(header, events), rules, t0, window=window,
                  timeout_ms=timeout_ms, max_obligations=max_obligations, rlimit=rlimit)
     res.ignored = ignored

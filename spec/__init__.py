@@ -56,8 +56,13 @@ class Rule:
     kind: str
     params: dict = field(default_factory=dict, hash=False, compare=False)
     role: str = "prefill"
+    # header field -> value for which the rule does not apply (a loop variant its mode does not name:
+    # SGLang's overlap loop with sampling inside the forward, `sampling = "inline"`)
+    unless: tuple = ()
 
-    def applies(self, mode: str | None) -> bool:
+    def applies(self, mode: str | None, header: dict | None = None) -> bool:
+        if header is not None and any(header.get(k) == v for k, v in self.unless):
+            return False
         return mode is None or mode in self.modes or "any" in self.modes
 
     def __getitem__(self, key):
@@ -102,10 +107,14 @@ def _build_rules(files: list[str]) -> list[Rule]:
             raw = dict(raw)
             base = {k: raw.pop(k) for k in ("id", "statement", "modes", "seed", "kind")}
             role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
+            unless = raw.pop("unless", {})
+            if not isinstance(unless, dict) or not all(isinstance(k, str) for k in unless):
+                raise ValueError(f"{fname}: rule {base['id']}: 'unless' must be a table of header fields")
             if base["kind"] not in KINDS:
                 raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
             _check_params(fname, base["id"], base["kind"], raw, role, tuple(base["modes"]))
-            rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["seed"], base["kind"], raw, role))
+            rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["seed"], base["kind"], raw, role,
+                              tuple(sorted(unless.items()))))
     ids = [r.id for r in rules]
     if len(ids) != len(set(ids)):
         raise ValueError("duplicate rule ids in spec/")

@@ -221,18 +221,23 @@ class Harness:
             self.sched.gracefully_exit = True
         sync.sleep(0.002)   # the decode graph's time: lets a prefetched query finish before its consumer
 
-    def run(self, trace_path: str) -> str:
+    def run(self, trace_path: str | None) -> str | None:
+        """Run the loop to its end, tracing into `trace_path`, or into the process's active sink when
+        it is None (a process traced through PDO_SGLANG_TRACE_DIR)."""
         loop = getattr(self.sgl.decode.SchedulerDisaggregationDecodeMixin,
                        f"event_loop_{self.mode}_disagg_decode")
-        sink = TraceSink(trace_path)
+        sink = TraceSink(trace_path) if trace_path is not None else hooks.active()
         config = self.sgl.runtime_context._CONTEXT.override_server_args(disaggregation_mode="decode")
         config.install()   # the published ServerArgs that _init_receiver reads (get_disagg())
         decode = self.sgl.decode
         real_get_kv_class = decode.get_kv_class
         decode.get_kv_class = lambda backend, kind: _Receiver   # the transfer backend's receiver class
         try:
-            with hooks.tracing(sink):
+            if trace_path is None:
                 loop(self.sched)
+            else:
+                with hooks.tracing(sink):
+                    loop(self.sched)
         finally:
             decode.get_kv_class = real_get_kv_class
             config.restore()

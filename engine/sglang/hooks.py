@@ -36,6 +36,12 @@ def tracing(sink: TraceSink):
         sink.close()
 
 
+def activate(sink: TraceSink | None) -> None:
+    """Route the hooks' events to `sink` from now on, process-wide (a traced server process)."""
+    global _active
+    _active = sink
+
+
 def qualname(fn) -> str:
     fn = getattr(fn, "__wrapped__", fn)
     return f"{fn.__module__}.{fn.__qualname__}"

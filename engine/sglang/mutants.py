@@ -1,17 +1,15 @@
-"""Real-code mutations of SGLang 0.5.23: the decode bug classes of the mutant suite, applied to SGLang's
-own methods at run time, so `pdo conform sglang --mutant NAME` shows that the checks would catch them.
-
-A mutation parses the real method's source, changes one statement or condition (an ast transformer),
-compiles the result in the method's own module globals and puts it on the class for the duration of a
-`with` block; SGLang's files are never touched.
+"""Real-code mutations of SGLang 0.5.23's decode: the decode bug classes of the mutant suite, applied to
+SGLang's own methods at run time (engine/sglang/mutate.py rewrites the method's source for the duration
+of a `with` block; SGLang's files are never touched), so `pdo conform sglang --mutant NAME` shows that
+the checks catch them. The prefill loop's mutant is in engine/sglang/conform_prefill.py (MUTANTS).
 """
 from __future__ import annotations
 
 import ast
 import contextlib
 import dataclasses
-import inspect
-import textwrap
+
+from .mutate import mutation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,39 +96,10 @@ MUTANTS = {m.name: m for m in (
 )}
 
 
-def mutated_function(func, transformer):
-    """`func` recompiled from its source after `transformer` rewrote it, in func's module globals."""
-    source = textwrap.dedent(inspect.getsource(func))
-    tree = ast.parse(source)
-    before = ast.dump(tree)
-    tree = ast.fix_missing_locations(transformer().visit(tree))
-    if ast.dump(tree) == before:
-        raise ValueError(f"mutation {transformer.__name__} changed nothing in {func.__qualname__}")
-    fn_def = tree.body[0]
-    fn_def.decorator_list = []
-    namespace: dict = {}
-    code = compile(ast.Module(body=[fn_def], type_ignores=[]), inspect.getsourcefile(func), "exec")
-    exec(code, func.__globals__, namespace)
-    new = namespace[fn_def.name]
-    new.__qualname__ = func.__qualname__
-    return new
-
-
 @contextlib.contextmanager
 def applied(sgl, mutant: Mutant):
-    """The class's method replaced by its mutated version inside the block (hooks still wrap it)."""
+    """The class's method replaced by its mutated version inside the block (the hooks still wrap it)."""
     module, cls_name = mutant.cls.split(".")
     cls = getattr(getattr(sgl, module), cls_name)
-    current = cls.__dict__[mutant.method]            # the adapter's wrapper, if installed
-    real = getattr(current, "__wrapped__", current)
-    new = mutated_function(real, mutant.transform)
-    if hasattr(current, "__wrapped__"):              # keep the hook around the mutated code
-        import wrapt
-        wrapper = current._self_wrapper
-        setattr(cls, mutant.method, wrapt.FunctionWrapper(new, wrapper))
-    else:
-        setattr(cls, mutant.method, new)
-    try:
+    with mutation(cls, mutant.method, mutant.transform()):
         yield
-    finally:
-        setattr(cls, mutant.method, current)

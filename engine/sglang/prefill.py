@@ -169,10 +169,20 @@ def _within(name: str):
 def _loop(mode: str, version: str):
     def around(sink, wrapped, sched, args, kwargs):
         page_size = getattr(sched, "page_size", None) or sched.token_to_kv_pool_allocator.page_size
-        sink.begin("prefill", mode, int(page_size), engine="sglang", sglang_version=version)
+        sink.begin("prefill", mode, int(page_size), engine="sglang", sglang_version=version,
+                   sampling=_sampling(mode))
         with hooks.inside(_LOOP):
             return wrapped(*args, **kwargs)
     return around
+
+
+def _sampling(mode: str) -> str:
+    """How the overlap loop's batches are sampled: SGLang's worker defers sampling past the forward
+    (launch_batch_sample_if_needed then launches it) only with SGLANG_ENABLE_DELAY_SAMPLE, or for a
+    grammar batch; otherwise it samples inside the forward. The header's `sampling` says which, so
+    the rule that every batch is sampled after its forward is not applied to inline sampling."""
+    from sglang.srt.environ import envs
+    return "deferred" if mode == "overlap" and envs.SGLANG_ENABLE_DELAY_SAMPLE.get() else "inline"
 
 
 # ---- the middle-chunk counter ---------------------------------------------------------------------
