@@ -67,7 +67,8 @@ def _dup(ev, batch):
 
 VIOLATIONS = {
     "P-fifo": ("normal", _dup("process_begin", 0)),
-    "P-complete": ("normal", _delete("war_barrier", 1)),
+    "P-complete": ("normal", _delete("stage", 1)),
+    "P-complete-barrier": ("overlap", _delete("war_barrier", 1)),
     "P-complete-thread": ("thread", _delete("batch_copy", 1)),
     "P-complete-sample": ("overlap", _delete("sample", 2)),
     "P-one-forward": ("overlap", _after("fwd_end", 0, "fwd_begin", 1)),

@@ -35,6 +35,11 @@ def register(sub) -> None:
     p.add_argument("--scenario", action="append", default=None,
                    help="run only this scenario (repeatable; a prefix such as 'decode-' selects several)")
     p.add_argument("--mutant", default=None, help="apply this real-code mutation (see --list)")
+    p.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="also run each scenario under N controlled schedules (decode: thread interleavings of "
+                        "the scheduler and the prefetch pool; prefill: when transfers and copies complete)")
+    p.add_argument("--fuzz-seed", type=int, default=None, metavar="S",
+                   help="run each scenario under schedule S only (what a failing --fuzz run prints to replay)")
     p.add_argument("--list", action="store_true", help="list the scenarios and the mutants, then exit")
     p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     p.set_defaults(fn=cmd_conform)
@@ -65,8 +70,8 @@ def all_scenarios(sgl) -> list[tuple[str, object]]:
 def _to_path(run):
     """A prefill scenario writes into a folder and returns its trace's path: run it into the folder of
     the path asked for, and put the trace there."""
-    def run_to(path: str) -> str:
-        out = run(os.path.dirname(path))["trace"]
+    def run_to(path: str, fuzz_seed: int | None = None) -> str:
+        out = run(os.path.dirname(path), fuzz_schedule=fuzz_seed)["trace"]
         if os.path.abspath(out) != os.path.abspath(path):
             os.replace(out, path)
         return path
@@ -79,19 +84,20 @@ def _selected(scenarios, wanted):
     return [(n, run) for n, run in scenarios if any(n == w or n.startswith(w) for w in wanted)]
 
 
-def run_scenario(sgl, name: str, run, trace_dir: str, mutant=None) -> dict:
+def run_scenario(sgl, name: str, run, trace_dir: str, mutant=None, fuzz_seed: int | None = None) -> dict:
     from checker.linear import check_files
 
     from . import hooks, mutants
-    path = os.path.join(trace_dir, name.replace("/", "_") + ".jsonl")
+    suffix = "" if fuzz_seed is None else f".s{fuzz_seed}"
+    path = os.path.join(trace_dir, name.replace("/", "_") + suffix + ".jsonl")
     hooks.ran.clear()
     error = None
     try:
         if mutant is None:
-            run(path)
+            run(path, fuzz_seed=fuzz_seed)
         else:
             with mutants.applied(sgl, mutant):
-                run(path)
+                run(path, fuzz_seed=fuzz_seed)
     except Exception as exc:   # SGLang's code raising inside a scenario is an outcome, not a crash
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
@@ -102,7 +108,7 @@ def run_scenario(sgl, name: str, run, trace_dir: str, mutant=None) -> dict:
                 broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
     return {"scenario": name, "sglang_version": sgl.version, "sglang_functions": functions, "trace": path,
             "outcome": _outcome(name, broken, error, mutant), "rules": broken, "error": error,
-            "mutant": mutant.name if mutant else None}
+            "mutant": mutant.name if mutant else None, "schedule": fuzz_seed}
 
 
 def _open_divergences() -> dict:
@@ -168,14 +174,19 @@ def cmd_conform(a) -> int:
         return 2
     trace_dir = a.trace_dir or tempfile.mkdtemp(prefix="pdo-conform-")
     os.makedirs(trace_dir, exist_ok=True)
-    results = [run_scenario(sgl, n, run, trace_dir, mutant) for n, run in chosen]
+    seeds = [a.fuzz_seed] if a.fuzz_seed is not None else [None, *range(a.fuzz)]
+    results = [run_scenario(sgl, n, run, trace_dir, mutant, seed) for n, run in chosen for seed in seeds]
     if a.json:
         print(json.dumps(results, indent=1))
     else:
         for r in results:
             rules = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules"].items()))
             mark = "ok " if met(r) else "BAD"
-            print(f"{mark} {r['scenario']:<40} {r['outcome']:<10} {rules}{'  ' + r['error'] if r['error'] else ''}")
+            sched = "" if r["schedule"] is None else f" s{r['schedule']}"
+            print(f"{mark} {r['scenario'] + sched:<44} {r['outcome']:<15} {rules}{'  ' + r['error'] if r['error'] else ''}")
+            if not met(r) and r["schedule"] is not None:
+                replay = f"pdo conform sglang --scenario {r['scenario']} --fuzz-seed {r['schedule']}"
+                print(f"    replay: {replay}{' --mutant ' + r['mutant'] if r['mutant'] else ''}")
         print(f"SGLang {sgl.version}; traces in {trace_dir}; "
               f"{len({f for r in results for f in r['sglang_functions']})} real SGLang functions ran")
     return 0 if all(met(r) for r in results) else 1

@@ -314,6 +314,25 @@ def scenarios(sgl) -> list[tuple[str, object]]:
 
 
 def _runner(sgl, script, mode):
-    def run(trace_path: str) -> str:
-        return Harness(sgl, script, mode).run(trace_path)
+    def run(trace_path: str, fuzz_seed: int | None = None) -> str:
+        harness = Harness(sgl, script, mode)
+        if fuzz_seed is None:
+            return harness.run(trace_path)
+        return _controlled(harness, trace_path, fuzz_seed)
     return run
+
+
+def _controlled(harness: Harness, trace_path: str, seed: int) -> str:
+    """The scenario under the schedule controller: the scheduler thread and the prefetch pool (the
+    adapter's executor proxy hands the queries to the managed pool) run one at a time, in the order a
+    seeded random walk picks at every trace event; the same seed replays the same schedule."""
+    from checker.fuzz import Controller, RandomWalk
+
+    controller = Controller(RandomWalk(seed), max_steps=200_000).install("scheduler")
+    try:
+        harness.run(trace_path)
+    finally:
+        controller.uninstall()
+    if controller.error is not None:
+        raise controller.error
+    return trace_path
