@@ -113,8 +113,10 @@ def test_properties_proved_with_minimal_sets(models, mode):
         assert pr.basis == ("engine+rules" if needs_engine else "rules"), (p.id, pr.basis)
         if p.id == "war-device":
             assert "E:streams" in pr.core
-            # normal: no rule requires the barrier, so the engine's own program order carries it
-            assert ("E:program-order" if mode == "normal" else "P-war-before-next-stage") in pr.core
+            # normal: no rule requires the barrier, so the barrier rule or the engine's own program order
+            # carries it (two minimal sets; which one deletion finds depends on the solver's state)
+            carriers = {"P-war-before-next-stage", "E:program-order"} if mode == "normal" else {"P-war-before-next-stage"}
+            assert carriers & set(pr.core), pr.core
         # minimal: without any one member, z3 finds a counterexample
         bad = zm.neg(p.formula(M.U))
         for name in pr.core:
