@@ -340,6 +340,9 @@ def _sender_send(sink, wrapped, sender, args, kwargs):
     req = entry[0]
     page_indices = args[0] if args else kwargs["kv_indices"]
     tokens = kwargs["num_kv_tokens"] if "num_kv_tokens" in kwargs else args[2] if len(args) > 2 else None
+    # SGLang's early cached-prefix send under overlap hands the sender a CUDA event of the forward
+    # stream, consumed by this call: whether the transfer may wait on the forward that wrote the KV
+    device_wait = getattr(sender, "_early_send_wait_event", None) is not None
     with hooks.inside("sender_send"):
         out = wrapped(*args, **kwargs)
     if tokens is None:   # every 0.5.23 caller passes it; without it the send's size is unknown
@@ -353,7 +356,7 @@ def _sender_send(sink, wrapped, sender, args, kwargs):
         if running is None:   # 0.5.23 sends the cached prefix from run_batch only
             sink.emit("x.prefix_send_outside_run_batch", **fields)
         else:
-            sink.emit("prefix_send", batch=running, **fields)
+            sink.emit("prefix_send", batch=running, device_wait=device_wait, **fields)
     else:
         sink.emit("kv_send", **fields)
     return out
