@@ -458,13 +458,28 @@ class PrefillFacts:
 
 
 class CrossRank(DecodeTemplate):
-    events = ("receiver_init",)
+    events = ("prefill_info", "req_add", "receiver_init")
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.local: set = set()   # addresses whose parallel info alone decides a room's rank
+        self.addr_of: dict = {}   # room -> addr
 
     def on(self, e):
+        if e["ev"] == "prefill_info":
+            dp = e.get("dp_size")
+            if e.get("published") and isinstance(dp, int) and (dp == 1 or e.get("follow_bootstrap_room")):
+                self.local.add(e["addr"])
+            return
+        if e["ev"] == "req_add":
+            self.addr_of[e["room"]] = e["addr"]
+            return
         facts = self.ctx.facts
         ranks = facts.ranks_of.get(e["rid"])
         if not ranks:
-            if facts.complete:
+            # A rank the parallel info decided (as SGLang does) was not a route the bootstrap server
+            # answered: a room no prefill serves then fails its transfer and must abort (D-request-ends).
+            if facts.complete and self.addr_of.get(e["room"]) not in self.local:
                 self.checks += 1
                 self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, but no prefill trace "
                           f"admitted it", e["seq"])

@@ -196,7 +196,7 @@ def prefill_main(a) -> int:
     tr = Tracer({"role": "prefill", "mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
                  "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp, "dp_rank": a.rank})
     errors: list[str] = []
-    sched = PrefillScheduler(cfg, mine, tracer=tr, receiver=server, on_ingest=registrar(a.bootstrap, a.rank, errors))
+    sched = PrefillScheduler(cfg, mine, tracer=tr, receiver=server, on_ingest=registrar(a.bootstrap, a.rank, errors, dp))
     threading.current_thread().name = "scheduler"
     try:
         with frozen_gc(cfg.freeze_gc):

@@ -62,9 +62,14 @@ def rank_info(rank: int, dp: int, page_size: int, port: int) -> dict:
             "kv_cache_dtype": "auto", "load_balance_method": "round_robin"}
 
 
-def registrar(url: str, rank: int, errors: list):
+def registrar(url: str, rank: int, errors: list, dp: int):
     """The prefill ingest hook: register each room this rank serves. One attempt, as SGLang; a
-    failure leaves the room unknown, and decode aborts the request after its bootstrap timeout."""
+    failure leaves the room unknown, and decode aborts the request after its bootstrap timeout.
+    With one DP rank nothing is registered, as in SGLang (CommonKVSender registers only with more
+    than one): decode knows the answer is rank 0 from the parallel info alone."""
+    if dp == 1:
+        return lambda req: None
+
     def register(req):
         try:
             bc.register_dp_rank(url, req.bootstrap_room, rank)
@@ -141,7 +146,7 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
         mine = [r for r, k in zip(reqs, ranks) if k == i]
         with sync.group(f"prefill{i}"):  # under a controller: this rank's threads are "prefill<i>/..."
             prefills.append(PrefillScheduler(cfg, mine, tracer=tr, receiver=servers[i], model=model,
-                                             on_ingest=registrar(url, i, reg_errors)))
+                                             on_ingest=registrar(url, i, reg_errors, dp)))
     for r in extra:  # decode-only requests (tests: rooms no prefill rank serves); default address: this run's
         r.addr = r.addr or addr
     dreqs = decode_requests(reqs, addr) + list(extra)

@@ -964,10 +964,14 @@ def enc_cross_rank(rule, U):
     for a in U.remote("admit"):
         for rid in a.f["rids"]:
             served[rid].add(a.f["dp_rank"])
+    local = {i.f["addr"] for i in U.named("prefill_info") if i.f.get("published") is True
+             and isinstance(i.f.get("dp_size"), int) and (i.f["dp_size"] == 1 or i.f.get("follow_bootstrap_room"))}
+    addr_of = {a.f["room"]: a.f["addr"] for a in U.named("req_add")}
     for x in U.named("receiver_init"):
         ranks = served.get(x.f["rid"])
         if not ranks:
-            if U.dp_complete:
+            # a rank the parallel info decided is no route the server answered (linear: CrossRank)
+            if U.dp_complete and addr_of.get(x.f["room"]) not in local:
                 yield neg(ex(x)), [x]
             continue
         yield implies(ex(x), conj(len(ranks) == 1, disj(*[eq(x.f["rank"], r) for r in ranks]))), [x]

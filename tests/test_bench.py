@@ -169,18 +169,18 @@ def test_bench_has_subcommands(capsys):
 
 
 def test_bench_decode_tiny_run_has_the_documented_fields(capsys):
-    """`pdo bench decode` at its smallest: one latency, one run per arm, two requests, one DP rank, no
-    modelled prefill or intake cost. The JSON has the documented fields (docs/benchmarks.md), zero
+    """`pdo bench decode` at its smallest: one latency, one run per arm, two requests, two DP ranks
+    (with one, decode asks no query at all, as SGLang), no modelled prefill or intake cost. The JSON has the documented fields (docs/benchmarks.md), zero
     errors, outputs identical to the reference; the table has a row per arm and the wait cut."""
     from engine.decode.bench import markdown
 
     assert main(["bench", "decode", "--latencies", "0.5", "--reps", "1", "--requests", "2", "--max-new-tokens", "3",
                  "--rate", "1000", "--prompt-len", "16:32", "--prefill-launch-cost-us", "0", "--recv-wait-us", "0",
-                 "--dp", "1", "--json"]) == 0
+                 "--dp", "2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["bench"] == "decode" and res["ok"] is True and res["cpus"] >= 1
     assert res["config"] == {"requests": 2, "max_new_tokens": 3, "rate": 1000.0, "prompt_len": [16, 32],
-                             "prefill_launch_cost_us": 0.0, "dp": 1, "prefill_mode": "normal",
+                             "prefill_launch_cost_us": 0.0, "dp": 2, "prefill_mode": "normal",
                              "decode_mode": "overlap", "polling_interval": 1, "recv_wait_us": 0.0,
                              "latency_scope": "all", "reps": 1}
     [row] = res["rows"]

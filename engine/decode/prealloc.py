@@ -76,6 +76,8 @@ class DecodePreallocQueue:
         for addr, reqs in groups.items():
             # MUTANT: query-every-iteration — rooms whose rank is already known are asked again
             rooms = tuple(r.room for r in reqs if r.prefill_dp_rank is None or inject.on("query-every-iteration"))
+            if self.prefill_info_table.get(addr, {}).get("dp_size") == 1:
+                rooms = ()   # one DP rank: the consumption point knows the answer without a query
             reason = None
             if self.memory_released:
                 reason = "released"
@@ -164,6 +166,10 @@ class DecodePreallocQueue:
             return
         groups = self._by_addr()
         for addr in self._ensure_prefill_info(groups):
+            if self.prefill_info_table[addr].get("dp_size") == 1:
+                for r in groups[addr]:   # as SGLang: one DP rank, so rank 0, with no query
+                    r.prefill_dp_rank = 0
+                continue
             need = [r for r in groups[addr] if r.prefill_dp_rank is None and r.state == "pending"]
             if need:
                 self._resolve_addr(addr, need)
