@@ -603,9 +603,65 @@ class EachInSpan(Template):
                         got[b].add(e["rid"])
 
 
+class ChunkSent(Template):
+    """For traces whose admits carry `chunks` (rid -> [start, end), the prompt tokens the batch computes
+    for it) and whose sends carry `start`: every one of those tokens is sent ([start, start + tokens))
+    once batch N's results were waited for (`done`(N) before the send), or with a device wait on the
+    forward (`device_wait` true, `started`(N) before the send), and before the request is released.
+    Sends without `start` are not judged; a trace without `chunks` has nothing to check."""
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.sends, self.done, self.started, self.release = (
+            tuple(rule["sends"]), rule["done"], rule["started"], rule["release"])
+        self.events = ("admit", self.done, self.started, self.release, *self.sends)
+        self.chunks: dict = {}          # rid -> [[batch, remaining [lo, hi) intervals, admit seq]]
+        self.done_b, self.started_b = set(), set()
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "admit":
+            for rid, rng in (e.get("chunks") or {}).items():
+                if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
+                    self.chunks.setdefault(rid, []).append([e["batch"], [tuple(rng)], e["seq"]])
+        elif ev == self.done:
+            self.done_b.add(e["batch"])
+        elif ev == self.started:
+            self.started_b.add(e["batch"])
+        elif ev == self.release:
+            self._unsent(e["rid"], e["seq"])
+        elif isinstance(e.get("start"), int) and isinstance(e.get("tokens"), int):
+            lo, hi = e["start"], e["start"] + e["tokens"]
+            for chunk in self.chunks.get(e["rid"], ()):
+                batch, left, _ = chunk
+                hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
+                if not hit:
+                    continue
+                self.checks += 1
+                waited = batch in self.done_b
+                if not waited and not (e.get("device_wait") is True and batch in self.started_b):
+                    how = "with a device wait before its forward began" if e.get("device_wait") is True \
+                        else f"before {self.done}({batch}), with no device wait"
+                    self.fail(f"{_ev(e)} sends {e['rid']}'s tokens {hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
+                              e["seq"])
+                chunk[1] = [p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b)) if p[0] < p[1]]
+
+    def _unsent(self, rid, seq):
+        for batch, left, admit_seq in self.chunks.pop(rid, ()):
+            self.checks += 1
+            if left:
+                self.fail(f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} were never sent",
+                          admit_seq, *([seq] if seq is not None else []))
+
+    def finish(self):
+        for rid in list(self.chunks):
+            self._unsent(rid, None)
+
+
 TEMPLATES = {"fifo": Fifo, "complete": Complete, "disjoint": Disjoint, "order": Order, "adjacent": Adjacent,
              "outside": Outside, "within": Within, "thread": Thread, "equal": Equal, "counter": Counter,
-             "lifecycle": Lifecycle, "page_count": PageCount, "in_span": InSpan, "each_in_span": EachInSpan}
+             "lifecycle": Lifecycle, "page_count": PageCount, "in_span": InSpan, "each_in_span": EachInSpan,
+             "chunk_sent": ChunkSent}
 
 
 @dataclass

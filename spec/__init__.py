@@ -33,6 +33,7 @@ PARAMS: dict[str, dict[str, str]] = {
     "page_count": {"events": "events"},
     "in_span": {"ev": "event", "span": "span"},
     "each_in_span": {"ev": "event", "span": "span"},
+    "chunk_sent": {"sends": "events", "done": "event", "started": "event", "release": "event"},
     # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
     "prefetch_top": {"thread?": "thread"},
     **{k: {} for k in ("one_inflight", "published_first", "unknown_rooms", "prefetch_match", "no_stale",

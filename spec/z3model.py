@@ -596,6 +596,39 @@ def enc_each_in_span(rule, U):
                         [a, y, z, *inside]
 
 
+# chunk_sent: where admits carry `chunks`, each send overlapping a batch's chunk of a request comes
+# after that batch's `done` event (or, with device_wait, its `started` event) and before the request's
+# release; the sends that exist cover the chunk (linear: ChunkSent).
+def enc_chunk_sent(rule, U):
+    sends = [s for name in rule["sends"] for s in U.named(name)
+             if isinstance(s.f.get("start"), int) and isinstance(s.f.get("tokens"), int)]
+    releases = U.named(rule["release"])
+    for a in U.named("admit"):
+        chunks = a.f.get("chunks")
+        if not isinstance(chunks, dict):
+            continue
+        done, started = U.occ(rule["done"], a.batch), U.occ(rule["started"], a.batch)
+        for rid, rng in chunks.items():
+            if not (isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]):
+                continue
+            lo, hi = rng
+            over = [s for s in sends if s.rid == rid and s.f["start"] < hi and s.f["start"] + s.f["tokens"] > lo]
+            for s in over:
+                waits = started if s.f.get("device_wait") is True else []
+                ok = disj(*[conj(ex(d), lt(d, s)) for d in done + waits])
+                yield implies(conj(ex(a), ex(s)), ok), [a, s, *done, *waits]
+                for r in (r for r in releases if r.rid == rid):
+                    yield implies(conj(ex(s), ex(r)), lt(s, r)), [s, r]
+            covered, at = True, lo
+            for s in sorted(over, key=lambda s: s.f["start"]):
+                if s.f["start"] > at:
+                    covered = False
+                    break
+                at = max(at, s.f["start"] + s.f["tokens"])
+            if not covered or at < hi:
+                yield neg(ex(a)), [a, *over]
+
+
 # in_span: every ev for rid falls in a span whose begin is the latest begin/end on its thread before
 # it, of a batch whose latest admit before it lists rid.
 def enc_in_span(rule, U):
@@ -627,7 +660,8 @@ def enc_in_span(rule, U):
 ENCODERS = {"fifo": enc_fifo, "complete": enc_complete, "disjoint": enc_disjoint, "order": enc_order,
             "adjacent": enc_adjacent, "outside": enc_outside, "within": enc_within, "thread": enc_thread,
             "equal": enc_equal, "counter": enc_counter, "lifecycle": enc_lifecycle,
-            "page_count": enc_page_count, "in_span": enc_in_span, "each_in_span": enc_each_in_span}
+            "page_count": enc_page_count, "in_span": enc_in_span, "each_in_span": enc_each_in_span,
+            "chunk_sent": enc_chunk_sent}
 
 
 # ---- the decode kinds of spec/decode_rules.toml (checker/decode_templates.py) ---------------------

@@ -24,7 +24,8 @@ def E(thread, ev, **f):
 
 def _admit(n):
     out = [E("scheduler", "alloc", rid=r, obj=REQS[r][0], slot=REQS[r][1]) for r in NEW[n]]
-    out.append(E("scheduler", "admit", batch=n, rids=[x[0] for x in BATCHES[n]]))
+    out.append(E("scheduler", "admit", batch=n, rids=[x[0] for x in BATCHES[n]],
+                 chunks={rid: [start, start + take] for rid, start, take, _ in BATCHES[n]}))
     for rid, _, _, last in BATCHES[n]:
         if not last:
             out.append(E("scheduler", "chunk_inc", rid=rid, obj=REQS[rid][0], value=1))
@@ -32,7 +33,8 @@ def _admit(n):
 
 
 def _prefix(n, thread):
-    return [E(thread, "prefix_send", batch=n, rid=r, obj=REQS[r][0], tokens=16, pages=1) for r in PREFIX.get(n, [])]
+    return [E(thread, "prefix_send", batch=n, rid=r, obj=REQS[r][0], tokens=16, pages=1, start=0)
+            for r in PREFIX.get(n, [])]
 
 
 def _run_batch(n, thread, *, early_send=True, stage=True):
@@ -50,7 +52,8 @@ def _process(n):
     for rid, start, take, last in BATCHES[n]:
         if not last:
             out.append(E("scheduler", "chunk_dec", rid=rid, obj=REQS[rid][0], value=0))
-        out.append(E("scheduler", "kv_send", rid=rid, obj=REQS[rid][0], tokens=take, pages=-(-take // 16)))
+        out.append(E("scheduler", "kv_send", rid=rid, obj=REQS[rid][0], tokens=take, pages=-(-take // 16),
+                     start=start))
     out.append(E("scheduler", "process_end", batch=n))
     for rid, _, _, last in BATCHES[n]:
         if last:

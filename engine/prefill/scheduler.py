@@ -46,11 +46,11 @@ class PrefillScheduler:
         self.tr = tracer or NullTracer()
         # The prefill events (spec/events.toml), declared once and logged positionally (engine/trace.py).
         self.log = self.tr.events_for(
-            admit=("batch", "rids"), alloc=("rid", "obj", "slot"), chunk_inc=("rid", "obj", "value"),
+            admit=("batch", "rids", "chunks"), alloc=("rid", "obj", "slot"), chunk_inc=("rid", "obj", "value"),
             snapshot=("batch", "digest"), stage=("batch",), submit=("batch",), fwd_begin=("batch", "digest"),
             fwd_end=("batch",), war_barrier=("batch",), batch_copy=("batch",), collect=("batch",),
-            prefix_send=("batch", "rid", "obj", "tokens", "pages"), sample=("batch",),
-            process_begin=("batch",), chunk_dec=("rid", "obj", "value"), kv_send=("rid", "obj", "tokens", "pages"),
+            prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"), sample=("batch",),
+            process_begin=("batch",), chunk_dec=("rid", "obj", "value"), kv_send=("rid", "obj", "tokens", "pages", "start"),
             process_end=("batch",), release=("rid", "obj", "slot"))
         self.device = torch.device(cfg.device)
         mc = cfg.model_config
@@ -231,7 +231,8 @@ class PrefillScheduler:
             bid=bid, reqs=reqs, starts=[p[1] for p in picked], extends=[p[2] for p in picked],
             last_chunk=[p[3] for p in picked], input_ids=ids, positions=pos,
             out_cache_loc=loc, sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device))
-        self.log.admit(bid, [r.rid for r in reqs])
+        self.log.admit(bid, [r.rid for r in reqs],
+                       {r.rid: [s, s + n] for r, s, n in zip(reqs, batch.starts, batch.extends)})
         for req, last in zip(reqs, batch.last_chunk):
             if not last:
                 req.inflight_middle_chunks += 1
@@ -352,7 +353,7 @@ class PrefillScheduler:
             return
         req.prefix_sent = True
         tokens, pages = req.sender.send(req, req.prefix_len, None, last=False)
-        self.log.prefix_send(batch.bid, req.rid, req, tokens, pages)
+        self.log.prefix_send(batch.bid, req.rid, req, tokens, pages, req.prefix_len - tokens)
 
     # ---- deferred sampling ---------------------------------------------------------------------
     def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
@@ -429,7 +430,7 @@ class PrefillScheduler:
 
     def _send(self, req: Req, end: int, ready, *, last: bool, meta=None) -> None:
         tokens, pages = req.sender.send(req, end, ready, last=last, meta=meta)
-        self.log.kv_send(req.rid, req, tokens, pages)
+        self.log.kv_send(req.rid, req, tokens, pages, end - tokens)
 
     def process_inflight_queue(self) -> None:
         """Release requests whose KV transfer and AttentionStore staging have completed."""

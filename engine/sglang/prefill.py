@@ -170,7 +170,7 @@ def _loop(mode: str, version: str):
     def around(sink, wrapped, sched, args, kwargs):
         page_size = getattr(sched, "page_size", None) or sched.token_to_kv_pool_allocator.page_size
         sink.begin("prefill", mode, int(page_size), engine="sglang", sglang_version=version,
-                   sampling=_sampling(mode))
+                   sampling=_sampling(mode), chunk_ranges=True)
         with hooks.inside(_LOOP):
             return wrapped(*args, **kwargs)
     return around
@@ -226,10 +226,19 @@ def _admit(sink, wrapped, sched, args, kwargs):
         bid = st.next_bid
         st.next_bid += 1
         st.name(batch, bid)
-        sink.emit("admit", batch=bid, rids=[str(r.rid) for r in batch.reqs])
+        sink.emit("admit", batch=bid, rids=[str(r.rid) for r in batch.reqs], chunks=_chunks(batch))
         _watch(st, batch.reqs)
     _flush_counters(sink, st, _watched(st))
     return plan
+
+
+def _chunks(batch) -> dict:
+    """rid -> [start, end): the prompt tokens this batch computes for each request (its extend range,
+    after the matched prefix), which the chunk-send rule matches with the sends' [start, start+tokens)."""
+    out = {}
+    for req, prefix, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+        out[str(req.rid)] = [int(prefix), int(prefix) + int(extend)]
+    return out
 
 
 def _copy(sink, wrapped, batch, args, kwargs):
