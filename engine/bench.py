@@ -720,6 +720,8 @@ def make_big_trace(out: str, events: int, *, base: str | None = None, requests: 
                         e["rid"] += suf
                     if "rids" in e:
                         e["rids"] = [r + suf for r in e["rids"]]
+                    if e.get("chunks"):
+                        e["chunks"] = {r + suf: c for r, c in e["chunks"].items()}
                     if "obj" in e:
                         e["obj"] += suf
                 buf.append(dumps(e))
