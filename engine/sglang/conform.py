@@ -56,8 +56,6 @@ def _session():
     if not hooks.is_installed():
         decode.install(sgl)
         prefill.install(sgl)
-    else:
-        hooks.ran.clear()
     return sgl
 
 
@@ -85,8 +83,6 @@ def _selected(scenarios, wanted):
 
 
 def run_scenario(sgl, name: str, run, trace_dir: str, mutant=None, fuzz_seed: int | None = None) -> dict:
-    from checker.linear import check_files
-
     from . import hooks, mutants
     suffix = "" if fuzz_seed is None else f".s{fuzz_seed}"
     path = os.path.join(trace_dir, name.replace("/", "_") + suffix + ".jsonl")
@@ -101,11 +97,7 @@ def run_scenario(sgl, name: str, run, trace_dir: str, mutant=None, fuzz_seed: in
     except Exception as exc:   # SGLang's code raising inside a scenario is an outcome, not a crash
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
-    broken: dict[str, int] = {}
-    if os.path.exists(path):
-        for result in check_files([path]):
-            for v in result.violations:
-                broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
+    broken = _broken(path) if os.path.exists(path) else {}
     return {"scenario": name, "sglang_version": sgl.version, "sglang_functions": functions, "trace": path,
             "outcome": _outcome(name, broken, error, mutant), "rules": broken, "error": error,
             "mutant": mutant.name if mutant else None, "schedule": fuzz_seed}
@@ -114,6 +106,17 @@ def run_scenario(sgl, name: str, run, trace_dir: str, mutant=None, fuzz_seed: in
 def _open_divergences() -> dict:
     from .conform_prefill import DIVERGENCES
     return {name: tuple(rules) for name, rules in DIVERGENCES.items()}
+
+
+def _broken(path: str) -> dict[str, int]:
+    """rule id -> violations in the trace at `path`."""
+    from checker.linear import check_files
+
+    broken: dict[str, int] = {}
+    for result in check_files([path]):
+        for v in result.violations:
+            broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
+    return broken
 
 
 def _outcome(name: str, broken: dict, error, mutant) -> str:
@@ -194,17 +197,12 @@ def cmd_conform(a) -> int:
 
 def _prefill_mutant(sgl, a) -> int:
     """A mutant of the real prefill loop (conform_prefill.MUTANTS): flagged when its rules fail."""
-    from checker.linear import check_files
-
     from . import conform_prefill
     trace_dir = a.trace_dir or tempfile.mkdtemp(prefix="pdo-conform-")
     os.makedirs(trace_dir, exist_ok=True)
     run = dict(conform_prefill.mutants())[a.mutant]
     out = run(trace_dir)
-    broken: dict[str, int] = {}
-    for result in check_files([out["trace"]]):
-        for v in result.violations:
-            broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
+    broken = _broken(out["trace"])
     outcome = "flagged" if set(broken) & set(out["expect"]) else "missed"
     result = {"scenario": conform_prefill.MUTANTS[a.mutant][0], "sglang_version": sgl.version,
               "sglang_functions": sorted(out.get("functions", [])), "trace": out["trace"], "outcome": outcome,

@@ -286,8 +286,7 @@ def _scripts() -> dict[str, Script]:
     # SGLang releases memory only when the scheduler is idle, but its idleness test does not look at
     # the prealloc queue: a request still waiting for its rank may be there (docs/sglang.md, finding 1).
     idle = _merge(_arrivals(2, 0, lag=0), {5: Step(release=True), 7: Step(resume=True)},
-                  _arrivals(2, 0, lag=1, first_room=200) and {8: Step(arrive=[("r200", 200, 0), ("r201", 201, 0)]),
-                                                              9: Step(register=[(200, 0), (201, 0)])})
+                  {8: Step(arrive=[("r200", 200, 0), ("r201", 201, 0)]), 9: Step(register=[(200, 0), (201, 0)])})
     pending = _merge(_arrivals(2, 0, lag=4), {2: Step(release=True), 4: Step(resume=True)})
     return {
         "decode-arrivals": Script(burst),

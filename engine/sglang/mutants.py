@@ -59,7 +59,7 @@ class _FalseIf(ast.NodeTransformer):
 
 
 def _make(base, needle):
-    return type(f"{base.__name__}_{abs(hash(needle))}", (base,), {"needle": needle})
+    return type(f"{base.__name__}[{needle}]", (base,), {"needle": needle})
 
 
 class _KeepComprehensionAll(ast.NodeTransformer):

@@ -263,10 +263,15 @@ def _digest(batch) -> str:
     )).encode()).hexdigest()
 
 
+def _loop_batch(sink, batch) -> tuple:
+    """(state, id) of a batch the traced loop admitted; id None outside the loop or for another batch."""
+    st = _state(sink)
+    return st, (st.bid(batch) if batch is not None and _in_loop() else None)
+
+
 def _run_batch(sink, wrapped, sched, args, kwargs):
     batch = args[0] if args else kwargs["batch"]
-    st = _state(sink)
-    bid = st.bid(batch) if _in_loop() else None
+    st, bid = _loop_batch(sink, batch)
     if bid is None:
         return wrapped(*args, **kwargs)
     sink.emit("fwd_begin", batch=bid, digest=_digest(batch))
@@ -300,8 +305,7 @@ def _war_barrier(sink, wrapped, sched, args, kwargs):
 def _sample(sink, wrapped, sched, args, kwargs):
     result = args[0] if args else kwargs.get("batch_result")
     batch = args[1] if len(args) > 1 else kwargs.get("cur_batch")
-    st = _state(sink)
-    bid = st.bid(batch) if batch is not None and _in_loop() else None
+    _, bid = _loop_batch(sink, batch)
     if bid is None or result is None:
         return wrapped(*args, **kwargs)
     deferred = result.delay_sample_func is not None
@@ -313,8 +317,7 @@ def _sample(sink, wrapped, sched, args, kwargs):
 # ---- result processing ----------------------------------------------------------------------------
 def _process(sink, wrapped, sched, args, kwargs):
     batch = args[0] if args else kwargs["batch"]
-    st = _state(sink)
-    bid = st.bid(batch) if _in_loop() else None
+    st, bid = _loop_batch(sink, batch)
     if bid is None:
         return wrapped(*args, **kwargs)
     _watch(st, batch.reqs)

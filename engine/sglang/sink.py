@@ -26,7 +26,6 @@ class TraceSink:
         self._lock = threading.Lock()
         self._names: dict[int, tuple[object, str]] = {}   # id -> (object kept alive, o1, o2, ...)
         self._scheduler_ident: int | None = None
-        self.counts: dict[str, int] = {}
 
     def begin(self, role: str, mode: str, page_size: int, **extra) -> None:
         """Write the header (once); the calling thread is the trace's `scheduler` thread."""
@@ -43,9 +42,6 @@ class TraceSink:
                 self._file.write(line)
             self._held.clear()
             self._file.flush()
-
-    def set_scheduler_thread(self) -> None:
-        self._scheduler_ident = threading.get_ident()
 
     def _thread(self) -> str:
         if threading.get_ident() == self._scheduler_ident:
@@ -65,7 +61,6 @@ class TraceSink:
             self._seq += 1
             line = json.dumps({"seq": self._seq, "t_ns": time.monotonic_ns(), "thread": self._thread(),
                                "ev": ev, **fields}) + "\n"
-            self.counts[ev] = self.counts.get(ev, 0) + 1
             if self._file is None:
                 self._held.append(line)
                 return
