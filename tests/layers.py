@@ -1,0 +1,46 @@
+"""The layers of the code, as data: which package may import which (docs/architecture.md explains them).
+
+A module belongs to the layer of the longest prefix that names it. An import whose target's layer is not
+in the importer's allowed set is a back-edge; tests/test_layers.py fails on one, and on any import cycle.
+"""
+
+from __future__ import annotations
+
+# layer: (module prefixes, layers its modules may import besides their own)
+LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "kernels": (("triton_kernels",), ()),
+    "spec": (("spec",), ()),
+    "engine": (("engine",), ("kernels",)),
+    "checker": (("checker",), ("spec",)),
+    "harness": (("checker.fuzz", "engine.sglang.conform"), ("engine", "checker", "spec", "kernels")),
+    "front": (
+        ("engine.cli", "engine.bench", "engine.launch", "spec.cli", "checker.bench", "checker.fuzz.cli",
+         "engine.sglang.conform.cli"),
+        ("harness", "engine", "checker", "spec", "kernels"),
+    ),
+}
+
+
+def layer_of(module: str) -> str | None:
+    best, length = None, -1
+    for layer, (prefixes, _) in LAYERS.items():
+        for prefix in prefixes:
+            hit = module == prefix or module.startswith(prefix + ".") or module.startswith(prefix + "_")
+            if hit and len(prefix) > length:
+                best, length = layer, len(prefix)
+    return best
+
+
+def back_edges(edges: dict[str, set[str]]) -> list[str]:
+    """Each import that goes against the layers, as 'importer -> imported (layer -> layer)'."""
+    found = []
+    for source, targets in sorted(edges.items()):
+        src = layer_of(source)
+        if src is None:
+            continue
+        allowed = {src, *LAYERS[src][1]}
+        for target in sorted(targets):
+            dst = layer_of(target)
+            if dst is not None and dst not in allowed:
+                found.append(f"{source} -> {target} ({src} -> {dst})")
+    return found
