@@ -21,7 +21,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _engine_trace(path: str, requests: int, mode: str) -> None:
-    from engine.run import run_prefill  # lazy: imports torch (seconds), at every pdo start
+    from engine.run import run_prefill  # lazy: imports torch, slow for every pdo start
     from engine.workload import WorkloadConfig
 
     run_prefill(EngineConfig(mode=mode), WorkloadConfig(requests=requests), trace_path=path)

@@ -106,7 +106,7 @@ def _runs_at(lat, cfg, wc, *, reps, dp, decode_mode, polling_interval, recv_wait
              latency_scope, progress) -> dict:
     """`reps` PD runs per arm at one bootstrap latency, prefetch on and off alternating:
     {True: [summary, ...], False: [...]}."""
-    from ..pd import run_pd  # lazy: imports torch (seconds), and pdo loads this module always
+    from ..pd import run_pd  # lazy: imports torch, slow for every pdo start
 
     arms = {True: [], False: []}
     for rep in range(reps):
@@ -131,7 +131,7 @@ def bench_decode(*, latencies_ms=LATENCIES_MS, reps=2, requests=24, max_new_toke
                  prompt_len=(24, 160), launch_cost_us=200000.0, dp=2, mode="normal",
                  decode_mode="overlap", polling_interval=1, recv_wait_us=17000.0,
                  latency_scope="all", progress=False) -> dict:
-    from ..workload import WorkloadConfig  # lazy: imports torch (seconds), at every pdo start
+    from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     cfg = EngineConfig(mode=mode, launch_cost_us=launch_cost_us)
     wc = WorkloadConfig(requests=requests, prompt_len=prompt_len, max_new_tokens=max_new_tokens,

@@ -44,7 +44,7 @@ def add_engine_knobs(p) -> None:
 def engine_workload(a, default_launch: float) -> tuple[dict, dict]:
     """EngineConfig and WorkloadConfig keyword arguments from the knobs; `default_launch` is the
     launch cost on the CPU device when --launch-cost-us is not given."""
-    import torch  # lazy: seconds to import; pdo loads this module for every command
+    import torch  # lazy: torch is slow to import, and every pdo command loads this module
 
     lo, _, hi = a.prompt_len.partition(":")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -36,7 +36,7 @@ _PER_RUN = ("uncached_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "sched_busy_ms",
 
 def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
     """One traced run: the engine's summary plus TTFT and the trace metrics."""
-    from ..run import run_prefill, shared_model  # lazy: imports torch (seconds), at every pdo start
+    from ..run import run_prefill, shared_model  # lazy: imports torch, slow for every pdo start
 
     tracer = Tracer()
     if progress is not None and progress.enabled:
@@ -64,7 +64,7 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
 
 def _interleaved_runs(modes, hits, reps, requests, engine, workload, progress) -> dict:
     """`reps` rounds of every mode at every hit ratio, nested so: {(hit, mode): [run, ...]}."""
-    from ..workload import WorkloadConfig  # lazy: imports torch (seconds), at every pdo start
+    from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     runs: dict[tuple, list[dict]] = {(h, m): [] for h in hits for m in modes}
     total = reps * len(hits) * len(modes)
@@ -129,7 +129,7 @@ def bench_prefill(*, modes=MODES, hits=(0.0, 0.5, 0.8), reps: int = 3, requests:
                   gil_free_device_ms: float | None = None) -> dict:
     """All `modes` interleaved (A B C D A B C D ...) at each hit ratio, `reps` times. Returns the
     per-run numbers, their medians per (hit, mode) and the per-rep ratios against `thread`."""
-    from ..workload import WorkloadConfig  # lazy: imports torch (seconds), at every pdo start
+    from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     engine = dict(engine or {})
     workload = dict(workload or {})

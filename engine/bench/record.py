@@ -19,7 +19,7 @@ def machine() -> dict:
                     break
     except OSError:
         pass
-    import torch  # lazy: seconds to import; pdo loads this module for every command
+    import torch  # lazy: torch is slow to import, and every pdo command loads this module
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpus": os.cpu_count(), "cpu": cpu, "gpu": gpu, "python": platform.python_version(),

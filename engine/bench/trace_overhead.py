@@ -83,7 +83,7 @@ def _timer_self_cost() -> tuple[float, float]:
 
 def accounted_run(cfg, wc) -> dict:
     """One traced run with the tracing work timed where it happens, and its share of wall time."""
-    # lazy: both import torch (seconds), and pdo loads this module for every command
+    # lazy: both import torch, slow for every pdo start
     from .. import request
     from ..run import run_prefill, shared_model
 
@@ -120,7 +120,7 @@ def accounted_run(cfg, wc) -> dict:
 def _on_off_pairs(cfg, wc, reps: int, progress: Progress) -> list[dict]:
     """`reps` pairs of runs with tracing on and off in ABBA order (off on, on off, ...: drift of the
     machine hits both sides alike); per pair each side's wall and CPU time, and the wall ratio."""
-    from ..run import run_prefill, shared_model  # lazy: imports torch (seconds), at every pdo start
+    from ..run import run_prefill, shared_model  # lazy: imports torch, slow for every pdo start
 
     pairs = []
     for rep in range(reps):
@@ -180,7 +180,7 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     """Interleaved runs with tracing on and off in ABBA order: wall-time ratio per pair, its median
     (bootstrap CI) and geometric mean (t-interval), a verdict against the target, the tracing work
     timed inside three more traced runs, and the per-event cost."""
-    # lazy: both import torch (seconds), and pdo loads this module for every command
+    # lazy: both import torch, slow for every pdo start
     from ..run import run_prefill, shared_model
     from ..workload import WorkloadConfig
 

@@ -18,7 +18,7 @@ class gil_free_device:
         self.orig = None
 
     def __enter__(self):
-        # lazy: torch (and the model, which imports it) take seconds; pdo loads this module always
+        # lazy: torch and the model (which imports it) are slow for every pdo start
         import torch
 
         from ..model import TinyLlama
