@@ -172,7 +172,7 @@ def test_bench_decode_tiny_run_has_the_documented_fields(capsys):
     """`pdo bench decode` at its smallest: one latency, one run per arm, two requests, two DP ranks
     (with one, decode asks no query at all, as SGLang), no modelled prefill or intake cost. The JSON has the documented fields (docs/benchmarks.md), zero
     errors, outputs identical to the reference; the table has a row per arm and the wait cut."""
-    from engine.decode.bench import markdown
+    from engine.bench.decode import markdown
 
     assert main(["bench", "decode", "--latencies", "0.5", "--reps", "1", "--requests", "2", "--max-new-tokens", "3",
                  "--rate", "1000", "--prompt-len", "16:32", "--prefill-launch-cost-us", "0", "--recv-wait-us", "0",
