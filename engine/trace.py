@@ -23,7 +23,7 @@ on the engine's threads (a disabled tracer is a no-op method):
   names them — when a digest covers them, or when the events are read) at that point. Kept alive
   by the trace, an object's id() cannot be reused by another, so identity is exact. A `digest`
   field may likewise be a value computed late (an object with `trace_value()`:
-  engine.request.DigestStamp), resolved when read if nobody did before.
+  engine.digest.DigestStamp), resolved when read if nobody did before.
 
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
 (checker/fuzz.py) may block the calling thread there to choose which thread runs next.
@@ -128,7 +128,7 @@ class Tracer:
                         e["obj"] = name(o)
                     d = e.get("digest")
                     if d is not None and not isinstance(d, str):
-                        e["digest"] = d.trace_value()   # a value computed late (engine.request.DigestStamp)
+                        e["digest"] = d.trace_value()   # a value computed late (engine.digest.DigestStamp)
                     dicts.append(e)
             return dicts
 
