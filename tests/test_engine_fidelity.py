@@ -42,6 +42,7 @@ def test_war_barrier_is_logged_after_the_wait_is_queued(cls):
 
 def test_sample_is_logged_after_it_was_launched():
     log, owner = recorder()
-    PrefillScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0), SimpleNamespace(bid=0))
-    DecodeScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0), SimpleNamespace(bid=0))
+    batch, result = SimpleNamespace(bid=0), SimpleNamespace(bid=0)
+    PrefillScheduler.launch_batch_sample_if_needed(owner, batch, result)
+    DecodeScheduler.launch_batch_sample_if_needed(owner, batch, result)
     assert log == ["launched", "sample", "launched", "sample"]
