@@ -113,6 +113,6 @@ def make_backend(name: str, device: torch.device):
     if name == "torch":
         return TorchAttention()
     if name == "triton":
-        from triton_kernels.backend import TritonAttention
+        from triton_kernels.backend import TritonAttention  # lazy: triton's import is heavy
         return TritonAttention()
     raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")

@@ -24,7 +24,7 @@ from . import sync
 # Intra-op threads of each CPU stream thread (torch.set_num_threads is per thread with OpenMP). The
 # emulated device's ops are tiny (<= 256 rows; attention per request), and with 2 OpenMP threads
 # every parallel region waits for a second core that is busy with the scheduler, the worker or other
-# streams — on 2 shared cores a 256x64x128 matmul took 0.2 ms with 1 thread and 16 ms with 2. One
+# streams, which on a machine with few cores makes even a small matmul many times slower. One
 # thread per stream, as engine/reference.py and `pdo launch` roles already do. PDO_DEVICE_THREADS=N
 # overrides (0: leave torch's default).
 DEVICE_THREADS = int(os.environ.get("PDO_DEVICE_THREADS", "1") or 0)

@@ -4,10 +4,10 @@ TorchScript call each, on CPU.
 
 On CPU these run on the emulated streams' threads (engine/device.py). Each torch op called from
 Python releases the GIL and takes it back, and taking it back while the scheduler thread runs Python
-can cost up to a switch interval (5 ms): the chain of such hops of one batch (staging → forward →
-sample → copy) made the device's forward take 12 ms of wall time for 7.8 ms of CPU here
-(docs/benchmarks.md). One call per task keeps the hops to one per task. Same ops, same order, same results as the eager code they replace, which CUDA
-keeps (there the ops only enqueue kernels).
+can cost up to a switch interval: the chain of such hops of one batch (staging → forward → sample →
+copy) stretched the device's forward well past its CPU time (docs/benchmarks.md). One call per task
+keeps the hops to one per task. Same ops, same order, same results as the eager code they replace,
+which CUDA keeps (there the ops only enqueue kernels).
 """
 from __future__ import annotations
 

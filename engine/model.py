@@ -13,7 +13,7 @@ Two implementations of the same forward:
   buffer). TorchScript runs with the GIL released, so on CPU the emulated device computes beside the
   scheduler's Python the way a GPU does. Uncontrolled, the whole forward is one call: the stream
   thread takes the GIL back once per forward (taking it back while the scheduler runs Python can
-  cost a switch interval, 5 ms). Under a schedule controller or jitter (engine/sync.py) the layers
+  cost a switch interval). Under a schedule controller or jitter (engine/sync.py) the layers
   are called one by one from Python, with a schedule point before each.
 - `eager`: the same ops one by one in Python, through the attention backend (always used with the
   Triton backend, and as the fallback: `PDO_FORWARD=eager` or EngineConfig.forward="eager").

@@ -16,6 +16,7 @@ import queue
 import random
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 CONTROLLER = None  # set by checker.fuzz.Controller.install()
 
@@ -192,7 +193,6 @@ class Executor:
                 fut.set_exception(exc)
 
     def submit(self, fn, *args):
-        from concurrent.futures import Future
         fut = Future()
         self._q.put((fut, fn, args))
         return fut
@@ -213,6 +213,5 @@ class Executor:
 def executor(workers: int, prefix: str):
     """A thread pool: concurrent.futures' uncontrolled, managed workers under a controller."""
     if CONTROLLER is None:
-        from concurrent.futures import ThreadPoolExecutor
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
     return Executor(workers, prefix)

@@ -1,4 +1,4 @@
-"""The trace writer: one JSON object per event, a header first (format documented in docs/trace-format.md).
+"""The trace writer: one JSON object per event, a header first (format: docs/trace-format.md).
 
 Tracing on must not distort the overlap it measures, so logging an event does as little as it can
 on the engine's threads (a disabled tracer is a no-op method):
@@ -10,20 +10,20 @@ on the engine's threads (a disabled tracer is a no-op method):
   so across threads it may trail the previous event's by a thread switch; timelines use it, the
   checker orders by `seq`. Dicts are built only when the events are read (`events`) or written.
 - No per-event tuple is kept beside the fields (a declared event's values are its fields): CPython
-  starts a collection after ~700 net allocations of container objects, and a traced run that kept a
-  tuple per event collected twice as often, and now and then fully (~100 ms in an engine process,
-  ~170k objects with torch loaded; the engine loops also run with their start-up objects frozen out
-  of the collector, engine/run.py).
+  starts a garbage collection after a fixed number of net allocations of container objects, so an
+  extra tuple per event makes collections more frequent, now and then a full one, which is long in
+  an engine process with torch loaded (the engine loops also run with their start-up objects frozen
+  out of the collector, engine/run.py).
 - Hot paths log through declared events (`events_for`): the event's field names are given once, and
   a call passes the values positionally and keeps them as one tuple, named when the events are read:
-  ~0.45 µs a call here against ~0.75 µs for `emit`, which builds a keyword dict per call (a run of
-  the prefill engine logs ~7,000 events a second, so each µs is 0.7% of its wall time).
+  cheaper than `emit`, which builds a keyword dict per call, and the engine logs an event at every
+  ordering point (docs/benchmarks.md has the costs).
 - Object identities (the `obj` field) cost nothing in the run: the caller passes the object itself,
   the event keeps a reference to it, and it is named (o1, o2, ...: in the order the tracer first
   names them — when a digest covers them, or when the events are read) at that point. Kept alive
   by the trace, an object's id() cannot be reused by another, so identity is exact. A `digest`
   field may likewise be a value computed late (an object with `trace_value()`:
-  engine.request.DigestStamp), resolved when read if nobody did before.
+  engine.digest.DigestStamp), resolved when read if nobody did before.
 
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
 (checker/fuzz.py) may block the calling thread there to choose which thread runs next.
@@ -59,7 +59,7 @@ class Tracer:
     def emit(self, ev: str, **fields) -> None:
         try:
             thread = self._thread.name
-        except AttributeError:   # this thread's first event (current_thread().name costs ~0.4 µs here)
+        except AttributeError:   # this thread's first event (current_thread().name is not free)
             thread = self._thread.name = threading.current_thread().name
         sync.point(ev)
         self._extend((_monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
@@ -67,7 +67,7 @@ class Tracer:
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
         """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
         "pages"))`, then `log.kv_send(req.rid, req, tokens, pages)` logs what `emit("kv_send", rid=...,
-        obj=..., ...)` would, at ~60% of its cost. The values are kept as one tuple and named when the
+        obj=..., ...)` would, at less cost. The values are kept as one tuple and named when the
         events are read; a call with too many or too few values raises TypeError where it is made."""
         declared = {ev: _Kind(ev, tuple(names)) for ev, names in kinds.items()}
         self.declared.update({ev: k.names for ev, k in declared.items()})
@@ -128,7 +128,7 @@ class Tracer:
                         e["obj"] = name(o)
                     d = e.get("digest")
                     if d is not None and not isinstance(d, str):
-                        e["digest"] = d.trace_value()   # a value computed late (engine.request.DigestStamp)
+                        e["digest"] = d.trace_value()   # a value computed late (engine.digest.DigestStamp)
                     dicts.append(e)
             return dicts
 

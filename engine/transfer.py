@@ -133,7 +133,7 @@ class KVSender:
 
 class AttentionStore:
     """Host-side KV store for finished requests. Finished requests of one result-processing step are
-    staged together (one cross-request gather, the seed's batched staging) before the host write
+    staged together (one cross-request gather, the design's batched staging) before the host write
     consumes the staging buffer; `retire()` at the top of each loop moves completed writes in."""
 
     def __init__(self, pool, copy_stream):

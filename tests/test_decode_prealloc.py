@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -103,8 +104,6 @@ def test_prefix_tail_query_overlaps_the_future_instead_of_following_it(server):
 def test_prefetch_submit_is_logged_before_the_pool_can_begin_the_query(server):
     """Even a pool thread that starts at once (here: runs the query inside submit) logs its
     query_begin after the scheduler's prefetch_submit."""
-    from concurrent.futures import Future
-
     q, sched, tr, addr = make_queue(server.url)
 
     def run_now(fn, *args):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.decode.scheduler import DecodeScheduler
+from engine.forward_state import ForwardState
 from engine.prefill.scheduler import PrefillScheduler
 
 
@@ -22,23 +23,26 @@ class Declared:
 
 
 def recorder():
+    """A forward state whose stream and sampling launch record what they do, in one log with its
+    events, for a scheduler stand-in that has only that state."""
     log = []
-    tr = SimpleNamespace(emit=lambda ev, **fields: log.append(ev))
-    stream = SimpleNamespace(wait_event=lambda event: log.append("wait queued"))
-    return log, tr, stream
+    state = ForwardState.__new__(ForwardState)
+    state.log = Declared(log)
+    state.sched_stream = SimpleNamespace(wait_event=lambda event: log.append("wait queued"))
+    state.launch_sample = lambda *a: log.append("launched")
+    return log, SimpleNamespace(fwd_state=state)
 
 
 @pytest.mark.parametrize("cls", [PrefillScheduler, DecodeScheduler])
 def test_war_barrier_is_logged_after_the_wait_is_queued(cls):
-    log, tr, stream = recorder()
-    owner = SimpleNamespace(tr=tr, log=Declared(log), sched_stream=stream)
+    log, owner = recorder()
     cls.apply_war_barrier(owner, SimpleNamespace(bid=0), SimpleNamespace(war_event=1, done_event=1))
     assert log == ["wait queued", "war_barrier"]
 
 
 def test_sample_is_logged_after_it_was_launched():
-    log, tr, _ = recorder()
-    owner = SimpleNamespace(tr=tr, log=Declared(log), _launch_sample=lambda *a: log.append("launched"))
-    PrefillScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0))
-    DecodeScheduler.launch_batch_sample_if_needed(owner, SimpleNamespace(bid=0), SimpleNamespace(bid=0))
+    log, owner = recorder()
+    batch, result = SimpleNamespace(bid=0), SimpleNamespace(bid=0)
+    PrefillScheduler.launch_batch_sample_if_needed(owner, batch, result)
+    DecodeScheduler.launch_batch_sample_if_needed(owner, batch, result)
     assert log == ["launched", "sample", "launched", "sample"]

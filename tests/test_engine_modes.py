@@ -1,10 +1,28 @@
 """The four prefill loops compute the same thing as one unchunked, uncached forward; nothing leaks;
 their traces pass the checker; ahead really overlaps admission with the forward."""
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from checker.linear import check_file
+from engine import sync
+from engine.attention import DecodeMeta, ExtendMeta, TorchAttention
 from engine.config import MODES, EngineConfig, check_dispatch, mode_from_env
+from engine.memory import KVPool, ReqToTokenPool
+from engine.model import TinyLlama
+from engine.prefill import scheduler as sched_mod
+from engine.prefill.worker import ForwardWorker
+from engine.run import run_prefill
+from engine.trace import NullTracer, Tracer
 from engine.workload import WorkloadConfig
 
 from .helpers import reference, run_mode
@@ -58,7 +76,6 @@ def _spans(events, begin, end):
 
 @pytest.mark.parametrize("mode,expect", [("ahead", True), ("thread", False)])
 def test_admission_overlaps_forward_only_in_ahead(mode, expect, tmp_path):
-    import json
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=16, prompt_len=(30, 60), hit=0.0, seed=1)
     summary, _ = run_mode(mode, trace_path=str(trace), workload=wc, launch_cost_us=10000, max_batch_tokens=64,
@@ -112,11 +129,6 @@ def test_env_switches_are_honoured_exactly_when_set(monkeypatch, fwd, ahead, mod
 
 
 def test_pdo_run_with_both_switches_off_runs_the_overlap_loop():
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     env = {**os.environ, "SGLANG_ENABLE_PREFILL_FWD_THREAD": "0", "SGLANG_PREFILL_FWD_THREAD_AHEAD": "0"}
     r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--requests", "2"], capture_output=True,
                        text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
@@ -127,12 +139,6 @@ def test_pdo_run_with_both_switches_off_runs_the_overlap_loop():
 def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
     """A worker thread that exits without answering (here: at once, its input never read) must not
     make shutdown() wait forever: collect() raises before counting the batch as collected."""
-    import threading
-    from types import SimpleNamespace
-
-    from engine.prefill.worker import ForwardWorker
-    from engine.trace import NullTracer
-
     class DeadWorker(ForwardWorker):
         def _loop(self):
             return
@@ -148,12 +154,6 @@ def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
 def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
     """The worker is alive at shutdown's check, then dies with its input queue full: the stop must
     not block on a queue nobody will read again."""
-    import threading
-    from types import SimpleNamespace
-
-    from engine.prefill.worker import ForwardWorker
-    from engine.trace import NullTracer
-
     release = threading.Event()
 
     class DyingWorker(ForwardWorker):
@@ -170,8 +170,6 @@ def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
 
 
 def test_worker_exception_reaches_scheduler():
-    from engine.prefill import scheduler as sched_mod
-
     orig = sched_mod.PrefillScheduler.run_batch
 
     def boom(self, batch, **kw):
@@ -225,11 +223,6 @@ def test_scripted_decode_matches_eager(monkeypatch):
     """Prefill then decode (one query per request, keys read back from the pool) through the
     scripted forward — as one call, and layer by layer as under a schedule controller or jitter —
     and the eager one: the same logits and KV."""
-    from engine import sync
-    from engine.attention import DecodeMeta, ExtendMeta, TorchAttention
-    from engine.memory import KVPool, ReqToTokenPool
-    from engine.model import TinyLlama
-
     mc = EngineConfig().model_config
     model = TinyLlama(mc, seed=0)
     lens = [5, 17, 40]
@@ -267,9 +260,6 @@ def test_loop_runs_with_startup_objects_frozen_and_leaves_a_user_freeze_alone():
     """EngineConfig.freeze_gc: the loop runs with the objects alive at its start out of the cyclic
     collector, and they go back after; a process that froze objects itself keeps its freeze. (In a
     fresh interpreter: the freeze is process-wide, and another test's threads may hold one.)"""
-    import subprocess
-    import sys
-
     code = """
 import gc
 from engine.run import frozen_gc
@@ -295,12 +285,6 @@ def test_a_traced_run_leaves_no_cycle_behind(mode):
     """Dropping a trace frees it at once: nothing in it points back at the tracer (a digest stamp
     kept the tracer's naming method; the run's objects then waited for a full collection, and a
     frozen collector in the next run kept them for good)."""
-    import gc
-    import weakref
-
-    from engine.run import run_prefill
-    from engine.trace import Tracer
-
     tr = Tracer()
     run_prefill(EngineConfig(mode=mode), WorkloadConfig(requests=12), tracer=tr)
     assert any(e["ev"] == "snapshot" for e in tr.events)   # stamps were made and resolved

@@ -8,6 +8,7 @@ top), then intake, then the prealloc/transfer queues, whose resolve step consume
 """
 from __future__ import annotations
 
+from ..forward_state import Inflight
 from .scheduler import DecodeScheduler
 
 
@@ -31,7 +32,7 @@ def event_loop_normal(s: DecodeScheduler) -> None:
 
 
 def event_loop_overlap(s: DecodeScheduler) -> None:
-    last = None  # (batch, result) launched by the previous iteration, not yet processed
+    last = None  # Inflight launched by the previous iteration, not yet processed
     while not s.finished_all or last:
         batch = _loop_top(s)
         if batch:
@@ -41,7 +42,7 @@ def event_loop_overlap(s: DecodeScheduler) -> None:
             s.process_batch_result(*last)
         if batch:
             s.launch_batch_sample_if_needed(batch, result)
-        last = (batch, result) if batch else None
+        last = Inflight(batch, result) if batch else None
         if not batch and not last:
             s.idle_wait()
 

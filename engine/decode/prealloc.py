@@ -1,10 +1,10 @@
 """The decode prealloc queue: which prefill DP rank holds each pending room, and receiver init.
 
 SGLang's `DecodePreallocQueue` with PR #35071's prefetch. Pending requests are grouped by bootstrap
-address. The DP-rank query (POST /query_dp_ranks) used to run only at the consumption point
-(`_resolve_pending_reqs`), an HTTP round trip on the scheduler's critical path; with prefetch, the
-top of every loop iteration submits it to a thread pool so it overlaps intake and the device, and the
-consumption point uses the future's answer when it still fits:
+address. Without prefetch the DP-rank query (POST /query_dp_ranks) runs only at the consumption
+point (`_resolve_pending_reqs`), an HTTP round trip on the scheduler's critical path; with prefetch,
+the top of every loop iteration submits it to a thread pool so it overlaps intake and the device,
+and the consumption point uses the future's answer when it still fits:
 
   prefetch_prefill_dp_rank_queries()   top of each iteration
     cancel futures of addresses with no pending request (stale)
@@ -44,6 +44,17 @@ class DecodePreallocQueue:
         self.sched = sched
         self.dc = dc
         self.tr = tracer
+        # Declared once and logged positionally (engine/trace.py), as the scheduler's events are;
+        # prefill_info, whose layout fields are optional, goes through emit.
+        self.log = tracer.events_for(
+            req_add=("rid", "room", "addr"), prefetch_begin=("iter",),
+            prefetch_skip=("addr", "reason"), prefetch_submit=("addr", "rooms", "qid"),
+            prefetch_end=("iter",),
+            prefetch_cancel=("addr", "rooms", "qid", "reason"),
+            query_begin=("addr", "rooms", "qid", "source"),
+            query_end=("addr", "rooms", "qid", "result", "error"),
+            resolve=("addr", "rooms", "source", "qid", "wait_ns", "lead_ns", "result", "error"),
+            release_memory=(), resume_memory=())
         self.pending: list[DecodeReq] = []
         self.prefill_info_table: dict[str, dict] = {}
         self._queries: dict[str, Prefetch] = {}
@@ -58,7 +69,7 @@ class DecodePreallocQueue:
     def add(self, req: DecodeReq) -> None:
         req.state, req.t_add = "pending", now()
         self.pending.append(req)
-        self.tr.emit("req_add", rid=req.rid, room=req.room, addr=req.addr)
+        self.log.req_add(req.rid, req.room, req.addr)
 
     def _by_addr(self) -> dict[str, list[DecodeReq]]:
         groups: dict[str, list[DecodeReq]] = {}
@@ -68,7 +79,7 @@ class DecodePreallocQueue:
 
     # ---- prefetch, at the top of every loop iteration -----------------------------------------
     def prefetch_prefill_dp_rank_queries(self, it: int) -> None:
-        self.tr.emit("prefetch_begin", iter=it)
+        self.log.prefetch_begin(it)
         groups = self._by_addr()
         if not inject.on("no-stale-cancel"):  # MUTANT: no-stale-cancel — stale futures are kept
             for addr in sorted(set(self._queries) - set(groups)):
@@ -89,20 +100,20 @@ class DecodePreallocQueue:
             elif not rooms:
                 reason = "all_known"
             if reason is not None:
-                self.tr.emit("prefetch_skip", addr=addr, reason=reason)
+                self.log.prefetch_skip(addr, reason)
                 continue
             qid = next(self._qids)
             # Logged before the hand-off: the pool thread's query_begin must follow its submit.
-            self.tr.emit("prefetch_submit", addr=addr, rooms=list(rooms), qid=qid)
+            self.log.prefetch_submit(addr, list(rooms), qid)
             fut = self._executor.submit(self._query, addr, rooms, qid, "prefetch")
             self._queries[addr] = Prefetch(rooms, fut, qid, now())
-        self.tr.emit("prefetch_end", iter=it)
+        self.log.prefetch_end(it)
 
     def _cancel(self, addr: str, reason: str) -> None:
         p = self._queries.pop(addr)
         # Future.cancel() cannot stop a query already running: its answer is simply never used.
         p.future.cancel()
-        self.tr.emit("prefetch_cancel", addr=addr, rooms=list(p.rooms), qid=p.qid, reason=reason)
+        self.log.prefetch_cancel(addr, list(p.rooms), p.qid, reason)
 
     def cancel_all(self, reason: str) -> None:
         for addr in list(self._queries):
@@ -110,7 +121,7 @@ class DecodePreallocQueue:
 
     def _query(self, addr: str, rooms: tuple, qid: int, source: str) -> tuple[dict | None, str | None]:
         """One authoritative query (the client retries inside). Never raises: (result, error)."""
-        self.tr.emit("query_begin", addr=addr, rooms=list(rooms), qid=qid, source=source)
+        self.log.query_begin(addr, list(rooms), qid, source)
         try:
             result = bc.query_prefill_dp_ranks(addr, list(rooms), timeout_s=self.dc.query_timeout_s,
                                                retries=self.dc.query_retries)
@@ -119,11 +130,10 @@ class DecodePreallocQueue:
             if bad:
                 raise bc.BootstrapError(addr, f"rank out of range for dp_size {dp} for room(s) {bad}")
             result = {r: k for r, k in result.items() if r in rooms}
-            self.tr.emit("query_end", addr=addr, rooms=list(rooms), qid=qid, result={str(r): k for r, k in result.items()},
-                         error=None)
+            self.log.query_end(addr, list(rooms), qid, {str(r): k for r, k in result.items()}, None)
             return result, None
         except bc.BootstrapError as exc:
-            self.tr.emit("query_end", addr=addr, rooms=list(rooms), qid=qid, result=None, error=str(exc))
+            self.log.query_end(addr, list(rooms), qid, None, str(exc))
             return None, str(exc)
 
     # ---- consumption point ----------------------------------------------------------------------
@@ -205,8 +215,8 @@ class DecodePreallocQueue:
             result, error = self._query(addr, rooms, next(self._qids), "sync")
         wait = now() - t0
         self.resolves.append({"source": source, "wait_s": wait, "lead_s": lead, "error": error})
-        self.tr.emit("resolve", addr=addr, rooms=list(rooms), source=source, qid=qid, wait_ns=int(wait * 1e9),
-                     lead_ns=int(lead * 1e9), result={str(r): k for r, k in (result or {}).items()}, error=error)
+        self.log.resolve(addr, list(rooms), source, qid, int(wait * 1e9), int(lead * 1e9),
+                         {str(r): k for r, k in (result or {}).items()}, error)
         if error is not None:
             fails = self._query_failures[addr] = self._query_failures.get(addr, 0) + 1
             if fails >= self.dc.query_failure_budget:
@@ -222,7 +232,7 @@ class DecodePreallocQueue:
 
     def _cancel_popped(self, addr: str, p: Prefetch, reason: str) -> None:
         p.future.cancel()
-        self.tr.emit("prefetch_cancel", addr=addr, rooms=list(p.rooms), qid=p.qid, reason=reason)
+        self.log.prefetch_cancel(addr, list(p.rooms), p.qid, reason)
 
     def pop_preallocated(self) -> list[DecodeReq]:
         """Resolve ranks, then initialise receivers in arrival order while memory lasts. A request
@@ -254,11 +264,11 @@ class DecodePreallocQueue:
         if not inject.on("no-cancel-on-release"):  # MUTANT: no-cancel-on-release — futures outlive it
             self.cancel_all("release")
         self.memory_released = True
-        self.tr.emit("release_memory")
+        self.log.release_memory()
 
     def resume_memory_occupation(self) -> None:
         self.memory_released = False
-        self.tr.emit("resume_memory")
+        self.log.resume_memory()
 
     def close(self) -> None:
         self.cancel_all("shutdown")

@@ -18,7 +18,7 @@ import torch
 from .. import sync
 from ..attention import DecodeMeta, make_backend
 from ..config import EngineConfig
-from ..device import make_stream
+from ..forward_state import ForwardResult, ForwardState
 from ..memory import KVPool, ReqToTokenPool, pages_for
 from ..model import TinyLlama
 from ..trace import NullTracer
@@ -40,22 +40,21 @@ class DecodeBatch:
     stage_event: object = None
 
 
-@dataclass
-class DecodeResult:
-    bid: int
-    bs: int
-    bias: torch.Tensor
-    done_event: object
-    refs: list | None = None
-    copy_event: object = None
-    host_buf: torch.Tensor | None = None   # filled on the copy stream; read after copy_event
-
-
 class DecodeScheduler:
     def __init__(self, cfg: EngineConfig, dc: DecodeConfig, requests: list[DecodeReq], *, client, tracer=None,
                  model=None, hooks=None):
         self.cfg, self.dc = cfg, dc
         self.tr = tracer or NullTracer()
+        # The decode events (spec/events.toml), declared once and logged positionally
+        # (engine/trace.py); stage, war_barrier and sample are the forward state's.
+        self.log = self.tr.events_for(
+            iter_begin=("iter",), alloc=("rid", "obj", "slot"),
+            receiver_init=("room", "rank", "rid"),
+            kv_recv=("room", "rank", "start", "tokens", "pages"),
+            kv_done=("room", "rid", "first_token"), release=("rid", "obj", "slot"),
+            req_done=("rid", "room", "tokens"), req_abort=("rid", "room", "reason"),
+            admit=("batch", "rids"), fwd_begin=("batch",), fwd_end=("batch",),
+            process_begin=("batch",), process_end=("batch",))
         self.client = client
         self.hooks = hooks or {}
         self.device = torch.device(cfg.device)
@@ -66,17 +65,16 @@ class DecodeScheduler:
         self.ps = cfg.page_size
         self.pool = KVPool(dc.num_pages, self.ps, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
         self.req_to_token = ReqToTokenPool(dc.max_slots, mc.max_context, self.device)
-        self.sched_stream = make_stream("schedule", self.device)
-        self.fwd_stream = make_stream("forward", self.device)
-        self.copy_stream = make_stream("copy", self.device)
         bs = self.bs = dc.max_running
-        # Persistent inputs shared by every decode step (CUDA-graph style): why the WAR barrier exists.
-        self.buf_ids = torch.zeros(bs, dtype=torch.int64, device=self.device)
-        self.buf_pos = torch.zeros(bs, dtype=torch.int32, device=self.device)
-        self.buf_loc = torch.zeros(bs, dtype=torch.int32, device=self.device)
-        self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
-        self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
-        self._future_next = 0
+        # Streams, shared input buffers, future map (engine/forward_state.py): a decode step's
+        # inputs are one token per request, int64 for their future-map references.
+        self.fwd_state = ForwardState(
+            self.device, self.tr, tokens=bs, requests=bs, vocab=mc.vocab_size,
+            ids_dtype=torch.int64, pinned_inputs=False, script_ops=False,
+            on_sampled=self._refer_to_sampled)
+        fs = self.fwd_state
+        self.sched_stream, self.fwd_stream, self.copy_stream = (
+            fs.sched_stream, fs.fwd_stream, fs.copy_stream)
         self.prealloc = DecodePreallocQueue(self, dc, self.tr)
 
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
@@ -97,7 +95,7 @@ class DecodeScheduler:
     # ---- loop-top steps ------------------------------------------------------------------------
     def iter_begin(self) -> None:
         self.iter += 1
-        self.tr.emit("iter_begin", iter=self.iter)
+        self.log.iter_begin(self.iter)
         hook = self.hooks.get("iter")
         if hook:
             hook(self)
@@ -150,8 +148,8 @@ class DecodeScheduler:
         r.pages = self.pool.alloc(n_pages)
         n = n_pages * self.ps
         self.req_to_token.table[r.slot, :n] = self.pool.token_indices(r.pages, 0, n).to(self.device)
-        self.tr.emit("alloc", rid=r.rid, obj=r, slot=r.slot)
-        self.tr.emit("receiver_init", room=r.room, rank=r.prefill_dp_rank, rid=r.rid)
+        self.log.alloc(r.rid, r, r.slot)
+        self.log.receiver_init(r.room, r.prefill_dp_rank, r.rid)
         r.state, r.t_init = "transfer", now()
         try:
             self.client.pull(r.prefill_dp_rank, r.room)
@@ -216,13 +214,13 @@ class DecodeScheduler:
         self.stats["kv_pages"] += chunk.pages
         if chunk.last:
             r.meta = dict(chunk.meta)
-        self.tr.emit("kv_recv", room=r.room, rank=r.prefill_dp_rank, start=chunk.start, tokens=tokens, pages=chunk.pages)
+        self.log.kv_recv(r.room, r.prefill_dp_rank, chunk.start, tokens, chunk.pages)
 
     def _transfer_done(self, r: DecodeReq) -> None:
         self.transfer.remove(r)
         first = int(r.meta["first_token"])
         r.output, r.n_gen, r.last_ref, r.seq_len = [first], 1, first, r.prompt_len
-        self.tr.emit("kv_done", room=r.room, rid=r.rid, first_token=first)
+        self.log.kv_done(r.room, r.rid, first)
         if r.n_gen >= r.max_new_tokens:
             self._finish(r)
         else:
@@ -232,7 +230,7 @@ class DecodeScheduler:
     # ---- ends of a request -------------------------------------------------------------------------
     def _free(self, r: DecodeReq) -> None:
         if r.slot is not None:
-            self.tr.emit("release", rid=r.rid, obj=r, slot=r.slot)
+            self.log.release(r.rid, r, r.slot)
             self.req_to_token.free(r.slot)
             self.pool.free(r.pages)
             r.slot, r.pages = None, []
@@ -243,7 +241,7 @@ class DecodeScheduler:
             self.running.remove(r)
         r.state = "done"
         self.done.append(r)
-        self.tr.emit("req_done", rid=r.rid, room=r.room, tokens=len(r.output))
+        self.log.req_done(r.rid, r.room, len(r.output))
 
     def abort(self, r: DecodeReq, reason: str) -> None:
         """Abort from any state. A request inside an unprocessed decode batch is finished when that
@@ -268,7 +266,7 @@ class DecodeScheduler:
         self._free(r)
         r.state, r.error = "aborted", reason
         self.aborted.append(r)
-        self.tr.emit("req_abort", rid=r.rid, room=r.room, reason=reason)
+        self.log.req_abort(r.rid, r.room, reason)
 
     def _drop_unpulled(self, r: DecodeReq) -> None:
         """A prefill rank keeps a room's KV until decode pulls or drops it: a request aborted before
@@ -306,93 +304,66 @@ class DecodeScheduler:
             r.n_gen += 1
             r.inflight += 1
         batch = DecodeBatch(bid, reqs, ids, pos, loc, [r.seq_len for r in reqs], bias.to(self.device))
-        self.tr.emit("admit", batch=bid, rids=[r.rid for r in reqs])
+        self.log.admit(bid, [r.rid for r in reqs])
         self.stats["batches"] += 1
         return batch
 
     def stage(self, batch: DecodeBatch) -> None:
         """Inputs into the shared buffers on the schedule stream, which is in order after the WAR
-        barrier's wait for the previous forward."""
-        self.tr.emit("stage", batch=batch.bid)
-        n = len(batch.reqs)
-        ids, pos, loc = (t.to(self.device, non_blocking=True) for t in (batch.input_ids, batch.positions, batch.out_cache_loc))
+        barrier's wait for the previous forward (engine/forward_state.py)."""
+        self.fwd_state.stage(batch, len(batch.reqs))
 
-        def write():
-            self.buf_ids[:n].copy_(ids)
-            self.buf_pos[:n].copy_(pos)
-            self.buf_loc[:n].copy_(loc)
-
-        self.sched_stream.launch(write)
-        batch.stage_event = self.sched_stream.record_event()
-
-    def run_batch(self, batch: DecodeBatch, *, sample_inline: bool = False) -> DecodeResult:
-        self.tr.emit("fwd_begin", batch=batch.bid)
+    def run_batch(self, batch: DecodeBatch, *, sample_inline: bool = False) -> ForwardResult:
+        self.log.fwd_begin(batch.bid)
         self.stage(batch)
-        bs, dev = len(batch.reqs), self.device
+        bs, dev, state = len(batch.reqs), self.device, self.fwd_state
         slots = [r.slot for r in batch.reqs]
         meta = DecodeMeta(req_to_token=self.req_to_token.table,
                           req_slots=torch.tensor(slots, dtype=torch.int32, device=dev),
                           seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
-                          out_cache_loc=self.buf_loc[:bs], host_slots=slots, host_seq_lens=list(batch.seq_lens))
+                          out_cache_loc=state.buf_loc[:bs], host_slots=slots,
+                          host_seq_lens=list(batch.seq_lens))
         rows = torch.arange(bs, device=dev)
         self.fwd_stream.wait_event(batch.stage_event)
 
         def forward():
-            ids = self.buf_ids[:bs]
+            ids = state.buf_ids[:bs]
             # Inputs sampled by the previous step are still on the device: resolve them here, on the
             # forward stream, after that step's sampling.
-            ids = torch.where(ids < 0, self.future_map[(-ids - 1).clamp(min=0)], ids)
-            logits = self.model.forward(ids, self.buf_pos[:bs], self.buf_loc[:bs], self.pool, self.backend, meta,
-                                        rows, decode=True)
-            self.logits_buf[:bs].copy_(logits)
+            ids = torch.where(ids < 0, state.future_map[(-ids - 1).clamp(min=0)], ids)
+            logits = self.model.forward(ids, state.buf_pos[:bs], state.buf_loc[:bs], self.pool,
+                                        self.backend, meta, rows, decode=True)
+            state.logits_buf[:bs].copy_(logits)
 
         self.fwd_stream.launch(forward)
-        result = DecodeResult(batch.bid, bs, batch.bias, done_event=self.fwd_stream.record_event())
+        done = self.fwd_stream.record_event()
+        result = ForwardResult(batch.bid, bs, batch.bias, done_event=done, war_event=done)
         if sample_inline:
-            self._launch_sample(batch, result)
-        self.tr.emit("fwd_end", batch=batch.bid)
+            state.launch_sample(batch, result)
+        self.log.fwd_end(batch.bid)
         return result
 
-    def apply_war_barrier(self, batch: DecodeBatch, result: DecodeResult) -> None:
-        self.sched_stream.wait_event(result.done_event)
-        self.tr.emit("war_barrier", batch=batch.bid)  # after the wait is queued: the barrier is in place
+    def apply_war_barrier(self, batch: DecodeBatch, result: ForwardResult) -> None:
+        """Later writes to the shared buffers wait for forward N's reads
+        (ForwardState.war_barrier)."""
+        self.fwd_state.war_barrier(batch, result)
 
-    def launch_batch_sample_if_needed(self, batch: DecodeBatch, result: DecodeResult) -> None:
-        self._launch_sample(batch, result)
-        self.tr.emit("sample", batch=batch.bid)  # once launched: the whole launch precedes F(N+1)
+    def launch_batch_sample_if_needed(self, batch: DecodeBatch, result: ForwardResult) -> None:
+        """Deferred sampling, logged once launched: the whole launch precedes F(N+1)
+        (ForwardState.launch_batch_sample)."""
+        self.fwd_state.launch_batch_sample(batch, result)
 
-    def _launch_sample(self, batch: DecodeBatch, result: DecodeResult) -> None:
-        bs, cap = result.bs, self.future_map.shape[0]
-        start = self._future_next
-        self._future_next = (start + bs) % cap
-        slots = (torch.arange(start, start + bs) % cap)
-        dev_slots, bias = slots.to(self.device), result.bias
-
-        def sample():
-            self.future_map[dev_slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
-
-        self.fwd_stream.launch(sample)
-        self.copy_stream.wait_event(self.fwd_stream.record_event())
-
-        # pinned on a GPU: the copy is then asynchronous (into pageable memory it would block the
-        # launching thread until the forward and the sampling are done)
-        host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-
-        def to_host():
-            host.copy_(self.future_map[dev_slots], non_blocking=True)
-
-        self.copy_stream.launch(to_host)
-        result.host_buf = host
-        result.copy_event = self.copy_stream.record_event()
+    def _refer_to_sampled(self, batch: DecodeBatch, result: ForwardResult, slots) -> None:
+        """The batch's requests go on from their sampled tokens, still on the device: the next
+        batch's inputs are references -(slot + 1) into the future map."""
         result.refs = [-(int(s) + 1) for s in slots]
         for r, ref in zip(batch.reqs, result.refs):
             r.last_ref = ref
 
-    def process_batch_result(self, batch: DecodeBatch, result: DecodeResult) -> None:
-        self.tr.emit("process_begin", batch=batch.bid)
+    def process_batch_result(self, batch: DecodeBatch, result: ForwardResult) -> None:
+        self.log.process_begin(batch.bid)
         result.copy_event.synchronize()
-        for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
-            s.check()
+        self.fwd_state.check()
         for r, tok, ref in zip(batch.reqs, result.host_buf.tolist(), result.refs):
             r.inflight -= 1
             r.output.append(int(tok))
@@ -403,7 +374,7 @@ class DecodeScheduler:
                 self.abort(r, r.abort_requested)
             elif len(r.output) >= r.max_new_tokens:
                 self._finish(r)
-        self.tr.emit("process_end", batch=batch.bid)
+        self.log.process_end(batch.bid)
 
     # ---- memory occupation, shutdown, accounting ---------------------------------------------------
     def release_memory_occupation(self) -> None:
@@ -414,8 +385,7 @@ class DecodeScheduler:
 
     def close(self) -> None:
         self.prealloc.close()
-        for s in (self.sched_stream, self.fwd_stream, self.copy_stream):
-            s.close()
+        self.fwd_state.close()
 
     def leak_report(self) -> dict:
         return {

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from .. import bootstrap_client as bc
 from ..transfer import KVChunk
 
 DROP_RETRY_S = 10.0   # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
@@ -140,7 +141,7 @@ class ZmqKVServer:
     chunks over an inproc PUSH/PULL pair (ZMQ sockets are not thread-safe)."""
 
     def __init__(self, rank: int, host: str = "127.0.0.1"):
-        import zmq
+        import zmq  # lazy: only `pdo launch` uses ZMQ, and importing it slows every start-up
 
         self.rank = rank
         self._zmq = zmq
@@ -238,7 +239,7 @@ class ZmqKVClient:
     receiver learns them."""
 
     def __init__(self, bootstrap_url: str, *, timeout_s: float = 5.0):
-        import zmq
+        import zmq  # lazy: only `pdo launch` uses ZMQ, and importing it slows every start-up
 
         self._zmq = zmq
         self.url = bootstrap_url
@@ -260,7 +261,6 @@ class ZmqKVClient:
     def _endpoint(self, rank: int) -> str:
         ep = self._endpoints.get(rank)
         if ep is None:
-            from .. import bootstrap_client as bc
             try:
                 info = bc.get_prefill_rank_info(self.url, dp_rank=rank, tp_rank=0, timeout=self.timeout_s)
             except bc.BootstrapError as exc:

@@ -7,17 +7,17 @@ can be read beside `disaggregation/prefill.py` and `managers/scheduler.py`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
-from .. import device_ops, inject, sync
+from .. import inject, sync
 from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
-from ..device import make_stream
+from ..digest import DigestStamp
+from ..forward_state import ForwardResult, ForwardState
 from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
 from ..model import TinyLlama
-from ..request import DigestStamp, Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
+from ..request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from ..trace import NullTracer
 from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
 
@@ -26,32 +26,21 @@ class EngineError(RuntimeError):
     """A failure that ends the run; the CLI prints its message on one line."""
 
 
-@dataclass
-class ForwardResult:
-    bid: int
-    bs: int
-    sampling: SamplingBatchInfo
-    done_event: object          # forward finished on the device (KV written, logits ready)
-    war_event: object           # forward finished reading the shared input buffers
-    future_slots: torch.Tensor = None
-    copy_event: object = None   # sampled tokens copied to the host
-    host_tokens: list | None = None
-    host_buf: torch.Tensor = None
-
-
 class PrefillScheduler:
     def __init__(self, cfg: EngineConfig, requests: list[Req], *, tracer=None, receiver=None, model=None,
                  on_ingest=None):
         self.cfg = cfg
         self.tr = tracer or NullTracer()
-        # The prefill events (spec/events.toml), declared once and logged positionally (engine/trace.py).
+        # The prefill events (spec/events.toml), declared once and logged positionally
+        # (engine/trace.py); stage, war_barrier and sample are the forward state's.
         self.log = self.tr.events_for(
-            admit=("batch", "rids", "chunks"), alloc=("rid", "obj", "slot"), chunk_inc=("rid", "obj", "value"),
-            snapshot=("batch", "digest"), stage=("batch",), submit=("batch",), fwd_begin=("batch", "digest"),
-            fwd_end=("batch",), war_barrier=("batch",), batch_copy=("batch",), collect=("batch",),
-            prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"), sample=("batch",),
-            process_begin=("batch",), chunk_dec=("rid", "obj", "value"), kv_send=("rid", "obj", "tokens", "pages", "start"),
-            process_end=("batch",), release=("rid", "obj", "slot"))
+            admit=("batch", "rids", "chunks"), alloc=("rid", "obj", "slot"),
+            chunk_inc=("rid", "obj", "value"), snapshot=("batch", "digest"), submit=("batch",),
+            fwd_begin=("batch", "digest"), fwd_end=("batch",), batch_copy=("batch",),
+            collect=("batch",), prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"),
+            process_begin=("batch",), chunk_dec=("rid", "obj", "value"),
+            kv_send=("rid", "obj", "tokens", "pages", "start"), process_end=("batch",),
+            release=("rid", "obj", "slot"))
         self.device = torch.device(cfg.device)
         mc = cfg.model_config
         self.mc = mc
@@ -62,20 +51,14 @@ class PrefillScheduler:
         self.pool = KVPool(cfg.num_pages, cfg.page_size, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
         self.req_to_token = ReqToTokenPool(cfg.max_slots, mc.max_context, self.device)
         self.cache = PrefixCache(self.pool)
-        # Streams: staging writes on `schedule`, the model and sampling on `forward`, D2H on `copy`.
-        self.sched_stream = make_stream("schedule", self.device)
-        self.fwd_stream = make_stream("forward", self.device)
-        self.copy_stream = make_stream("copy", self.device)
-        # Persistent input buffers shared by every batch (as CUDA-graph buffers are): the reason the
-        # WAR barrier exists.
-        n, bs = cfg.max_batch_tokens, cfg.max_batch_reqs
-        self.buf_ids = torch.zeros(n, dtype=torch.int32, device=self.device)
-        self.buf_pos = torch.zeros(n, dtype=torch.int32, device=self.device)
-        self.buf_loc = torch.zeros(n, dtype=torch.int32, device=self.device)
-        self.logits_buf = torch.zeros((bs, mc.vocab_size), dtype=torch.float32, device=self.device)
-        self.future_map = torch.zeros(4 * bs, dtype=torch.int64, device=self.device)
-        self._future_next = 0
-        self._views: dict[tuple[int, int], tuple] = {}   # (tokens, requests) -> views of the four buffers
+        # Streams, shared input buffers, future map (engine/forward_state.py). A batch's inputs are
+        # pinned on a GPU (_build_batch).
+        self.fwd_state = ForwardState(
+            self.device, self.tr, tokens=cfg.max_batch_tokens, requests=cfg.max_batch_reqs,
+            vocab=mc.vocab_size, ids_dtype=torch.int32, pinned_inputs=True, script_ops=True)
+        fs = self.fwd_state
+        self.sched_stream, self.fwd_stream, self.copy_stream = (
+            fs.sched_stream, fs.fwd_stream, fs.copy_stream)
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
@@ -248,69 +231,82 @@ class PrefillScheduler:
 
     # ---- the forward ---------------------------------------------------------------------------
     def stage(self, batch: ScheduleBatch) -> None:
-        """Write the batch's inputs into the shared buffers, on the schedule stream. The stream waits
-        for the previous forward's reads (WAR barrier) because it is in order after that wait."""
-        self.log.stage(batch.bid)
-        n = batch.num_tokens
-        ids, pos, loc = batch.input_ids, batch.positions, batch.out_cache_loc
-
-        if self.device.type == "cpu":
-            stage = device_ops.ops()["stage"]
-
-            def write():  # one call on the schedule stream's thread (engine/device_ops.py)
-                stage(self.buf_ids, self.buf_pos, self.buf_loc, ids, pos, loc, n)
-        else:
-            def write():  # host-to-device copies enqueued on the schedule stream (async on CUDA)
-                self.buf_ids[:n].copy_(ids, non_blocking=True)
-                self.buf_pos[:n].copy_(pos, non_blocking=True)
-                self.buf_loc[:n].copy_(loc, non_blocking=True)
-
-        self.sched_stream.launch(write)
-        batch.stage_event = self.sched_stream.record_event()
+        """Write the batch's inputs into the shared buffers, on the schedule stream, in order after
+        the WAR barrier's wait for the previous forward's reads (engine/forward_state.py)."""
+        self.fwd_state.stage(batch, batch.num_tokens)
 
     def snapshot(self, batch: ScheduleBatch) -> ScheduleBatch:
         """Thread modes: isolate what the worker reads from the next admission's mutations."""
         snap = snapshot_for_forward(batch)
-        if self.tr.enabled:   # hashed later, by the worker (DigestStamp): not on this thread's critical path
+        if self.tr.enabled:
+            # hashed later, by the worker (DigestStamp): not on this thread's critical path
             snap._digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
             self.log.snapshot(snap.bid, stamp)
         return snap
 
-    def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False) -> ForwardResult:
+    def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True,
+                  sample_inline: bool = False) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
         sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
         tracing = self.tr.enabled
         if tracing:
-            # What this forward reads, stamped now and resolved once it is launched (below), with the
-            # snapshot's: while the batch is still the snapshot's, only the two logit biases are read.
-            fwd_stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch",
-                                    same_as=batch.__dict__.get("_digest_stamp"))
-            self.log.fwd_begin(batch.bid, fwd_stamp)
+            fwd_stamp = self._stamp_forward(batch, sampling)
         if early_send_prefix:
             for req in batch.reqs:
                 self.maybe_send_cached_prefix(batch, req)
         if batch.stage_event is None:
             self.stage(batch)
-        n, bs = batch.num_tokens, len(batch.reqs)
-        ext = batch.extends
+        done = self._launch_forward(batch)
+        result = ForwardResult(batch.bid, len(batch.reqs), sampling.logit_bias, done_event=done,
+                               war_event=done)
+        if inject.on("send-before-forward-done"):
+            # MUTANT: chunk KV sent without waiting for the forward
+            for i, req in enumerate(batch.reqs):
+                if not batch.last_chunk[i]:
+                    self._send(req, batch.starts[i] + batch.extends[i], None, last=False)
+        if sample_inline:
+            self.fwd_state.launch_sample(batch, result)
+        if tracing:
+            self.log.fwd_end(batch.bid)
+            self._resolve_stamps(batch, fwd_stamp)
+        return result
+
+    def _stamp_forward(self, batch: ScheduleBatch, sampling: SamplingBatchInfo) -> DigestStamp:
+        """What this forward reads, stamped now and resolved once it is launched (_resolve_stamps),
+        with the snapshot's: while the batch is still the snapshot's, only the two logit biases are
+        read."""
+        stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch",
+                            same_as=batch.__dict__.get("_digest_stamp"))
+        self.log.fwd_begin(batch.bid, stamp)
+        return stamp
+
+    def _resolve_stamps(self, batch: ScheduleBatch, fwd_stamp: DigestStamp) -> None:
+        """The tracer's own work, after run_batch's end (not in the forward's span), before the
+        scheduler can have the batch back: a change while run_batch read it shows here."""
+        fwd_stamp.resolve()
+        snap_stamp = batch.__dict__.get("_digest_stamp")
+        if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
+            snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
+
+    def _launch_forward(self, batch: ScheduleBatch):
+        """The forward on the forward stream, after the batch's staging; returns its done event."""
+        n, bs, ext = batch.num_tokens, len(batch.reqs), batch.extends
         start_loc = [0]
         for e in ext[:-1]:
             start_loc.append(start_loc[-1] + e)
         slots = [r.slot for r in batch.reqs]
-        # Every torch call from Python lets the GIL go, and this thread may then wait for the scheduler
-        # to hand it back (up to a switch interval) before it can launch: the per-request metadata is
-        # one tensor (rows as views) and the buffer views are made once per (tokens, requests).
+        # Every torch call from Python lets the GIL go, and this thread may then wait for the
+        # scheduler to hand it back before it can launch: the per-request metadata is one tensor
+        # (rows as views), and the buffer views are made once per shape (ForwardState.views).
         req_slots, prefix_lens, extend_lens, extend_start_loc, logit_rows = torch.tensor(
             [slots, batch.starts, ext, start_loc, [s + e - 1 for s, e in zip(start_loc, ext)]],
             dtype=torch.int32, device=self.device).unbind()
-        views = self._views.get((n, bs))
-        if views is None:
-            views = self._views[(n, bs)] = (self.buf_ids[:n], self.buf_pos[:n], self.buf_loc[:n], self.logits_buf[:bs])
-        ids, pos, loc, out = views
+        ids, pos, loc, out = self.fwd_state.views(n, bs)
         meta = ExtendMeta(
             req_to_token=self.req_to_token.table, req_slots=req_slots, prefix_lens=prefix_lens,
-            extend_lens=extend_lens, extend_start_loc=extend_start_loc, max_extend_len=max(ext), out_cache_loc=loc,
-            host_slots=slots, host_prefix=list(batch.starts), host_extend=list(ext))
+            extend_lens=extend_lens, extend_start_loc=extend_start_loc, max_extend_len=max(ext),
+            out_cache_loc=loc, host_slots=slots, host_prefix=list(batch.starts),
+            host_extend=list(ext))
         self.fwd_stream.wait_event(batch.stage_event)
 
         def forward():
@@ -318,34 +314,16 @@ class PrefillScheduler:
 
         self.fwd_stream.launch(forward)
         if self.cfg.launch_cost_us:
-            # Modelled as driver time (GIL released), the part of a launch Python threads can overlap.
+            # Modelled as driver time (GIL released): the part of a launch Python threads can
+            # overlap.
             for _ in range(self.mc.layers):
                 time.sleep(self.cfg.launch_cost_us * 1e-6)
-        done = self.fwd_stream.record_event()
-        result = ForwardResult(batch.bid, bs, sampling, done_event=done, war_event=done)
-        if inject.on("send-before-forward-done"):
-            for i, req in enumerate(batch.reqs):  # MUTANT: chunk KV sent without waiting for the forward
-                if not batch.last_chunk[i]:
-                    self._send(req, batch.starts[i] + batch.extends[i], None, last=False)
-        if sample_inline:
-            self._launch_sample(result)
-        if tracing:
-            self.log.fwd_end(batch.bid)
-            # The tracer's own work, after run_batch's end (not in the forward's span), before the
-            # scheduler can have the batch back: a change while run_batch read it shows here.
-            fwd_stamp.resolve()
-            snap_stamp = batch.__dict__.get("_digest_stamp")
-            if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
-                snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
-        return result
+        return self.fwd_stream.record_event()
 
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
-        """Later writes to the shared buffers (on the schedule stream) wait for forward N's reads.
-        Logged once the wait is queued: the event means "the barrier is in place", so a stage logged
-        after it really is behind the wait."""
-        if not inject.on("no-war-barrier"):
-            self.sched_stream.wait_event(result.war_event)
-        self.log.war_barrier(batch.bid)
+        """Later writes to the shared buffers wait for forward N's reads
+        (ForwardState.war_barrier)."""
+        self.fwd_state.war_barrier(batch, result, wait=not inject.on("no-war-barrier"))
 
     def maybe_send_cached_prefix(self, batch: ScheduleBatch, req: Req) -> None:
         """The cached prefix's KV goes to decode before the suffix forward (it is already computed)."""
@@ -356,54 +334,17 @@ class PrefillScheduler:
         self.log.prefix_send(batch.bid, req.rid, req, tokens, pages, req.prefix_len - tokens)
 
     # ---- deferred sampling ---------------------------------------------------------------------
-    def launch_batch_sample_if_needed(self, result: ForwardResult) -> None:
-        """Deferred sampling on the forward stream (shared with run_batch: logits buffer, future map),
-        hence only while no forward is being launched. Logged once launched: rules order it before
-        the next submit/forward, so the whole launch must precede them (it cannot start before the
-        collect that hands it `result`)."""
-        self._launch_sample(result)
-        self.log.sample(result.bid)
-
-    def _launch_sample(self, result: ForwardResult) -> None:
-        bs = result.bs
-        cap = self.future_map.shape[0]
-        start = self._future_next
-        self._future_next = (start + bs) % cap
-        slots = (torch.arange(start, start + bs) % cap).to(self.device)
-        bias = result.sampling.logit_bias
-
-        host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        if self.device.type == "cpu":   # one call per task on the streams' threads (engine/device_ops.py)
-            o = device_ops.ops()
-            sample_op, to_host_op, fm, lb = o["sample"], o["to_host"], self.future_map, self.logits_buf
-
-            def sample():
-                sample_op(fm, slots, lb, bias, bs)
-
-            def to_host():  # read after copy_event (process)
-                to_host_op(host, fm, slots)
-        else:
-            def sample():
-                self.future_map[slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
-
-            def to_host():  # device-to-host on the copy stream; read after copy_event (process)
-                host.copy_(self.future_map[slots], non_blocking=True)
-
-        self.fwd_stream.launch(sample)
-        self.copy_stream.wait_event(self.fwd_stream.record_event())
-
-        self.copy_stream.launch(to_host)
-        result.host_buf = host
-        result.future_slots = slots
-        result.copy_event = self.copy_stream.record_event()
+    def launch_batch_sample_if_needed(self, batch: ScheduleBatch, result: ForwardResult) -> None:
+        """Deferred sampling on the forward stream, hence only while no forward is being launched;
+        logged once launched (ForwardState.launch_batch_sample)."""
+        self.fwd_state.launch_batch_sample(batch, result)
 
     # ---- result processing ---------------------------------------------------------------------
     def process_batch_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         self.log.process_begin(batch.bid)
         result.copy_event.synchronize()
         result.host_tokens = result.host_buf.tolist()
-        for s in (self.fwd_stream, self.copy_stream, self.sched_stream):
-            s.check()
+        self.fwd_state.check()
         if self.transfer.error is not None:
             raise EngineError(f"KV transfer failed: {self.transfer.error!r}")
         finished = []
@@ -421,7 +362,7 @@ class PrefillScheduler:
                 self._send(req, len(req.prompt), result.done_event, last=True,
                            meta={"first_token": req.output_token, "prompt_len": len(req.prompt), "rid": req.rid})
                 finished.append(req)
-        # The seed's cross-request batched staging: one gather for every request whose prefill is
+        # The design's cross-request batched staging: one gather for every request whose prefill is
         # complete, before the AttentionStore write consumes the staging buffer.
         self.astore.stage([r for r in finished if r.inflight_middle_chunks <= 0], result.done_event)
         self.inflight.extend(finished)
@@ -460,8 +401,7 @@ class PrefillScheduler:
     # ---- shutdown and accounting ---------------------------------------------------------------
     def close(self) -> None:
         self.astore.drain()
-        for s in (self.sched_stream, self.fwd_stream, self.copy_stream):
-            s.close()
+        self.fwd_state.close()
         self.transfer.close()
 
     def leak_report(self) -> dict:

@@ -1,14 +1,15 @@
 """The forward worker thread of the thread modes: one thread, input and output queues of capacity 1.
 
 `submit(N)` hands a snapshot to the worker; the worker runs `run_batch(N)`, applies the WAR barrier,
-makes `batch.copy()` for result processing and puts (result, copy) on the output queue; `collect()`
-takes it back on the scheduler thread. A worker exception is re-raised by `collect()`.
+makes `batch.copy()` for result processing and puts `Inflight(copy, result)` on the output queue;
+`collect()` takes it back on the scheduler thread. A worker exception is re-raised by `collect()`.
 """
 from __future__ import annotations
 
 import queue
 
 from .. import inject, sync
+from ..forward_state import Inflight
 from .scheduler import EngineError
 
 _STOP = object()
@@ -39,7 +40,7 @@ class ForwardWorker:
                 self.sched.apply_war_barrier(batch, result)
                 copy = batch.copy()
                 self.sched.log.batch_copy(batch.bid)
-                sync.q_put(self.out_q, (result, copy), "worker.out_q")
+                sync.q_put(self.out_q, Inflight(copy, result), "worker.out_q")
             except BaseException as exc:  # reaches the scheduler thread through collect()
                 sync.q_put(self.out_q, exc, "worker.out_q")
 
@@ -48,7 +49,7 @@ class ForwardWorker:
         self.submitted += 1
         sync.q_put(self.in_q, (batch, early_send_prefix), "submit")
 
-    def collect(self):
+    def collect(self) -> Inflight:
         while True:
             try:
                 item = sync.q_get_timeout(self.out_q, 0.5, "collect")
@@ -59,9 +60,8 @@ class ForwardWorker:
         self.collected += 1
         if isinstance(item, BaseException):
             raise WorkerError(f"forward worker failed: {item!r}") from item
-        result, copy = item
-        self.sched.log.collect(copy.bid)
-        return result, copy
+        self.sched.log.collect(item.batch.bid)
+        return item
 
     @property
     def in_flight(self) -> int:
