@@ -1,4 +1,4 @@
-"""Fixtures of the wire tests (tests/sglang/wire.py): SGLang's conn module, and a pair of servers."""
+"""Fixtures of the wire tests (tests/sglang/wire.py): SGLang's conn module, a pair of servers."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from .wire import SGLANG_VERSION, Pair, pdo_server, sglang_server
 
 @pytest.fixture(scope="module")
 def conn():
-    """sglang.srt.disaggregation.common.conn, imported once per test module."""
+    """sglang.srt.disaggregation.common.conn (SGLang's bootstrap server and clients), or a skip."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # SGLang's import-time "only CUDA supports ..." warnings
+            # SGLang's import-time "only CUDA supports ..." warnings
+            warnings.simplefilter("ignore")
             ns = load()
     except SGLangUnavailable as e:
         pytest.skip(str(e))
@@ -40,4 +41,3 @@ def conn():
 def pair(conn):
     with pdo_server() as p, sglang_server(conn) as s:
         yield Pair(p, s)
-
