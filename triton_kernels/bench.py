@@ -10,8 +10,8 @@ Cases (bf16, head_dim 128, 32 query / 8 KV heads):
 On CUDA: CUDA-event timing, median of the timed iterations after warm-up (which also autotunes).
 Prefill reports TFLOP/s over the visible (causal) query-key pairs only: 4 * D * pairs * H_q. Decode
 reports GB/s of K/V bytes read and its share of the HBM bandwidth measured with a device-to-device copy.
---smoke runs tiny shapes on the CPU under the Triton interpreter in seconds (for CI); its numbers mean
-nothing beyond "everything ran".
+--smoke runs tiny shapes on the CPU under the Triton interpreter (for CI); its numbers mean nothing
+beyond "everything ran".
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import bias as attention_bias
 
 from triton_kernels import decode_attention, extend_attention, interpreting, write_kv
 from triton_kernels.decode_attention import choose_num_kv_splits
@@ -75,9 +76,7 @@ def _try(fn):
 def _sdpa(q, k, v, causal_lower_right: bool):
     """q [B, H_q, M, D], k/v [B, H_kv, N, D]; queries are the last M of N positions when causal."""
     if causal_lower_right:
-        from torch.nn.attention.bias import causal_lower_right as lower_right
-
-        mask = lower_right(q.shape[2], k.shape[2])
+        mask = attention_bias.causal_lower_right(q.shape[2], k.shape[2])
         kwargs = dict(attn_mask=mask)
     else:
         kwargs = dict(is_causal=q.shape[2] > 1)
@@ -134,7 +133,7 @@ def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: flo
         row["max_abs_err_vs_sdpa"] = (ours - sdpa().transpose(1, 2).float()).abs().max().item()
 
     def flash_attn_run():
-        from flash_attn import flash_attn_varlen_func
+        from flash_attn import flash_attn_varlen_func  # lazy: an optional baseline
 
         cu_q = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * ext
         cu_k = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * seq
@@ -142,7 +141,7 @@ def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: flo
         return lambda: flash_attn_varlen_func(q, kk, vv, cu_q, cu_k, ext, seq, causal=True)
 
     def flashinfer_run():
-        import flashinfer
+        import flashinfer  # lazy: an optional baseline
 
         pages = req_to_token[:, ::page_size].div(page_size, rounding_mode="floor").reshape(-1)
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_flashinfer_workspace(device), "NHD")
@@ -190,7 +189,7 @@ def bench_decode(measure, device, dtype, context: int, batch: int, page_size: in
         row["sdpa_gbps"] = kv_bytes / row["sdpa_ms"] / 1e6
 
     def flash_attn_run():
-        from flash_attn import flash_attn_with_kvcache
+        from flash_attn import flash_attn_with_kvcache  # lazy: an optional baseline
 
         return lambda: flash_attn_with_kvcache(q[:, None], keys, values, cache_seqlens=seq_lens)
 
@@ -210,7 +209,7 @@ def bench_decode_flashinfer(measure, device, dtype, row: dict) -> None:
     head_dim = row["head_dim"]
 
     def build():
-        import flashinfer
+        import flashinfer  # lazy: an optional baseline
 
         req_to_token, pool_tokens = _paged_table(batch, context, page_size, device)
         k_pool = torch.randn(pool_tokens, h_kv, head_dim, device=device, dtype=dtype)

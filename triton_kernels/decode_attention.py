@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _can_launch, _check_attention_inputs, _check_metadata, _check_paged_reads, _check_values, _is_interpreted
+from triton_kernels import reference
+from triton_kernels.checks import _check_attention_inputs, _check_metadata, _check_paged_reads
+from triton_kernels.runtime import _can_launch, _check_values, _is_interpreted
 
 LOG2E = 1.4426950408889634
 
@@ -133,6 +135,27 @@ def choose_num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(_MAX_SPLITS, by_occupancy, by_length))
 
 
+def _check_decode_inputs(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, num_kv_splits,
+                         out) -> None:
+    name = "decode_attention"
+    for key, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name}: {key} must be a 3-D tensor")
+    batch = q.shape[0]
+    _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out,
+                            {"k_pool": k_pool, "v_pool": v_pool})
+    _check_metadata(name, q.device, req_slots=req_slots, seq_lens=seq_lens)
+    if req_slots.numel() != batch or seq_lens.numel() != batch:
+        raise ValueError(f"{name}: req_slots/seq_lens must have one entry per query ({batch})")
+    if num_kv_splits is not None and not 1 <= int(num_kv_splits) <= 256:
+        raise ValueError(f"{name}: num_kv_splits must be in [1, 256], got {num_kv_splits}")
+    if _check_values(q.device) and batch:
+        if int(seq_lens.min()) < 1:
+            raise ValueError(f"{name}: seq_lens {seq_lens.tolist()} must be >= 1 "
+                             "(the current token is in the pool)")
+        _check_paged_reads(name, req_to_token, req_slots, seq_lens, k_pool.shape[0])
+
+
 def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_scale: float | None = None,
                      num_kv_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One query per request over its paged context. q [B, H_q, D] -> [B, H_q, D].
@@ -141,28 +164,14 @@ def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_sc
     callers running many layers per step should pick once with choose_num_kv_splits). ``out``
     (optional, q's shape and dtype) receives the result in place of a fresh tensor.
     """
-    name = "decode_attention"
-    for key, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise ValueError(f"{name}: {key} must be a 3-D tensor")
+    _check_decode_inputs(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, num_kv_splits, out)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
-    _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out, {"k_pool": k_pool, "v_pool": v_pool})
-    _check_metadata(name, q.device, req_slots=req_slots, seq_lens=seq_lens)
-    if req_slots.numel() != batch or seq_lens.numel() != batch:
-        raise ValueError(f"{name}: req_slots/seq_lens must have one entry per query ({batch})")
-    if num_kv_splits is not None and not 1 <= int(num_kv_splits) <= 256:
-        raise ValueError(f"{name}: num_kv_splits must be in [1, 256], got {num_kv_splits}")
-    if _check_values(q.device) and batch:
-        if int(seq_lens.min()) < 1:
-            raise ValueError(f"{name}: seq_lens {seq_lens.tolist()} must be >= 1 (the current token is in the pool)")
-        _check_paged_reads(name, req_to_token, req_slots, seq_lens, k_pool.shape[0])
-
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     kernel = _decode_split_kernel
     if not _can_launch(kernel, q.device):
-        from triton_kernels.reference import decode_attention as reference
-        result = reference(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_scale)
+        result = reference.decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens,
+                                            sm_scale)
         return result if out is None else out.copy_(result)
 
     q = q if q.stride(2) == 1 else q.contiguous()

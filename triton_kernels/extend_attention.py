@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _can_launch, _check_attention_inputs, _check_metadata, _check_paged_reads, _check_values, _is_interpreted
+from triton_kernels import reference
+from triton_kernels.checks import _check_attention_inputs, _check_metadata, _check_paged_reads
+from triton_kernels.runtime import _can_launch, _check_values, _is_interpreted
 
 LOG2E = 1.4426950408889634
 
@@ -141,14 +143,8 @@ _extend_kernel_tuned = triton.autotune(configs=_cuda_configs(), key=["HEAD_DIM",
 _INTERPRET_BLOCK_M, _INTERPRET_BLOCK_N = 32, 16
 
 
-def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
-                     extend_start_loc, max_extend_len: int, sm_scale: float | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of packed extend tokens over (paged prefix + causal self). Returns [T, H_q, D].
-
-    ``max_extend_len`` must be >= every extend length: it sizes the grid (a device->host sync avoided).
-    ``out`` (optional, q's shape and dtype) receives the result in place of a fresh tensor.
-    """
+def _check_extend_inputs(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens,
+                         extend_lens, extend_start_loc, max_extend_len, out) -> None:
     name = "extend_attention"
     for key, t in (("q", q), ("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -160,8 +156,8 @@ def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_le
                          f"[{num_tokens}, {num_kv_heads}, {head_dim}] from q and k_pool")
     _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out,
                             {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
-    _check_metadata(name, q.device, req_slots=req_slots, prefix_lens=prefix_lens, extend_lens=extend_lens,
-                    extend_start_loc=extend_start_loc)
+    _check_metadata(name, q.device, req_slots=req_slots, prefix_lens=prefix_lens,
+                    extend_lens=extend_lens, extend_start_loc=extend_start_loc)
     batch = req_slots.numel()
     if not (prefix_lens.numel() == extend_lens.numel() == extend_start_loc.numel() == batch):
         raise ValueError(f"{name}: per-request metadata lengths differ")
@@ -169,20 +165,37 @@ def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_le
     if _check_values(q.device) and batch:
         lens, starts = extend_lens.long(), extend_start_loc.long()
         if int(lens.min()) < 0 or int(lens.max()) > max_extend_len:
-            raise ValueError(f"{name}: extend_lens {lens.tolist()} outside [0, max_extend_len={max_extend_len}]")
+            raise ValueError(f"{name}: extend_lens {lens.tolist()} outside "
+                             f"[0, max_extend_len={max_extend_len}]")
         if int(starts.min()) < 0 or int((starts + lens).max()) > num_tokens:
-            raise ValueError(f"{name}: extend ranges (start {starts.tolist()}, len {lens.tolist()}) "
-                             f"exceed {num_tokens} tokens")
+            raise ValueError(f"{name}: extend ranges (start {starts.tolist()}, "
+                             f"len {lens.tolist()}) exceed {num_tokens} tokens")
         if int((prefix_lens.long() + lens).max()) > req_to_token.shape[1]:
-            raise ValueError(f"{name}: prefix + extend exceeds req_to_token width {req_to_token.shape[1]}")
+            raise ValueError(
+                f"{name}: prefix + extend exceeds req_to_token width {req_to_token.shape[1]}")
         _check_paged_reads(name, req_to_token, req_slots, prefix_lens, k_pool.shape[0])
 
+
+def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
+                     extend_start_loc, max_extend_len: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of packed extend tokens over (paged prefix + causal self). Returns [T, H_q, D].
+
+    ``max_extend_len`` must be >= every extend length: it sizes the grid (a device->host sync avoided).
+    ``out`` (optional, q's shape and dtype) receives the result in place of a fresh tensor.
+    """
+    _check_extend_inputs(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
+                         extend_start_loc, max_extend_len, out)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    batch = req_slots.numel()
+    max_extend_len = int(max_extend_len)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     kernel = _extend_kernel
     if not _can_launch(kernel, q.device):
-        from triton_kernels.reference import extend_attention as reference
-        result = reference(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
-                           extend_start_loc, max_extend_len, sm_scale)
+        result = reference.extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots,
+                                            prefix_lens, extend_lens, extend_start_loc,
+                                            max_extend_len, sm_scale)
         return result if out is None else out.copy_(result)
 
     q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))

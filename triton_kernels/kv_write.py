@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels import _can_launch, _check_metadata, _check_values
+from triton_kernels.checks import _check_metadata
+from triton_kernels.runtime import _can_launch, _check_values
 
 
 @triton.jit

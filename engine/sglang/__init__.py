@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 import types
 
 KNOWN_VERSIONS = ("0.5.23",)
@@ -48,12 +49,12 @@ def _define_torchvision_ops() -> None:
     and its import then registers fake kernels for two operators only that extension defines, which
     raises. Defining the two schemas (never their kernels) lets the import through; SGLang imports
     torchvision for image preprocessing, which the scheduler paths never run."""
-    import torch
+    import torch  # lazy: `pdo` and the version check start without torch
 
     if hasattr(torch.ops, "torchvision") and hasattr(torch.ops.torchvision, "nms"):
         return
     try:
-        import torchvision  # noqa: F401  (a working build: nothing to do)
+        import torchvision  # noqa: F401  (lazy: the probe itself; a working build: nothing to do)
         return
     except RuntimeError:
         pass
@@ -61,8 +62,8 @@ def _define_torchvision_ops() -> None:
     for op in ("nms", "qnms"):
         lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _KEEP.append(lib)   # a Library object undoes its definitions when collected
-    for name in [m for m in __import__("sys").modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del __import__("sys").modules[name]
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
 
 
 _KEEP: list = []

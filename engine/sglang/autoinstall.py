@@ -12,7 +12,7 @@ import sys
 
 import wrapt
 
-from . import SGLangUnavailable, hooks
+from . import SGLangUnavailable, decode, hooks, load, prefill
 from .sink import TraceSink
 
 TRIGGER = "sglang.srt.managers.scheduler"
@@ -23,7 +23,6 @@ def trace_path(trace_dir: str, pid: int | None = None) -> str:
 
 
 def install_now(trace_dir: str) -> TraceSink:
-    from . import decode, load, prefill
     sgl = load()
     if not hooks.is_installed():
         decode.install(sgl)

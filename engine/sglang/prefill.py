@@ -105,6 +105,7 @@ def is_installed(sgl) -> bool:
 def install(sgl) -> None:
     p, sched = sgl.prefill, sgl.scheduler.Scheduler
     mixin = p.SchedulerDisaggregationPrefillMixin
+    # lazy: SGLang is optional
     from sglang.srt.disaggregation.base.conn import BaseKVSender
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -181,7 +182,7 @@ def _sampling(mode: str) -> str:
     (launch_batch_sample_if_needed then launches it) only with SGLANG_ENABLE_DELAY_SAMPLE, or for a
     grammar batch; otherwise it samples inside the forward. The header's `sampling` says which, so
     the rule that every batch is sampled after its forward is not applied to inline sampling."""
-    from sglang.srt.environ import envs
+    from sglang.srt.environ import envs  # lazy: SGLang is optional
     return "deferred" if mode == "overlap" and envs.SGLANG_ENABLE_DELAY_SAMPLE.get() else "inline"
 
 

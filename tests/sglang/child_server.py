@@ -4,12 +4,14 @@ without tracing anything itself: the adapter must get there through PDO_SGLANG_T
 import multiprocessing
 import sys
 
+from engine.sglang import hooks, load
+from engine.sglang.conform import decode_scenarios
+
 
 def scheduler_process(mode: str) -> None:
-    from engine.sglang import conform_decode, hooks, load
     sgl = load()   # importing SGLang's scheduler is what installs the adapter in this process
     assert hooks.active() is not None, "the adapter is not active in the scheduler process"
-    conform_decode.Harness(sgl, conform_decode._scripts()["decode-arrivals"], mode).run(None)
+    decode_scenarios.Harness(sgl, decode_scenarios.SCRIPTS["decode-arrivals"], mode).run(None)
     hooks.active().close()
 
 

@@ -2,6 +2,8 @@
 real-code mutants are flagged, and the hooks change nothing SGLang does."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 sglang_adapter = pytest.importorskip("engine.sglang")
@@ -10,7 +12,8 @@ try:
 except sglang_adapter.SGLangUnavailable as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
-from engine.sglang import conform, conform_decode, hooks, mutants  # noqa: E402
+from engine.sglang import decode, hooks, prefill  # noqa: E402
+from engine.sglang.conform import decode_scenarios, driver, mutants  # noqa: E402
 
 # Unreachable in 0.5.23's loop order, so no scenario can show them (docs/sglang.md, "Mutants"): the
 # consumption point pops the prefetched entry of every address that still has pending requests, and
@@ -21,42 +24,42 @@ UNREACHABLE = {"no-stale-cancel", "query-every-iteration"}
 
 @pytest.fixture(scope="module")
 def sgl():
-    return conform._session()
+    return driver.session()
 
 
 @pytest.fixture(scope="module")
-def decode_scenarios(sgl):
-    return dict(conform_decode.scenarios(sgl))
+def scenario_runs(sgl):
+    return dict(decode_scenarios.scenarios(sgl))
 
 
-def test_every_scenario_runs_in_both_loops(decode_scenarios):
-    names = set(decode_scenarios)
-    for base in conform_decode._scripts():
+def test_every_scenario_runs_in_both_loops(scenario_runs):
+    names = set(scenario_runs)
+    for base in decode_scenarios.SCRIPTS:
         assert {f"{base}/normal", f"{base}/overlap"} <= names
 
 
-@pytest.mark.parametrize("name", [n for n in conform_decode._scripts()])
-def test_scenario_meets_its_expectation(sgl, decode_scenarios, tmp_path, name):
+@pytest.mark.parametrize("name", list(decode_scenarios.SCRIPTS))
+def test_scenario_meets_its_expectation(sgl, scenario_runs, tmp_path, name):
     for mode in ("normal", "overlap"):
-        result = conform.run_scenario(sgl, f"{name}/{mode}", decode_scenarios[f"{name}/{mode}"], str(tmp_path))
+        result = driver.run_scenario(sgl, f"{name}/{mode}", scenario_runs[f"{name}/{mode}"], str(tmp_path))
         assert result["error"] is None
-        assert conform.met(result), result
+        assert driver.met(result), result
         assert "sglang.srt.disaggregation.decode.DecodePreallocQueue.prefetch_prefill_dp_rank_queries" in \
             result["sglang_functions"]
         assert f"sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_{mode}_disagg_decode" \
             in result["sglang_functions"]
 
 
-def test_the_finding_is_the_recorded_one(sgl, decode_scenarios, tmp_path):
-    result = conform.run_scenario(sgl, "decode-release-pending/normal",
-                                  decode_scenarios["decode-release-pending/normal"], str(tmp_path))
+def test_the_finding_is_the_recorded_one(sgl, scenario_runs, tmp_path):
+    result = driver.run_scenario(sgl, "decode-release-pending/normal",
+                                  scenario_runs["decode-release-pending/normal"], str(tmp_path))
     assert result["outcome"] == "finding" and set(result["rules"]) == {"D-request-ends"}
 
 
-@pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
-def test_real_code_mutant(sgl, decode_scenarios, tmp_path, name):
-    mutant = mutants.MUTANTS[name]
-    outcomes = [conform.run_scenario(sgl, s, decode_scenarios[s], str(tmp_path), mutant)["outcome"]
+@pytest.mark.parametrize("name", sorted(mutants.DECODE_MUTANTS))
+def test_real_code_mutant(sgl, scenario_runs, tmp_path, name):
+    mutant = mutants.DECODE_MUTANTS[name]
+    outcomes = [driver.run_scenario(sgl, s, scenario_runs[s], str(tmp_path), mutant)["outcome"]
                 for s in mutant.scenarios]
     if name in UNREACHABLE:
         assert outcomes == ["missed"] * len(outcomes)   # if this fails, a scenario can show it now
@@ -64,9 +67,8 @@ def test_real_code_mutant(sgl, decode_scenarios, tmp_path, name):
         assert "flagged" in outcomes
 
 
-def test_prefetch_mode_queries_over_the_wire(sgl, decode_scenarios, tmp_path):
-    import json
-    result = conform.run_scenario(sgl, "decode-arrivals/overlap", decode_scenarios["decode-arrivals/overlap"],
+def test_prefetch_mode_queries_over_the_wire(sgl, scenario_runs, tmp_path):
+    result = driver.run_scenario(sgl, "decode-arrivals/overlap", scenario_runs["decode-arrivals/overlap"],
                                   str(tmp_path))
     events = [json.loads(line) for line in open(result["trace"])][1:]
     sources = {e["source"] for e in events if e["ev"] == "resolve"}
@@ -80,19 +82,18 @@ def _observed_run(sgl, script, mode, path):
     their ranks, and the requests the bootstrap server received per endpoint. Not the iteration of each
     init: a prefetched query races with the prefill registering its room during intake (the real
     race the prefetch has), so whether it answers one iteration earlier depends on thread timing."""
-    h = conform_decode.Harness(sgl, script, mode)
-    server = h.servers[0]._impl
-    h.run(str(path))
-    ranks = {d.req.rid: d.kv_receiver.rank for d in h.queue.pending_reqs}
-    order = [rid for rid, _ in sorted(h.initialised.items(), key=lambda kv: (kv[1], kv[0]))]
+    harness = decode_scenarios.Harness(sgl, script, mode)
+    server = harness.servers[0]._impl
+    harness.run(str(path))
+    ranks = {d.req.rid: d.kv_receiver.rank for d in harness.queue.pending_reqs}
+    order = [rid for rid, _ in sorted(harness.initialised.items(), key=lambda kv: (kv[1], kv[0]))]
     counts = dict(server.counters)
     counts.pop("query_dp_ranks")   # the same race: an early answer can save the next query
     return order, ranks, counts
 
 
 def test_hooks_change_nothing_sglang_does(sgl, tmp_path):
-    from engine.sglang import decode, prefill
-    script = conform_decode._scripts()["decode-arrivals"]
+    script = decode_scenarios.SCRIPTS["decode-arrivals"]
     with_hooks = _observed_run(sgl, script, "normal", tmp_path / "on.jsonl")
     assert hooks.is_installed()
     hooks.uninstall()

@@ -1,9 +1,9 @@
 """SGLang 0.5.23's PD prefill loops under the adapter's hooks (engine/sglang/prefill.py), driven by the
-CPU scenarios of engine/sglang/conform_prefill.py and judged by the checker.
+CPU scenarios of engine/sglang/conform/prefill_scenarios.py and judged by the checker.
 
-Each scenario's trace fails exactly the rules conform_prefill.DIVERGENCES lists for it (SGLang against
-the spec, analysed there), and nothing else; the mutant of SGLang's real overlap loop is reported; the
-hooks change none of the calls SGLang makes. SGLang is imported once for the module (it takes seconds).
+Each scenario's trace fails exactly the rules prefill_scenarios.DIVERGENCES lists for it (SGLang
+against the spec, analysed there), and nothing else; the mutant of SGLang's real overlap loop is
+reported; the hooks change none of the calls SGLang makes. SGLang is imported once for the module.
 """
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ except adapter.SGLangUnavailable as e:
     pytest.skip(f"SGLang unavailable: {e}", allow_module_level=True)
 
 from checker.linear import check_file  # noqa: E402
-from engine.sglang import conform_prefill as cp  # noqa: E402
 from engine.sglang import mutate  # noqa: E402
+from engine.sglang.conform import mutants, prefill_run, prefill_scenarios, prefill_scheduler  # noqa: E402
+from spec import load_rules  # noqa: E402
 
-NAMES = [name for name, _ in cp.scenarios()]
+NAMES = [name for name, _ in prefill_scenarios.scenarios()]
 PDO = os.path.join(os.path.dirname(sys.executable), "pdo")
 
 
@@ -38,7 +39,7 @@ def trace_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(trace_dir):
-    return {name: run(trace_dir) for name, run in cp.scenarios()}
+    return {name: run(trace_dir) for name, run in prefill_scenarios.scenarios()}
 
 
 def _failing(path: str) -> set[str]:
@@ -53,9 +54,9 @@ def _events(path: str) -> list[dict]:
 @pytest.mark.parametrize("name", NAMES)
 def test_scenario_fails_only_its_documented_divergences(runs, name):
     out = runs[name]
-    assert _failing(out["trace"]) == set(cp.DIVERGENCES.get(name, {}))
+    assert _failing(out["trace"]) == set(prefill_scenarios.DIVERGENCES.get(name, {}))
     # the run finished its work: every request's output went to the detokenizer, nothing is held
-    w, _ = cp.SCENARIOS[name]
+    w, _ = prefill_scenarios.SCENARIOS[name]
     assert sorted(out["outputs"]) == sorted(a.rid for a in w.arrivals)
     assert out["leaks"] == {"req_slots_in_use": 0, "inflight": 0, "waiting": 0, "chunked": False}
 
@@ -63,39 +64,37 @@ def test_scenario_fails_only_its_documented_divergences(runs, name):
 def test_pdo_check_exit_codes_and_json(runs):
     for name, out in runs.items():
         r = subprocess.run([PDO, "check", "--json", out["trace"]], capture_output=True, text=True)
-        expected = set(cp.DIVERGENCES.get(name, {}))
+        expected = set(prefill_scenarios.DIVERGENCES.get(name, {}))
         assert r.returncode == (1 if expected else 0), (name, r.stdout[-2000:], r.stderr[-2000:])
         (result,) = json.loads(r.stdout)
-        assert result["header"]["mode"] == cp.SCENARIOS[name][0].mode
+        assert result["header"]["mode"] == prefill_scenarios.SCENARIOS[name][0].mode
         assert {v["rule"] for v in result["violations"]} == expected
 
 
 def test_every_divergence_names_a_rule_of_its_scenarios_mode():
-    from spec import load_rules
-
     by_id = {r.id: r for r in load_rules() if r.role == "prefill"}
-    for name, rules in cp.DIVERGENCES.items():
-        mode = cp.SCENARIOS[name][0].mode
+    for name, rules in prefill_scenarios.DIVERGENCES.items():
+        mode = prefill_scenarios.SCENARIOS[name][0].mode
         for rule_id, why in rules.items():
             assert by_id[rule_id].applies(mode) and why
 
 
 def test_mutant_of_the_real_overlap_loop_is_reported(runs, trace_dir):
     assert not _failing(runs["prefill-no-early-send/overlap"]["trace"])   # the mutants' base conforms
-    for name, run in cp.mutants():
-        out = run(trace_dir)
+    for name, mutant in mutants.PREFILL_MUTANTS.items():
+        out = mutant.run(trace_dir)
         failing = _failing(out["trace"])
         assert set(out["expect"]) <= failing, (name, failing)
         assert "P-overlap-process-prev" in failing
     # the mutation lasts only for its run: SGLang's loop is its own again
-    loop = cp.sglang().prefill.SchedulerDisaggregationPrefillMixin.__dict__["event_loop_overlap_disagg_prefill"]
+    loop = prefill_scheduler.sglang().prefill.SchedulerDisaggregationPrefillMixin.__dict__["event_loop_overlap_disagg_prefill"]
     assert not hasattr(mutate.inspect.unwrap(loop), "__pdo_mutant_of__")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_hooks_change_no_call_sglang_makes(runs, name):
-    w, _ = cp.SCENARIOS[name]
-    plain = cp.run_workload(w, None)
+    w, _ = prefill_scenarios.SCENARIOS[name]
+    plain = prefill_run.run_workload(w, None)
     assert plain["calls"] == runs[name]["calls"]
     assert plain["outputs"] == runs[name]["outputs"]
 
@@ -103,10 +102,10 @@ def test_hooks_change_no_call_sglang_makes(runs, name):
 @pytest.mark.parametrize("name,seed", [("prefill-chunked/normal", 3), ("prefill-polling/overlap", 1), ("prefill-polling/overlap", 2),
                                        ("prefill-coarse-barrier/overlap", 3)])
 def test_fuzzed_schedules_fail_the_same_rules(trace_dir, name, seed):
-    run = dict(cp.scenarios())[name]
+    run = dict(prefill_scenarios.scenarios())[name]
     out = run(os.path.join(trace_dir, f"seed{seed}"), fuzz_schedule=seed)
-    assert _failing(out["trace"]) == set(cp.DIVERGENCES.get(name, {}))
-    assert cp.run_workload(cp.SCENARIOS[name][0], None, seed)["calls"] == out["calls"]
+    assert _failing(out["trace"]) == set(prefill_scenarios.DIVERGENCES.get(name, {}))
+    assert prefill_run.run_workload(prefill_scenarios.SCENARIOS[name][0], None, seed)["calls"] == out["calls"]
 
 
 def test_real_functions_the_hooks_saw(runs):
@@ -153,7 +152,7 @@ def test_sends_cover_each_prompt_once_in_order(runs, name):
     # what SGLang hands the sender: consecutive ranges from token 0 to the prompt's end, each of
     # ceil(tokens / page_size) pages
     evs = _events(runs[name]["trace"])
-    for a in cp.SCENARIOS[name][0].arrivals:
+    for a in prefill_scenarios.SCENARIOS[name][0].arrivals:
         sends = [e for e in evs if e["ev"] in ("kv_send", "prefix_send") and e["rid"] == a.rid]
         assert [e["start"] for e in sends] == [sum(e["tokens"] for e in sends[:i]) for i in range(len(sends))]
         assert sum(e["tokens"] for e in sends) == a.length

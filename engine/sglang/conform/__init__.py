@@ -1,0 +1,73 @@
+"""`pdo conform sglang`: run SGLang's real scheduler code on CPU with the adapter on, and check
+every trace.
+
+    decode_scenarios   SGLang's real decode loops and prealloc queue, scripted (SCRIPTS)
+    prefill_fakes      the stand-ins for what the prefill scheduler does on a GPU or the network
+    prefill_scheduler  SGLang's real prefill Scheduler, built on those fakes
+    prefill_run        one prefill workload through SGLang's real prefill loop
+    prefill_scenarios  the prefill workloads (SCENARIOS) and the rules they are known to fail
+    mutants            real-code mutations of SGLang's methods (DECODE_MUTANTS, PREFILL_MUTANTS)
+    driver             runs the scenarios and judges each trace (the outcomes, FINDINGS)
+    command            the command: which scenarios run, and what it prints
+
+This module is the sub-command's entry (engine/cli.py registers it): the parser, and the version
+check that comes before anything imports SGLang or torch.
+
+Exit codes: 0 every scenario met its expectation, 1 otherwise, 2 SGLang missing or of another
+version.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .. import SGLangUnavailable, check_version
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "conform", help="check SGLang's own scheduler code against the rules (docs/sglang.md)"
+    )
+    p.add_argument("target", choices=["sglang"], help="the system to check")
+    p.add_argument(
+        "--trace-dir", default=None, help="keep the traces here (default: a temporary folder)"
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        default=None,
+        help="run only this scenario (repeatable; a prefix such as 'decode-' selects several)",
+    )
+    p.add_argument("--mutant", default=None, help="apply this real-code mutation (see --list)")
+    p.add_argument(
+        "--fuzz",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run each scenario under N controlled schedules (decode: thread interleavings of "
+        "the scheduler and the prefetch pool; prefill: when transfers and copies complete)",
+    )
+    p.add_argument(
+        "--fuzz-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="run each scenario under schedule S only (what a failing --fuzz run prints to replay)",
+    )
+    p.add_argument(
+        "--list", action="store_true", help="list the scenarios and the mutants, then exit"
+    )
+    p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    p.set_defaults(fn=cmd_conform)
+
+
+def cmd_conform(a) -> int:
+    try:
+        check_version()
+    except SGLangUnavailable as exc:
+        print(f"pdo conform: {exc}", file=sys.stderr)
+        return 2
+    # lazy: the scenarios import torch and build on SGLang; every other `pdo` command starts without
+    from . import command
+
+    return command.run(a)

@@ -1,0 +1,156 @@
+"""The prefill conformance scenarios: SGLang 0.5.23's PD prefill loops on CPU
+(prefill_scheduler.py), one workload each, traced by the adapter's hooks.
+
+    scenarios()    [(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", ...})]
+
+`fuzz_schedule` (an int seed, or None for the fixed schedule) decides what the fakes decide in a
+real run: after how many polls a request's bootstrap handshake and its KV transfer complete, and
+after how many queries a result's device-to-host copy is done. The loops run on one thread, so those
+are the only choices a schedule has.
+
+    DIVERGENCES    per scenario, the rules its trace fails, each with why (SGLang 0.5.23 against the
+                   spec, not a hazard in SGLang)
+"""
+
+from __future__ import annotations
+
+import os
+
+from spec.registry import Registry
+
+from .prefill_fakes import Arrival
+from .prefill_run import run_workload
+from .prefill_scheduler import Workload
+
+
+def _chunked_mix() -> list[Arrival]:
+    """A request of 2.5 chunks, one that becomes the chunked request in the batch finishing the
+    first, a short one arriving later, and a late one after the first ones left (several batches,
+    two chunked requests, every batch shape: a lone middle chunk, a last chunk with a new chunked
+    one)."""
+    return [Arrival("r0", 40, 0), Arrival("r1", 10, 0), Arrival("r2", 7, 2), Arrival("r3", 21, 9)]
+
+
+def _polling_mix() -> list[Arrival]:
+    """As _chunked_mix, with r3 arriving while the loop waits on the last batch's copy (with the
+    fixed schedule): it is admitted and forwarded before that batch's result is processed."""
+    return [Arrival("r0", 40, 0), Arrival("r1", 10, 0), Arrival("r2", 7, 2), Arrival("r3", 21, 7)]
+
+
+def _shared_prefix() -> list[Arrival]:
+    """r1 arrives after r0 finished and shares r0's first 24 tokens: its prefix is matched in the
+    radix cache, and SGLang's early send of the cached prefix has pages to send."""
+    return [
+        Arrival("r0", 30, 0),
+        Arrival("r1", 34, 14, prefix_of="r0", shared=24),
+        Arrival("r2", 9, 15),
+    ]
+
+
+# name -> (the workload, what the scenario shows)
+SCENARIOS: Registry[tuple[Workload, str]] = Registry("prefill scenario")
+
+
+def _add(name: str, workload: Workload, what: str) -> None:
+    SCENARIOS.register(name)((workload, what))
+
+
+_add(
+    "prefill-chunked/normal",
+    Workload("normal", _chunked_mix()),
+    "the normal loop: run_batch then process_batch_result; middle chunks are sent at the next "
+    "admission",
+)
+_add(
+    "prefill-prefix-send/normal",
+    Workload("normal", _shared_prefix()),
+    "the normal loop with a radix hit: run_batch sends the cached prefix early",
+)
+_add(
+    "prefill-chunked/overlap",
+    Workload("overlap", _chunked_mix()),
+    "the overlap loop as configured by default but for deferred sampling: fine WAR barrier, the "
+    "early cached-prefix send on, which sends a continuing chunked request's previous chunk from "
+    "run_batch",
+)
+_add(
+    "prefill-no-early-send/overlap",
+    Workload("overlap", _chunked_mix(), early_send_prefix=False),
+    "the overlap loop with SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX off: every chunk is sent "
+    "by its own batch's result processing",
+)
+_add(
+    "prefill-coarse-barrier/overlap",
+    Workload("overlap", _chunked_mix(), fine_barrier=False),
+    "the overlap loop with the coarse WAR barrier, deferred past result processing",
+)
+_add(
+    "prefill-polling/overlap",
+    Workload("overlap", _polling_mix(), continuous_polling=True, fine_barrier=False),
+    "the overlap loop with continuous input polling: a request admitted and forwarded while the "
+    "oldest result's copy is pending, the coarse barrier applied while waiting",
+)
+_add(
+    "prefill-inline-sample/overlap",
+    Workload("overlap", _chunked_mix(), delay_sample=False),
+    "the overlap loop as configured by default: tokens sampled inside the forward",
+)
+# Not run: a radix hit under the overlap loop. The early cached-prefix send then records a
+# torch.cuda.Event on the forward stream (maybe_send_cached_prefix_chunk), which a CPU build of
+# torch cannot make; the overlap workloads' prompts share no prefix, so the send returns before it.
+
+
+_NORMAL_SEND = (
+    "event_loop_normal_disagg_prefill sends a middle chunk's KV in process_prefill_chunk, called "
+    "by get_next_disagg_prefill_batch_to_run at the top of the next iteration (`In "
+    "non-overlap-mode, KV is sent in process_prefill_chunk`), after P(N) ended and before A(N+1) "
+    "is formed; only the last chunk is sent inside process_batch_result_disagg_prefill. Not a "
+    "hazard: P(N) already waited for forward N (next_token_ids.tolist() synchronizes the stream it "
+    "ran on), so the chunk's KV is complete when it is sent. The rule places every send inside "
+    "result processing; for the normal loop it would need to allow [process_begin(N), admit(N+1)]."
+)
+_EARLY_SEND = (
+    "under the overlap loop run_batch(N+1) sends, as SGLang's early send of the cached prefix "
+    "(maybe_send_cached_prefix_chunk, SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX, on by "
+    "default), the KV a continuing chunked request computed in batch N: its prefix_len already "
+    "covers chunk N while start_send_idx does not, since P(N) runs after F(N+1). P(N) then finds "
+    "nothing left to send (start_send_idx == tmp_end_idx, zero pages, should_send_kv_chunk says "
+    "no), so batch N's span has no kv_send for it (the trace has prefix_send(batch=N+1, "
+    "start=<chunk N's start>)). The send is issued before forward N is known to be complete; "
+    "SGLang records a CUDA event on the forward stream and hands it to the sender "
+    "(_early_send_wait_event), which the Mooncake and Mori transfer workers synchronize on before "
+    "reading the KV. NIXL's add_transfer_request takes that wait_event and drops it (nixl/conn.py, "
+    "add_transfer_request: TransferKVChunk has no wait_event), so on NIXL the read can race "
+    "forward N's writes: a real hazard there unless something else orders it (with the coarse "
+    "barrier the schedule stream has waited for forward N, and kv_to_page_indices' device-to-host "
+    "copy on that stream syncs the host behind it; with the fine barrier it has not). With "
+    "Mooncake / Mori the rule is too strict: a chunk's KV may be handed over before its batch's "
+    "processing when the transfer waits on the forward's completion event."
+)
+# The rules a scenario's trace breaks where SGLang 0.5.23 is safe by means the rules cannot see
+# (docs/sglang.md, "Open divergences"): none. The rules allow for how SGLang's loops work: the
+# normal loop applies no WAR barrier (P-complete-barrier names only the overlap modes); the overlap
+# loop samples inside the forward unless SGLANG_ENABLE_DELAY_SAMPLE or a grammar defers it
+# (P-complete-sample is not applied to sampling = "inline"); and a middle chunk's KV is sent at the
+# next admission (normal, _NORMAL_SEND) or from run_batch(N+1) with a device wait (overlap,
+# _EARLY_SEND), which P-chunk-sent judges by token ranges.
+DIVERGENCES: dict[str, dict[str, str]] = {}
+
+
+def _scenario(name: str):
+    workload, what = SCENARIOS[name]
+
+    def run(trace_dir: str, fuzz_schedule=None) -> dict:
+        path = os.path.join(trace_dir, f"sglang-{name.replace('/', '_')}.jsonl")
+        out = run_workload(workload, path, fuzz_schedule)
+        out["name"] = name
+        return out
+
+    run.__name__ = "scenario_" + name.replace("-", "_").replace("/", "_")
+    run.__doc__ = what
+    return run
+
+
+def scenarios() -> list:
+    """[(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", ...})]"""
+    return [(name, _scenario(name)) for name in SCENARIOS]
