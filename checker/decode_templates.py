@@ -1,18 +1,19 @@
-"""Templates for the decode rule kinds of spec/decode_rules.toml, and the cross-process check.
+"""Templates for the decode rule kinds of spec/decode_rules.toml.
 
-Same interface as checker/linear.py's templates (`events`, `on(e)`, `finish()`, `fail()`); linear.py
-merges TEMPLATES into its own. Most rules here follow one piece of state through the decode trace:
-the outstanding prefetched query per bootstrap address (submitted, then consumed by a resolve or
-cancelled), the rooms pending per address, the rank each room was resolved to.
+Same interface as the other templates (checker/streaming.py: `events`, `on(e)`, `finish()`,
+`fail()`), registered into the same TEMPLATES. Most rules here follow one piece of state through the
+decode trace: the outstanding prefetched query per bootstrap address (submitted, then consumed by a
+resolve or cancelled), the rooms pending per address, the rank each room was resolved to.
 
-`check_cross` checks a decode trace against the prefill traces of its DP ranks (header `dp_rank`):
-what a receiver was told by the bootstrap server against what the prefill ranks actually did.
+The cross-process check (`check_cross`, `cross_pairs`, CROSS_TEMPLATES) lives in
+checker/cross_templates.py; it is re-exported here, where checker.z3check and the tests import it.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from .linear import Template
+from .cross_templates import CROSS_TEMPLATES, check_cross, cross_pairs  # noqa: F401 (re-exported)
+from .streaming import TEMPLATES, Template
 
 SCHED = "scheduler"
 
@@ -63,6 +64,7 @@ class Outstanding:
         return None
 
 
+@TEMPLATES.register("prefetch_top")
 class PrefetchTop(DecodeTemplate):
     events = ("*",)
 
@@ -87,20 +89,22 @@ class PrefetchTop(DecodeTemplate):
             self.iter = None
             self.checks += 1
             if ev != "prefetch_begin" or e.get("iter") != it:
-                self.fail(f"iteration {it}: first step was {ev}, not prefetch_begin({it})", s, e["seq"])
+                self.fail(f"iteration {it}: first step was {ev}, not "
+                          f"prefetch_begin({it})", s, e["seq"])
                 if ev != "prefetch_begin":
                     return
             self.open = (e.get("iter"), e["seq"])
             return
         if ev == "iter_begin":
             if self.open is not None:
-                self.fail(f"iteration {e['iter']} began inside prefetch call of iteration {self.open[0]}",
-                          self.open[1], e["seq"])
+                self.fail(f"iteration {e['iter']} began inside prefetch call of iteration "
+                          f"{self.open[0]}", self.open[1], e["seq"])
                 self.open = None
             self.iter = (e["iter"], e["seq"])
         elif ev == "prefetch_begin":
             self.checks += 1
-            self.fail(f"prefetch_begin({e.get('iter')}) is not the first step of its iteration (a second call?)", e["seq"])
+            self.fail(f"prefetch_begin({e.get('iter')}) is not the first step of its iteration (a "
+                      "second call?)", e["seq"])
         elif ev == "prefetch_end":
             self.open = None
 
@@ -110,6 +114,7 @@ class PrefetchTop(DecodeTemplate):
             self.fail(f"iteration {self.iter[0]} never called the prefetch", self.iter[1])
 
 
+@TEMPLATES.register("one_inflight")
 class OneInflight(DecodeTemplate):
     events = ("prefetch_submit", "prefetch_cancel", "resolve")
 
@@ -122,10 +127,11 @@ class OneInflight(DecodeTemplate):
         if e["ev"] == "prefetch_submit":
             self.checks += 1
             if prev is not None:
-                self.fail(f"query {e['qid']} submitted for {e['addr']} while query {prev[0]} for it is still "
-                          f"outstanding", prev[2], e["seq"])
+                self.fail(f"query {e['qid']} submitted for {e['addr']} while query {prev[0]} for "
+                          f"it is still outstanding", prev[2], e["seq"])
 
 
+@TEMPLATES.register("published_first")
 class PublishedFirst(DecodeTemplate):
     events = ("prefill_info", "query_begin", "prefetch_submit")
 
@@ -140,10 +146,11 @@ class PublishedFirst(DecodeTemplate):
             return
         self.checks += 1
         if e["addr"] not in self.published:
-            self.fail(f"{e['ev']} (query {e.get('qid')}) to {e['addr']} before its prefill parallel info was "
-                      f"seen published", e["seq"])
+            self.fail(f"{e['ev']} (query {e.get('qid')}) to {e['addr']} before its prefill "
+                      f"parallel info was seen published", e["seq"])
 
 
+@TEMPLATES.register("unknown_rooms")
 class UnknownRooms(DecodeTemplate):
     events = ("resolve", "query_begin", "prefetch_cancel")
 
@@ -163,10 +170,11 @@ class UnknownRooms(DecodeTemplate):
             self.checks += 1
             again = [r for r in _rooms(e) if r in self.known]
             if again:
-                self.fail(f"query {e['qid']} to {e['addr']} asks for room(s) {again} whose rank is known",
-                          self.known[again[0]], e["seq"])
+                self.fail(f"query {e['qid']} to {e['addr']} asks for room(s) {again} whose rank is "
+                          "known", self.known[again[0]], e["seq"])
 
 
+@TEMPLATES.register("prefetch_match")
 class PrefetchMatch(DecodeTemplate):
     events = ("prefetch_submit", "prefetch_cancel", "query_begin", "resolve")
 
@@ -193,25 +201,28 @@ class PrefetchMatch(DecodeTemplate):
         if src in ("prefetched", "prefix"):
             sub = self.submitted.get(qid)
             if sub is None or sub[0] != addr:
-                self.fail(f"resolve for {addr} uses query {qid}, never submitted for that address", seq)
+                self.fail(f"resolve for {addr} uses query {qid}, never submitted for that "
+                          "address", seq)
             elif qid in self.out.cancelled:
                 self.fail(f"resolve uses query {qid}, which was cancelled", sub[2], seq)
             elif src == "prefetched" and sub[1] != rooms:
-                self.fail(f"prefetched answer for rooms {list(sub[1])} used for rooms {list(rooms)}", sub[2], seq)
+                self.fail(f"prefetched answer for rooms {list(sub[1])} used for rooms "
+                          f"{list(rooms)}", sub[2], seq)
             elif src == "prefix":
                 n = len(sub[1])
                 if not (0 < n < len(rooms) and rooms[:n] == sub[1]):
-                    self.fail(f"answer for rooms {list(sub[1])} used as a prefix of {list(rooms)}", sub[2], seq)
+                    self.fail(f"answer for rooms {list(sub[1])} used as a prefix of "
+                              f"{list(rooms)}", sub[2], seq)
                 elif e.get("error") is None and [rooms[n:]] != syncs:
-                    self.fail(f"prefix resolve of {list(rooms)}: tail {list(rooms[n:])} expected as one sync "
-                              f"query, got {[list(s) for s in syncs]}", sub[2], seq)
+                    self.fail(f"prefix resolve of {list(rooms)}: tail {list(rooms[n:])} expected "
+                              f"as one sync query, got {[list(s) for s in syncs]}", sub[2], seq)
         elif src == "sync":
             if outstanding is not None:
-                self.fail(f"sync resolve for {addr} while prefetched query {outstanding[0]} was neither used nor "
-                          f"cancelled", outstanding[2], seq)
+                self.fail(f"sync resolve for {addr} while prefetched query {outstanding[0]} was "
+                          f"neither used nor cancelled", outstanding[2], seq)
             if syncs != [rooms]:
-                self.fail(f"sync resolve of {list(rooms)}: expected one sync query for exactly these rooms, "
-                          f"got {[list(s) for s in syncs]}", seq)
+                self.fail(f"sync resolve of {list(rooms)}: expected one sync query for exactly "
+                          f"these rooms, got {[list(s) for s in syncs]}", seq)
         else:
             self.fail(f"resolve with unknown source {src!r}", seq)
 
@@ -232,8 +243,10 @@ class Pending:
             self.by_addr[self.addr_of[room]].discard(room)
 
 
+@TEMPLATES.register("no_stale")
 class NoStale(DecodeTemplate):
-    events = ("req_add", "receiver_init", "req_abort", "prefetch_submit", "prefetch_cancel", "resolve", "prefetch_end")
+    events = ("req_add", "receiver_init", "req_abort", "prefetch_submit", "prefetch_cancel",
+              "resolve", "prefetch_end")
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -245,24 +258,28 @@ class NoStale(DecodeTemplate):
             for addr, (qid, rooms, s) in self.out.by_addr.items():
                 self.checks += 1
                 if not self.pending.by_addr.get(addr):
-                    self.fail(f"after prefetch call {e['iter']}: query {qid} for {addr} (rooms {list(rooms)}) is "
-                              f"still outstanding, no request pending there", s, e["seq"])
+                    self.fail(f"after prefetch call {e['iter']}: query {qid} for {addr} (rooms "
+                              f"{list(rooms)}) is still outstanding, no request pending there",
+                              s, e["seq"])
             return
         self.pending.on(e)
         self.out.on(e)
 
 
 def _asks_while_released(e) -> bool:
-    """What D-release-cancels forbids between release_memory and resume_memory: a prefetch submitted,
-    a synchronous query, a parallel-info fetch, a receiver initialised. (A prefetch query the pool had
-    already started cannot be cancelled: its query_begin, source prefetch, may still come.)"""
+    """What D-release-cancels forbids between release_memory and resume_memory: a prefetch
+    submitted, a synchronous query, a parallel-info fetch, a receiver initialised. (A prefetch query
+    the pool had already started cannot be cancelled: its query_begin, source prefetch, may still
+    come.)"""
     ev = e["ev"]
-    return ev in ("prefetch_submit", "receiver_init", "prefill_info") or (ev == "query_begin" and e["source"] == "sync")
+    return ev in ("prefetch_submit", "receiver_init", "prefill_info") or (
+        ev == "query_begin" and e["source"] == "sync")
 
 
+@TEMPLATES.register("release")
 class Release(DecodeTemplate):
-    events = ("release_memory", "resume_memory", "prefetch_submit", "prefetch_cancel", "resolve", "receiver_init",
-              "query_begin", "prefill_info")
+    events = ("release_memory", "resume_memory", "prefetch_submit", "prefetch_cancel", "resolve",
+              "receiver_init", "query_begin", "prefill_info")
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -273,19 +290,22 @@ class Release(DecodeTemplate):
         ev = e["ev"]
         if ev == "release_memory":
             self.checks += 1
-            for addr, (qid, rooms, s) in self.out.by_addr.items():
-                self.fail(f"query {qid} for {addr} still outstanding at release_memory", s, e["seq"])
+            for addr, (qid, _, s) in self.out.by_addr.items():
+                self.fail(f"query {qid} for {addr} still outstanding at "
+                          "release_memory", s, e["seq"])
             self.released = e["seq"]
         elif ev == "resume_memory":
             self.released = None
         elif self.released is not None and _asks_while_released(e):
             self.checks += 1
-            what = {"receiver_init": lambda: f"room {e['room']}", "prefill_info": lambda: e["addr"]}.get(
-                ev, lambda: f"query {e['qid']}")()
-            self.fail(f"{ev} ({what}) after release_memory, before resume_memory", self.released, e["seq"])
+            what = {"receiver_init": lambda: f"room {e['room']}",
+                    "prefill_info": lambda: e["addr"]}.get(ev, lambda: f"query {e['qid']}")()
+            self.fail(f"{ev} ({what}) after release_memory, before "
+                      "resume_memory", self.released, e["seq"])
         self.out.on(e)
 
 
+@TEMPLATES.register("init_once")
 class InitOnce(DecodeTemplate):
     events = ("prefill_info", "req_add", "resolve", "receiver_init", "req_done")
 
@@ -293,12 +313,14 @@ class InitOnce(DecodeTemplate):
         super().__init__(rule, ctx)
         self.rank: dict = {}     # room -> (rank, seq)
         self.inits: dict = {}    # room -> seq
-        self.local: dict = {}    # addr -> (dp_size, follow_bootstrap_room, seq) from its parallel info
+        # addr -> (dp_size, follow_bootstrap_room, seq) from its parallel info
+        self.local: dict = {}
         self.addr_of: dict = {}  # room -> addr
 
     def _local_rank(self, room):
-        """The rank the parallel info alone decides (as SGLang's _resolve_prefill_dp_rank): 0 with one
-        DP rank, room mod dp_size when the prefill follows the room; None when a query must say."""
+        """The rank the parallel info alone decides (as SGLang's _resolve_prefill_dp_rank): 0 with
+        one DP rank, room mod dp_size when the prefill follows the room; None when a query must
+        say."""
         dp, follow, seq = self.local.get(self.addr_of.get(room), (None, False, None))
         if dp == 1:
             return 0, seq
@@ -316,7 +338,8 @@ class InitOnce(DecodeTemplate):
         elif ev == "resolve":
             for room, rank in _answered(e).items():
                 if room in self.rank and self.rank[room][0] != rank:
-                    self.fail(f"room {room} resolved to rank {rank}, earlier to {self.rank[room][0]}", self.rank[room][1], seq)
+                    self.fail(f"room {room} resolved to rank {rank}, earlier to "
+                              f"{self.rank[room][0]}", self.rank[room][1], seq)
                 self.rank.setdefault(room, (rank, seq))
         elif ev == "receiver_init":
             self.checks += 1
@@ -327,19 +350,21 @@ class InitOnce(DecodeTemplate):
             if room not in self.rank:
                 local, info_seq = self._local_rank(room)
                 if local is None:
-                    self.fail(f"room {room} initialised (rank {e['rank']}) before any resolve answered its rank", seq)
+                    self.fail(f"room {room} initialised (rank {e['rank']}) before any resolve "
+                              "answered its rank", seq)
                 elif local != e["rank"]:
-                    self.fail(f"room {room} initialised with rank {e['rank']}, but the parallel info decides "
-                              f"rank {local}", info_seq, seq)
+                    self.fail(f"room {room} initialised with rank {e['rank']}, but the parallel "
+                              f"info decides rank {local}", info_seq, seq)
             elif self.rank[room][0] != e["rank"]:
-                self.fail(f"room {room} initialised with rank {e['rank']}, the bootstrap server said "
-                          f"{self.rank[room][0]}", self.rank[room][1], seq)
+                self.fail(f"room {room} initialised with rank {e['rank']}, the bootstrap server "
+                          f"said {self.rank[room][0]}", self.rank[room][1], seq)
         else:
             self.checks += 1
             if e["room"] not in self.inits:
                 self.fail(f"{e['rid']} (room {e['room']}) finished without a receiver", seq)
 
 
+@TEMPLATES.register("init_fifo")
 class InitFifo(DecodeTemplate):
     events = ("req_add", "resolve", "receiver_init", "req_abort")
 
@@ -364,11 +389,13 @@ class InitFifo(DecodeTemplate):
                 if older == room:
                     break
                 if older in self.known and older not in self.gone:
-                    self.fail(f"room {room} initialised before older room {older}, whose rank was known", e["seq"])
+                    self.fail(f"room {room} initialised before older room {older}, whose rank was "
+                              "known", e["seq"])
                     break
             self.gone.add(room)
 
 
+@TEMPLATES.register("kv_recv")
 class KvRecv(DecodeTemplate):
     events = ("receiver_init", "kv_recv")
 
@@ -383,12 +410,14 @@ class KvRecv(DecodeTemplate):
         self.checks += 1
         init = self.rank.get(e["room"])
         if init is None:
-            self.fail(f"KV for room {e['room']} written before its receiver was initialised", e["seq"])
+            self.fail(f"KV for room {e['room']} written before its receiver was "
+                      "initialised", e["seq"])
         elif init[0] != e["rank"]:
-            self.fail(f"KV for room {e['room']} from rank {e['rank']}, receiver initialised for rank {init[0]}",
-                      init[1], e["seq"])
+            self.fail(f"KV for room {e['room']} from rank {e['rank']}, receiver initialised for "
+                      f"rank {init[0]}", init[1], e["seq"])
 
 
+@TEMPLATES.register("req_end")
 class ReqEnd(DecodeTemplate):
     events = ("req_add", "kv_done", "req_done", "req_abort")
 
@@ -419,150 +448,3 @@ class ReqEnd(DecodeTemplate):
             self.checks += 1
             if rid not in self.ended:
                 self.fail(f"{rid} never finished nor aborted (a hang)", seq)
-
-
-TEMPLATES = {"prefetch_top": PrefetchTop, "one_inflight": OneInflight, "published_first": PublishedFirst,
-             "unknown_rooms": UnknownRooms, "prefetch_match": PrefetchMatch, "no_stale": NoStale, "release": Release,
-             "init_once": InitOnce, "init_fifo": InitFifo, "kv_recv": KvRecv, "req_end": ReqEnd}
-
-
-# ---- cross-process ----------------------------------------------------------------------------------
-
-class PrefillFacts:
-    """What the prefill traces say: which DP rank admitted each rid, and the KV it sent."""
-
-    def __init__(self):
-        self.ranks_of: dict = defaultdict(set)
-        self.sent: dict = defaultdict(lambda: [0, 0])  # (rank, rid) -> [tokens, pages]
-        self.ranks_seen: set = set()
-        self.dp_size = None
-
-    def add(self, path: str, header: dict) -> None:
-        from .trace_io import iter_events
-
-        rank = header["dp_rank"]
-        self.ranks_seen.add(rank)
-        self.dp_size = header.get("dp_size", self.dp_size)
-        for _, e in iter_events(path):
-            if e["ev"] == "admit":
-                for rid in e["rids"]:
-                    self.ranks_of[rid].add(rank)
-            elif e["ev"] in ("kv_send", "prefix_send") and "pages" in e:
-                s = self.sent[(rank, e["rid"])]
-                s[0] += e.get("tokens", 0)
-                s[1] += e["pages"]
-
-    @property
-    def complete(self) -> bool:
-        return self.dp_size is not None and self.ranks_seen >= set(range(self.dp_size))
-
-
-class CrossRank(DecodeTemplate):
-    events = ("prefill_info", "req_add", "receiver_init")
-
-    def __init__(self, rule, ctx):
-        super().__init__(rule, ctx)
-        self.local: set = set()   # addresses whose parallel info alone decides a room's rank
-        self.addr_of: dict = {}   # room -> addr
-
-    def on(self, e):
-        if e["ev"] == "prefill_info":
-            dp = e.get("dp_size")
-            if e.get("published") and isinstance(dp, int) and (dp == 1 or e.get("follow_bootstrap_room")):
-                self.local.add(e["addr"])
-            return
-        if e["ev"] == "req_add":
-            self.addr_of[e["room"]] = e["addr"]
-            return
-        facts = self.ctx.facts
-        ranks = facts.ranks_of.get(e["rid"])
-        if not ranks:
-            # A rank the parallel info decided (as SGLang does) was not a route the bootstrap server
-            # answered: a room no prefill serves then fails its transfer and must abort (D-request-ends).
-            if facts.complete and self.addr_of.get(e["room"]) not in self.local:
-                self.checks += 1
-                self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, but no prefill trace "
-                          f"admitted it", e["seq"])
-            return
-        self.checks += 1
-        if e["rank"] not in ranks or len(ranks) > 1:
-            self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, served by prefill rank(s) "
-                      f"{sorted(ranks)}", e["seq"])
-
-
-class CrossPages(DecodeTemplate):
-    events = ("receiver_init", "kv_recv", "req_done")
-
-    def __init__(self, rule, ctx):
-        super().__init__(rule, ctx)
-        self.init: dict = {}                              # room -> (rid, rank)
-        self.got: dict = defaultdict(lambda: [0, 0])      # room -> [tokens, pages]
-
-    def on(self, e):
-        ev, room = e["ev"], e["room"]
-        if ev == "receiver_init":
-            self.init[room] = (e["rid"], e["rank"])
-        elif ev == "kv_recv":
-            self.got[room][0] += e["tokens"]
-            self.got[room][1] += e["pages"]
-        elif room in self.init:
-            rid, rank = self.init[room]
-            if rank not in self.ctx.facts.ranks_seen:
-                return
-            self.checks += 1
-            sent = self.ctx.facts.sent.get((rank, rid), [0, 0])
-            if list(self.got[room]) != list(sent):
-                self.fail(f"{rid} (room {room}): decode received {self.got[room][0]} tokens in {self.got[room][1]} "
-                          f"pages, prefill rank {rank} sent {sent[0]} tokens in {sent[1]} pages", e["seq"])
-
-
-CROSS_TEMPLATES = {"cross_rank": CrossRank, "cross_pages": CrossPages}
-
-
-def cross_pairs(paths: list) -> tuple[dict, list, list]:
-    """The headers of `paths`, the prefill traces among them that name their DP rank, and the decode
-    traces: what the cross-process rules check together (here and in checker.z3check)."""
-    from .trace_io import read_header
-
-    headers = {}
-    for p in paths:
-        with open(p, "rb") as f:
-            headers[p] = read_header(p, f)
-    prefills = [p for p in paths if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
-    decodes = [p for p in paths if headers[p]["role"] == "decode"]
-    return headers, prefills, decodes
-
-
-def check_cross(paths: list, rules: list) -> list:
-    """One Result per decode trace among `paths`, checked against every prefill trace among them that
-    names its DP rank; nothing when there is no such pair."""
-    from .linear import Ctx, Result
-    from .trace_io import iter_events
-
-    headers, prefills, decodes = cross_pairs(paths)
-    if not prefills or not decodes:
-        return []
-    facts = PrefillFacts()
-    for p in prefills:
-        facts.add(p, headers[p])
-    results = []
-    for d in decodes:
-        header = {**headers[d], "role": "cross", "prefill_traces": prefills}
-        ctx = Ctx(header, headers[d].get("page_size", 1))
-        ctx.facts = facts
-        mode = headers[d].get("mode")
-        mine = [r for r in rules if r.role == "cross" and r.applies(mode)]
-        missing = sorted({r.kind for r in mine} - set(CROSS_TEMPLATES))
-        if missing:   # a rule this checker cannot check must not pass silently
-            raise ValueError(f"no cross-process template for rule kind(s) {', '.join(missing)}")
-        active = [CROSS_TEMPLATES[r.kind](r, ctx) for r in mine]
-        n = 0
-        for _, e in iter_events(d):
-            n += 1
-            for t in active:
-                if e["ev"] in t.events:
-                    t.on(e)
-        for t in active:
-            t.finish()
-        results.append(Result(d, header, n, [(t.rule, t.checks) for t in active], [v for t in active for v in t.violations]))
-    return results

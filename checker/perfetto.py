@@ -10,7 +10,7 @@ static plot (checker/plot.py) and the benchmark (engine/bench.py):
   admit N     from the thread's previous event that is not a release to admit(N): the loop top
               (retire AS writes, ingest) and admission itself (prefix match, slot and page
               allocation, building the batch); it also holds what ran between that previous event
-              and the loop top — the KV inflight queue (releasing finished requests: the seed's
+              and the loop top — the KV inflight queue (releasing finished requests: the design's
               steady state puts it with result processing, beside the forward), in overlap/thread
               mode the sample launch — and any idle wait
   collect N   from the thread's previous event to collect(N): waiting for the worker's result
@@ -36,7 +36,8 @@ from .trace_io import iter_events
 SPAN_KINDS = ("admit", "fwd", "collect", "sample", "process")
 POINT_SLICES = ("submit", "batch_copy", "collect")   # zero-length slices that flow arrows bind to
 _ADMISSION = ("alloc", "admit")
-_NOT_A_STEP = ("release",)   # instants inside a step (the inflight queue's releases): they end no span
+# instants inside a step (the inflight queue's releases): they end no span
+_NOT_A_STEP = ("release",)
 
 
 @dataclass
@@ -62,7 +63,8 @@ class Timeline:
         self.on_span = on_span or (lambda s: None)
         self.on_event = on_event or (lambda e: None)
         self.prev: dict[str, dict] = {}          # thread -> its previous event
-        self.step: dict[str, int] = {}           # thread -> time of its previous event that ends a step
+        # thread -> time of its previous event that ends a step
+        self.step: dict[str, int] = {}
         self.adm_start: dict[str, int] = {}      # thread -> start of the admission being built
         self.open: dict[tuple, dict] = {}        # (thread, name, batch) -> begin event
         self.sample: dict[str, dict] = {}        # thread -> sample event whose span is open
@@ -93,7 +95,8 @@ class Timeline:
                 self.on_span(Span(th, "admit", e["batch"], self.adm_start.pop(th), t,
                                   {"requests": len(e.get("rids", ()))}))
         elif prefill and ev == "collect":
-            self.on_span(Span(th, "collect", e["batch"], prev["t_ns"] if prev is not None else t, t))
+            start = prev["t_ns"] if prev is not None else t
+            self.on_span(Span(th, "collect", e["batch"], start, t))
         elif prefill and ev == "sample":
             self.sample[th] = e
         elif ev.endswith("_begin"):
@@ -165,10 +168,8 @@ class _Writer:
         self.first = False
 
 
-def export(path: str, out: str, *, violations=None) -> dict:
-    """Write `path` as Chrome trace-event JSON to `out`. `violations`: [(rule_id, statement, message,
-    seqs)] to highlight. Two streaming passes over the trace (the first finds t0 and the threads);
-    returns counts of what was written."""
+def _scan(path: str) -> tuple[dict, int, list[str]]:
+    """The first pass: the header, the first event's time and the threads in order of appearance."""
     header: dict = {}
     t0, threads = None, []
     for _, e in iter_events(path, header_out=header):
@@ -176,95 +177,134 @@ def export(path: str, out: str, *, violations=None) -> dict:
             t0 = e["t_ns"]
         if e["thread"] not in threads:
             threads.append(e["thread"])
-    t0 = t0 or 0
+    return header, t0 or 0, threads
+
+
+def _flow_flags(pos: int, n: int) -> dict:
+    """Flow ends of the `pos`-th of the `n` markers of one violation: out from the first, in to
+    the last, both between."""
+    if pos == 0:
+        return {"flow_out": True}
+    if pos == n - 1:
+        return {"flow_in": True}
+    return {"flow_in": True, "flow_out": True}
+
+
+class _Exporter:
+    """Writes one trace as trace-event objects: the track metadata, a slice per span, an instant
+    (or a zero-length slice that flow arrows bind to) per event, and the violations: a marker on
+    every event a violation names and a span per violation on the "pdo check" track."""
+
+    def __init__(self, w: _Writer, role: str, tids: dict, violations: list, counts: dict):
+        self.w, self.role, self.tids, self.vlist, self.counts = w, role, tids, violations, counts
+        self.check_tid = len(tids) + 1
+        self.marked: dict[int, list[tuple[int, int]]] = {}   # seq -> [(violation index, position)]
+        for i, (_, _, _, seqs) in enumerate(violations):
+            for pos, s in enumerate(sorted(set(seqs))):
+                self.marked.setdefault(s, []).append((i, pos))
+        # violation index -> [(t_ns, event name)] of its marked events
+        self.vseen: dict[int, list[tuple[int, str]]] = {i: [] for i in range(len(violations))}
+
+    def metadata(self, header: dict) -> None:
+        w = self.w
+        mode = f" mode={header['mode']}" if header.get("mode") else ""
+        w.write({"ph": "M", "pid": 1, "name": "process_name",
+                 "args": {"name": f"pdo {self.role}" + mode}})
+        tracks = list(self.tids.items()) + ([("pdo check", self.check_tid)] if self.vlist else [])
+        for name, tid in tracks:
+            w.write({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name",
+                     "args": {"name": name}})
+            w.write({"ph": "M", "pid": 1, "tid": tid, "name": "thread_sort_index",
+                     "args": {"sort_index": tid}})
+
+    def on_span(self, s: Span) -> None:
+        ts, te = self.w.us(s.t0), self.w.us(s.t1)
+        obj = {"ph": "X", "pid": 1, "tid": self.tids[s.thread], "ts": ts, "dur": te - ts,
+               "cat": s.kind, "name": f"{s.kind} {s.batch}" if s.batch is not None else s.kind,
+               "args": {"batch": s.batch, "dur_us": round(s.dur / 1000, 3), **s.args}}
+        if s.kind == "fwd" and s.batch is not None:
+            obj.update(bind_id=_flow_id(_FLOW_SUBMIT, s.batch), flow_in=True)
+            self.counts["flows"] += 1
+        self.w.write(obj)
+        self.counts["spans"] += 1
+
+    def on_event(self, e: dict) -> None:
+        ev, b = e["ev"], e.get("batch")
+        tid, ts = self.tids[e["thread"]], self.w.us(e["t_ns"])
+        args = {k: v for k, v in e.items() if k not in ("t_ns", "thread", "ev")}
+        name = f"{ev} {b}" if b is not None else (f"{ev} {e['rid']}" if "rid" in e else ev)
+        if self.role == "prefill" and ev in POINT_SLICES and b is not None:
+            obj = {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": 0, "cat": "step", "name": name,
+                   "args": args}
+            if ev == "submit":
+                obj.update(bind_id=_flow_id(_FLOW_SUBMIT, b), flow_out=True)
+            elif ev == "batch_copy":
+                obj.update(bind_id=_flow_id(_FLOW_COPY, b), flow_out=True)
+            else:
+                obj.update(bind_id=_flow_id(_FLOW_COPY, b), flow_in=True)
+            self.w.write(obj)
+        else:
+            if ev in ("kv_send", "prefix_send"):
+                cat = "kv"
+            else:
+                cat = "step" if self.role == "prefill" else self.role
+            self.w.write({"ph": "i", "s": "t", "pid": 1, "tid": tid, "ts": ts, "cat": cat,
+                          "name": name, "args": args})
+            self.counts["instants"] += 1
+        for i, pos in self.marked.get(e["seq"], ()):
+            self._mark(i, pos, tid, ts, name)
+            self.vseen[i].append((e["t_ns"], name))
+
+    def _mark(self, i: int, pos: int, tid: int, ts: int, name: str) -> None:
+        """The marker of violation i on one of its events, linked to its other markers by arrows."""
+        rule_id, _, message, seqs = self.vlist[i]
+        n = len(set(seqs))
+        mark = {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": 0, "cat": "violation",
+                "name": f"VIOLATION {rule_id}",
+                "args": {"rule": rule_id, "message": message, "event": name}}
+        if n > 1:
+            mark["bind_id"] = _flow_id(_FLOW_VIOLATION, i)
+            mark.update(_flow_flags(pos, n))
+        self.w.write(mark)
+
+    def violation_track(self) -> None:
+        """A span per violation on the "pdo check" track, from its first marked event to its
+        last."""
+        for i, (rule_id, statement, message, seqs) in enumerate(self.vlist):
+            seen = self.vseen[i]
+            if not seen:
+                continue
+            ts, te = self.w.us(min(t for t, _ in seen)), self.w.us(max(t for t, _ in seen))
+            self.w.write({"ph": "X", "pid": 1, "tid": self.check_tid, "ts": ts, "dur": te - ts,
+                          "cat": "violation", "name": rule_id,
+                          "args": {"statement": statement, "message": message, "seqs": list(seqs),
+                                   "events": [n for _, n in seen]}})
+            self.w.write({"ph": "i", "s": "g", "pid": 1, "tid": self.check_tid, "ts": ts,
+                          "cat": "violation", "name": f"VIOLATION {rule_id}: {message}"})
+
+
+def export(path: str, out: str, *, violations=None) -> dict:
+    """Write `path` as Chrome trace-event JSON to `out`. `violations`: [(rule_id, statement,
+    message, seqs)] to highlight. Two streaming passes over the trace (the first finds t0 and the
+    threads); returns counts of what was written."""
+    header, t0, threads = _scan(path)
     role = header.get("role", "prefill")
     tids = {name: i + 1 for i, name in enumerate(sorted(threads, key=_tid_sort))}
-    check_tid = len(tids) + 1
-    marked: dict[int, list[tuple[int, int]]] = {}       # seq -> [(violation index, position)]
     vlist = list(violations or [])
-    for i, (_, _, _, seqs) in enumerate(vlist):
-        for pos, s in enumerate(sorted(set(seqs))):
-            marked.setdefault(s, []).append((i, pos))
-    vseen: dict[int, list[tuple[int, str]]] = {i: [] for i in range(len(vlist))}
     counts = {"spans": 0, "instants": 0, "flows": 0, "violations": len(vlist), "threads": len(tids)}
-
     with open(out, "w") as f:
-        other = {k: header.get(k) for k in ("role", "mode", "model", "page_size", "seed", "host", "inject")
+        other = {k: header.get(k)
+                 for k in ("role", "mode", "model", "page_size", "seed", "host", "inject")
                  if k in header}
         f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps({"source": path, **other}) +
                 ',"traceEvents":[\n')
-        w = _Writer(f, t0)
-        w.write({"ph": "M", "pid": 1, "name": "process_name",
-                 "args": {"name": f"pdo {role}" + (f" mode={header['mode']}" if header.get("mode") else "")}})
-        for name, tid in tids.items():
-            w.write({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": name}})
-            w.write({"ph": "M", "pid": 1, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-        if vlist:
-            w.write({"ph": "M", "pid": 1, "tid": check_tid, "name": "thread_name", "args": {"name": "pdo check"}})
-            w.write({"ph": "M", "pid": 1, "tid": check_tid, "name": "thread_sort_index",
-                     "args": {"sort_index": check_tid}})
-
-        def on_span(s: Span):
-            ts, te = w.us(s.t0), w.us(s.t1)
-            obj = {"ph": "X", "pid": 1, "tid": tids[s.thread], "ts": ts, "dur": te - ts, "cat": s.kind,
-                   "name": f"{s.kind} {s.batch}" if s.batch is not None else s.kind,
-                   "args": {"batch": s.batch, "dur_us": round(s.dur / 1000, 3), **s.args}}
-            if s.kind == "fwd" and s.batch is not None:
-                obj.update(bind_id=_flow_id(_FLOW_SUBMIT, s.batch), flow_in=True)
-                counts["flows"] += 1
-            w.write(obj)
-            counts["spans"] += 1
-
-        def on_event(e: dict):
-            ev, b = e["ev"], e.get("batch")
-            tid, ts = tids[e["thread"]], w.us(e["t_ns"])
-            args = {k: v for k, v in e.items() if k not in ("t_ns", "thread", "ev")}
-            name = f"{ev} {b}" if b is not None else (f"{ev} {e['rid']}" if "rid" in e else ev)
-            if role == "prefill" and ev in POINT_SLICES and b is not None:
-                obj = {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": 0, "cat": "step", "name": name,
-                       "args": args}
-                if ev == "submit":
-                    obj.update(bind_id=_flow_id(_FLOW_SUBMIT, b), flow_out=True)
-                elif ev == "batch_copy":
-                    obj.update(bind_id=_flow_id(_FLOW_COPY, b), flow_out=True)
-                else:
-                    obj.update(bind_id=_flow_id(_FLOW_COPY, b), flow_in=True)
-                w.write(obj)
-            else:
-                cat = "kv" if ev in ("kv_send", "prefix_send") else ("step" if role == "prefill" else role)
-                w.write({"ph": "i", "s": "t", "pid": 1, "tid": tid, "ts": ts, "cat": cat, "name": name,
-                         "args": args})
-                counts["instants"] += 1
-            for i, pos in marked.get(e["seq"], ()):
-                rule_id, statement, message, seqs = vlist[i]
-                n = len(set(seqs))
-                mark = {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": 0, "cat": "violation",
-                        "name": f"VIOLATION {rule_id}", "args": {"rule": rule_id, "message": message, "event": name}}
-                if n > 1:
-                    mark["bind_id"] = _flow_id(_FLOW_VIOLATION, i)
-                    if pos == 0:
-                        mark["flow_out"] = True
-                    elif pos == n - 1:
-                        mark["flow_in"] = True
-                    else:
-                        mark["flow_in"] = mark["flow_out"] = True
-                w.write(mark)
-                vseen[i].append((e["t_ns"], name))
-
-        tl = Timeline(role, on_span, on_event)
+        exporter = _Exporter(_Writer(f, t0), role, tids, vlist, counts)
+        exporter.metadata(header)
+        timeline = Timeline(role, exporter.on_span, exporter.on_event)
         for _, e in iter_events(path):
-            tl.feed(e)
-        tl.finish()
-        for i, (rule_id, statement, message, seqs) in enumerate(vlist):
-            seen = vseen[i]
-            if not seen:
-                continue
-            ts, te = w.us(min(t for t, _ in seen)), w.us(max(t for t, _ in seen))
-            w.write({"ph": "X", "pid": 1, "tid": check_tid, "ts": ts, "dur": te - ts, "cat": "violation",
-                     "name": rule_id, "args": {"statement": statement, "message": message, "seqs": list(seqs),
-                                               "events": [n for _, n in seen]}})
-            w.write({"ph": "i", "s": "g", "pid": 1, "tid": check_tid, "ts": ts, "cat": "violation",
-                     "name": f"VIOLATION {rule_id}: {message}"})
+            timeline.feed(e)
+        timeline.finish()
+        exporter.violation_track()
         f.write("\n]}\n")
     return counts
 

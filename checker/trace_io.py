@@ -86,7 +86,7 @@ _HEADER_OPTIONAL = (
 
 
 # The file is read in binary, a chunk of whole lines (about 256 KiB) at a time. The fast path decodes
-# each line with orjson (a maintained C parser, about 1.5x faster than the standard library here) and
+# each line with orjson (a maintained C parser, faster than the standard library's) and
 # validates the events with a compiled predicate per event kind. Without orjson, the chunk's lines are
 # joined with "," into one JSON array and decoded by a single json.loads call; the newline kept in
 # every separator means no string can run from one line into the next (a raw newline is invalid

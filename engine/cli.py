@@ -11,7 +11,7 @@ import sys
 # Modules that add sub-commands: each defines `register(subparsers)`, setting `fn` on its parsers.
 PLUGINS: list[str] = ["engine.bench.cli", "checker.trace_cli"]
 PLUGINS += ["engine.launch"]  # pdo launch
-PLUGINS += ["checker.fuzz_cli"]  # pdo fuzz
+PLUGINS += ["checker.fuzz.cli"]  # pdo fuzz
 PLUGINS += ["spec.cli"]  # pdo spec table | prove | docs
 PLUGINS += ["engine.sglang.conform"]  # pdo conform sglang (imports SGLang only when it runs)
 

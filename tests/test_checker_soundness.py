@@ -1,9 +1,17 @@
-"""Traces that must not pass: edits that once slipped past both checkers (a review of 2026-11-30)."""
+"""Traces that must not pass: edits of a valid trace that each slipped past both checkers."""
 import json
 
-from checker.linear import check_file
-from engine.cli import main
+import pytest
 
+from checker import z3check
+from checker.linear import CROSS_TEMPLATES, TEMPLATES, check_file
+from engine.cli import main
+from engine.config import MODES
+from engine.decode.config import DECODE_LOOPS
+from spec import LOOP_MODES, PARAMS, _check_params
+
+from . import test_decode_rules as decode_fixtures
+from .test_rules_violations import VIOLATIONS
 from .trace_fixtures import canonical, write
 
 
@@ -14,8 +22,6 @@ def _renumber(events, f):
 def test_a_gap_in_batch_ids_is_malformed_not_a_pass(tmp_path, capsys):
     """The rules relate N to N±1 by id: with ids 0, 2, 4, ... nothing would be compared (the queue
     capacity violation below passed both checkers)."""
-    from .test_rules_violations import VIOLATIONS
-
     mode, edit = VIOLATIONS["P-queue-capacity"]
     events = canonical(mode)
     edit(events)
@@ -59,13 +65,11 @@ def _exit2(path, capsys, what):
 def test_optional_fields_are_typed_when_present(tmp_path, capsys):
     """`rooms` as a string made the decode rooms rules vacuous; `tokens` as a string crashed the
     page-count rule with a bare Python message."""
-    from . import test_decode_rules as d
-
-    events = d.base()
+    events = decode_fixtures.base()
     rooms = [e for e in events if "rooms" in e[2]]
     assert rooms
     bad = [(t, ev, {**f, "rooms": "x"}) if "rooms" in f else (t, ev, f) for t, ev, f in events]
-    _exit2(d.write(tmp_path / "rooms.jsonl", bad), capsys, "field 'rooms': not list[int]")
+    _exit2(decode_fixtures.write(tmp_path / "rooms.jsonl", bad), capsys, "field 'rooms': not list[int]")
     ev = canonical("ahead")
     k = next(i for i, e in enumerate(ev) if e["ev"] == "prefix_send")
     ev[k] = {**ev[k], "tokens": "64"}
@@ -73,12 +77,10 @@ def test_optional_fields_are_typed_when_present(tmp_path, capsys):
 
 
 def test_header_fields_rules_read_are_validated(tmp_path, capsys):
-    from . import test_decode_rules as d
-
     for header, what in [({"page_size": 0}, "field 'page_size'"), ({"page_size": "16"}, "field 'page_size'"),
                          ({"prefetch": "false"}, "field 'prefetch'"), ({"dp_size": "2"}, "field 'dp_size'"),
                          ({"dp_size": 2, "dp_rank": 2}, "field 'dp_rank'")]:
-        _exit2(d.write(tmp_path / "h.jsonl", d.base(), **header), capsys, what)
+        _exit2(decode_fixtures.write(tmp_path / "h.jsonl", decode_fixtures.base(), **header), capsys, what)
     head = json.dumps({"format": "pdo-trace", "version": 1, "role": "decode", "mode": "overlap"})
     (tmp_path / "nops.jsonl").write_text(head + "\n")
     _exit2(str(tmp_path / "nops.jsonl"), capsys, "field 'page_size'")
@@ -87,8 +89,6 @@ def test_header_fields_rules_read_are_validated(tmp_path, capsys):
 def test_a_dropped_kv_send_fails(tmp_path):
     """Dropping a chunk's KV send (here the last chunk's of a chunked request) passed both checkers
     while any other send of that request existed."""
-    from checker import z3check
-
     events = canonical("ahead")
     sends = [i for i, e in enumerate(events) if e["ev"] == "kv_send"]
     multi = [r for r in {events[i]["rid"] for i in sends} if sum(events[i]["rid"] == r for i in sends) > 1]
@@ -103,15 +103,8 @@ def test_a_dropped_kv_send_fails(tmp_path):
 
 def test_rule_parameters_are_checked_at_load():
     """A misspelt event or parameter in the rule data fails at load instead of checking nothing."""
-    import pytest
-
-    from checker.decode_templates import CROSS_TEMPLATES
-    from checker.decode_templates import TEMPLATES as DECODE_TEMPLATES
-    from checker.linear import TEMPLATES
-    from spec import PARAMS, _check_params
-
     # every kind has a linear template
-    assert set(PARAMS) == set(TEMPLATES) | set(DECODE_TEMPLATES) | set(CROSS_TEMPLATES)
+    assert set(PARAMS) == set(TEMPLATES) | set(CROSS_TEMPLATES)
     ok = {"chain": [["collect", 0], ["sample", 0]]}
     _check_params("rules.toml", "X", "order", ok, "prefill", ("ahead",))
     for params, what in [({"chain": [["colect", 0], ["sample", 0]]}, "'colect' is not an event"),
@@ -127,34 +120,24 @@ def test_rule_parameters_are_checked_at_load():
 def test_no_synchronous_query_while_memory_is_released(tmp_path):
     """D-release-cancels covered only prefetch submits and receiver inits: a synchronous query (or a
     parallel-info fetch) between release_memory and resume_memory passed."""
-    from checker import z3check
-
-    from . import test_decode_rules as d
-
-    events = d.base()
+    events = decode_fixtures.base()
     k = next(i for i, (_, ev, f) in enumerate(events) if ev == "query_begin" and f["qid"] == 1)
-    events[k:k] = [(d.S, "release_memory", {})]
+    events[k:k] = [(decode_fixtures.S, "release_memory", {})]
     j = next(i for i, (_, ev, f) in enumerate(events) if ev == "resolve" and f["rooms"] == [2])
-    events[j + 1:j + 1] = [(d.S, "resume_memory", {})]
-    path = d.write(tmp_path / "t.jsonl", events)
+    events[j + 1:j + 1] = [(decode_fixtures.S, "resume_memory", {})]
+    path = decode_fixtures.write(tmp_path / "t.jsonl", events)
     lin = [v for v in check_file(path).violations if v.rule.id == "D-release-cancels"]
     assert lin and "query_begin (query 1) after release_memory" in lin[0].message, lin
     assert "D-release-cancels" in z3check.check_file(path).violated
 
 
 def test_a_gap_in_decode_batch_ids_is_malformed_too(tmp_path, capsys):
-    from . import test_decode_rules as d
-
-    events = [(t, ev, {**f, "batch": 2 * f["batch"]}) if "batch" in f else (t, ev, f) for t, ev, f in d.base()]
+    events = [(t, ev, {**f, "batch": 2 * f["batch"]}) if "batch" in f else (t, ev, f) for t, ev, f in decode_fixtures.base()]
     assert len({f["batch"] for _, ev, f in events if ev == "admit"}) > 1
-    _exit2(d.write(tmp_path / "gap.jsonl", events), capsys, "admitted batch ids must be consecutive")
+    _exit2(decode_fixtures.write(tmp_path / "gap.jsonl", events), capsys, "admitted batch ids must be consecutive")
 
 
 def test_rule_modes_and_threads_are_checked_at_load():
-    import pytest
-
-    from spec import _check_params
-
     ok = {"chain": [["collect", 0], ["sample", 0]]}
     with pytest.raises(ValueError, match="'modes' must list modes of role prefill"):
         _check_params("rules.toml", "X", "order", ok, "prefill", ("ahaed",))
@@ -165,8 +148,4 @@ def test_rule_modes_and_threads_are_checked_at_load():
 def test_the_engine_and_the_spec_name_the_same_loop_modes():
     """The engine does not import spec/; its mode lists and the spec's must still agree, or a trace
     the engine writes would be refused (or a spec mode never run)."""
-    from engine.config import MODES
-    from engine.decode.config import DECODE_LOOPS
-    from spec import LOOP_MODES
-
     assert MODES == LOOP_MODES["prefill"] and DECODE_LOOPS == LOOP_MODES["decode"] == LOOP_MODES["cross"]

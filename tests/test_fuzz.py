@@ -3,16 +3,25 @@ and whole PD runs (prefill ranks + bootstrap + decode); every mutant, prefill an
 within a small budget; schedules replay exactly; Hypothesis drives workload, faults and schedule.
 
 Budgets are small for CI; PDO_FUZZ_BUDGET=N multiplies them for a longer campaign."""
+import argparse
+import json
 import os
+import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checker.fuzz import (PCT, Case, Indices, PDCase, RandomWalk, Replay, dfs_schedules, draw_pd_case, find_bug,
-                          pd_draws, run_case, shrink)
-from checker.fuzz_cli import ALL_MUTANTS, mutant_row
+from checker.fuzz import (PCT, Case, Indices, PDCase, RandomWalk, Replay, dfs_schedules,
+                          draw_pd_case, find_bug, pd_draws, run_case, shrink)
+from checker.fuzz.cli import ALL_MUTANTS, mutant_row, register
+from engine import sync
+from engine.cli import main
 from engine.inject import DECODE_MUTANTS, MUTANT_RULES, MUTANTS
+from engine.workload import WorkloadConfig
+from tests.helpers import run_mode
 
 SCALE = int(os.environ.get("PDO_FUZZ_BUDGET", "1"))
 MODES = ("normal", "overlap", "thread", "ahead")
@@ -68,9 +77,6 @@ def test_replay_reproduces_trace_byte_for_byte():
 def test_pd_replay_reproduces_traces_byte_for_byte(tmp_path):
     """Same PD case, same seed: same schedule, and every trace file (decode, each prefill rank) the
     same byte for byte except t_ns; replaying the recorded schedule gives them again."""
-    import json
-    import random
-
     case = draw_pd_case(random.Random(5), dp=2, unserved=1, aborts=((3, 0),), latency_ms=0.5, failure_rate=0.3)
 
     def files(tag, strategy):
@@ -107,9 +113,6 @@ print(hashlib.sha1(blob.encode()).hexdigest(), len(out.schedule), out.failures)
 def test_pd_schedule_and_trace_are_the_same_in_another_process():
     """A saved PD case replays anywhere: another interpreter with another hash seed gives the same
     schedule and traces (nothing depends on set order, object ids or the wall clock)."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "PYTHONHASHSEED": "1"}
     a = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300)
     env["PYTHONHASHSEED"] = "2"
@@ -173,10 +176,6 @@ def test_hypothesis_drives_the_whole_pd_case(case, choices):
 
 def test_uncontrolled_jitter_keeps_the_engine_correct():
     """The cheap mode for GPUs: random delays at schedule points, no controller."""
-    from engine import sync
-    from tests.helpers import run_mode
-    from engine.workload import WorkloadConfig
-
     sync.set_jitter(300, seed=5)
     try:
         summary, _ = run_mode("ahead", workload=WorkloadConfig(requests=8, prompt_len=(20, 90), hit=0.8, seed=4))
@@ -186,10 +185,6 @@ def test_uncontrolled_jitter_keeps_the_engine_correct():
 
 
 def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
-    import argparse
-
-    from checker.fuzz_cli import register
-
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
 
@@ -209,10 +204,6 @@ def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
 def test_pdo_fuzz_replay_reproduces_a_saved_failing_case(tmp_path, capsys, mutant):
     """`pdo fuzz` saves the failing case (and its shrunk form); `pdo fuzz --replay FILE` reproduces the
     same failures, in the same order, and exits 1; without the mutant the same case passes."""
-    import json
-
-    from engine.cli import main
-
     out = tmp_path / "out"
     assert main(["fuzz", "--inject", mutant, "--schedules", "20", "--seed", "0", "--requests", "3",
                  "--out", str(out)]) == 1

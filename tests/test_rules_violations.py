@@ -4,6 +4,7 @@ import copy
 
 import pytest
 
+from checker import linear
 from checker.linear import check_file
 from spec import load_rules
 
@@ -146,8 +147,6 @@ def test_array_and_loop_evaluation_agree(rule_id, tmp_path, monkeypatch):
     """The finish-time templates run on arrays (checker.linear.Dense) unless batch ids are too sparse;
     both paths must give the same checks, violations, messages and seqs on every violation fixture,
     and batch ids far from 0 change nothing but the numbers."""
-    import checker.linear as linear
-
     mode, edit = VIOLATIONS[rule_id]
     events = canonical(mode)
     edit(events)

@@ -1,0 +1,302 @@
+"""Templates of the rule kinds about batch steps (both roles): the order of each batch's events, the
+thread each runs on, the spans they open and close, what must not overlap.
+
+The finish-time templates (complete, order, within) read the shared batch index as arrays
+(checker/streaming.py's Dense) when the batch ids allow it, and fall back to per-batch loops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .streaming import TEMPLATES, Template, event_label
+
+
+@TEMPLATES.register("fifo")
+class Fifo(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.events = tuple(rule["events"])
+        self.last = {}
+        self.admitted = set()
+
+    def on_chunk(self, evs):
+        self.checks += len(evs)
+        last, admitted = self.last, self.admitted
+        for e in evs:
+            ev, b = e["ev"], e["batch"]
+            if ev == "admit":
+                admitted.add(b)
+            elif b not in admitted:
+                self.fail(f"{ev} of batch {b}, which was never admitted before it", e["seq"])
+            prev = last.get(ev)
+            if prev is not None and b <= prev[0]:
+                what = "twice" if b == prev[0] else f"after batch {prev[0]}"
+                self.fail(f"{ev} of batch {b} {what}", prev[1], e["seq"])
+            last[ev] = (b, e["seq"])
+
+
+@TEMPLATES.register("complete")
+class Complete(Template):
+    def finish(self):
+        dense = self.ctx.dense()
+        if dense is None:
+            return self._finish_loop()
+        evs = self.rule["events"]
+        self.checks += len(dense.admits) * len(evs)
+        missing = np.stack([dense.at(ev, 0)[0] == 0 for ev in evs], axis=1)   # [batch, event]
+        admit_seq = dense.at("admit", 0)[0]
+        # row-major: batch by batch, as the loop reports
+        for j, i in zip(*np.nonzero(missing), strict=False):
+            self.fail(f"batch {dense.admits[j]} was admitted but has no {evs[i]}",
+                      int(admit_seq[j]))
+
+    def _finish_loop(self):
+        idx = self.ctx.idx
+        for b in self.ctx.admits:
+            for ev in self.rule["events"]:
+                self.checks += 1
+                if b not in idx[ev]:
+                    self.fail(f"batch {b} was admitted but has no {ev}", idx["admit"][b][0])
+
+
+@TEMPLATES.register("disjoint")
+class Disjoint(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.begin, self.end = rule["span"]
+        self.events = (self.begin, self.end)
+        self.open = {}
+
+    def on(self, e):
+        if e["ev"] == self.begin:
+            self.checks += 1
+            for b, s in self.open.items():
+                self.fail(f"{self.begin}({e['batch']}) while span of batch {b} is "
+                          "open", s, e["seq"])
+            self.open[e["batch"]] = e["seq"]
+        else:
+            self.open.pop(e["batch"], None)
+
+
+@TEMPLATES.register("outside")
+class Outside(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.begin, self.end = rule["span"]
+        self.ev = rule["ev"]
+        self.events = (self.ev, self.begin, self.end)
+        self.open = {}
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == self.begin:
+            self.open[e["batch"]] = e["seq"]
+        elif ev == self.end:
+            self.open.pop(e["batch"], None)
+        else:
+            self.checks += 1
+            for b, s in self.open.items():
+                self.fail(f"{event_label(e)} while {self.begin}({b}) has not reached "
+                          f"{self.end}", s, e["seq"])
+
+
+@TEMPLATES.register("order")
+class Order(Template):
+    """For each admitted batch n, the chain's events that exist for n (each at batch n + offset)
+    must come in chain order, and the first `same` of them on one thread. Evaluated at finish on
+    arrays (all batches at once); the failing batches are then rerun one by one to word the
+    messages."""
+
+    def finish(self):
+        chain = self.rule["chain"]
+        same = (len(chain) if self.rule.get("same_thread")
+                else self.rule.get("same_thread_prefix", 0))
+        steps = [(ev, off, self.ctx.idx[ev], i < same) for i, (ev, off) in enumerate(chain)]
+        dense = self.ctx.dense()
+        if dense is None:
+            for n in self._applicable(self.ctx.admits):
+                self._check_batch(n, steps)
+            return
+        active = np.ones(len(dense.admits), dtype=bool)
+        when = self.rule.get("when")
+        if when:
+            (a, ao), (b, bo) = when
+            wa, wb = dense.at(a, ao)[0], dense.at(b, bo)[0]
+            active = (wa > 0) & (wb > 0)
+            vacuous = active & (wa > wb)
+            self.checks += int(np.count_nonzero(vacuous))   # the implication holds vacuously there
+            active &= ~vacuous
+        # seq and thread of the last chain event found so far
+        prev_s = np.zeros(len(dense.admits), dtype=np.int64)
+        prev_t = np.full(len(dense.admits), -1, dtype=np.int64)
+        found = np.zeros(len(dense.admits), dtype=np.int64)
+        failing = np.zeros(len(dense.admits), dtype=bool)
+        for i, (ev, off) in enumerate(chain):
+            s, t = dense.at(ev, off)
+            present = active & (s > 0)
+            both = present & (prev_s > 0)
+            failing |= both & (prev_s > s)
+            if i < same:
+                failing |= both & (prev_t != t)
+            found += present
+            prev_s = np.where(present, s, prev_s)
+            prev_t = np.where(present, t, prev_t)
+        self.checks += int(np.count_nonzero(active & (found >= 2)))
+        for j in np.nonzero(failing)[0]:
+            self._check_batch(int(dense.admits[j]), steps, count=False)
+
+    def _applicable(self, batches):
+        """The batches the rule speaks about: with `when` (a, b), those where a precedes b."""
+        when, idx = self.rule.get("when"), self.ctx.idx
+        for n in batches:
+            if when:
+                (a, ao), (b, bo) = when
+                wa, wb = idx[a].get(n + ao), idx[b].get(n + bo)
+                if wa is None or wb is None:
+                    continue
+                if wa[0] > wb[0]:
+                    self.checks += 1  # the implication holds vacuously for this batch
+                    continue
+            yield n
+
+    def _check_batch(self, n, steps, *, count=True):
+        prev, found = None, 0
+        for ev, off, table, need_same in steps:
+            got = table.get(n + off)
+            if got is None:
+                continue
+            found += 1
+            if prev is not None:
+                (ev1, b1, (s1, t1)), (s2, t2) = prev, got
+                if s1 > s2:
+                    self.fail(f"{ev}({n + off}) came before {ev1}({b1})", s1, s2)
+                elif need_same and t1 != t2:
+                    self.fail(f"{ev1}({b1}) on {t1} but {ev}({n + off}) on {t2}: expected one "
+                              "thread", s1, s2)
+            prev = (ev, n + off, got)
+        if count and found >= 2:
+            self.checks += 1
+
+
+@TEMPLATES.register("adjacent")
+class Adjacent(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.first, self.then, self.thread = rule["first"], rule["then"], rule["thread"]
+        self.pending = None
+        self.events = ("*",)
+
+    def on(self, e):
+        if e["thread"] != self.thread:
+            return
+        if self.pending is not None:
+            b, s = self.pending
+            self.pending = None
+            self.checks += 1
+            if e["ev"] != self.then or e.get("batch") != b:
+                self.fail(f"{self.first}({b}) was followed on {self.thread} by {event_label(e)}, "
+                          f"not {self.then}({b})", s, e["seq"])
+        if e["ev"] == self.first:
+            self.pending = (e["batch"], e["seq"])
+
+    def finish(self):
+        if self.pending is not None:
+            self.fail(f"{self.first}({self.pending[0]}) is never followed by "
+                      f"{self.then}", self.pending[1])
+
+
+@TEMPLATES.register("within")
+class Within(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.ev = rule["ev"]
+        self.events = (self.ev,)
+        self.seqs, self.threads, self.batches, self.rids = [], [], [], []
+
+    def on_chunk(self, evs):
+        self.seqs += [e["seq"] for e in evs]
+        self.threads += [e["thread"] for e in evs]
+        self.batches += [e["batch"] for e in evs]
+        self.rids += [e.get("rid") for e in evs]
+
+    def finish(self):
+        self.checks += len(self.seqs)
+        dense = self.ctx.dense()
+        if dense is None or not self.seqs:
+            suspects = range(len(self.seqs))
+        else:   # on arrays: which events might fail; the loop below words the messages for those
+            r = self.rule
+            seq = np.array(self.seqs, dtype=np.int64)
+            k = np.array(self.batches, dtype=np.int64) - dense.lo
+            k[(k < 0) | (k >= dense.n)] = dense.n
+            lo, hi = dense.col(r["after"])[0][k], dense.col(r["before"])[0][k]
+            bad = (lo == 0) | (hi == 0) | (lo >= seq) | (seq >= hi)
+            if r.get("thread"):
+                bad |= np.array([t != r["thread"] for t in self.threads], dtype=bool)
+            elif r.get("same_thread_as"):
+                codes = dense.col(r["same_thread_as"])[1][k]
+                names = dense.threads
+                bad |= np.array([c < 0 or names[c] != t
+                                 for c, t in zip(codes.tolist(), self.threads, strict=False)],
+                                dtype=bool)
+            suspects = np.nonzero(bad)[0].tolist()
+        for i in suspects:
+            self._check(self.seqs[i], self.threads[i], self.batches[i], self.rids[i])
+
+    def _check(self, seq, thread, b, rid):
+        idx, r = self.ctx.idx, self.rule
+        lo, hi = idx[r["after"]].get(b), idx[r["before"]].get(b)
+        if lo is None or hi is None:
+            self.fail(f"{self.ev}({b}) for {rid}: batch has no "
+                      f"{r['after'] if lo is None else r['before']}", seq)
+            return
+        if not lo[0] < seq < hi[0]:
+            self.fail(f"{self.ev}({b}) for {rid} is not between {r['after']}({b}) and "
+                      f"{r['before']}({b})", lo[0], seq, hi[0])
+        want = (r.get("thread") or idx[r["same_thread_as"]][b][1] if r.get("same_thread_as")
+                else r.get("thread"))
+        if want and thread != want:
+            self.fail(f"{self.ev}({b}) for {rid} ran on {thread}, expected {want}", seq)
+
+
+@TEMPLATES.register("thread")
+class Thread(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.events = tuple(rule["events"])
+        self.thread, self.not_thread = rule.get("thread"), rule.get("not_thread")
+
+    def on_chunk(self, evs):
+        self.checks += len(evs)
+        if self.thread is not None:
+            want = self.thread
+            for e in evs:
+                if e["thread"] != want:
+                    self.fail(f"{event_label(e)} ran on {e['thread']}, expected {want}", e["seq"])
+        if self.not_thread is not None:
+            avoid = self.not_thread
+            for e in evs:
+                if e["thread"] == avoid:
+                    self.fail(f"{event_label(e)} ran on {avoid}, expected another thread", e["seq"])
+
+
+@TEMPLATES.register("equal")
+class Equal(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.a, self.b, self.field = rule["a"], rule["b"], rule["field"]
+        self.events = (self.a, self.b)
+        self.vals = {self.a: {}, self.b: {}}
+
+    def on(self, e):
+        self.vals[e["ev"]].setdefault(e["batch"], (e[self.field], e["seq"]))
+
+    def finish(self):
+        va, vb = self.vals[self.a], self.vals[self.b]
+        for bt, (x, s1) in va.items():
+            if bt in vb:
+                self.checks += 1
+                y, s2 = vb[bt]
+                if x != y:
+                    self.fail(f"batch {bt}: {self.a}.{self.field}={x} but "
+                              f"{self.b}.{self.field}={y}", s1, s2)

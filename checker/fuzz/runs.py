@@ -1,0 +1,297 @@
+"""Running one case under one strategy, and judging it: the trace rules, the outputs against the
+single-process reference, aborts (PD cases: only the documented ones) and leaks.
+
+The engine's torch-heavy modules are imported where a case first runs: `pdo` loads the fuzz CLI,
+and with it this harness, at every start-up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+from checker.linear import check_file, check_files
+from engine.decode.request import DecodeReq
+from engine.trace import Tracer
+from spec import load_rules
+
+from .cases import PDCase
+from .controller import Controller
+
+CLIENT_ABORT = "client went away"
+# failures are listed by kind, in this order (a rule violation first: it names the bug)
+_FAILURE_ORDER = ("rule", "output", "leak", "engine", "schedule")
+
+_REF_CACHE: dict = {}
+_GEN_CACHE: dict = {}
+_MODELS: dict = {}
+_RULES: list = []
+
+
+@dataclass
+class Outcome:
+    failures: list[str]
+    schedule: list[str]
+    events: int
+    trace: list[dict] = field(repr=False, default_factory=list)
+    header: dict = field(repr=False, default_factory=dict)
+    case: object = field(repr=False, default=None)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    @property
+    def killed_by(self) -> str | None:
+        return self.failures[0] if self.failures else None
+
+
+def _sorted_failures(failures: list[str]) -> None:
+    failures.sort(key=lambda f: next((i for i, p in enumerate(_FAILURE_ORDER) if f.startswith(p)),
+                                     len(_FAILURE_ORDER)))
+
+
+def _run_failures(ctl: Controller, error) -> list[str]:
+    """The failures of the run itself: the schedule (deadlock, step limit) and an engine error."""
+    failures = []
+    if ctl.error is not None:
+        failures.append(f"schedule: {ctl.error}")
+    if error is not None:
+        failures.append(f"engine error: {error!r}"[:300])
+    return failures
+
+
+def _leak_failure(leaks: dict) -> list[str]:
+    return ["leak: " + ", ".join(f"{k}={v}" for k, v in leaks.items())] if leaks else []
+
+
+def _rule_failures(results) -> list[str]:
+    rule_ids = dict.fromkeys(v.rule.id for r in results for v in r.violations)
+    return [f"rule {rid}" for rid in rule_ids]
+
+
+def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
+    """Run one controlled schedule of `case` (a prefill Case or a PDCase) and judge it."""
+    if isinstance(case, PDCase):
+        return run_pd_case(case, strategy, trace_path=trace_path)
+    return run_prefill_case(case, strategy, trace_path=trace_path)
+
+
+# ---- one prefill case ----------------------------------------------------------------------------
+def _reference(cfg, req):
+    key = (cfg.model, cfg.seed, cfg.dtype, tuple(req.prompt),
+           tuple(sorted((req.logit_bias or {}).items())))
+    if key not in _REF_CACHE:
+        from engine.reference_prefill import reference_prefill  # lazy: imports torch
+
+        _REF_CACHE[key] = reference_prefill(cfg, req.prompt, req.logit_bias)
+    return _REF_CACHE[key]
+
+
+def _prefill_output_failures(cfg, summary) -> list[str]:
+    """Each request's first token and the KV its receiver got, against the reference; judged on
+    every run, a rule violation or not."""
+    import torch  # lazy: see the module docstring
+
+    failures = []
+    receiver = summary["_scheduler"].receiver
+    for req in summary["_requests"]:
+        first, k_ref, v_ref = _reference(cfg, req)
+        if req.output_token != first:
+            failures.append(f"output: {req.rid} first token {req.output_token} != reference "
+                            f"{first}")
+            continue
+        room = receiver.rooms.get(req.bootstrap_room)
+        if room is None or room["meta"] is None:
+            failures.append(f"output: {req.rid} KV never fully received")
+            continue
+        k, v = receiver.kv(req.bootstrap_room)
+        if k.shape != k_ref.shape or not (torch.allclose(k, k_ref, atol=1e-3)
+                                          and torch.allclose(v, v_ref, atol=1e-3)):
+            failures.append(f"output: {req.rid} received KV differs from the reference")
+    return failures
+
+
+def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
+    """Run one controlled schedule of a prefill case and judge it: the trace against its rules, each
+    request's output against the reference, and leaks."""
+    from engine.run import run_prefill  # lazy: imports torch
+
+    cfg, workload = case.configs()
+    tracer = Tracer()
+    ctl = Controller(strategy)
+    ctl.install("scheduler")
+    try:
+        summary = run_prefill(cfg, workload, tracer=tracer, keep_scheduler=True)
+    finally:
+        ctl.uninstall()
+    failures = _run_failures(ctl, summary["_error"])
+    path = trace_path or tempfile.mkstemp(suffix=".jsonl", prefix="pdo-fuzz-")[1]
+    tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
+    failures += _rule_failures([check_file(path)])
+    failures += _prefill_output_failures(cfg, summary)
+    failures += _leak_failure({k: v for k, v in summary["leaks"].items() if v})
+    if trace_path is None:
+        os.unlink(path)
+    _sorted_failures(failures)
+    return Outcome(failures, list(ctl.choices), len(tracer.events), tracer.events, tracer.header,
+                   case=case)
+
+
+# ---- one PD case: prefill DP ranks + bootstrap + decode, in one process --------------------------
+def _model(cfg):
+    """One TinyLlama per model config, shared by the runs (its weights are only read)."""
+    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device)
+    if key not in _MODELS:
+        import torch  # lazy: see the module docstring
+
+        from engine.model import TinyLlama  # lazy: imports torch
+
+        _MODELS[key] = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
+                                 device=torch.device(cfg.device))
+    return _MODELS[key]
+
+
+def _rules():
+    if not _RULES:
+        _RULES.extend(load_rules())
+    return _RULES
+
+
+def _reference_tokens(cfg, req):
+    key = (cfg.model, cfg.seed, cfg.dtype, tuple(req.prompt),
+           tuple(sorted((req.logit_bias or {}).items())), req.max_new_tokens)
+    if key not in _GEN_CACHE:
+        from engine.reference import reference_generate  # lazy: imports torch
+
+        _GEN_CACHE[key] = reference_generate(cfg, [req], model=_model(cfg))[req.rid]
+    return _GEN_CACHE[key]
+
+
+def _pd_hooks(case: PDCase):
+    """The decode scheduler's hook after each prefetch: the case's client aborts and its memory
+    release and resume."""
+    aborts = sorted(case.aborts)
+    release = tuple(case.release)
+    state = {"seen": set(), "released_at": None}
+
+    def after_prefetch(sched):
+        for it, k in aborts:
+            if it == sched.iter:
+                unfinished = (r for r in sched.by_room.values()
+                              if r.state not in ("new", "done", "aborted"))
+                live = list(sched.prealloc.pending) or sorted(unfinished, key=lambda r: r.room)
+                for r in (live if k < 0 else [live[k % len(live)]] if live else []):
+                    sched.abort(r, CLIENT_ABORT)
+        if release:
+            nth, after = release
+            state["seen"].update(p.qid for p in sched.prealloc._queries.values())
+            if state["released_at"] is None and len(state["seen"]) >= nth:
+                state["released_at"] = sched.iter
+                sched.release_memory_occupation()
+            elif (state["released_at"] is not None
+                  and sched.iter == state["released_at"] + max(1, after)):
+                sched.resume_memory_occupation()
+
+    return {"after_prefetch": after_prefetch}
+
+
+def _expected_abort(case: PDCase, decode_cfg, rid: str, reason: str) -> bool:
+    """An abort is the documented outcome (docs/decode.md) of a client abort, of a room no prefill
+    serves, and of bootstrap faults that last (queries failing or slower than their timeout);
+    anything else is a failure."""
+    if reason == CLIENT_ABORT or rid.startswith("x"):
+        return True
+    faulty = case.failure_rate > 0 or case.latency_ms / 1000.0 >= decode_cfg.query_timeout_s
+    return faulty and any(k in reason for k in ("unknown to the bootstrap server", "DP-rank query",
+                                                 "prefill parallel info"))
+
+
+def _unserved_requests(case: PDCase) -> list:
+    """Decode-only requests for rooms no prefill rank serves."""
+    return [DecodeReq(f"x{i}", 5000 + i, None, [1 + (i + j) % 7 for j in range(5)],
+                      case.max_new_tokens)
+            for i in range(case.unserved)]
+
+
+def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, stem: str):
+    """engine/pd.py's run_pd under `ctl`, with the case's hooks and bootstrap faults: (summary or
+    None, the exception it raised or None)."""
+    from engine.pd import run_pd  # lazy: imports torch
+
+    def faults(server):
+        server.set_faults(latency_s=case.latency_ms / 1000.0, latency_scope=case.latency_scope,
+                          failure_rate=case.failure_rate, seed=case.fault_seed)
+
+    ctl.install("main")
+    try:
+        summary = run_pd(cfg, workload, decode_cfg, dp=case.dp, trace_path=stem,
+                         hooks=_pd_hooks(case), extra_decode_reqs=extra,
+                         prefill_delay_s=case.prefill_delay_ms / 1000.0, verify=False,
+                         server_hook=faults, bootstrap="inproc", model=_model(cfg))
+        return summary, None
+    except Exception as exc:  # noqa: BLE001 - judged by the caller
+        return None, exc
+    finally:
+        ctl.uninstall()
+
+
+def _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary) -> list[str]:
+    """Every finished request's tokens against the reference; every abort not documented."""
+    from engine.pd import decode_requests  # lazy: imports torch
+    from engine.workload import make_workload  # lazy: imports torch
+
+    failures = []
+    dreqs = {r.rid: r for r in extra}
+    for r in decode_requests(make_workload(workload, cfg.model_config.vocab_size), "-"):
+        dreqs[r.rid] = r
+    for rid, toks in summary["outputs"].items():
+        if toks != _reference_tokens(cfg, dreqs[rid]):
+            failures.append(f"output: {rid} tokens {toks} != reference "
+                            f"{_reference_tokens(cfg, dreqs[rid])}")
+    for rid, reason in summary["aborted"].items():
+        if not _expected_abort(case, decode_cfg, rid, reason):
+            failures.append(f"output: {rid} aborted: {reason}"[:300])
+    return failures
+
+
+def _pd_leaks(summary) -> dict:
+    leaks = {k: v for k, v in summary["decode_leaks"].items() if v}
+    for i, p in enumerate(summary["prefill_leaks"]):
+        leaks.update({f"prefill{i}.{k}": v for k, v in p.items() if v})
+    return leaks
+
+
+def _read_traces(paths) -> list[dict]:
+    """The events of the trace files, one after the other (headers left out)."""
+    trace = []
+    for p in paths:
+        with open(p) as f:
+            trace.extend(json.loads(line) for line in list(f)[1:])
+    return trace
+
+
+def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Outcome:
+    """Run one controlled schedule of a PD case and judge it: every trace (decode, each prefill
+    rank) against its rules plus the cross rules, every finished request's tokens against the
+    reference, every abort (only the documented ones, `_expected_abort`), and leaks on both
+    sides."""
+    cfg, workload, decode_cfg = case.configs()
+    extra = _unserved_requests(case)
+    tmp = None if trace_path else tempfile.mkdtemp(prefix="pdo-fuzz-pd-")
+    stem = trace_path or os.path.join(tmp, "t.jsonl")
+    ctl = Controller(strategy, max_steps=60_000)
+    summary, error = _run_pd(case, ctl, cfg, workload, decode_cfg, extra, stem)
+    failures = _run_failures(ctl, error)
+    trace = []
+    if summary is not None:
+        failures += _rule_failures(check_files(summary["traces"], rules=_rules()))
+        failures += _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary)
+        failures += _leak_failure(_pd_leaks(summary))
+        trace = _read_traces(summary["traces"])
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _sorted_failures(failures)
+    return Outcome(failures, list(ctl.choices), len(trace), trace, {}, case=case)

@@ -1,0 +1,290 @@
+"""Templates of the rule kinds about requests and what they hold (both roles): the middle-chunk
+counter, slot and request lifecycles, page counts, the requests a batch's spans work on, and the KV
+sends of each computed chunk."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .streaming import TEMPLATES, Template, event_label
+
+
+@TEMPLATES.register("counter")
+class Counter(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.inc, self.dec, self.owner = rule["inc"], rule["dec"], rule["owner"]
+        self.events = (self.inc, self.dec, self.owner)
+        self.owned = set()     # (rid, obj) allocated
+        self.value = {}        # obj -> (value, last seq, rid)
+
+    def on_chunk(self, evs):
+        owner, inc, owned, value = self.owner, self.inc, self.owned, self.value
+        for e in evs:
+            ev, rid, obj = e["ev"], e["rid"], e["obj"]
+            if ev == owner:
+                owned.add((rid, obj))
+                continue
+            self.checks += 1
+            if (rid, obj) not in owned:
+                self.fail(f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
+                          f"for {rid}", e["seq"])
+            cur = value.get(obj, (0, None, rid))[0]
+            want = cur + (1 if ev == inc else -1)
+            if e["value"] != want:
+                self.fail(f"{ev} for {rid} reports {e['value']}, expected {want} on object "
+                          f"{obj}", e["seq"])
+            if e["value"] < 0:
+                self.fail(f"{ev} for {rid} drove the counter below zero ({e['value']})", e["seq"])
+            value[obj] = (e["value"], e["seq"], rid)
+
+    def finish(self):
+        for obj, (v, s, rid) in self.value.items():
+            self.checks += 1
+            if v != 0:
+                self.fail(f"inflight_middle_chunks of {rid} (object {obj}) ends at {v}, not 0", s)
+
+
+@TEMPLATES.register("lifecycle")
+class Lifecycle(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.acq, self.rel = rule["acquire"], rule["release"]
+        self.mode = rule["check"]
+        self.live = {}         # rid -> (obj, slot, seq)
+        self.slots = {}        # slot -> (rid, seq)
+        self.released = {}     # rid -> seq
+        if self.mode == "pairing":
+            self.events = (self.acq, self.rel)
+        else:
+            inc, dec = rule["counter"]
+            self.inc, self.dec, self.sent = inc, dec, rule["sent"]
+            self.processed = rule["processed"][0]
+            self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
+            self.count = defaultdict(int)   # Req object -> middle chunks in flight
+            self.sent_any = set()           # rids with some KV sent
+            self.rid_batches = defaultdict(list)
+            self.admit_seq = {}             # batch -> seq of its admit
+            self.done = set()               # batches whose `processed` event was seen
+
+    def on_chunk(self, evs):
+        if self.mode == "pairing":
+            self._pairing_chunk(evs)
+            return
+        inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
+        count, sent_any, rid_batches = self.count, self.sent_any, self.rid_batches
+        done, released = self.done, self.released
+        add_sent, checks = sent_any.add, 0
+        for e in evs:
+            ev = e["ev"]
+            if ev == sent:
+                add_sent(e["rid"])
+            elif ev == rel:
+                checks += 1
+                rid, seq = e["rid"], e["seq"]
+                released[rid] = seq
+                for b in rid_batches.get(rid, ()):
+                    if b not in done:
+                        self.fail(f"{rid} released while batch {b} holding it was not yet "
+                                  "processed", self.admit_seq[b], seq)
+                if count.get(e["obj"], 0) > 0:
+                    self.fail(f"{rid} released with {count[e['obj']]} middle chunk(s) in "
+                              "flight", seq)
+                if rid not in sent_any:
+                    self.fail(f"{rid} released before any of its KV was sent", seq)
+            elif ev == "admit":
+                self._admit(e)
+            elif ev == processed:
+                done.add(e["batch"])
+            elif ev == inc:
+                count[e["obj"]] += 1
+            elif ev == dec:
+                count[e["obj"]] -= 1
+        self.checks += checks
+
+    def _admit(self, e):
+        b = e["batch"]
+        self.admit_seq.setdefault(b, e["seq"])
+        for rid in e["rids"]:
+            self.rid_batches[rid].append(b)
+            if rid in self.released:
+                self.fail(f"{rid} admitted in batch {b} after it was "
+                          "released", self.released[rid], e["seq"])
+
+    def _pairing_chunk(self, evs):
+        acq, live, slots = self.acq, self.live, self.slots
+        self.checks += len(evs)
+        for e in evs:
+            rid, obj, slot, seq = e["rid"], e["obj"], e["slot"], e["seq"]
+            if e["ev"] == acq:
+                if slot in slots:
+                    other, s = slots[slot]
+                    self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
+                if rid in live:
+                    self.fail(f"{rid} allocated twice", live[rid][2], seq)
+                live[rid] = (obj, slot, seq)
+                slots[slot] = (rid, seq)
+                continue
+            held = live.pop(rid, None)
+            if held is None:
+                self.fail(f"{rid} released but not allocated (or released twice)", seq)
+                continue
+            slots.pop(held[1], None)
+            if held[0] != obj or held[1] != slot:
+                self.fail(f"{rid} released as object {obj} slot {slot}, allocated as object "
+                          f"{held[0]} slot {held[1]}", held[2], seq)
+
+    def finish(self):
+        if self.mode == "pairing":
+            for rid, (_, slot, seq) in self.live.items():
+                self.checks += 1
+                self.fail(f"{rid} (slot {slot}) is never released: a leaked req_to_token slot", seq)
+
+
+@TEMPLATES.register("page_count")
+class PageCount(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.events = tuple(rule["events"])
+
+    def on_chunk(self, evs):
+        ps = self.ctx.page_size
+        for e in evs:
+            if "tokens" in e and "pages" in e:
+                self.checks += 1
+                if e["pages"] != -(-e["tokens"] // ps):
+                    self.fail(f"{e['ev']} of {e['tokens']} tokens covers {e['pages']} pages; "
+                              f"ceil({e['tokens']}/{ps}) = {-(-e['tokens'] // ps)}", e["seq"])
+
+
+@TEMPLATES.register("in_span")
+class InSpan(Template):
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.ev = rule["ev"]
+        self.begin, self.end = rule["span"]
+        self.events = (self.ev, self.begin, self.end, "admit")
+        self.open = {}    # thread -> batch
+        self.rids = {}    # batch -> rids (the admit event's list)
+
+    def on_chunk(self, evs):
+        begin, end, open_, rids = self.begin, self.end, self.open, self.rids
+        for e in evs:
+            ev, t = e["ev"], e["thread"]
+            if ev == "admit":
+                rids[e["batch"]] = e["rids"]
+            elif ev == begin:
+                open_[t] = e["batch"]
+            elif ev == end:
+                open_.pop(t, None)
+            else:
+                self.checks += 1
+                b = open_.get(t)
+                if b is None:
+                    self.fail(f"{ev} for {e['rid']} outside any {begin}/{end} span on "
+                              f"{t}", e["seq"])
+                elif e["rid"] not in rids.get(b, ()):
+                    self.fail(f"{ev} for {e['rid']} inside processing of batch {b}, which does not "
+                              "hold it", e["seq"])
+
+
+@TEMPLATES.register("each_in_span")
+class EachInSpan(Template):
+    """The converse of in_span: every request a batch holds has an `ev` inside that batch's span (on
+    the thread that began it, between its begin and its end, whatever else opened meanwhile)."""
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.ev = rule["ev"]
+        self.begin, self.end = rule["span"]
+        self.events = (self.ev, self.begin, self.end, "admit")
+        self.open = {}    # batch -> (thread, seq) of its span's latest begin, until its end
+        self.got = {}     # batch -> rids seen inside its span so far
+        self.rids = {}    # batch -> rids (the admit event's list)
+
+    def on_chunk(self, evs):
+        begin, end, open_, got, rids = self.begin, self.end, self.open, self.got, self.rids
+        for e in evs:
+            ev = e["ev"]
+            if ev == "admit":
+                rids[e["batch"]] = e["rids"]
+            elif ev == begin:
+                b = e["batch"]
+                open_[b], got[b] = (e["thread"], e["seq"]), set()
+            elif ev == end:
+                b = e["batch"]
+                if b not in open_:
+                    continue   # an end without its begin: P-fifo and the order rules say so
+                _, s = open_.pop(b)
+                seen = got.pop(b)
+                for rid in rids.get(b, ()):
+                    self.checks += 1
+                    if rid not in seen:
+                        self.fail(f"batch {b} holds {rid}, but its {begin}/{end} span has no "
+                                  f"{self.ev} for it",
+                                  s, e["seq"])
+            else:
+                t = e["thread"]
+                for b, (bt, _) in open_.items():
+                    if bt == t:
+                        got[b].add(e["rid"])
+
+
+@TEMPLATES.register("chunk_sent")
+class ChunkSent(Template):
+    """For traces whose admits carry `chunks` (rid -> [start, end), the prompt tokens the batch
+    computes for it) and whose sends carry `start`: every one of those tokens is sent
+    ([start, start + tokens)) once batch N's results were waited for (`done`(N) before the send),
+    or with a device wait on the forward (`device_wait` true, `started`(N) before the send), and
+    before the request is released. Sends without `start` are not judged; a trace without `chunks`
+    has nothing to check."""
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.sends, self.done, self.started, self.release = (
+            tuple(rule["sends"]), rule["done"], rule["started"], rule["release"])
+        self.events = ("admit", self.done, self.started, self.release, *self.sends)
+        self.chunks: dict = {}          # rid -> [[batch, remaining [lo, hi) intervals, admit seq]]
+        self.done_b, self.started_b = set(), set()
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "admit":
+            for rid, rng in (e.get("chunks") or {}).items():
+                if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
+                    self.chunks.setdefault(rid, []).append([e["batch"], [tuple(rng)], e["seq"]])
+        elif ev == self.done:
+            self.done_b.add(e["batch"])
+        elif ev == self.started:
+            self.started_b.add(e["batch"])
+        elif ev == self.release:
+            self._unsent(e["rid"], e["seq"])
+        elif isinstance(e.get("start"), int) and isinstance(e.get("tokens"), int):
+            lo, hi = e["start"], e["start"] + e["tokens"]
+            for chunk in self.chunks.get(e["rid"], ()):
+                batch, left, _ = chunk
+                hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
+                if not hit:
+                    continue
+                self.checks += 1
+                waited = batch in self.done_b
+                if not waited and not (e.get("device_wait") is True and batch in self.started_b):
+                    how = ("with a device wait before its forward began"
+                           if e.get("device_wait") is True
+                           else f"before {self.done}({batch}), with no device wait")
+                    self.fail(f"{event_label(e)} sends {e['rid']}'s tokens "
+                              f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
+                              e["seq"])
+                chunk[1] = [p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b))
+                            if p[0] < p[1]]
+
+    def _unsent(self, rid, seq):
+        for batch, left, admit_seq in self.chunks.pop(rid, ()):
+            self.checks += 1
+            if left:
+                self.fail(f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} "
+                          "were never sent",
+                          admit_seq, *([seq] if seq is not None else []))
+
+    def finish(self):
+        for rid in list(self.chunks):
+            self._unsent(rid, None)

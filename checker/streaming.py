@@ -1,0 +1,157 @@
+"""The streaming checker's shared parts: what a template is, the state templates share while the
+trace streams past (Ctx, with its batch index and the index's array view Dense), what a check
+returns (Violation, Result), and the registries the template kinds are added to.
+
+Each rule kind of spec/ is a small class (a template) instantiated with the rule's parameters:
+`events` says which event names it listens to, `on_chunk(events)` gets them a chunk of the trace at
+a time, `finish()` runs at the end. The kinds of one trace (prefill or decode) register into
+TEMPLATES (checker/batch_templates.py, checker/request_templates.py, checker/decode_templates.py);
+the cross-process kinds, which read a decode trace against the prefill traces of its DP ranks, into
+CROSS_TEMPLATES (checker/cross_templates.py).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spec import Rule
+from spec.registry import Registry
+
+
+@dataclass
+class Violation:
+    rule: Rule
+    message: str
+    seqs: list[int]
+
+
+@dataclass
+class Result:
+    path: str
+    header: dict
+    events: int
+    rules: list          # [(Rule, checks)]
+    violations: list[Violation]
+    # events of kinds no rule knows, skipped: ev -> count
+    ignored: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+@dataclass
+class Ctx:
+    header: dict
+    page_size: int
+    idx: dict = field(default_factory=lambda: defaultdict(dict))   # ev -> batch -> (seq, thread)
+    admits: dict = field(default_factory=dict)   # batch -> rids of its (first) admit
+    _dense: object = None
+
+    def dense(self) -> Dense | None:
+        """The batch index as arrays, for the finish-time templates (built once, at finish)."""
+        if self._dense is None:
+            self._dense = Dense.build(self) or False
+        return self._dense or None
+
+
+class Dense:
+    """idx as numpy columns over the batch range [lo, lo + n): seq (0 = no such event) and a thread
+    code per event name, built on first use; `admits` the admitted batch ids in admission order.
+    The finish-time templates evaluate all batches at once on these; a trace whose batch ids are
+    too sparse for arrays (a foreign engine numbering batches by time, say) keeps the per-batch
+    loops."""
+
+    def __init__(self, ctx, lo: int, n: int):
+        self.ctx, self.lo, self.n = ctx, lo, n
+        self.admits = np.fromiter(ctx.admits, dtype=np.int64, count=len(ctx.admits))
+        self.threads: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._cols: dict[str, tuple] = {}
+
+    @classmethod
+    def build(cls, ctx) -> Dense | None:
+        keys = [k for table in ctx.idx.values()
+                for k in (min(table, default=None), max(table, default=None)) if k is not None]
+        if not ctx.admits or not keys:
+            return None
+        lo, hi = min(keys), max(keys)
+        if not all(type(k) is int for k in keys) or hi - lo + 1 > 4 * len(ctx.admits) + 4096:
+            return None
+        return cls(ctx, lo, hi - lo + 1)
+
+    def col(self, ev: str) -> tuple:
+        """(seq, thread code) arrays of `ev` over the batch range."""
+        got = self._cols.get(ev)
+        if got is None:
+            table = self.ctx.idx.get(ev, {})
+            # one spare slot: out-of-range lookups land there
+            seq = np.zeros(self.n + 1, dtype=np.int64)
+            thr = np.full(self.n + 1, -1, dtype=np.int64)
+            if table:
+                k = np.array(list(table), dtype=np.int64) - self.lo
+                vals = list(table.values())
+                seq[k] = [v[0] for v in vals]
+                codes = self._codes
+                thr[k] = [codes.setdefault(t, len(codes)) for _, t in vals]
+                self.threads = list(codes)
+            got = self._cols[ev] = (seq, thr)
+        return got
+
+    def at(self, ev: str, off: int) -> tuple:
+        """(seq, thread code) of `ev` for batch n + off, for every admitted batch n (seq 0:
+        none)."""
+        seq, thr = self.col(ev)
+        k = self.admits + (off - self.lo)
+        k[(k < 0) | (k >= self.n)] = self.n
+        return seq[k], thr[k]
+
+
+class Template:
+    """`events`: the event names it listens to ("*": all). The checker hands it, per chunk of the
+    trace, the list of its events in trace order (`on_chunk`); the default calls the handler of
+    each. A template keeps the state it needs while streaming itself; the shared index in Ctx
+    (batch-indexed facts) is complete only when `finish()` runs."""
+    events: tuple = ()
+
+    def __init__(self, rule: Rule, ctx: Ctx):
+        self.rule, self.ctx = rule, ctx
+        self.checks = 0
+        self.violations: list[Violation] = []
+
+    def fail(self, message: str, *seqs) -> None:
+        self.violations.append(Violation(self.rule, message, [s for s in seqs if s is not None]))
+
+    def on(self, e: dict) -> None:
+        pass
+
+    def handlers(self) -> dict:
+        """Event name -> callable; a template may route event kinds to separate methods."""
+        return {ev: self.on for ev in self.events}
+
+    def on_chunk(self, evs: list) -> None:
+        h = self.handlers()
+        star = h.get("*")
+        if star is not None:
+            for e in evs:
+                star(e)
+            return
+        for e in evs:
+            h[e["ev"]](e)
+
+    def finish(self) -> None:
+        pass
+
+
+# The template kinds of one trace, prefill or decode: kind -> Template subclass.
+TEMPLATES: Registry[type[Template]] = Registry("linear template")
+# The cross-process kinds: a decode trace against the prefill traces of its DP ranks.
+CROSS_TEMPLATES: Registry[type[Template]] = Registry("cross-process template")
+
+
+def event_label(e: dict) -> str:
+    """`ev(batch)`, or `ev` for an event without a batch: how messages name an event."""
+    b = e.get("batch")
+    return f"{e['ev']}({b})" if b is not None else e["ev"]
