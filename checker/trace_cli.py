@@ -5,10 +5,11 @@
 """
 from __future__ import annotations
 
+from .perfetto import export
+from .plot import plot
+
 
 def cmd_export(a) -> int:
-    from .perfetto import export
-
     counts = export(a.trace, a.perfetto)
     print(f"pdo trace export: {a.perfetto}: {counts['threads']} threads, {counts['spans']} spans, "
           f"{counts['instants']} instants, {counts['flows']} flows (open in ui.perfetto.dev or chrome://tracing)")
@@ -16,8 +17,6 @@ def cmd_export(a) -> int:
 
 
 def cmd_plot(a) -> int:
-    from .plot import plot
-
     info = plot(a.trace, a.output, batches=a.batches, time_ms=a.time_ms, title=a.title, width=a.width, dpi=a.dpi)
     lo, hi = info["window_ms"]
     print(f"pdo trace plot: {a.output}: {len(info['threads'])} lanes, {info['spans']} spans, "
