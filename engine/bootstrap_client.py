@@ -87,7 +87,7 @@ def _request(method: str, url: str, timeout: float, **kwargs: Any) -> requests.R
 
 def _inproc_request(method: str, url: str, timeout: float, *, json: Any = None, params: dict | None = None):
     """An in-process bootstrap server (BootstrapServer.start_inproc): the same handlers, no socket."""
-    from .bootstrap import inproc_server
+    from .bootstrap import inproc_server  # lazy: start-up time (aiohttp)
 
     rest = url[len("inproc://"):]
     name, _, path = rest.partition("/")

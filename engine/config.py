@@ -1,4 +1,5 @@
-"""Configuration: model presets, engine knobs, and the loop-mode dispatch rules of the seed."""
+"""Configuration: model presets, engine knobs, and the loop-mode dispatch rules of the
+design."""
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ class ModelConfig:
 
 
 MODEL_PRESETS = {
-    # Small enough that a CPU test forwards a batch in a few milliseconds.
+    # Small enough that CPU tests forward batches quickly.
     "tiny": ModelConfig(),
     # A GPU-sized model: big enough that the forward dominates host work, as in production.
     "large": ModelConfig(vocab_size=32000, hidden=2048, layers=16, heads=16, kv_heads=4, head_dim=128,
@@ -58,11 +59,11 @@ class EngineConfig:
     launch_cost_us: float = 0.0
     # Keep the objects alive before the loop starts (modules, weights, the scheduler) out of the
     # cyclic garbage collector while it runs (gc.freeze; undone after). A full collection in this
-    # process scans ~170k objects, ~100 ms: a stall in the middle of the loop, as SGLang's
-    # freeze_gc (called after warm-up) avoids. The collector still runs for what the loop allocates.
+    # process scans every one of them: a stall in the middle of the loop, as SGLang's freeze_gc
+    # (called after warm-up) avoids. The collector still runs for what the loop allocates.
     freeze_gc: bool = True
     inject: frozenset = field(default_factory=frozenset)  # mutation switches (see engine/inject.py)
-    # Disaggregated-prefill dispatch conditions of the seed. The engine is a disaggregated prefill
+    # Disaggregated-prefill dispatch conditions of the design. The engine is a disaggregated prefill
     # instance by default; the flags exist so dispatch can refuse what SGLang refuses.
     disaggregation_mode: str = "prefill"
     pp_size: int = 1
@@ -95,7 +96,7 @@ _SWITCHES = ("SGLANG_ENABLE_PREFILL_FWD_THREAD", "SGLANG_PREFILL_FWD_THREAD_AHEA
 
 
 def mode_from_env(default: str = "ahead") -> str:
-    """The seed's two switches, under SGLang's names, read as SGLang reads them once either is set
+    """The design's two switches, under SGLang's names, read as SGLang reads them once either is set
     (both default off there): FWD_THREAD off -> the old overlap loop (AHEAD alone does nothing: it is
     read only inside the threaded loop); FWD_THREAD alone -> thread (validation mode); both -> ahead.
     With neither set, `default`: this project runs admit-ahead unless told otherwise."""

@@ -5,19 +5,18 @@ instance in one process, each role on its own threads, KV over the in-process tr
         └──► decode          (prealloc queue → POST /query_dp_ranks → pull KV from rank i → decode)
 
 Every role writes its own trace (a prefill trace per rank, one decode trace), as separate processes
-would; `pdo check` reads them together. `pdo launch` (engine/launch.py) runs the same roles as
-processes over ZMQ.
+would; `pdo check` reads them together. `pdo launch` (engine/cli/launch.py, engine/pd_process.py) runs
+the same roles as processes over ZMQ.
 """
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
-from . import bootstrap_client as bc
-from . import inject, sync
+from . import bootstrap_client, inject, sync
 from .bootstrap import BootstrapServer
 from .config import EngineConfig, check_dispatch
 from .decode.config import ROUTERS, DecodeConfig, PDError  # noqa: F401  (PDError re-exported)
@@ -28,11 +27,10 @@ from .decode.transport import InProcKVClient, InProcKVServer
 from .model import TinyLlama
 from .prefill.loops import LOOPS as PREFILL_LOOPS
 from .prefill.scheduler import PrefillScheduler
-from .reference import intra_op_threads
+from .reference import intra_op_threads, reference_generate
 from .run import frozen_gc
 from .trace import NullTracer, Tracer
 from .workload import WorkloadConfig, make_workload
-
 
 STOP_GRACE_S = 5.0  # how long loops asked to stop after a timeout get to finish their batch
 
@@ -72,8 +70,8 @@ def registrar(url: str, rank: int, errors: list, dp: int):
 
     def register(req):
         try:
-            bc.register_dp_rank(url, req.bootstrap_room, rank)
-        except bc.BootstrapError as exc:
+            bootstrap_client.register_dp_rank(url, req.bootstrap_room, rank)
+        except bootstrap_client.BootstrapError as exc:
             errors.append(f"room {req.bootstrap_room}: {exc}")
     return register
 
@@ -112,7 +110,7 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
         server = server.start_inproc() if bootstrap == "inproc" else server.start()
         bootstrap_url = server.url
     try:
-        if not bc.health(bootstrap_url, timeout=2.0):
+        if not bootstrap_client.health(bootstrap_url, timeout=2.0):
             raise PDError(f"bootstrap server at {bootstrap_url} is not reachable: start it first (pdo bootstrap)")
         if server_hook:
             server_hook(server)
@@ -128,40 +126,89 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
             server.stop()
 
 
-def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, extra, timeout_s, verify,
-         model=None) -> dict:
-    # SGLang's bootstrap_addr is host:port; an in-process server keeps its inproc:// URL
-    addr = url if url.startswith("inproc://") else bc.base_url(url).split("://", 1)[1]
+def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, extra, timeout_s,
+         verify, model=None) -> dict:
     if model is None:
         model = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
                           device=torch.device(cfg.device))
-    dpath, ppaths = trace_paths(trace_path, dp)
+    roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model)
+    wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s)
+    if trace_path:
+        for s, p in zip(roles.prefills, roles.prefill_paths):
+            s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
+        roles.decode_tracer.write(roles.decode_path, extra_header={
+            "config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)})
+    summary = summarize(roles.decode, wall)
+    summary.update(dp=dp, prefill_mode=cfg.mode, decode_mode=dc.loop, prefetch=dc.prefetch,
+                   registration_errors=roles.registration_errors,
+                   prefill_leaks=[s.leak_report() for s in roles.prefills],
+                   unclaimed_rooms=sorted(r for server in roles.servers.values()
+                                          for r in server.unclaimed()),
+                   traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p])
+    if verify:
+        done = [r for r in roles.decode_reqs if r.rid in summary["outputs"]]
+        ref = reference_generate(cfg, done, model=model)
+        summary["mismatches"] = sorted(rid for rid, toks in summary["outputs"].items()
+                                       if ref[rid] != toks)
+    return summary
+
+
+@dataclass
+class _Roles:
+    """The roles of one embedded PD run, built and not started yet."""
+
+    prefills: list[PrefillScheduler]
+    decode: DecodeScheduler
+    servers: dict[int, InProcKVServer]  # each prefill rank's end of the KV transport
+    decode_reqs: list[DecodeReq]
+    decode_tracer: Tracer | NullTracer
+    registration_errors: list[str]  # the register_dp_rank calls that failed, filled as they run
+    decode_path: str | None
+    prefill_paths: list
+
+
+def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model) -> _Roles:
+    # SGLang's bootstrap_addr is host:port; an in-process server keeps its inproc:// URL
+    addr = url if url.startswith("inproc://") else bootstrap_client.base_url(url).split("://", 1)[1]
+    decode_path, prefill_paths = trace_paths(trace_path, dp)
     common = {"mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
               "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp}
     servers = {i: InProcKVServer(i) for i in range(dp)}
-    reg_errors: list[str] = []
+    registration_errors: list[str] = []
     prefills = []
     for i in range(dp):
-        tr = Tracer({"role": "prefill", **common, "dp_rank": i}) if trace_path else NullTracer()
+        tracer = Tracer({"role": "prefill", **common, "dp_rank": i}) if trace_path else NullTracer()
         mine = [r for r, k in zip(reqs, ranks) if k == i]
-        with sync.group(f"prefill{i}"):  # under a controller: this rank's threads are "prefill<i>/..."
-            prefills.append(PrefillScheduler(cfg, mine, tracer=tr, receiver=servers[i], model=model,
-                                             on_ingest=registrar(url, i, reg_errors, dp)))
-    for r in extra:  # decode-only requests (tests: rooms no prefill rank serves); default address: this run's
-        r.addr = r.addr or addr
-    dreqs = decode_requests(reqs, addr) + list(extra)
-    dtr = Tracer({"role": "decode", **common, "mode": dc.loop, "prefill_mode": cfg.mode, "prefetch": dc.prefetch,
-                  "polling_interval": dc.polling_interval}) if trace_path else NullTracer()
+        # under a controller: this rank's threads are "prefill<i>/..."
+        with sync.group(f"prefill{i}"):
+            prefills.append(PrefillScheduler(cfg, mine, tracer=tracer, receiver=servers[i],
+                                             model=model,
+                                             on_ingest=registrar(url, i, registration_errors, dp)))
+    for r in extra:  # decode-only requests (tests: rooms no prefill rank serves)
+        r.addr = r.addr or addr  # default address: this run's
+    decode_reqs = decode_requests(reqs, addr) + list(extra)
+    decode_tracer = Tracer({"role": "decode", **common, "mode": dc.loop, "prefill_mode": cfg.mode,
+                            "prefetch": dc.prefetch, "polling_interval": dc.polling_interval}) \
+        if trace_path else NullTracer()
     with sync.group("decode"):
-        decode = DecodeScheduler(cfg, dc, dreqs, client=InProcKVClient(servers), tracer=dtr, model=model, hooks=hooks)
+        decode = DecodeScheduler(cfg, dc, decode_reqs, client=InProcKVClient(servers),
+                                 tracer=decode_tracer, model=model, hooks=hooks)
+    return _Roles(prefills, decode, servers, decode_reqs, decode_tracer, registration_errors,
+                  decode_path, prefill_paths)
 
+
+def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s) -> float:
+    """Every role's loop on its own thread until all end or timeout_s passes; the wall time.
+    Raises PDError past the timeout or when a role failed."""
     errors: dict[str, BaseException] = {}
 
     def prefill_main(i, s):
         try:
             if prefill_delay_s:
-                sync.sleep(prefill_delay_s)  # a prefill that comes up late: decode sees 503 until then
-            bc.register_prefill_rank(url, rank_info(i, dp, cfg.page_size, 1 + i), retries=2, backoff_s=0.05)
+                # a prefill that comes up late: decode sees 503 until then
+                sync.sleep(prefill_delay_s)
+            bootstrap_client.register_prefill_rank(url, rank_info(i, dp, cfg.page_size, 1 + i),
+                                                   retries=2, backoff_s=0.05)
             s.t0 = t_start  # arrivals are relative to the common start
             PREFILL_LOOPS[cfg.mode](s)
         except BaseException as exc:
@@ -169,8 +216,8 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
 
     def decode_main():
         try:
-            decode.t0 = t_start
-            DECODE_LOOPS[dc.loop](decode)
+            roles.decode.t0 = t_start
+            DECODE_LOOPS[dc.loop](roles.decode)
         except BaseException as exc:
             errors["decode"] = exc
 
@@ -178,55 +225,51 @@ def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, 
     wall0 = time.monotonic()
     # Every role's loop runs on a thread named "scheduler" (the trace's thread field); under a
     # controller they are managed threads "prefill<i>/scheduler" and "decode/scheduler".
-    threads = [sync.start_thread(lambda i=i, s=s: prefill_main(i, s), "scheduler", group=f"prefill{i}")
-               for i, s in enumerate(prefills)]
+    threads = [sync.start_thread(lambda i=i, s=s: prefill_main(i, s), "scheduler",
+                                 group=f"prefill{i}")
+               for i, s in enumerate(roles.prefills)]
     threads.append(sync.start_thread(decode_main, "scheduler", group="decode"))
     deadline = wall0 + timeout_s
     with frozen_gc(cfg.freeze_gc):
         for t in threads:
             sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
     wall = time.monotonic() - wall0
+    _stop_and_close(roles, threads, timeout_s)
+    if errors:
+        who, exc = next(iter(errors.items()))
+        raise PDError(f"{who} failed: {exc}") from exc
+    return wall
+
+
+def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
+    """Close every role whose loop has ended; past the timeout, first ask every loop to end and
+    give it a bounded grace, then raise PDError."""
+    decode = roles.decode
     hung = [t for t in threads if not sync.finished(t)]
     if hung:
         # Past the timeout: ask every loop to end and give it a bounded grace, so that its worker,
         # streams, transfer thread and query pool are closed below rather than left running.
-        for s in [*prefills, decode]:
+        for s in [*roles.prefills, decode]:
             s.stop()
         grace = time.monotonic() + STOP_GRACE_S
         for t in threads:
             sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
-    roles = {**{f"prefill{i}": s for i, s in enumerate(prefills)}, "decode": decode}   # in the order of `threads`
+    # in the order of `threads`
+    by_name = {**{f"prefill{i}": s for i, s in enumerate(roles.prefills)}, "decode": decode}
     still = []
-    for (name, s), t in zip(roles.items(), threads):
+    for (name, s), t in zip(by_name.items(), threads):
         if sync.finished(t):  # closing under a loop that still runs would race with it
             s.close()
         else:
             still.append(name)
     if not still:
-        sync.quiesce("pd.quiesce")  # under a controller: every stream, transfer and prefetch thread has exited
+        # under a controller: every stream, transfer and prefetch thread has exited
+        sync.quiesce("pd.quiesce")
     if hung:
-        left = f"; still running after a {STOP_GRACE_S:g} s grace, not closed: {', '.join(still)}" if still else ""
-        raise PDError(f"PD run did not finish within {timeout_s:g} s "
-                      f"(decode: {len(decode.done)} done, {len(decode.aborted)} aborted of {decode.total}){left}")
-    if errors:
-        who, exc = next(iter(errors.items()))
-        raise PDError(f"{who} failed: {exc}") from exc
-
-    if trace_path:
-        for s, p in zip(prefills, ppaths):
-            s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
-        dtr.write(dpath, extra_header={"config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)})
-    summary = summarize(decode, wall)
-    summary.update(dp=dp, prefill_mode=cfg.mode, decode_mode=dc.loop, prefetch=dc.prefetch,
-                   registration_errors=reg_errors,
-                   prefill_leaks=[s.leak_report() for s in prefills],
-                   unclaimed_rooms=sorted(r for sv in servers.values() for r in sv.unclaimed()),
-                   traces=[p for p in [dpath, *ppaths] if p])
-    if verify:
-        from .reference import reference_generate
-        ref = reference_generate(cfg, [r for r in dreqs if r.rid in summary["outputs"]], model=model)
-        summary["mismatches"] = sorted(rid for rid, toks in summary["outputs"].items() if ref[rid] != toks)
-    return summary
+        left = (f"; still running after a {STOP_GRACE_S:g} s grace, not closed: {', '.join(still)}"
+                if still else "")
+        raise PDError(f"PD run did not finish within {timeout_s:g} s (decode: {len(decode.done)} "
+                      f"done, {len(decode.aborted)} aborted of {decode.total}){left}")
 
 
 def summarize(decode: DecodeScheduler, wall: float) -> dict:

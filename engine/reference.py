@@ -35,7 +35,7 @@ def reference_generate(cfg: EngineConfig, requests, *, model: TinyLlama | None =
 @contextlib.contextmanager
 def intra_op_threads(n: int):
     """Tiny ops gain nothing from intra-op parallelism; with several roles on threads of one process
-    it only oversubscribes the cores (5x slower on two CPUs). Restored on exit (a process-wide knob)."""
+    it only oversubscribes the cores. Restored on exit (a process-wide knob)."""
     prev = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import platform
+import threading
 import time
 from dataclasses import asdict
 
@@ -11,6 +12,7 @@ import torch
 
 from . import inject
 from .config import EngineConfig, check_dispatch
+from .model import TinyLlama, default_forward_impl
 from .prefill.loops import LOOPS
 from .prefill.scheduler import PrefillScheduler
 from .trace import NullTracer, Tracer
@@ -31,7 +33,6 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
         tracer.header.update(header)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model)
-    import threading
     prev_name = threading.current_thread().name
     threading.current_thread().name = "scheduler"
     t0 = time.perf_counter()
@@ -72,9 +73,8 @@ _MODELS: dict = {}
 
 def shared_model(cfg: EngineConfig):
     """The model of cfg (preset, seed, dtype, device, forward), built once per process: the weights
-    are only read, and drawing the large preset's ~0.85 B weights takes seconds, per run of a benchmark."""
-    from .model import TinyLlama, default_forward_impl
-
+    are only read, and drawing the large preset's weights anew for every run of a benchmark would
+    cost more than many runs."""
     impl = default_forward_impl() if cfg.forward == "auto" else cfg.forward
     key = (cfg.model, cfg.seed, cfg.dtype, cfg.device, impl)
     model = _MODELS.get(key)

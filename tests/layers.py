@@ -14,7 +14,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "checker": (("checker",), ("spec",)),
     "harness": (("checker.fuzz", "engine.sglang.conform"), ("engine", "checker", "spec", "kernels")),
     "front": (
-        ("engine.cli", "engine.bench", "engine.launch", "spec.cli", "checker.bench", "checker.fuzz.cli",
+        ("engine.cli", "engine.bench", "spec.cli", "checker.bench", "checker.fuzz.cli",
          "engine.sglang.conform.cli"),
         ("harness", "engine", "checker", "spec", "kernels"),
     ),

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from engine import bootstrap_client as bc
-from engine.bootstrap import BootstrapServer, main
+from engine import bootstrap_client
+from engine.bootstrap import BootstrapServer
 from engine.bootstrap_client import BootstrapError, BootstrapQueryError, BootstrapUnavailable
+from engine.cli import main as pdo
 
 REPO = Path(__file__).resolve().parents[1]
 T = 2.0  # per-request timeout for raw requests in tests: nothing here should take longer
@@ -59,7 +60,7 @@ def ready_server():
     """One DP rank with TP 2, fully registered."""
     with BootstrapServer() as s:
         for tp in range(2):
-            bc.register_prefill_rank(s.url, rank(tp_rank=tp, tp_size=2))
+            bootstrap_client.register_prefill_rank(s.url, rank(tp_rank=tp, tp_size=2))
         yield s
 
 
@@ -68,7 +69,7 @@ def ready_server():
 def test_health_and_unknown_routes(server):
     assert requests.get(f"{server.url}/health", timeout=T).status_code == 200
     assert requests.head(f"{server.url}/health", timeout=T).status_code == 200  # load-balancer probes
-    assert bc.health(server.url)
+    assert bootstrap_client.health(server.url)
     assert requests.get(f"{server.url}/nope", timeout=T).status_code == 404
     assert requests.delete(f"{server.url}/route", timeout=T).status_code == 405
     assert server.counters["health"] == 3
@@ -89,7 +90,7 @@ def test_start_stop_is_clean_and_port_conflict_is_reported():
     session.close()
     assert time.monotonic() - t0 < 3
     with pytest.raises(BootstrapUnavailable):
-        bc.get_prefill_info(s.url, timeout=0.5)
+        bootstrap_client.get_prefill_info(s.url, timeout=0.5)
 
 
 def test_invalid_constructor_arguments():
@@ -103,17 +104,17 @@ def test_invalid_constructor_arguments():
 
 def test_parallel_info_is_503_until_every_rank_registered(server):
     url = server.url
-    assert bc.get_prefill_info(url) is None  # nothing registered
-    bc.register_prefill_rank(url, rank(tp_rank=0, tp_size=2, dp_size=2))
-    bc.register_prefill_rank(url, rank(tp_rank=0, tp_size=2, dp_size=2))  # re-registering is no progress
+    assert bootstrap_client.get_prefill_info(url) is None  # nothing registered
+    bootstrap_client.register_prefill_rank(url, rank(tp_rank=0, tp_size=2, dp_size=2))
+    bootstrap_client.register_prefill_rank(url, rank(tp_rank=0, tp_size=2, dp_size=2))  # re-registering is no progress
     r = requests.get(f"{url}/route", params=info_params(), timeout=T)
     assert r.status_code == 503 and "1/4" in r.text
     # A rank's endpoint is not served before the whole server is either (as SGLang).
-    assert bc.get_prefill_rank_info(url, dp_rank=0, tp_rank=0) is None
+    assert bootstrap_client.get_prefill_rank_info(url, dp_rank=0, tp_rank=0) is None
     for dp, tp in ((0, 1), (1, 0), (1, 1)):
-        assert bc.get_prefill_info(url) is None
-        bc.register_prefill_rank(url, rank(tp_rank=tp, tp_size=2, dp_rank=dp, dp_size=2))
-    info = bc.get_prefill_info(url)
+        assert bootstrap_client.get_prefill_info(url) is None
+        bootstrap_client.register_prefill_rank(url, rank(tp_rank=tp, tp_size=2, dp_rank=dp, dp_size=2))
+    info = bootstrap_client.get_prefill_info(url)
     # SGLang 0.5.23's PrefillServerInfo, whole; kv_layout and dsv41_spec_layout are left out when null.
     assert info == {"attn_tp_size": 2, "attn_cp_size": 1, "dp_size": 2, "pp_size": 1, "page_size": 16,
                     "kv_cache_dtype": "auto", "follow_bootstrap_room": False,
@@ -127,16 +128,16 @@ def test_parallel_info_is_503_until_every_rank_registered(server):
 
 def test_expected_ranks_overrides_topology():
     with BootstrapServer(expected_ranks=2) as s:
-        bc.register_prefill_rank(s.url, rank())
-        assert bc.get_prefill_info(s.url) is None
-        bc.register_prefill_rank(s.url, rank(rank_port=30000, pp_rank=0, dp_rank=0, tp_rank=0,
+        bootstrap_client.register_prefill_rank(s.url, rank())
+        assert bootstrap_client.get_prefill_info(s.url) is None
+        bootstrap_client.register_prefill_rank(s.url, rank(rank_port=30000, pp_rank=0, dp_rank=0, tp_rank=0,
                                              rank_ip="10.0.0.2"))  # same slot: still 1 rank
-        assert bc.get_prefill_info(s.url) is None
+        assert bootstrap_client.get_prefill_info(s.url) is None
 
 
 def test_rank_lookup_current_and_legacy_params(ready_server):
     url = ready_server.url
-    assert bc.get_prefill_rank_info(url, dp_rank=0, tp_rank=1) == {"rank_ip": "127.0.0.1", "rank_port": 20010}
+    assert bootstrap_client.get_prefill_rank_info(url, dp_rank=0, tp_rank=1) == {"rank_ip": "127.0.0.1", "rank_port": 20010}
     r = requests.get(f"{url}/route", params=info_params(prefill_dp_rank=3, prefill_cp_rank=0,
                                                         target_tp_rank=0, target_pp_rank=0), timeout=T)
     assert r.status_code == 404 and "prefill_dp_rank=3" in r.text
@@ -185,12 +186,12 @@ def test_route_get_bad_params(ready_server, params, reason):
     (rank(tp_rank=1, tp_size=2, dsv41_spec_layout={"n": 4}), 400, "dsv41_spec_layout differs"),
 ])
 def test_route_put_rejects_bad_input_and_keeps_serving(server, body, status, reason):
-    bc.register_prefill_rank(server.url, rank(tp_rank=0, tp_size=2))
+    bootstrap_client.register_prefill_rank(server.url, rank(tp_rank=0, tp_size=2))
     kwargs = {"json": body} if isinstance(body, dict) else {"data": body}
     r = requests.put(f"{server.url}/route", timeout=T, **kwargs)
     assert r.status_code == status, r.text
     assert reason in r.text and "\n" not in r.text.strip()
-    assert bc.health(server.url)
+    assert bootstrap_client.health(server.url)
     assert len(server._ranks) == 1  # the bad request registered nothing
 
 
@@ -198,7 +199,7 @@ def test_route_put_accepts_extra_and_older_fields(server):
     old_style = rank(future_field={"x": 1}, prefill_http_port=30000)
     del old_style["attn_cp_size"], old_style["attn_cp_rank"], old_style["page_size"], old_style["kv_cache_dtype"]
     assert requests.put(f"{server.url}/route", json=old_style, timeout=T).text == "OK"
-    info = bc.get_prefill_info(server.url)
+    info = bootstrap_client.get_prefill_info(server.url)
     assert info["attn_cp_size"] == 1 and info["page_size"] is None and info["prefill_http_port"] == 30000
 
 
@@ -206,11 +207,11 @@ def test_parallel_info_carries_layouts_policy_and_first_sent_fields(server):
     # As SGLang: page_size, kv_cache_dtype, kv_layout and prefill_http_port come from the first rank
     # that sends one; kv_layout and dsv41_spec_layout are left out of the info while null.
     policy = {"decode_allocation_policy": "prefill_complete", "dsv41_spec_layout": {"n": 4}}
-    bc.register_prefill_rank(server.url, rank(tp_size=2, kv_cache_dtype=None, enable_kv_cache_sharding=True,
+    bootstrap_client.register_prefill_rank(server.url, rank(tp_size=2, kv_cache_dtype=None, enable_kv_cache_sharding=True,
                                               **policy))
-    bc.register_prefill_rank(server.url, rank(tp_rank=1, tp_size=2, kv_layout="L", prefill_http_port=30000,
+    bootstrap_client.register_prefill_rank(server.url, rank(tp_rank=1, tp_size=2, kv_layout="L", prefill_http_port=30000,
                                               **policy))
-    info = bc.get_prefill_info(server.url)
+    info = bootstrap_client.get_prefill_info(server.url)
     assert {k: info[k] for k in ("kv_cache_dtype", "kv_layout", "prefill_http_port", "enable_kv_cache_sharding",
                                  "decode_allocation_policy", "dsv41_spec_layout")} == \
         {"kv_cache_dtype": "auto", "kv_layout": "L", "prefill_http_port": 30000, "enable_kv_cache_sharding": True,
@@ -219,7 +220,7 @@ def test_parallel_info_carries_layouts_policy_and_first_sent_fields(server):
 
 def test_register_prefill_rank_client_does_not_retry_4xx(server):
     with pytest.raises(BootstrapError) as e:
-        bc.register_prefill_rank(server.url, {"role": "Prefill"}, backoff_s=0.01)
+        bootstrap_client.register_prefill_rank(server.url, {"role": "Prefill"}, backoff_s=0.01)
     assert e.value.status == 400 and "missing field" in str(e.value) and server.url in str(e.value)
     assert server.counters["route_put"] == 1
 
@@ -228,14 +229,14 @@ def test_register_prefill_rank_client_does_not_retry_4xx(server):
 
 def test_register_and_query_dp_ranks_known_rooms_only(ready_server):
     url = ready_server.url
-    assert bc.query_prefill_dp_ranks(url, [1, 2]) == {}
-    bc.register_dp_rank(url, 2**62 + 5, 0)
-    bc.register_dp_rank(url, 7, 0)
-    got = bc.query_prefill_dp_ranks(url, [7, 8, 2**62 + 5])
+    assert bootstrap_client.query_prefill_dp_ranks(url, [1, 2]) == {}
+    bootstrap_client.register_dp_rank(url, 2**62 + 5, 0)
+    bootstrap_client.register_dp_rank(url, 7, 0)
+    got = bootstrap_client.query_prefill_dp_ranks(url, [7, 8, 2**62 + 5])
     assert got == {7: 0, 2**62 + 5: 0} and all(type(k) is int for k in got)
     raw = requests.post(f"{url}/query_dp_ranks", json={"bootstrap_rooms": [7, 9]}, timeout=T)
     assert raw.status_code == 200 and raw.json() == {"7": 0}  # SGLang's wire form: string keys
-    assert bc.query_prefill_dp_ranks(url, []) == {}  # nothing to ask: no request made
+    assert bootstrap_client.query_prefill_dp_ranks(url, []) == {}  # nothing to ask: no request made
     assert ready_server.counters["query_dp_ranks"] == 3
 
 
@@ -255,22 +256,22 @@ def test_dp_rank_endpoints_reject_bad_input(ready_server, path, body, reason):
     kwargs = {"json": body} if isinstance(body, dict) else {"data": body}
     r = requests.post(f"{ready_server.url}{path}", timeout=T, **kwargs)
     assert r.status_code == 400 and reason in r.text, r.text
-    assert bc.query_prefill_dp_ranks(ready_server.url, [1]) == {}  # still serving, nothing stored
+    assert bootstrap_client.query_prefill_dp_ranks(ready_server.url, [1]) == {}  # still serving, nothing stored
 
 
 def test_register_dp_rank_client_raises_on_rejection(ready_server):
     with pytest.raises(BootstrapError) as e:
-        bc.register_dp_rank(ready_server.url, 1, 5)
+        bootstrap_client.register_dp_rank(ready_server.url, 1, 5)
     assert e.value.status == 400 and "/register_dp_rank" in str(e.value)
 
 
 def test_rooms_expire_after_ttl():
     with BootstrapServer(room_ttl_s=0.2) as s:
-        bc.register_dp_rank(s.url, 1, 0)
-        assert bc.query_prefill_dp_ranks(s.url, [1]) == {1: 0}
+        bootstrap_client.register_dp_rank(s.url, 1, 0)
+        assert bootstrap_client.query_prefill_dp_ranks(s.url, [1]) == {1: 0}
         time.sleep(0.3)
-        assert bc.query_prefill_dp_ranks(s.url, [1]) == {}
-        bc.register_dp_rank(s.url, 2, 0)  # prunes the stale entry
+        assert bootstrap_client.query_prefill_dp_ranks(s.url, [1]) == {}
+        bootstrap_client.register_dp_rank(s.url, 2, 0)  # prunes the stale entry
         assert s._rooms.keys() == {2}
 
 
@@ -284,21 +285,21 @@ def timed(fn, *args, **kwargs):
 
 def test_latency_on_every_request():
     with BootstrapServer(latency_s=0.2) as s:
-        ok, dt = timed(bc.health, s.url)
+        ok, dt = timed(bootstrap_client.health, s.url)
         assert ok and 0.2 <= dt < 1.5
-        _, dt = timed(bc.query_prefill_dp_ranks, s.url, [1])
+        _, dt = timed(bootstrap_client.query_prefill_dp_ranks, s.url, [1])
         assert 0.2 <= dt < 1.5
 
 
 def test_latency_on_query_only_and_changed_at_run_time(server):
     server.set_faults(latency_s=0.2, latency_scope="query_dp_ranks")
-    _, dt = timed(bc.health, server.url)
+    _, dt = timed(bootstrap_client.health, server.url)
     assert dt < 0.15
-    _, dt = timed(bc.query_prefill_dp_ranks, server.url, [1])
+    _, dt = timed(bootstrap_client.query_prefill_dp_ranks, server.url, [1])
     assert dt >= 0.2
     # Same change through the admin endpoint, from another process's point of view.
-    assert bc.set_faults(server.url, latency_s=0.0)["latency_s"] == 0.0
-    _, dt = timed(bc.query_prefill_dp_ranks, server.url, [1])
+    assert bootstrap_client.set_faults(server.url, latency_s=0.0)["latency_s"] == 0.0
+    _, dt = timed(bootstrap_client.query_prefill_dp_ranks, server.url, [1])
     assert dt < 0.15
 
 
@@ -314,17 +315,17 @@ def test_admin_endpoint_rejects_bad_faults(server):
 @pytest.mark.parametrize("failure_status", [500, 503])
 def test_failure_rate_one_exhausts_retries(failure_status):
     with BootstrapServer(failure_rate=1.0, failure_status=failure_status) as s:
-        bc.register_dp_rank(s.url, 1, 0)  # only query_dp_ranks is failed
+        bootstrap_client.register_dp_rank(s.url, 1, 0)  # only query_dp_ranks is failed
         with pytest.raises(BootstrapQueryError) as e:
-            bc.query_prefill_dp_ranks(s.url, [1], retries=3, backoff_s=0.01)
+            bootstrap_client.query_prefill_dp_ranks(s.url, [1], retries=3, backoff_s=0.01)
         err = e.value
         assert err.attempts == 4 and err.status == failure_status and not err.unavailable
         assert s.url in str(err) and "4 attempt" in str(err) and "\n" not in str(err)
         assert s.counters["query_dp_ranks"] == 4
         assert s.counters["query_dp_ranks_injected_failures"] == 4
-        assert bc.get_stats(s.url)["counters"]["query_dp_ranks"] == 4
+        assert bootstrap_client.get_stats(s.url)["counters"]["query_dp_ranks"] == 4
         s.set_faults(failure_rate=0.0)
-        assert bc.query_prefill_dp_ranks(s.url, [1]) == {1: 0}
+        assert bootstrap_client.query_prefill_dp_ranks(s.url, [1]) == {1: 0}
 
 
 def test_partial_failures_are_retried_and_seeded():
@@ -333,12 +334,12 @@ def test_partial_failures_are_retried_and_seeded():
             seq = []
             for _ in range(20):
                 try:
-                    bc.query_prefill_dp_ranks(s.url, [1], retries=0)
+                    bootstrap_client.query_prefill_dp_ranks(s.url, [1], retries=0)
                     seq.append(True)
                 except BootstrapQueryError:
                     seq.append(False)
             # With retries, a 50% failure rate is nearly always ridden out.
-            assert bc.query_prefill_dp_ranks(s.url, [1], retries=20, backoff_s=0.001, max_backoff_s=0.001) == {}
+            assert bootstrap_client.query_prefill_dp_ranks(s.url, [1], retries=20, backoff_s=0.001, max_backoff_s=0.001) == {}
             return seq
 
     a, b = outcomes(7), outcomes(7)
@@ -348,7 +349,7 @@ def test_partial_failures_are_retried_and_seeded():
 def test_client_timeout_is_retried_then_reported_unavailable():
     with BootstrapServer(latency_s=0.5, latency_scope="query_dp_ranks") as s:
         with pytest.raises(BootstrapQueryError) as e:
-            bc.query_prefill_dp_ranks(s.url, [1], timeout_s=0.1, retries=1, backoff_s=0.01)
+            bootstrap_client.query_prefill_dp_ranks(s.url, [1], timeout_s=0.1, retries=1, backoff_s=0.01)
         assert e.value.unavailable and e.value.attempts == 2 and e.value.status is None
         assert isinstance(e.value.__cause__, BootstrapUnavailable)
 
@@ -358,37 +359,37 @@ def test_client_timeout_is_retried_then_reported_unavailable():
 def test_server_down_fails_fast():
     url = f"127.0.0.1:{free_port()}"  # SGLang-style bare host:port
     t0 = time.monotonic()
-    for call in (lambda: bc.get_prefill_info(url, timeout=0.5),
-                 lambda: bc.get_prefill_rank_info(url, dp_rank=0, tp_rank=0, timeout=0.5),
-                 lambda: bc.register_dp_rank(url, 1, 0, timeout=0.5),
-                 lambda: bc.register_prefill_rank(url, rank(), timeout=0.5, retries=1, backoff_s=0.01)):
+    for call in (lambda: bootstrap_client.get_prefill_info(url, timeout=0.5),
+                 lambda: bootstrap_client.get_prefill_rank_info(url, dp_rank=0, tp_rank=0, timeout=0.5),
+                 lambda: bootstrap_client.register_dp_rank(url, 1, 0, timeout=0.5),
+                 lambda: bootstrap_client.register_prefill_rank(url, rank(), timeout=0.5, retries=1, backoff_s=0.01)):
         with pytest.raises(BootstrapUnavailable) as e:
             call()
         assert f"http://{url}/" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(BootstrapQueryError) as e:
-        bc.query_prefill_dp_ranks(url, [1], timeout_s=0.5, retries=2, backoff_s=0.01)
+        bootstrap_client.query_prefill_dp_ranks(url, [1], timeout_s=0.5, retries=2, backoff_s=0.01)
     assert e.value.unavailable and e.value.attempts == 3
-    assert not bc.health(url, timeout=0.5)
+    assert not bootstrap_client.health(url, timeout=0.5)
     assert time.monotonic() - t0 < 3
 
 
 def test_concurrent_queries_from_8_threads():
     with BootstrapServer(latency_s=0.1, latency_scope="query_dp_ranks") as s:
-        bc.register_prefill_rank(s.url, rank(dp_size=4))
+        bootstrap_client.register_prefill_rank(s.url, rank(dp_size=4))
         for dp in range(1, 4):
-            bc.register_prefill_rank(s.url, rank(dp_rank=dp, dp_size=4))
+            bootstrap_client.register_prefill_rank(s.url, rank(dp_rank=dp, dp_size=4))
         for room in range(64):
-            bc.register_dp_rank(s.url, room, room % 4)
+            bootstrap_client.register_dp_rank(s.url, room, room % 4)
         barrier = threading.Barrier(8)
 
         def worker(i):
             barrier.wait()
-            sessions = {id(bc.session())}
+            sessions = {id(bootstrap_client.session())}
             results = []
             for j in range(3):
                 rooms = [i * 8 + k for k in range(8)] + [1000 + i]  # 1000+ are unknown
-                results.append(bc.query_prefill_dp_ranks(s.url, rooms))
-                sessions.add(id(bc.session()))
+                results.append(bootstrap_client.query_prefill_dp_ranks(s.url, rooms))
+                sessions.add(id(bootstrap_client.session()))
             return results, sessions
 
         t0 = time.monotonic()
@@ -406,14 +407,14 @@ def test_concurrent_queries_from_8_threads():
 # ---- CLI / serve_forever ----------------------------------------------------
 
 def test_main_rejects_bad_flags_without_blocking(capsys):
-    assert main(["--port", "0", "--failure-rate", "2"]) == 2
+    assert pdo(["bootstrap", "--port", "0", "--failure-rate", "2"]) == 2
     assert "failure_rate" in capsys.readouterr().err
 
 
 def test_serve_forever_in_subprocess():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.bootstrap", "--port", "0", "--latency-ms", "50",
+        [sys.executable, "-m", "engine.cli", "bootstrap", "--port", "0", "--latency-ms", "50",
          "--latency-scope", "query_dp_ranks", "--failure-rate", "0", "--seed", "3"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -427,9 +428,9 @@ def test_serve_forever_in_subprocess():
         match = re.search(r"listening on (http://\S+)", line)
         assert match, line
         url = match.group(1)
-        assert bc.health(url, timeout=2)
-        assert bc.set_faults(url, failure_rate=0.0)["latency_s"] == 0.05
-        _, dt = timed(bc.query_prefill_dp_ranks, url, [1], timeout_s=2)
+        assert bootstrap_client.health(url, timeout=2)
+        assert bootstrap_client.set_faults(url, failure_rate=0.0)["latency_s"] == 0.05
+        _, dt = timed(bootstrap_client.query_prefill_dp_ranks, url, [1], timeout_s=2)
         assert dt >= 0.05
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0

@@ -12,8 +12,8 @@ import pytest
 import engine.pd
 import engine.run
 from engine.cli import main
+from engine.cli.pd import summary_ok
 from engine.config import EngineConfig
-from engine.decode.cli import summary_ok
 from engine.decode.config import DecodeConfig
 from engine.workload import WorkloadConfig
 

@@ -96,19 +96,19 @@ def test_pdo_launch_processes_over_zmq_match_reference_and_traces_pass(tmp_path)
 def test_inproc_bootstrap_answers_like_http():
     """The in-process transport (used under the schedule controller) calls the HTTP server's own
     handlers: same status codes, bodies and client-side errors for the same requests."""
-    from engine import bootstrap_client as bc
+    from engine import bootstrap_client
     from engine.bootstrap import BootstrapServer
     from engine.pd import rank_info
 
     def session(url):
-        out = [bc.health(url), bc.get_prefill_info(url)]  # 503 before any rank registered -> None
+        out = [bootstrap_client.health(url), bootstrap_client.get_prefill_info(url)]  # 503 before any rank registered -> None
         for i in range(2):
-            bc.register_prefill_rank(url, rank_info(i, 2, 4, 100 + i), retries=0)
-        bc.register_dp_rank(url, 7, 1)
-        out += [bc.get_prefill_info(url), bc.get_prefill_rank_info(url, dp_rank=1, tp_rank=0),
-                bc.get_prefill_rank_info(url, dp_rank=5, tp_rank=0), bc.query_prefill_dp_ranks(url, [7, 8])]
-        for bad in (lambda: bc.register_dp_rank(url, 9, 3), lambda: bc.register_prefill_rank(url, {"role": "x"})):
-            with pytest.raises(bc.BootstrapError) as e:
+            bootstrap_client.register_prefill_rank(url, rank_info(i, 2, 4, 100 + i), retries=0)
+        bootstrap_client.register_dp_rank(url, 7, 1)
+        out += [bootstrap_client.get_prefill_info(url), bootstrap_client.get_prefill_rank_info(url, dp_rank=1, tp_rank=0),
+                bootstrap_client.get_prefill_rank_info(url, dp_rank=5, tp_rank=0), bootstrap_client.query_prefill_dp_ranks(url, [7, 8])]
+        for bad in (lambda: bootstrap_client.register_dp_rank(url, 9, 3), lambda: bootstrap_client.register_prefill_rank(url, {"role": "x"})):
+            with pytest.raises(bootstrap_client.BootstrapError) as e:
                 bad()
             out.append((e.value.status, e.value.reason.split(": ", 1)[-1]))
         return out
@@ -123,17 +123,17 @@ def test_inproc_bootstrap_answers_like_http():
         assert inproc.url == "inproc://parity"
         in_process = session(inproc.url)
         inproc.set_faults(failure_rate=1.0, seed=1)
-        with pytest.raises(bc.BootstrapQueryError, match="HTTP 503"):
-            bc.query_prefill_dp_ranks(inproc.url, [7], retries=0)
+        with pytest.raises(bootstrap_client.BootstrapQueryError, match="HTTP 503"):
+            bootstrap_client.query_prefill_dp_ranks(inproc.url, [7], retries=0)
         inproc.set_faults(failure_rate=0.0, latency_s=0.2, latency_scope="query_dp_ranks")
-        with pytest.raises(bc.BootstrapQueryError) as e:
-            bc.query_prefill_dp_ranks(inproc.url, [7], retries=0, timeout_s=0.05)
+        with pytest.raises(bootstrap_client.BootstrapQueryError) as e:
+            bootstrap_client.query_prefill_dp_ranks(inproc.url, [7], retries=0, timeout_s=0.05)
         assert e.value.unavailable and "no answer within 0.05 s" in str(e.value)
     finally:
         inproc.stop()
     assert over_http == in_process
     assert in_process[-2][0] == 400 and in_process[-1][0] == 400
-    assert not bc.health("inproc://parity")  # stopped: unreachable, as a closed port
+    assert not bootstrap_client.health("inproc://parity")  # stopped: unreachable, as a closed port
 
 
 def test_embedded_pd_over_the_inproc_bootstrap_matches_reference(tmp_path):

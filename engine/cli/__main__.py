@@ -1,0 +1,7 @@
+"""`python -m engine.cli`: the same as `pdo`."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

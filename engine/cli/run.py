@@ -1,0 +1,66 @@
+"""`pdo run`: the prefill engine once (or, with --pd, the PD roles in this process), a summary."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+from .flags import add_engine_args, build_configs
+from .pd import add_pd_args, cmd_run_pd
+
+_UNSET = object()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the prefill engine (optionally writing a trace)")
+    add_engine_args(p)
+    add_pd_args(p)
+    p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(fn=cmd_run, refuse=functools.partial(refuse_pd_only_flags, p))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.pd:
+        return cmd_run_pd(args)
+    from ..run import run_prefill  # lazy: start-up time (torch)
+
+    cfg, workload = build_configs(args)
+    s = run_prefill(cfg, workload, trace_path=args.trace)
+    leaks = s["leaks"]
+    code = 0 if not any(leaks.values()) else 1
+    if args.json:
+        print(json.dumps(s))
+        return code
+    print(f"pdo run: mode={s['mode']} device={s['device']} attention={s['attention_backend']} "
+          f"requests={s['finished']}/{s['requests']} batches={s['batches']}")
+    print(f"  input tokens {s['input_tokens']} (uncached {s['uncached_tokens']}, "
+          f"cached {s['cached_tokens']}), wall {s['wall_s'] * 1e3:.1f} ms, "
+          f"uncached input {s['uncached_tok_per_s']:.0f} tok/s")
+    print(f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
+          f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
+          + (f"; trace: {args.trace} ({s['events']} events)" if args.trace else ""))
+    return code
+
+
+def pd_only_flags_given(run_parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The options of `pdo run`'s "PD disaggregation" group, --pd aside, written on this command
+    line (even at their default value): they only mean something with --pd."""
+    group = next(g for g in run_parser._action_groups if g.title == "PD disaggregation")
+    actions = [x for x in group._group_actions if x.dest != "pd"]
+    # argparse fills in only what is unset
+    namespace = argparse.Namespace(**{x.dest: _UNSET for x in actions})
+    run_parser.parse_args(argv, namespace=namespace)
+    return [x.option_strings[0] for x in actions if getattr(namespace, x.dest) is not _UNSET]
+
+
+def refuse_pd_only_flags(run_parser: argparse.ArgumentParser, args: argparse.Namespace,
+                         argv: list[str]) -> str | None:
+    """Why `pdo run` refuses this command line (PD-only options without --pd), or None."""
+    if args.pd:
+        return None
+    given = pd_only_flags_given(run_parser, argv)
+    if not given:
+        return None
+    return f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --pd"

@@ -1,0 +1,135 @@
+"""One role of a PD run as its own process: a child of `pdo launch` (engine/cli/launch.py).
+
+`python -m engine.pd_process prefill --rank I ...` runs prefill DP rank I, `... decode ...` the
+decode instance; both read the run's configs from the spec file the parent wrote, reach the
+bootstrap server at --bootstrap, move KV over ZMQ (engine/decode/transport.py) and write their trace
+and summary into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from . import bootstrap_client, inject
+from .config import EngineConfig
+from .decode.config import DecodeConfig, PDError
+from .decode.loops import LOOPS as DECODE_LOOPS
+from .decode.scheduler import DecodeScheduler
+from .decode.transport import KVTransportError, ZmqKVClient, ZmqKVServer
+from .pd import decode_requests, rank_info, registrar, route, summarize
+from .prefill.loops import LOOPS as PREFILL_LOOPS
+from .prefill.scheduler import PrefillScheduler
+from .run import frozen_gc
+from .trace import Tracer
+from .workload import WorkloadConfig, make_workload
+
+
+def _load(spec_path: str):
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = spec["cfg"]
+    cfg["inject"] = frozenset(cfg["inject"])
+    workload = spec["wc"]
+    workload["prompt_len"] = tuple(workload["prompt_len"])
+    return (EngineConfig(**cfg), WorkloadConfig(**workload), DecodeConfig(**spec["dc"]),
+            spec["dp"], spec["router"])
+
+
+def prefill_main(args: argparse.Namespace) -> int:
+    cfg, wc, dc, dp, router = _load(args.spec)
+    inject.set_active(cfg.inject)
+    reqs = make_workload(wc, cfg.model_config.vocab_size)
+    mine = [r for r, k in zip(reqs, route(reqs, dp, router, wc.seed)) if k == args.rank]
+    server = ZmqKVServer(args.rank)
+    try:
+        bootstrap_client.register_prefill_rank(
+            args.bootstrap, rank_info(args.rank, dp, cfg.page_size, server.port), retries=3,
+            backoff_s=0.2)
+    except bootstrap_client.BootstrapError as exc:
+        server.close()
+        raise PDError(f"prefill rank {args.rank} could not register with the bootstrap server: "
+                      f"{exc}") from exc
+    tracer = Tracer({"role": "prefill", "mode": cfg.mode, "page_size": cfg.page_size,
+                     "model": cfg.model, "seed": cfg.seed, "workload_seed": wc.seed,
+                     "inject": sorted(cfg.inject), "dp_size": dp, "dp_rank": args.rank})
+    errors: list[str] = []
+    sched = PrefillScheduler(cfg, mine, tracer=tracer, receiver=server,
+                             on_ingest=registrar(args.bootstrap, args.rank, errors, dp))
+    threading.current_thread().name = "scheduler"
+    try:
+        with frozen_gc(cfg.freeze_gc):
+            PREFILL_LOOPS[cfg.mode](sched)
+    finally:
+        sched.close()
+    # Stay until decode has pulled every room (or said goodbye): the KV lives here until then.
+    rooms = [r.bootstrap_room for r in mine]
+    deadline = time.monotonic() + dc.kv_timeout_s + 30
+    while not server.settled(rooms) and not server.byes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = Path(args.out)
+    tracer.write(str(out / f"prefill{args.rank}.jsonl"))
+    (out / f"prefill{args.rank}.json").write_text(json.dumps({
+        "leaks": sched.leak_report(), "unclaimed": server.unclaimed(),
+        "registration_errors": errors}))
+    server.close()
+    return 0
+
+
+def decode_main(args: argparse.Namespace) -> int:
+    cfg, wc, dc, dp, _router = _load(args.spec)
+    inject.set_active(cfg.inject)
+    reqs = make_workload(wc, cfg.model_config.vocab_size)
+    addr = bootstrap_client.base_url(args.bootstrap).split("://", 1)[1]
+    client = ZmqKVClient(args.bootstrap, timeout_s=dc.query_timeout_s)
+    tracer = Tracer({"role": "decode", "mode": dc.loop, "prefill_mode": cfg.mode,
+                     "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
+                     "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp,
+                     "prefetch": dc.prefetch, "polling_interval": dc.polling_interval})
+    sched = DecodeScheduler(cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer)
+    threading.current_thread().name = "scheduler"
+    t0 = time.monotonic()
+    try:
+        with frozen_gc(cfg.freeze_gc):
+            DECODE_LOOPS[dc.loop](sched)
+    finally:
+        wall = time.monotonic() - t0
+        for rank in range(dp):
+            try:
+                client.bye(rank)
+            except KVTransportError:
+                pass
+        sched.close()
+        time.sleep(0.05)  # let the byes leave before the sockets close
+        client.close()
+    out = Path(args.out)
+    tracer.write(str(out / "decode.jsonl"))
+    (out / "decode.json").write_text(json.dumps(summarize(sched, wall)))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.pd_process",
+                                description="a child process of `pdo launch`")
+    p.add_argument("role", choices=["prefill", "decode"])
+    p.add_argument("--spec", required=True)
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rank", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        # a role process runs several threads already (see engine/reference.py)
+        torch.set_num_threads(1)
+        return (prefill_main if args.role == "prefill" else decode_main)(args)
+    except Exception as exc:  # one line on stderr; the parent reports it
+        print(f"{args.role}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
