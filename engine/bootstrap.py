@@ -5,7 +5,7 @@ learns the prefill topology, each rank's endpoint and (when prefill has
 several DP ranks) which DP rank took a given bootstrap room.
 
 Endpoints (status codes and JSON bodies as SGLang 0.5.23's CommonKVBootstrapServer;
-tests/sglang/test_wire.py runs both side by side, docs/decode.md "The wire" lists
+tests/engine/sglang/test_wire.py runs both side by side, docs/decode.md "The wire" lists
 the differences kept on purpose):
   PUT  /route                 register one prefill rank             -> 200 "OK"
   GET  /route?<all -1>        prefill parallel info                 -> 200 JSON | 503

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 
 from . import inject
-from .digest import DigestStamp, batch_digest  # noqa: F401 (DigestStamp: engine/bench.py patches it here)
 
 
 @dataclass(eq=False)  # identity semantics: two Req objects are never "equal"
@@ -118,11 +117,6 @@ class ScheduleBatch:
     def copy(self) -> "ScheduleBatch":
         """Shallow: the Req objects stay the real ones."""
         return copy.copy(self)
-
-    def digest(self, sampling: SamplingBatchInfo | None = None, name=id) -> str:
-        """Fingerprint of everything the forward reads, with the sampling state it will use
-        (engine/digest.py)."""
-        return batch_digest(self, sampling, name)
 
 
 def snapshot_for_forward(batch: ScheduleBatch) -> ScheduleBatch:

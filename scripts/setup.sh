@@ -4,7 +4,7 @@
 # onto a CPU machine nor the newest Triton from the index.
 #
 #   Triton: 3.8.0 everywhere, so that the CPU tests (the kernels through the interpreter, and
-#           tests/test_triton_compile_sm90.py, which compiles them for sm_90 without a GPU) run the
+#           tests/triton_kernels/test_triton_compile_sm90.py, which compiles them for sm_90 without a GPU) run the
 #           Triton a GPU machine runs. Its wheel lies on this workplace's disk (a fresh set-up here
 #           downloads nothing big).
 #   CPU machine: torch 2.13.0+cpu, the CPU build: from wherever pip is configured to look (here, local

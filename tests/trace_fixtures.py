@@ -2,7 +2,7 @@
 
 Scenario (page_size 16): request a (40 tokens) is chunked: 32 tokens in batch 0, 8 in batch 1;
 request b reuses a 16-token cached prefix and computes 10 tokens in batch 1; request c (20 tokens)
-is batch 2. Edits on these lists produce the violating traces of tests/test_rules_violations.py.
+is batch 2. Edits on these lists produce the violating traces of tests/checker/test_rules_violations.py.
 """
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ class PDCase(Case):
 
 def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
     """A random PD case (the seeded counterpart of the Hypothesis strategy in
-    tests/test_fuzz.py)."""
+    tests/checker/test_fuzz.py)."""
     ps = rng.choice([1, 4, 8])
     knobs = dict(
         mode=rng.choice(["normal", "overlap", "thread", "ahead"]),

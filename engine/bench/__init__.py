@@ -20,7 +20,7 @@ This package re-exports the names that tests import from `engine.bench`.
 
 from __future__ import annotations
 
-# the underscored names are the module-private names tests/test_bench.py reads
+# the underscored names are the module-private names tests/engine/test_bench.py reads
 from .knobs import engine_workload as _engine_workload  # noqa: F401
 from .prefill import DEFAULT_LAUNCH_COST_US, bench_prefill, run_one
 from .progress import Progress

@@ -84,7 +84,7 @@ def _timer_self_cost() -> tuple[float, float]:
 def accounted_run(cfg, wc) -> dict:
     """One traced run with the tracing work timed where it happens, and its share of wall time."""
     # lazy: both import torch, slow for every pdo start
-    from .. import request
+    from .. import digest
     from ..run import run_prefill, shared_model
 
     self_cpu, self_elapsed = _timer_self_cost()
@@ -94,13 +94,13 @@ def accounted_run(cfg, wc) -> dict:
     logger = tr._logger   # the engine's declared events (Tracer.events_for), each logger timed
     tr._logger = lambda kind: acc.wrap("emit", logger(kind))
     tr.obj = acc.wrap("obj", tr.obj)
-    stamp, resolve = request.DigestStamp.__init__, request.DigestStamp.resolve
-    request.DigestStamp.__init__ = acc.wrap("digest", stamp)   # a stamp taken (calling thread)
-    request.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
+    stamp, resolve = digest.DigestStamp.__init__, digest.DigestStamp.resolve
+    digest.DigestStamp.__init__ = acc.wrap("digest", stamp)   # a stamp taken (calling thread)
+    digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
     try:
         s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
     finally:
-        request.DigestStamp.__init__, request.DigestStamp.resolve = stamp, resolve
+        digest.DigestStamp.__init__, digest.DigestStamp.resolve = stamp, resolve
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
     # which is the write's cost (reported per event by emit_cost_ns), not the run's.
     ns, elapsed, calls = dict(acc.ns), dict(acc.elapsed), dict(acc.calls)

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.workload import WorkloadConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--requests", "2", "--prompt-len", "16:40"]
 
 

@@ -1,4 +1,4 @@
-"""Fixtures of the wire tests (tests/sglang/wire.py): SGLang's conn module, a pair of servers."""
+"""Fixtures of the wire tests (tests/engine/sglang/wire.py): SGLang's conn module, a pair of servers."""
 
 from __future__ import annotations
 

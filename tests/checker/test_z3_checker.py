@@ -108,7 +108,7 @@ def test_checkers_agree_on_generated_traces(mode, seed, kind, tmp_path_factory):
 def test_checkers_agree_on_the_hand_written_fixtures(tmp_path):
     """The canonical trace of each mode and the one-violation-per-rule traces of the rule tests."""
     from tests import trace_fixtures
-    from tests.test_rules_violations import VIOLATIONS as violations
+    from tests.checker.test_rules_violations import VIOLATIONS as violations
     for mode in MODES:
         ids, _ = assert_agree(trace_fixtures.write(tmp_path / f"{mode}.jsonl", mode, trace_fixtures.canonical(mode)))
         assert ids == []
@@ -201,7 +201,7 @@ def assert_agree_encoded(path):
 
 
 def _decode_fixtures():
-    from tests import test_decode_rules
+    from tests.checker import test_decode_rules
     return test_decode_rules
 
 

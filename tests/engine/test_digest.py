@@ -7,11 +7,12 @@ import torch
 import xxhash
 
 from engine import digest
+from engine.digest import batch_digest
 from engine.digest import _HASH_SLICE, DigestStamp, _equal, _tensor_hash
 from engine.request import SamplingBatchInfo
 from engine.trace import Tracer
 
-from .batch_fixtures import make_batch
+from tests.batch_fixtures import make_batch
 
 
 def test_digest_sees_every_input_in_place_and_every_identity():
@@ -19,25 +20,25 @@ def test_digest_sees_every_input_in_place_and_every_identity():
     changes it, and so does a copy of a request (a different object identity)."""
     tr = Tracer()
     b = make_batch()
-    base = b.digest(name=tr.obj)
-    assert b.digest(name=tr.obj) == base and len(base) == 16
+    base = batch_digest(b, name=tr.obj)
+    assert batch_digest(b, name=tr.obj) == base and len(base) == 16
     for t in (b.input_ids, b.positions, b.out_cache_loc, b.sampling_info.logit_bias):
         t.view(-1)[-1] += 1
-        assert b.digest(name=tr.obj) != base
+        assert batch_digest(b, name=tr.obj) != base
         t.view(-1)[-1] -= 1
-        assert b.digest(name=tr.obj) == base
+        assert batch_digest(b, name=tr.obj) == base
     b.reqs[1] = copy.copy(b.reqs[1])
-    assert b.digest(name=tr.obj) != base
+    assert batch_digest(b, name=tr.obj) != base
     # a non-contiguous input is hashed by value: as its contiguous copy, and a changed value shows
     nc = make_batch()
     nc.input_ids = torch.arange(6 * 3)[::2]
-    d = nc.digest(name=tr.obj)
+    d = batch_digest(nc, name=tr.obj)
     dense = nc.input_ids
     nc.input_ids = dense.contiguous()
-    assert nc.digest(name=tr.obj) == d
+    assert batch_digest(nc, name=tr.obj) == d
     nc.input_ids = dense
     dense[-1] += 1
-    assert nc.digest(name=tr.obj) != d
+    assert batch_digest(nc, name=tr.obj) != d
 
 
 def test_digest_sees_every_list_value_and_slot():
@@ -45,20 +46,20 @@ def test_digest_sees_every_list_value_and_slot():
     rebinding to equal bytes does not (the digest is of values)."""
     tr = Tracer()
     b = make_batch()
-    base = b.digest(name=tr.obj)
-    assert b.digest(name=tr.obj) == base
+    base = batch_digest(b, name=tr.obj)
+    assert batch_digest(b, name=tr.obj) == base
     b.starts[0] += 1                      # a list mutated in place
-    assert b.digest(name=tr.obj) != base
+    assert batch_digest(b, name=tr.obj) != base
     b.starts[0] -= 1
-    assert b.digest(name=tr.obj) == base
+    assert batch_digest(b, name=tr.obj) == base
     b.reqs[0].slot = 5                    # a request given another slot
-    assert b.digest(name=tr.obj) != base
+    assert batch_digest(b, name=tr.obj) != base
     b.reqs[0].slot = None
     b.input_ids = b.input_ids.clone()     # rebound to equal bytes: the same digest, computed afresh
-    assert b.digest(name=tr.obj) == base
+    assert batch_digest(b, name=tr.obj) == base
     b.positions = b.positions + 1         # rebound to other bytes
-    assert b.digest(name=tr.obj) != base
-    assert b.copy().digest(name=tr.obj) == b.digest(name=tr.obj)   # a shallow copy digests the same
+    assert batch_digest(b, name=tr.obj) != base
+    assert batch_digest(b.copy(), name=tr.obj) == batch_digest(b, name=tr.obj)   # a shallow copy digests the same
 
 
 def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
@@ -66,7 +67,7 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     the digest taken at the stamp; after any change it is a marker no digest equals."""
     tr = Tracer()
     b = make_batch()
-    now = b.digest(name=tr.obj)
+    now = batch_digest(b, name=tr.obj)
     assert DigestStamp(b, tr.obj).trace_value() == now
     ids = b.input_ids
     # A forward copy's bias is a fresh tensor at version 0, and so is any rebinding of it: the key
@@ -85,12 +86,12 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
         stamp = DigestStamp(b, tr.obj)
         change()
         value = stamp.trace_value()
-        assert value.startswith("changed:") and value != b.digest(name=tr.obj)
+        assert value.startswith("changed:") and value != batch_digest(b, name=tr.obj)
         assert stamp.trace_value() == value          # resolved once
         if undo:
             undo()
     tr.emit("snapshot", batch=0, digest=DigestStamp(b, tr.obj))  # resolved when the events are read
-    assert tr.events[-1]["digest"] == b.digest(name=tr.obj)
+    assert tr.events[-1]["digest"] == batch_digest(b, name=tr.obj)
     # a change that lands while the stamp is being hashed (admission beside the worker) shows too
     stamp = DigestStamp(b, tr.obj)
     b._digest_stamp = stamp
@@ -133,7 +134,7 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     # the two biases, once
     assert len(compared) == 1 and compared[0][0] is b.sampling_info.logit_bias
     assert compared[0][1] is sampling.logit_bias
-    assert shared != b.digest(name=tr.obj)  # a kind of its own: no tensor bytes
+    assert shared != batch_digest(b, name=tr.obj)  # a kind of its own: no tensor bytes
     # the same batch stamped again gives the same shared digest (deterministic, not identity-based)
     snap2 = DigestStamp(b, tr.obj)
     again = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), same_as=snap2)
@@ -144,7 +145,7 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     copy = b.sampling_info.copy_for_forward()
     fwd = DigestStamp(b, tr.obj, copy, same_as=snap)
     assert fwd.same_as is snap  # the bias is not compared at the stamp
-    assert fwd.trace_value() == b.digest(copy, tr.obj)            # in full, its own moment
+    assert fwd.trace_value() == batch_digest(b, copy, tr.obj)            # in full, its own moment
     assert snap.value == f"changed:{b.bid}"
     # either bias written after the forward's stamp (equal bytes): the writer's stamp reads as
     # changed
@@ -157,20 +158,20 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
         writer = snap if written == "snapshot" else fwd
         assert writer.trace_value() == f"{marker}:{b.bid}", written
         assert (fwd if written == "snapshot" else snap).trace_value() == (
-            b.digest(copy, tr.obj) if written == "snapshot" else b.digest(name=tr.obj)), written
+            batch_digest(b, copy, tr.obj) if written == "snapshot" else batch_digest(b, name=tr.obj)), written
     # a forward copy whose bias differs (a non-idempotent copy_for_forward) digests differently
     snap = DigestStamp(b, tr.obj)
     other = b.sampling_info.copy_for_forward()
     other.logit_bias.view(-1)[0] += 1
     fwd = DigestStamp(b, tr.obj, other, marker="changed-in-launch", same_as=snap)
     assert fwd.same_as is snap and fwd.trace_value() != snap.trace_value()
-    assert fwd.value == b.digest(other, tr.obj)
+    assert fwd.value == batch_digest(b, other, tr.obj)
     # values changed between the stamps: no shortcut, the forward hashes its own moment
     snap = DigestStamp(b, tr.obj)
     b.starts = [s + 0 for s in b.starts[:-1]] + [b.starts[-1] + 1]
     fwd = DigestStamp(b, tr.obj, sampling, same_as=snap)
     assert fwd.same_as is None
-    assert fwd.trace_value() == b.digest(sampling, tr.obj)
+    assert fwd.trace_value() == batch_digest(b, sampling, tr.obj)
     assert snap.trace_value().startswith("changed:")
     # both changed before they are hashed: markers that differ from each other
     snap = DigestStamp(b, tr.obj)
@@ -248,9 +249,9 @@ def test_digest_covers_dtype_not_only_bytes():
     """int32 [1, 0] and int64 [1] have the same bytes; rebinding one to the other changes the
     digest."""
     b = make_batch()
-    base = b.digest()
+    base = batch_digest(b)
     b.input_ids = b.input_ids.view(torch.int32)   # the same bytes read as twice as many int32
-    assert b.digest() != base
+    assert batch_digest(b) != base
     pair, one = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([1], dtype=torch.int64)
     assert _tensor_hash(pair) != _tensor_hash(one)
 
@@ -265,6 +266,6 @@ def test_forward_stamp_of_a_resolved_snapshot_hashes_itself_and_readers_leave_st
     tr.emit("snapshot", batch=0, digest=snap)
     assert tr.names_and_fields() == [("snapshot", {"batch": 0, "digest": snap})]
     assert snap.value is None
-    assert tr.events[-1]["digest"] == snap.value == b.digest(name=tr.obj)   # `events` resolves it
+    assert tr.events[-1]["digest"] == snap.value == batch_digest(b, name=tr.obj)   # `events` resolves it
     fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), same_as=snap)
     assert fwd.same_as is None and fwd.trace_value() == snap.value

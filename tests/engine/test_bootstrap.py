@@ -22,7 +22,7 @@ from engine.bootstrap import BootstrapServer
 from engine.bootstrap_client import BootstrapError, BootstrapQueryError, BootstrapUnavailable
 from engine.cli import main as pdo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 T = 2.0  # per-request timeout for raw requests in tests: nothing here should take longer
 
 

@@ -1,7 +1,7 @@
 """Each decode mutant (engine/inject.py DECODE_MUTANTS) is caught by its rule, in a hand-written run that
-makes the bug reachable; the same run without the mutant passes (tests/test_pd_faults.py covers the
+makes the bug reachable; the same run without the mutant passes (tests/engine/test_pd_faults.py covers the
 clean runs). These are the minimal reproductions, over the real HTTP bootstrap server; schedule
-fuzzing hunts the same mutants on drawn, controlled PD runs (tests/test_fuzz.py, `pdo fuzz --mutants`)."""
+fuzzing hunts the same mutants on drawn, controlled PD runs (tests/checker/test_fuzz.py, `pdo fuzz --mutants`)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ import pytest
 from engine import inject
 from engine.decode.config import DecodeConfig
 
-from .test_pd_faults import abort_everything_prefetched, abort_one_of_several_prefetched, pd, release_then_resume, violated
+from tests.engine.test_pd_faults import abort_everything_prefetched, abort_one_of_several_prefetched, pd, release_then_resume, violated
 
 SCENARIOS = {
     # mutant: (the rule that must catch it, run arguments that reach the bug)

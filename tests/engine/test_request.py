@@ -2,21 +2,22 @@
 penalizer, shallow spec_info, Req objects by identity; in-place filter does not reach a snapshot."""
 import torch
 
+from engine.digest import batch_digest
 from engine import inject
 from engine.request import snapshot_for_forward
 
-from .batch_fixtures import make_batch
+from tests.batch_fixtures import make_batch
 
 
 def test_snapshot_is_isolated_from_in_place_filter():
     live = make_batch()
-    before = live.digest()
+    before = batch_digest(live)
     snap = snapshot_for_forward(live)
     live.filter([1])
     assert [r.rid for r in live.reqs] == ["r1"] and live.sampling_info.logit_bias.shape[0] == 1
     assert [r.rid for r in snap.reqs] == ["r0", "r1", "r2"]
     assert snap.sampling_info.logit_bias.shape[0] == 3 and snap.spec_info.draft == [0, 1, 2]
-    assert snap.digest() == before
+    assert batch_digest(snap) == before
 
 
 def test_reqs_kept_by_identity_and_copy_is_shallow():

@@ -10,9 +10,9 @@ from engine.config import MODES
 from engine.decode.config import DECODE_LOOPS
 from spec import LOOP_MODES, PARAMS, _check_params
 
-from . import test_decode_rules as decode_fixtures
-from .test_rules_violations import VIOLATIONS
-from .trace_fixtures import canonical, write
+from tests.checker import test_decode_rules as decode_fixtures
+from tests.checker.test_rules_violations import VIOLATIONS
+from tests.trace_fixtures import canonical, write
 
 
 def _renumber(events, f):

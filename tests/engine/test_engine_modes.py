@@ -25,7 +25,7 @@ from engine.run import run_prefill
 from engine.trace import NullTracer, Tracer
 from engine.workload import WorkloadConfig
 
-from .helpers import reference, run_mode
+from tests.helpers import reference, run_mode
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -131,7 +131,7 @@ def test_env_switches_are_honoured_exactly_when_set(monkeypatch, fwd, ahead, mod
 def test_pdo_run_with_both_switches_off_runs_the_overlap_loop():
     env = {**os.environ, "SGLANG_ENABLE_PREFILL_FWD_THREAD": "0", "SGLANG_PREFILL_FWD_THREAD_AHEAD": "0"}
     r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--requests", "2"], capture_output=True,
-                       text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+                       text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert r.returncode == 0, r.stderr
     assert "mode=overlap" in r.stdout + r.stderr
 

@@ -14,7 +14,7 @@ from engine.trace import NullTracer, Tracer
 from engine.workload import WorkloadConfig
 from spec import load_events
 
-from .batch_fixtures import make_batch
+from tests.batch_fixtures import make_batch
 
 
 def test_tracer_object_ids_survive_id_reuse():

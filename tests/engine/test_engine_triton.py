@@ -7,7 +7,7 @@ from checker.linear import check_file
 from engine.config import MODES
 from engine.workload import WorkloadConfig
 
-from .helpers import reference, run_mode
+from tests.helpers import reference, run_mode
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -43,7 +43,7 @@ def test_pd_decode_on_the_triton_backend_matches_reference(tmp_path, monkeypatch
     from engine.decode.config import DecodeConfig
     from engine.pd import run_pd
 
-    from .test_pd import assert_clean, assert_traces_pass
+    from tests.engine.test_pd import assert_clean, assert_traces_pass
 
     calls = {"extend": 0, "decode": 0}
     for name in calls:

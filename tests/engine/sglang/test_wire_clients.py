@@ -1,5 +1,5 @@
 """SGLang 0.5.23's real client functions against pdo bootstrap, and pdo's client
-(engine/bootstrap_client.py) against SGLang's server (tests/sglang/wire.py describes the setup)."""
+(engine/bootstrap_client.py) against SGLang's server (tests/engine/sglang/wire.py describes the setup)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from engine.decode.request import DecodeReq
 from engine.pd import PDError, run_pd
 from engine.workload import WorkloadConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def extras(n, start=5000):

@@ -1,6 +1,6 @@
 """pdo bootstrap (engine/bootstrap.py) and SGLang 0.5.23's CommonKVBootstrapServer, sent the same
 requests: the same status codes and JSON bodies, except where wire.DIFFERENCES says why pdo answers
-otherwise (tests/sglang/wire.py describes the setup)."""
+otherwise (tests/engine/sglang/wire.py describes the setup)."""
 
 from __future__ import annotations
 

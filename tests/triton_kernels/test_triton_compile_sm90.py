@@ -46,7 +46,7 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARCH = 90
 H200_SMS = 132
 H200_MAX_SHARED = 232448  # bytes per block (opt-in), sm_90

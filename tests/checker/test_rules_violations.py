@@ -8,7 +8,7 @@ from checker import linear
 from checker.linear import check_file
 from spec import load_rules
 
-from .trace_fixtures import canonical, find, move, move_before, write
+from tests.trace_fixtures import canonical, find, move, move_before, write
 
 MODES = ("normal", "overlap", "thread", "ahead")
 

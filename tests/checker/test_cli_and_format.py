@@ -11,9 +11,9 @@ import pytest
 from engine.cli import main
 from spec import load_events
 
-from .trace_fixtures import canonical, write
+from tests.trace_fixtures import canonical, write
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_bare_run_and_check(tmp_path, capsys):

@@ -16,7 +16,7 @@ from engine.decode.config import DecodeConfig
 from engine.pd import run_pd
 from engine.workload import WorkloadConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = dict(requests=8, prompt_len=(20, 100), hit=0.6, max_new_tokens=6, seed=5)
 
 
@@ -43,7 +43,7 @@ def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
                dp=2, trace_path=str(tmp_path / "t.jsonl"))
     assert_clean(s)
     assert s["decode_tokens"] == WORKLOAD["requests"] * (WORKLOAD["max_new_tokens"] - 1)
-    if not prefetch:  # with prefetch on, which path a room takes depends on timing (tests/test_pd_faults.py
+    if not prefetch:  # with prefetch on, which path a room takes depends on timing (tests/engine/test_pd_faults.py
         assert set(s["resolve"]["by_source"]) <= {"sync"}  # forces the prefetched and prefix paths)
     assert_traces_pass(s["traces"])
 

@@ -14,7 +14,7 @@ from checker.decode_templates import check_cross
 from checker.linear import check_file
 from spec import load_rules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 S, P = "scheduler", "prefetch_0"
 A = "127.0.0.1:8998"
 

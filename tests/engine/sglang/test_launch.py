@@ -18,7 +18,7 @@ except sglang_adapter.SGLangUnavailable as exc:
 from checker.linear import check_files  # noqa: E402
 from engine.sglang import launch  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_spawned_scheduler_process_is_traced(tmp_path):

@@ -1,0 +1,69 @@
+"""The layers of tests/layers.py hold: no import goes against them, no two modules import each other
+(directly or round a loop, at module level or inside a function), and no module outgrows one job."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from tests.layers import LAYERS, back_edges, layer_of
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("layout_metrics", ROOT / "scripts" / "layout_metrics.py")
+metrics = importlib.util.module_from_spec(_spec)
+sys.modules["layout_metrics"] = metrics
+_spec.loader.exec_module(metrics)
+
+MAX_LINES = 500
+GENERATED: set[str] = set()
+
+
+def _edges() -> dict[str, set[str]]:
+    return metrics.graph(metrics.tracked_python())
+
+
+def test_every_module_has_a_layer():
+    code = [m for m in _edges() if m.split(".")[0] in metrics.PACKAGES]
+    assert [m for m in code if layer_of(m) is None] == []
+
+
+def test_no_import_goes_against_the_layers():
+    assert back_edges(_edges()) == []
+
+
+def test_the_checker_of_the_layers_sees_a_back_edge():
+    edges = {"engine.model": {"checker.linear"}, "checker.linear": {"engine.trace"}}
+    assert back_edges(edges) == [
+        "checker.linear -> engine.trace (checker -> engine)",
+        "engine.model -> checker.linear (engine -> checker)",
+    ]
+
+
+def test_no_import_cycles():
+    assert metrics.cycles(_edges()) == []
+
+
+def test_a_cycle_is_seen_round_a_loop():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert metrics.cycles(edges) == [["a", "b", "c"]]
+
+
+def test_layers_name_known_layers():
+    for layer, (_, allowed) in LAYERS.items():
+        assert set(allowed) <= set(LAYERS), layer
+
+
+def test_no_module_outgrows_one_job():
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in metrics.tracked_python()
+    }
+    assert {f: n for f, n in sizes.items() if n > MAX_LINES and f not in GENERATED} == {}
+
+
+def test_the_four_packages_are_this_checkout():
+    """The generic top-level names import from here, not from another installed package."""
+    for name in metrics.PACKAGES:
+        found = importlib.util.find_spec(name)
+        assert found is not None and found.origin is not None, name
+        assert Path(found.origin).resolve().is_relative_to(ROOT), (name, found.origin)
