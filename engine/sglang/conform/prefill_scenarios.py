@@ -100,40 +100,13 @@ _add(
 # torch cannot make; the overlap workloads' prompts share no prefix, so the send returns before it.
 
 
-_NORMAL_SEND = (
-    "event_loop_normal_disagg_prefill sends a middle chunk's KV in process_prefill_chunk, called "
-    "by get_next_disagg_prefill_batch_to_run at the top of the next iteration (`In "
-    "non-overlap-mode, KV is sent in process_prefill_chunk`), after P(N) ended and before A(N+1) "
-    "is formed; only the last chunk is sent inside process_batch_result_disagg_prefill. Not a "
-    "hazard: P(N) already waited for forward N (next_token_ids.tolist() synchronizes the stream it "
-    "ran on), so the chunk's KV is complete when it is sent. The rule places every send inside "
-    "result processing; for the normal loop it would need to allow [process_begin(N), admit(N+1)]."
-)
-_EARLY_SEND = (
-    "under the overlap loop run_batch(N+1) sends, as SGLang's early send of the cached prefix "
-    "(maybe_send_cached_prefix_chunk, SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX, on by "
-    "default), the KV a continuing chunked request computed in batch N: its prefix_len already "
-    "covers chunk N while start_send_idx does not, since P(N) runs after F(N+1). P(N) then finds "
-    "nothing left to send (start_send_idx == tmp_end_idx, zero pages, should_send_kv_chunk says "
-    "no), so batch N's span has no kv_send for it (the trace has prefix_send(batch=N+1, "
-    "start=<chunk N's start>)). The send is issued before forward N is known to be complete; "
-    "SGLang records a CUDA event on the forward stream and hands it to the sender "
-    "(_early_send_wait_event), which the Mooncake and Mori transfer workers synchronize on before "
-    "reading the KV. NIXL's add_transfer_request takes that wait_event and drops it (nixl/conn.py, "
-    "add_transfer_request: TransferKVChunk has no wait_event), so on NIXL the read can race "
-    "forward N's writes: a real hazard there unless something else orders it (with the coarse "
-    "barrier the schedule stream has waited for forward N, and kv_to_page_indices' device-to-host "
-    "copy on that stream syncs the host behind it; with the fine barrier it has not). With "
-    "Mooncake / Mori the rule is too strict: a chunk's KV may be handed over before its batch's "
-    "processing when the transfer waits on the forward's completion event."
-)
 # The rules a scenario's trace breaks where SGLang 0.5.23 is safe by means the rules cannot see
 # (docs/sglang.md, "Open divergences"): none. The rules allow for how SGLang's loops work: the
 # normal loop applies no WAR barrier (P-complete-barrier names only the overlap modes); the overlap
 # loop samples inside the forward unless SGLANG_ENABLE_DELAY_SAMPLE or a grammar defers it
 # (P-complete-sample is not applied to sampling = "inline"); and a middle chunk's KV is sent at the
-# next admission (normal, _NORMAL_SEND) or from run_batch(N+1) with a device wait (overlap,
-# _EARLY_SEND), which P-chunk-sent judges by token ranges.
+# next admission (normal) or from run_batch(N+1) with a device wait (overlap; docs/sglang.md),
+# which P-chunk-sent judges by token ranges.
 DIVERGENCES: dict[str, dict[str, str]] = {}
 
 
