@@ -231,7 +231,7 @@ def text_report(res: Z3Result) -> str:
             lines.append(f"\n[{rid}] {c.rule.statement}")
             lines.append(f"  minimal conflict: rule {rid} + {len(c.events)} event(s)")
             lines += [f"    {_brief(e)}" for e in c.events]
-            lines.append(f"  seed: {c.rule.seed}")
+            lines.append(f"  seed: {c.rule.design}")
     else:
         lines.append(f"UNKNOWN {name}: {stats}")
     if res.uncovered:

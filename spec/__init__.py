@@ -11,7 +11,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 HERE = pathlib.Path(__file__).parent
 # Each rule kind (a template of checker/linear.py and checker/decode_templates.py, an encoding of
-# spec/z3model.py) with its parameters: name -> type, "?" marking an optional one. Types: event (a
+# spec/z3model/) with its parameters: name -> type, "?" marking an optional one. Types: event (a
 # name in the role's vocabulary, spec/events.toml), events (a list of them), span (two of them),
 # steps (a list of [event, batch offset]), thread (a name in THREADS), str, bool, int; `check` of
 # lifecycle is one of two words. A rule's modes must be its role's (LOOP_MODES).
@@ -53,7 +53,7 @@ class Rule:
     id: str
     statement: str
     modes: tuple
-    seed: str
+    design: str          # the passage of the design the rule comes from
     kind: str
     params: dict = field(default_factory=dict, hash=False, compare=False)
     role: str = "prefill"
@@ -106,7 +106,7 @@ def _build_rules(files: list[str]) -> list[Rule]:
     for fname in files:
         for raw in _load(fname)["rule"]:
             raw = dict(raw)
-            base = {k: raw.pop(k) for k in ("id", "statement", "modes", "seed", "kind")}
+            base = {k: raw.pop(k) for k in ("id", "statement", "modes", "design", "kind")}
             role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
             unless = raw.pop("unless", {})
             if not isinstance(unless, dict) or not all(isinstance(k, str) for k in unless):
@@ -114,7 +114,7 @@ def _build_rules(files: list[str]) -> list[Rule]:
             if base["kind"] not in KINDS:
                 raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
             _check_params(fname, base["id"], base["kind"], raw, role, tuple(base["modes"]))
-            rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["seed"], base["kind"], raw, role,
+            rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["design"], base["kind"], raw, role,
                               tuple(sorted(unless.items()))))
     ids = [r.id for r in rules]
     if len(ids) != len(set(ids)):

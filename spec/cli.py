@@ -1,223 +1,357 @@
 """`pdo spec`: the formal model's answers. Sub-commands:
 
-  table   the seed's four-mode table, every yes/no cell a z3 query, and the AHEAD steady state
+  table   the design's four-mode table, every yes/no cell a z3 query, and the AHEAD steady state
   prove   the safety properties for K batches (prefill) and K iterations (decode prefetch): PROVED
           (with a minimal set of rules), or REFUTED with a counterexample schedule; vacuity and
           loop-model conformance first
   docs    write docs/spec.md (generated from spec/)
 
-Every query prints its time. Exit status: 0 all proved / as the seed says, 1 a refutation or a
+Every query prints its time. Exit status: 0 all proved / as the design says, 1 a refutation or a
 violated expectation, 3 a solver budget ran out (UNKNOWN: never reported as a pass).
 """
+
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 
+from . import docgen
 from . import z3model as zm
+from .tables import mode_table_lines, steady_lines
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("spec", help="the formal model: mode table, proofs, generated docs")
-    sub = p.add_subparsers(dest="spec_cmd", required=True)
-    t = sub.add_parser("table", help="the seed's four-mode table computed by z3, and the AHEAD steady state")
-    t.add_argument("--batches", type=int, default=3, metavar="K")
-    t.add_argument("--json", action="store_true", help='print {"modes": {...}} only')
-    t.set_defaults(fn=cmd_table)
-    v = sub.add_parser("prove", help="prove the safety properties for K batches, or print counterexamples")
-    v.add_argument("--role", choices=["all", "prefill", "decode"], default="all",
-                   help="prefill: the four loops over K batches; decode: the prefetch of DP-rank queries over K "
-                        "iterations; all (default): both")
-    v.add_argument("--mode", choices=zm.MODES, action="append",
-                   help="default: all of the role's modes (with --role all, a mode runs for each role that has it)")
-    v.add_argument("--batches", type=int, default=4, metavar="K")
-    v.add_argument("--basis", choices=["auto", "rules", "engine"], default="auto",
-                   help="prove from the rules alone, else engine ∧ rules (auto); or from one of them only")
-    v.add_argument("--drop", action="append", default=[], metavar="RULE", help="leave a rule out (what if?)")
-    v.add_argument("--inject", action="append", default=[], metavar="MUTANT", choices=sorted(zm.ENGINE_MUTANTS),
-                   help="a mutant of the loop model (ahead mode)")
-    v.add_argument("--property", action="append", metavar="ID", help="only these properties")
-    v.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per query (default 60 s)")
-    v.add_argument("--hidden", action="store_true", help="timelines also show queue and device points")
-    v.set_defaults(fn=cmd_prove)
-    d = sub.add_parser("docs", help="write docs/spec.md from spec/")
-    d.add_argument("--out", default=None, help="default: docs/spec.md")
-    d.add_argument("--check", action="store_true", help="exit 1 if the file differs from what would be written")
-    d.set_defaults(fn=cmd_docs)
+    spec_parser = subparsers.add_parser(
+        "spec", help="the formal model: mode table, proofs, generated docs"
+    )
+    sub = spec_parser.add_subparsers(dest="spec_cmd", required=True)
+    table = sub.add_parser(
+        "table", help="the design's four-mode table computed by z3, and the AHEAD steady state"
+    )
+    table.add_argument("--batches", type=int, default=3, metavar="K")
+    table.add_argument("--json", action="store_true", help='print {"modes": {...}} only')
+    table.set_defaults(fn=cmd_table)
+    prove = sub.add_parser(
+        "prove", help="prove the safety properties for K batches, or print counterexamples"
+    )
+    prove.add_argument(
+        "--role",
+        choices=["all", "prefill", "decode"],
+        default="all",
+        help="prefill: the four loops over K batches; decode: the prefetch of "
+        "DP-rank queries over K iterations; all (default): both",
+    )
+    prove.add_argument(
+        "--mode",
+        choices=zm.MODES,
+        action="append",
+        help="default: all of the role's modes (with --role all, a mode runs for "
+        "each role that has it)",
+    )
+    prove.add_argument("--batches", type=int, default=4, metavar="K")
+    prove.add_argument(
+        "--basis",
+        choices=["auto", "rules", "engine"],
+        default="auto",
+        help="prove from the rules alone, else engine ∧ rules (auto); or from one of them only",
+    )
+    prove.add_argument(
+        "--drop", action="append", default=[], metavar="RULE", help="leave a rule out (what if?)"
+    )
+    prove.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="MUTANT",
+        choices=sorted(zm.ENGINE_MUTANTS),
+        help="a mutant of the loop model (ahead mode)",
+    )
+    prove.add_argument("--property", action="append", metavar="ID", help="only these properties")
+    prove.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="per query (default 60 s)"
+    )
+    prove.add_argument(
+        "--hidden", action="store_true", help="timelines also show queue and device points"
+    )
+    prove.set_defaults(fn=cmd_prove)
+    docs = sub.add_parser("docs", help="write docs/spec.md from spec/")
+    docs.add_argument("--out", default=None, help="default: docs/spec.md")
+    docs.add_argument(
+        "--check", action="store_true", help="exit 1 if the file differs from what would be written"
+    )
+    docs.set_defaults(fn=cmd_docs)
 
 
 def _say(line="") -> None:
     print(line, flush=True)
 
 
-# ---- table ------------------------------------------------------------------------------------------
-
-TABLE_HEAD = ("mode", "where run_batch runs",
-              "can admission of the next batch overlap a run_batch that has not returned?",
-              "result-processing order")
-MODE_NAMES = {"normal": "normal loop, enable_overlap off", "overlap": "old overlap loop",
-              "thread": "thread loop, AHEAD off", "ahead": "thread loop, AHEAD on"}
+# ---- table
 
 
-def mode_table_lines(modes: dict) -> list[str]:
-    out = ["| " + " | ".join(TABLE_HEAD) + " |", "|" + "---|" * len(TABLE_HEAD)]
-    for mode, row in modes.items():
-        yes = {True: "yes", False: "no", None: "unknown"}[row["admission_overlaps_unreturned_run_batch"]]
-        where = {"scheduler": "scheduler thread", "worker": "worker"}.get(row["run_batch_on"], row["run_batch_on"])
-        out.append(f"| {MODE_NAMES[mode]} | {where} | {yes} | {row['processing_order']} |")
-    return out
-
-
-def steady_lines(rows) -> list[str]:
-    out = ["| step | scheduler thread | forward worker |", "|---|---|---|"]
-    out += [f"| {i} | {s} | {w} |" for i, s, w in rows]
-    return out
-
-
-def cmd_table(a) -> int:
+def cmd_table(args) -> int:
     t0 = time.perf_counter()
-    log = None if a.json else _say
-    if not a.json:
-        _say(f"pdo spec table: the seed's four-mode table, each cell a z3 query (K={a.batches}, reference batch N=1);")
+    log = None if args.json else _say
+    if not args.json:
+        _say(
+            "pdo spec table: the design's four-mode table, each cell a z3 query "
+            f"(K={args.batches}, "
+            "reference batch N=1);"
+        )
         _say("computed from the rules alone and again from the engine model alone")
-    table, differ = zm.mode_table(a.batches, log=log)
-    if a.json:
+    table, differ = zm.mode_table(args.batches, log=log)
+    if args.json:
         print(json.dumps(table, indent=1, ensure_ascii=False))
         return 0
     _say()
     for line in mode_table_lines(table["modes"]):
         _say(line)
     bad = {m: d for m, d in differ.items() if d}
-    _say("\nthe engine model alone gives the same table" if not bad else f"\nRULES AND ENGINE DISAGREE: {bad}")
+    _say(
+        "\nthe engine model alone gives the same table"
+        if not bad
+        else f"\nRULES AND ENGINE DISAGREE: {bad}"
+    )
     t1 = time.perf_counter()
-    rows, ans = zm.ahead_steady_table()
-    _say(f"\nAHEAD steady state (seed steps 1-7), read from a schedule z3 found for engine ∧ rules "
-         f"({zm._verdict(ans)} in {ans.seconds:.3f} s, {time.perf_counter() - t1:.2f} s with the model):")
+    rows, answer = zm.ahead_steady_table()
+    _say(
+        "\nAHEAD steady state (design steps 1-7), read from a schedule z3 found for "
+        "engine ∧ rules "
+        f"({zm.verdict(answer)} in {answer.seconds:.3f} s, {time.perf_counter() - t1:.2f} s with "
+        "the model):"
+    )
     for line in steady_lines(rows):
         _say(line)
     _say(f"\ntotal {time.perf_counter() - t0:.2f} s")
-    return 1 if bad or ans.status != "sat" else 0
+    return 1 if bad or answer.status != "sat" else 0
 
 
-# ---- prove --------------------------------------------------------------------------------------------
-
-def _status(a: zm.Answer, want: str | None = None) -> str:
-    s = {"sat": "SAT", "unsat": "UNSAT"}.get(a.status, "UNKNOWN")
-    return s if want is None else s + ("" if a.status == want or a.status == "unknown" else " (!)")
+# ---- prove
 
 
-def prove_mode(mode: str, k: int, *, basis="auto", drop=(), mutants=(), props=None, timeout_s=60.0,
-               hidden=False, say=_say, role="prefill") -> dict:
-    """Runs and prints everything `pdo spec prove` says about one mode; returns counts."""
-    t0 = time.perf_counter()
-    M = zm.Model(mode, k, drop=drop, mutants=mutants, timeout_ms=int(timeout_s * 1000), role=role)
-    U = M.U
-    unit = "iterations" if role == "decode" else "batches"
-    say(f"== {role} mode {mode}, K={k} {unit}: {len(U.events)} events, {len(U.hidden)} hidden points; "
-        f"{len(M.rule_ids)} rules, {len(M.engine_ids)} engine groups"
-        + (f"; without {', '.join(drop)}" if drop else "") + (f"; mutants {', '.join(mutants)}" if mutants else "")
-        + f"; built in {M.build_seconds:.2f} s")
-    if M.not_encoded:
-        say(f"   rules of kinds without an encoding (not used): {', '.join(M.not_encoded)}")
-    counts = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
+def _status(answer: zm.Answer, want: str | None = None) -> str:
+    s = {"sat": "SAT", "unsat": "UNSAT"}.get(answer.status, "UNKNOWN")
+    if want is None:
+        return s
+    return s + ("" if answer.status == want or answer.status == "unknown" else " (!)")
+
+
+def _say_timeline(model, witness, hidden, say) -> None:
+    for line in zm.timeline(model, witness, hidden=hidden):
+        say("      " + line)
+
+
+def _decode_vacuity(model, k: int) -> list:
+    """(query, expected status, note) for the decode loop model: it admits schedules, uses a
+    prefetched answer (in a later iteration too), ends a prefetched query each way, and does
+    nothing the universe lacks events for."""
+    universe, both = model.U, model.rule_ids + model.engine_ids
+    first = zm.FIRST_SUBMIT
+    checks = [
+        (zm.Query("the rules admit a schedule", model.check(model.rule_ids)), "sat", ""),
+        (zm.Query("engine ∧ rules admit a schedule", model.check(both)), "sat", ""),
+        (
+            zm.Query(
+                "a resolve uses a prefetched answer (engine ∧ rules)",
+                model.check(both, zm.prefetch_used(universe)),
+            ),
+            "sat" if k >= first else "unsat",
+            "intended" if k >= first else f"needs K >= {first}",
+        ),
+        (
+            zm.Query(
+                "the loop does something the universe has no events for (loop model)",
+                model.check(*zm.outside_universe(model)),
+            ),
+            "unsat",
+            "as designed",
+        ),
+        (
+            zm.Query(
+                "... one submitted in an earlier iteration (engine ∧ rules)",
+                model.check(both, zm.prefetch_used_later(universe)),
+            ),
+            "sat" if k >= 4 else "unsat",
+            "intended" if k >= 4 else "needs K >= 4",
+        ),
+    ]
+    checks += [
+        (
+            zm.Query(
+                f"a prefetched query {how} (engine ∧ rules)",
+                model.check(both, zm.disj(*conditions)),
+            ),
+            "sat",
+            "",
+        )
+        for how, conditions in universe.ends.items()
+    ]
+    return checks
+
+
+def _prefill_vacuity(model, mode: str) -> list:
+    """(query, expected status, note): the rules and engine ∧ rules admit schedules; an admission
+    inside run_batch only in ahead mode."""
+    want_overlap = "sat" if mode == "ahead" else "unsat"
+    notes = {"sat": "intended", "unsat": "impossible, as designed"}
+    return [
+        (q, want, notes[want] if "inside" in q.what else "")
+        for q, want in zip(zm.vacuity(model), ("sat", "sat", want_overlap))
+    ]
+
+
+def _say_vacuity(checks, counts, say) -> None:
     say("  vacuity")
-    if role == "decode":
-        checks = [(zm.Query("the rules admit a schedule", M.check(M.rule_ids)), "sat", ""),
-                  (zm.Query("engine ∧ rules admit a schedule", M.check(M.rule_ids + M.engine_ids)), "sat", ""),
-                  (zm.Query("a resolve uses a prefetched answer (engine ∧ rules)",
-                            M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(U))),
-                   "sat" if k >= zm.FIRST_SUBMIT else "unsat",
-                   "intended" if k >= zm.FIRST_SUBMIT else f"needs K >= {zm.FIRST_SUBMIT}"),
-                  (zm.Query("the loop does something the universe has no events for (loop model)",
-                            M.check(*zm.outside_universe(M))), "unsat", "as designed"),
-                  (zm.Query("... one submitted in an earlier iteration (engine ∧ rules)",
-                            M.check(M.rule_ids + M.engine_ids, zm.prefetch_used_later(U))),
-                   "sat" if k >= 4 else "unsat", "intended" if k >= 4 else "needs K >= 4")]
-        checks += [(zm.Query(f"a prefetched query {how} (engine ∧ rules)", M.check(M.rule_ids + M.engine_ids, zm.disj(*c))),
-                    "sat", "") for how, c in U.ends.items()]
-    else:
-        want_overlap = "sat" if mode == "ahead" else "unsat"
-        checks = [(q, want, ({"sat": "intended", "unsat": "impossible, as designed"}[want] if "inside" in q.what else ""))
-                  for q, want in zip(zm.vacuity(M), ("sat", "sat", want_overlap))]
     for q, want, note in checks:
-        say(f"    {_status(q.answer, want):10s} {q.answer.seconds:7.3f} s  {q.what}" + (f" — {note}" if note else ""))
+        say(
+            f"    {_status(q.answer, want):10s} {q.answer.seconds:7.3f} s  {q.what}"
+            + (f" — {note}" if note else "")
+        )
         if q.status == "unknown":
             counts["UNKNOWN"] += 1
         elif q.status != want:
             counts["problems"] += 1
+
+
+def _say_conformance(model, counts, hidden, say) -> None:
     say("  conformance: the loop model satisfies each rule (engine ∧ ¬rule is UNSAT)")
-    for q in zm.conformance(M):
+    for q in zm.conformance(model):
         say(f"    {_status(q.answer, 'unsat'):10s} {q.answer.seconds:7.3f} s  {q.what}")
         if q.status == "sat":
             counts["problems"] += 1
             say("      the loop model violates it:")
-            for line in zm.timeline(M, q.answer.model, hidden=hidden):
-                say("      " + line)
+            _say_timeline(model, q.answer.model, hidden, say)
         elif q.status == "unknown":
             counts["UNKNOWN"] += 1
+
+
+def _say_properties(model, mode, role, *, basis, props, counts, hidden, say) -> None:
     say(f"  properties (basis: {basis}; 'rules' = from the rules alone)")
     for p in zm.properties(role):
         if not p.applies(mode) or (props and p.id not in props):
             continue
-        pr = zm.prove(M, p, basis=basis)
+        pr = zm.prove(model, p, basis=basis)
         counts[pr.status] += 1
         core = "{" + ", ".join(pr.core) + "}" if pr.status == "PROVED" else pr.note
-        say(f"    {pr.status:8s} {pr.seconds:7.3f} s  {p.id:22s} from {pr.basis:12s} {core}   [engine alone: {pr.engine}]")
+        say(
+            f"    {pr.status:8s} {pr.seconds:7.3f} s  {p.id:22s} from {pr.basis:12s} {core}   "
+            f"[engine alone: {pr.engine}]"
+        )
         if pr.status == "REFUTED":
             say(f"      counterexample ({pr.basis}): {p.statement}")
-            for line in zm.timeline(M, pr.counterexample, hidden=hidden):
-                say("      " + line)
+            _say_timeline(model, pr.counterexample, hidden, say)
         elif pr.engine == "REFUTED":
-            a = M.check(M.engine_ids, zm.neg(p.formula(U)))
-            if a.status == "sat":
-                say(f"      the loop model alone violates it ({a.seconds:.3f} s):")
-                for line in zm.timeline(M, a.model, hidden=hidden):
-                    say("      " + line)
-    say(f"  mode {mode}: {counts['PROVED']} proved, {counts['REFUTED']} refuted, {counts['UNKNOWN']} unknown, "
-        f"{counts['problems']} failed expectation(s); {time.perf_counter() - t0:.2f} s")
+            answer = model.check(model.engine_ids, zm.neg(p.formula(model.U)))
+            if answer.status == "sat":
+                say(f"      the loop model alone violates it ({answer.seconds:.3f} s):")
+                _say_timeline(model, answer.model, hidden, say)
+
+
+def prove_mode(
+    mode: str,
+    k: int,
+    *,
+    basis="auto",
+    drop=(),
+    mutants=(),
+    props=None,
+    timeout_s=60.0,
+    hidden=False,
+    say=_say,
+    role="prefill",
+) -> dict:
+    """Runs and prints everything `pdo spec prove` says about one mode; returns counts."""
+    t0 = time.perf_counter()
+    model = zm.Model(
+        mode, k, drop=drop, mutants=mutants, timeout_ms=int(timeout_s * 1000), role=role
+    )
+    universe = model.U
+    unit = "iterations" if role == "decode" else "batches"
+    say(
+        f"== {role} mode {mode}, K={k} {unit}: {len(universe.events)} events, "
+        f"{len(universe.hidden)} hidden points; "
+        f"{len(model.rule_ids)} rules, {len(model.engine_ids)} engine groups"
+        + (f"; without {', '.join(drop)}" if drop else "")
+        + (f"; mutants {', '.join(mutants)}" if mutants else "")
+        + f"; built in {model.build_seconds:.2f} s"
+    )
+    if model.not_encoded:
+        say(f"   rules of kinds without an encoding (not used): {', '.join(model.not_encoded)}")
+    counts = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
+    checks = _decode_vacuity(model, k) if role == "decode" else _prefill_vacuity(model, mode)
+    _say_vacuity(checks, counts, say)
+    _say_conformance(model, counts, hidden, say)
+    _say_properties(
+        model, mode, role, basis=basis, props=props, counts=counts, hidden=hidden, say=say
+    )
+    say(
+        f"  mode {mode}: {counts['PROVED']} proved, {counts['REFUTED']} refuted, "
+        f"{counts['UNKNOWN']} unknown, {counts['problems']} failed expectation(s); "
+        f"{time.perf_counter() - t0:.2f} s"
+    )
     return counts
 
 
-def cmd_prove(a) -> int:
+def cmd_prove(args) -> int:
     t0 = time.perf_counter()
     total = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
-    roles = ("prefill", "decode") if a.role == "all" else (a.role,)
-    runs = [(role, m) for role in roles for m in (zm.DECODE_MODES if role == "decode" else zm.MODES)
-            if not a.mode or m in a.mode]
-    bad = [m for m in (a.mode or []) if a.role == "decode" and m not in zm.DECODE_MODES]
+    roles = ("prefill", "decode") if args.role == "all" else (args.role,)
+    runs = [
+        (role, m)
+        for role in roles
+        for m in (zm.DECODE_MODES if role == "decode" else zm.MODES)
+        if not args.mode or m in args.mode
+    ]
+    bad = [m for m in (args.mode or []) if args.role == "decode" and m not in zm.DECODE_MODES]
     if bad:
         raise ValueError(f"decode modes are {', '.join(zm.DECODE_MODES)}, not {', '.join(bad)}")
     for role, mode in runs:
-        drop = [r for r in a.drop if any(x.id == r and x.role == role and x.applies(mode) for x in zm.load_rules())]
-        c = prove_mode(mode, a.batches, basis=a.basis, drop=drop,
-                       mutants=a.inject if (mode == "ahead" and role == "prefill") else (),
-                       props=a.property, timeout_s=a.timeout, hidden=a.hidden, role=role)
+        drop = [
+            r
+            for r in args.drop
+            if any(x.id == r and x.role == role and x.applies(mode) for x in zm.load_rules())
+        ]
+        c = prove_mode(
+            mode,
+            args.batches,
+            basis=args.basis,
+            drop=drop,
+            mutants=args.inject if (mode == "ahead" and role == "prefill") else (),
+            props=args.property,
+            timeout_s=args.timeout,
+            hidden=args.hidden,
+            role=role,
+        )
         for key in total:
             total[key] += c[key]
         _say()
-    _say(f"pdo spec prove: {total['PROVED']} proved, {total['REFUTED']} refuted, {total['UNKNOWN']} unknown "
-         f"(budget exhausted: not a pass), {total['problems']} failed expectation(s); {time.perf_counter() - t0:.2f} s")
+    _say(
+        f"pdo spec prove: {total['PROVED']} proved, {total['REFUTED']} refuted, "
+        f"{total['UNKNOWN']} unknown (budget exhausted: not a pass), {total['problems']} failed "
+        f"expectation(s); {time.perf_counter() - t0:.2f} s"
+    )
     if total["REFUTED"] or total["problems"]:
         return 1
     return 3 if total["UNKNOWN"] else 0
 
 
-# ---- docs ----------------------------------------------------------------------------------------------
+# ---- docs
 
-def cmd_docs(a) -> int:
-    from . import docgen
 
+def cmd_docs(args) -> int:
     t0 = time.perf_counter()
-    path = a.out or str(docgen.DEFAULT)
+    path = args.out or str(docgen.DEFAULT)
     text = docgen.generate()
-    if a.check:
+    if args.check:
         try:
             old = open(path, encoding="utf-8").read()
         except OSError:
             old = None
         same = old == text
-        _say(f"{path}: {'up to date' if same else 'STALE (run `pdo spec docs`)'} ({time.perf_counter() - t0:.1f} s)")
+        state = "up to date" if same else "STALE (run `pdo spec docs`)"
+        _say(f"{path}: {state} ({time.perf_counter() - t0:.1f} s)")
         return 0 if same else 1
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
@@ -226,9 +360,7 @@ def cmd_docs(a) -> int:
 
 
 if __name__ == "__main__":  # python -m spec.cli ... (same as `pdo spec ...`)
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="pdo")
-    register(ap.add_subparsers(dest="cmd", required=True))
-    ns = ap.parse_args(sys.argv[1:])
+    parser = argparse.ArgumentParser(prog="pdo")
+    register(parser.add_subparsers(dest="cmd", required=True))
+    ns = parser.parse_args(sys.argv[1:])
     sys.exit(ns.fn(ns))

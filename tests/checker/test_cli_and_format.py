@@ -220,7 +220,7 @@ def test_failed_check_explains_every_violated_rule(tmp_path):
     path.write_text(json.dumps({"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}) + "\n")
 
     def rule(rid):
-        return SimpleNamespace(id=rid, statement=f"statement of {rid}", seed="seed passage")
+        return SimpleNamespace(id=rid, statement=f"statement of {rid}", design="design passage")
 
     many, rare = rule("P-many"), rule("P-rare")
     violations = [SimpleNamespace(rule=many, message=f"many #{i}", seqs=[]) for i in range(MAX_SHOWN + 5)]

@@ -1,0 +1,471 @@
+"""The decode side of the model: the events of a few iterations of the decode prefetch, and the loop
+code that emits them (the decode engine model).
+
+A workload of two bootstrap addresses (rooms 1, 2, 3 at the first, room 4 at the second) over
+`iterations` iterations of the decode loop. The universe holds every event the prefetch and its
+consumption can log: per address, iteration (from FIRST_SUBMIT) and room set a prefetched query
+(submit, its pool thread's query_begin, a cancel, a resolve that uses it as is or as the prefix of a
+larger set); per address and room set a synchronous one (query_begin and resolve on the scheduler:
+a set is resolved at most once, its rooms are known after); per room its request's life (added,
+receiver init, KV, done, or aborted); one release and one resume of memory.
+
+The loop model (decode_engine) is engine/decode/loops.py's `_loop_top` with
+engine/decode/prealloc.py's prefetch and consumption, as a state machine unrolled over the
+iterations: the environment chooses when each room arrives, when a still-pending request is aborted
+(its client goes away), which iterations poll the prealloc queue (SGLang's polling interval: a
+prefetch may be consumed iterations later), and when memory is released and resumed (after the
+prefetch, as the after_prefetch hook of tests/test_pd_faults.py); everything else follows from the
+code. Scheduler events sit at fixed positions of their iteration (100 i + the step's offset); the
+pool thread's query_begin floats after its submit, before the answer is used, and before a cancel
+that stopped it. The bootstrap server answers room r with rank r % 2, without errors. What the loop
+could do that the universe has no events for (or an event it would log twice) is collected in
+`universe.outside` and shown unreachable by `pdo spec prove` (outside_universe).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import z3
+
+from .. import LOOP_MODES, load_events
+from .logic import as_z3, conj, disj, implies, lt, neg
+from .universe import FWD, SCHED, SymbolicUniverse
+
+DECODE_MODES = LOOP_MODES["decode"]
+DECODE_THREADS = {"scheduler": SCHED, "prefetch_0": FWD}
+# The first iteration whose prefetch can submit: it needs the address's parallel info, which the
+# consumption point fetches when a room of the address is pending, and a room still unknown, but
+# that consumption resolved every room then pending: a room arriving later (intake of iteration 2 at
+# the earliest) is first seen by the prefetch of the iteration after (3). Queries of earlier
+# iterations are left out of the universe (outside_universe: the loop model cannot submit them).
+FIRST_SUBMIT = 3
+
+
+@dataclass(frozen=True)
+class DecodeWorkload:
+    iterations: int
+    rooms: tuple = (("127.0.0.1:8998", (1, 2, 3)), ("127.0.0.1:8999", (4,)))
+
+    def server_rank(self, room: int) -> int:
+        return room % 2
+
+    def room_sets(self, a: int) -> list[tuple]:
+        """Every nonempty subset of the address's rooms, in arrival order."""
+        rooms = self.rooms[a][1]
+        return [
+            tuple(r for n, r in enumerate(rooms) if mask >> n & 1)
+            for mask in range(1, 1 << len(rooms))
+        ]
+
+    def submit_sets(self, a: int) -> list[tuple]:
+        """The room sets a prefetch can ask for: without the address's first room, which the
+        consumption that fetches the address's parallel info resolves (or which was aborted
+        before it)."""
+        return [asked for asked in self.room_sets(a) if self.rooms[a][1][0] not in asked]
+
+    def all_rooms(self) -> list[tuple]:
+        return [(a, r) for a, (_, rooms) in enumerate(self.rooms) for r in rooms]
+
+
+def _prefix_of(p, n):
+    return len(p) < len(n) and n[: len(p)] == p
+
+
+class DecodeUniverse(SymbolicUniverse):
+    def __init__(self, workload: DecodeWorkload, page_size: int = 16):
+        super().__init__(page_size)
+        self.workload, self.K = workload, workload.iterations
+        self.header = {"role": "decode", "prefetch": True}
+        self._vocab = load_events()["decode"]
+        for i in range(1, self.K + 1):
+            for name in ("iter_begin", "prefetch_begin", "prefetch_end"):
+                self._add(name, (name, i), iter=i)
+        qids = iter(range(10_000))
+        for a, (addr, rooms) in enumerate(workload.rooms):
+            self._add("prefill_info", ("prefill_info", a), addr=addr, published=True, error=None)
+            self._add_prefetched(a, addr, qids)
+            self._add_sync(a, addr, qids)
+            self._add_requests(addr, rooms)
+        self._add("release_memory", ("release_memory",))
+        self._add("resume_memory", ("resume_memory",))
+
+    def _add(self, name, key, **f):
+        self._make(name, None, key, f, self._vocab)
+
+    def _add_prefetched(self, a, addr, qids):
+        """Per iteration (from FIRST_SUBMIT) and room set a prefetch can ask for: the submit, its
+        pool thread's query_begin, a cancel, a resolve using it as is or as the prefix of a larger
+        set."""
+        for j in range(FIRST_SUBMIT, self.K + 1):
+            for asked in self.workload.submit_sets(a):
+                q = next(qids)
+                ask = dict(addr=addr, rooms=list(asked))
+                self._add("prefetch_submit", ("prefetch_submit", a, j, asked), qid=q, **ask)
+                self._add(
+                    "query_begin", ("query_begin", a, j, asked), qid=q, source="prefetch", **ask
+                )
+                self._add(
+                    "prefetch_cancel", ("prefetch_cancel", a, j, asked), qid=q, reason="any", **ask
+                )
+                self._add(
+                    "resolve",
+                    ("resolve", a, j, asked),
+                    qid=q,
+                    source="prefetched",
+                    error=None,
+                    result={str(r): z3.Int(f"answer:{a}:{j}:{asked}:{r}") for r in asked},
+                    **ask,
+                )
+                for room_set in self.workload.room_sets(a):
+                    if _prefix_of(asked, room_set):
+                        answers = {str(r): z3.Int(f"answer:{a}:{j}:{asked}+:{r}") for r in room_set}
+                        self._add(
+                            "resolve",
+                            ("resolve", a, j, asked, room_set),
+                            qid=q,
+                            source="prefix",
+                            error=None,
+                            addr=addr,
+                            rooms=list(room_set),
+                            result=answers,
+                        )
+
+    def _add_sync(self, a, addr, qids):
+        """Per room set a synchronous query: resolved once, its rooms are known after."""
+        for room_set in self.workload.room_sets(a):
+            ask = dict(addr=addr, rooms=list(room_set))
+            self._add(
+                "query_begin",
+                ("query_begin", a, "sync", room_set),
+                qid=next(qids),
+                source="sync",
+                **ask,
+            )
+            self._add(
+                "resolve",
+                ("resolve", a, "sync", room_set),
+                qid=None,
+                source="sync",
+                error=None,
+                result={str(r): z3.Int(f"answer:{a}:sync:{room_set}:{r}") for r in room_set},
+                **ask,
+            )
+
+    def _add_requests(self, addr, rooms):
+        """Per room its request's life: added, receiver init, KV, done, or aborted."""
+        for r in rooms:
+            rid = f"r{r}"
+            self._add("req_add", ("req_add", r), rid=rid, room=r, addr=addr)
+            self._add("receiver_init", ("receiver_init", r), room=r, rid=rid)
+            self._add("kv_recv", ("kv_recv", r), room=r)
+            self._add("kv_done", ("kv_done", r), room=r, rid=rid)
+            self._add("req_done", ("req_done", r), rid=rid, room=r)
+            self._add("req_abort", ("req_abort", r), rid=rid, room=r, reason="client went away")
+
+    def tid(self, name):
+        return DECODE_THREADS[name]
+
+
+DECODE_ENGINE_GROUPS = {
+    "E:loop": "the loop code: iteration top, prefetch (stale cancel, skip, submit), release hook, "
+    "intake, aborts, consumption (prefetched, prefix + sync tail, cancel + sync, cancel "
+    "when nothing is pending), receiver init in arrival order unless memory is released",
+    "E:order": "where the loop logs each step: iteration i's steps at 100 i + the step's offset, "
+    "in code order",
+    "E:pool": "the pool thread: a query runs after its submit, before its answer is used, never "
+    "after a cancel stopped it",
+    "E:server": "the bootstrap server answers room r with rank r % 2",
+    "E:env": "arrivals in room order per address; a pending request may be aborted; every arrived "
+    "request is served or aborted within the iterations",
+}
+
+
+def decode_engine(universe: DecodeUniverse) -> dict[str, list]:
+    """The decode loop model as named groups of constraints (names start with "E:"); sets
+    `universe.ends` (how a prefetched query ends: reason -> conditions) and `universe.outside`."""
+    return _DecodeLoop(universe).groups_built()
+
+
+class _DecodeLoop:
+    """decode_engine's state machine: what holds at each iteration, as z3 terms defined one
+    iteration after the other."""
+
+    def __init__(self, universe: DecodeUniverse):
+        self.universe, self.workload, self.K = universe, universe.workload, universe.K
+        self.groups = defaultdict(list)
+        self.loop = self.groups["E:loop"]
+        universe.ends = defaultdict(list)
+        universe.outside = []  # shown unreachable (outside_universe)
+        self.rooms = self.workload.all_rooms()
+        self.room_index = {r: n for n, (_, r) in enumerate(self.rooms)}
+        K, rooms = self.K, self.rooms
+        self.arrives = {r: z3.Int(f"arrives:r{r}") for _, r in rooms}  # K+1: never
+        self.aborts = {r: z3.Int(f"aborts:r{r}") for _, r in rooms}  # if still pending
+        self.polls = {i: z3.Bool(f"polls:{i}") for i in range(1, K + 1)}
+        self.release_at, self.resume_at = z3.Int("release_at"), z3.Int("resume_at")
+        env = self.groups["E:env"]
+        env += [
+            z3.And(1 <= v, v <= K + 1)
+            for v in list(self.arrives.values()) + list(self.aborts.values())
+        ]
+        rel, res = self.release_at, self.resume_at
+        env += [1 <= rel, rel <= K + 1, rel < res, res <= K + 2]
+        for _, rs in self.workload.rooms:
+            env += [self.arrives[x] <= self.arrives[y] for x, y in zip(rs, rs[1:])]
+        self.known = {(r, 0): False for _, r in rooms}
+        self.gone = {(r, 0): False for _, r in rooms}  # initialised or aborted
+        self.info = {(a, 0): False for a in range(len(self.workload.rooms))}
+        self.out = {}  # (key, i): outstanding at the top of iteration i
+        self.causes = defaultdict(list)  # event key -> [(exists-in-this-iteration, position)]
+
+    def define(self, name, expr):
+        v = z3.Bool(name)
+        self.loop.append(v == as_z3(expr))
+        return v
+
+    def keys(self, a):
+        """The prefetched queries of address a: (a, iteration, room set)."""
+        return [
+            (a, j, asked)
+            for j in range(FIRST_SUBMIT, self.K + 1)
+            for asked in self.workload.submit_sets(a)
+        ]
+
+    def event(self, *key):
+        return self.universe.get(key)
+
+    def groups_built(self) -> dict[str, list]:
+        for i in range(1, self.K + 1):
+            self.iteration(i)
+        rel, res, K = self.release_at, self.resume_at, self.K
+        self.causes[("release_memory",)] = [(rel == i, 100 * i + 6) for i in range(1, K + 1)]
+        self.causes[("resume_memory",)] = [(res == i, 100 * i + 7) for i in range(1, K + 1)]
+        self.bind_events()
+        self.pool_thread()
+        self.payloads()
+        # The environment: every request that arrives is served within the iterations.
+        self.groups["E:env"] += [
+            implies(self.arrives[r] <= K, self.gone[(r, K)]) for _, r in self.rooms
+        ]
+        return dict(self.groups)
+
+    def iteration(self, i):
+        base = 100 * i
+        for n, name in enumerate(("iter_begin", "prefetch_begin")):
+            self.loop.append(self.event(name, i).exists)
+            self.groups["E:order"].append(self.event(name, i).pos == base + n)
+        self.loop.append(self.event("prefetch_end", i).exists)
+        self.groups["E:order"].append(self.event("prefetch_end", i).pos == base + 4)
+        rel, res, arrives, gone = self.release_at, self.resume_at, self.arrives, self.gone
+        released_at_prefetch = conj(rel < i, i <= res)
+        released_at_consume = conj(rel <= i, i < res)
+        pending_at_prefetch = {
+            r: conj(arrives[r] < i, neg(gone[(r, i - 1)])) for _, r in self.rooms
+        }
+        abort = {
+            r: self.define(
+                f"abort:r{r}:{i}", conj(self.aborts[r] == i, arrives[r] <= i, neg(gone[(r, i - 1)]))
+            )
+            for _, r in self.rooms
+        }
+        pending = {
+            r: conj(arrives[r] <= i, neg(gone[(r, i - 1)]), neg(abort[r])) for _, r in self.rooms
+        }
+        live = {}
+        for a, (_, rs) in enumerate(self.workload.rooms):
+            self.prefetch(i, a, rs, pending_at_prefetch, released_at_prefetch, live)
+        # intake; then a pending request may be aborted (its client went away)
+        for _, r in self.rooms:
+            self.causes[("req_add", r)].append(
+                (arrives[r] == i, base + 10 + self.room_index[r] / 10)
+            )
+            self.causes[("req_abort", r)].append((abort[r], base + 15 + self.room_index[r] / 10))
+        # consumption point (when this iteration polls the prealloc queue, unless memory is
+        # released: then nothing is resolved, not even synchronously, until resume)
+        consumes = conj(self.polls[i], neg(released_at_consume))
+        any_pending = disj(*[pending[r] for _, r in self.rooms])
+        empty = conj(consumes, neg(any_pending))
+        for a, (_, rs) in enumerate(self.workload.rooms):
+            self.consume(i, a, rs, consumes, any_pending, empty, pending, live)
+        self.receive(i, released_at_consume, pending, abort)
+
+    def prefetch(self, i, a, rs, pending, released, live):
+        """Address a's prefetch: cancel a stale query, then submit one query; the after_prefetch
+        hook (release_memory) cancels every outstanding one."""
+        base, ends, outside = 100 * i, self.universe.ends, self.universe.outside
+        stale = neg(disj(*[pending[r] for r in rs]))
+        after = {}
+        for k in self.keys(a):
+            if k[1] < i:
+                outstanding = self.out[(k, i)]
+                self.causes[("prefetch_cancel", *k)].append(
+                    (conj(outstanding, stale), base + 2 + a / 10)
+                )
+                ends["cancelled as stale"].append(conj(outstanding, stale))
+                after[k] = conj(outstanding, neg(stale))
+        unknown = {r: conj(pending[r], neg(self.known[(r, i - 1)])) for r in rs}
+        can = conj(
+            neg(released),
+            neg(disj(*after.values())),
+            self.info[(a, i - 1)],
+            disj(*unknown.values()),
+        )
+
+        def asks_exactly(asked):
+            return [unknown[r] if r in asked else neg(unknown[r]) for r in rs]
+
+        outside.append(
+            conj(can, *[neg(conj(*asks_exactly(asked))) for asked in self.workload.room_sets(a)])
+        )
+        for asked in self.workload.room_sets(a):
+            sub = self.define(f"submit:{a}:{i}:{asked}", conj(can, *asks_exactly(asked)))
+            if i < FIRST_SUBMIT or asked not in self.workload.submit_sets(a):
+                outside.append(sub)  # not in the universe: the loop cannot (outside_universe)
+                continue
+            self.causes[("prefetch_submit", a, i, asked)].append((sub, base + 3 + a / 10))
+            after[(a, i, asked)] = sub
+        rel = self.release_at
+        for k, outstanding in after.items():
+            self.causes[("prefetch_cancel", *k)].append(
+                (conj(outstanding, rel == i), base + 5 + a / 10)
+            )
+            ends["cancelled at release_memory"].append(conj(outstanding, rel == i))
+            live[k] = self.define(f"live:{k}:{i}", conj(outstanding, rel != i))
+
+    def consume(self, i, a, rs, consumes, any_pending, empty, pending, live):
+        """Address a at the consumption point: use a live prefetched answer as is or as the prefix
+        of the rooms now needed (with a sync query for the tail), else cancel it and query
+        synchronously; cancel it when nothing is pending."""
+        base, ends, causes = 100 * i, self.universe.ends, self.causes
+        for k in self.keys(a):
+            if k in live:
+                causes[("prefetch_cancel", *k)].append((conj(live[k], empty), base + 20 + a / 10))
+                ends["cancelled with nothing pending"].append(conj(live[k], empty))
+        act = self.define(
+            f"act:{a}:{i}", conj(consumes, any_pending, disj(*[pending[r] for r in rs]))
+        )
+        causes[("prefill_info", a)].append(
+            (conj(act, neg(self.info[(a, i - 1)])), base + 30 + 10 * a)
+        )
+        self.info[(a, i)] = self.define(f"info:{a}:{i}", disj(self.info[(a, i - 1)], act))
+        need = {r: conj(act, pending[r], neg(self.known[(r, i - 1)])) for r in rs}
+        has = disj(*need.values())
+        asks_for = {
+            room_set: conj(has, *[need[r] if r in room_set else neg(need[r]) for r in rs])
+            for room_set in self.workload.room_sets(a)
+        }
+        self.universe.outside.append(conj(has, *[neg(x) for x in asks_for.values()]))
+        usable = []
+        for k in self.keys(a):
+            if k not in live:
+                continue
+            asked = k[2]
+            pre = conj(live[k], asks_for[asked])
+            causes[("resolve", *k)].append((pre, base + 33 + 10 * a))
+            ends["used as is"].append(pre)
+            usable.append(pre)
+            extended = False
+            for room_set in self.workload.room_sets(a):
+                if _prefix_of(asked, room_set):
+                    use = conj(live[k], asks_for[room_set])
+                    causes[("resolve", *k, room_set)].append((use, base + 33 + 10 * a))
+                    ends["used as a prefix with a sync tail"].append(use)
+                    tail = room_set[len(asked) :]
+                    causes[("query_begin", a, "sync", tail)].append((use, base + 32 + 10 * a))
+                    usable.append(use)
+                    extended = disj(extended, asks_for[room_set])
+            mismatch = conj(live[k], has, neg(asks_for[asked]), neg(extended))
+            causes[("prefetch_cancel", *k)].append((mismatch, base + 31 + 10 * a))
+            ends["cancelled on a room mismatch (sync query instead)"].append(mismatch)
+            self.out[(k, i + 1)] = self.define(
+                f"out:{k}:{i + 1}", conj(live[k], neg(empty), neg(has))
+            )
+        for room_set in self.workload.room_sets(a):
+            sync = conj(asks_for[room_set], neg(disj(*usable)))
+            causes[("query_begin", a, "sync", room_set)].append((sync, base + 32 + 10 * a))
+            causes[("resolve", a, "sync", room_set)].append((sync, base + 33 + 10 * a))
+        for r in rs:
+            self.known[(r, i)] = self.define(
+                f"known:r{r}:{i}", disj(self.known[(r, i - 1)], need[r])
+            )
+
+    def receive(self, i, released, pending, abort):
+        """Receiver init in arrival order, unless memory is released; then the KV arrives."""
+        base = 100 * i
+        for _, r in self.rooms:
+            now = conj(self.polls[i], neg(released), pending[r], self.known[(r, i)])
+            order = (10 * z3.ToReal(self.arrives[r]) + self.room_index[r]) / 1000
+            for name, off in (
+                ("receiver_init", 50),
+                ("kv_recv", 70),
+                ("kv_done", 70.0001),
+                ("req_done", 70.0002),
+            ):
+                self.causes[(name, r)].append((now, base + off + order))
+            self.gone[(r, i)] = self.define(
+                f"gone:r{r}:{i}", disj(self.gone[(r, i - 1)], abort[r], now)
+            )
+
+    def bind_events(self):
+        """Every event exists iff one of its causes holds (at most one does), at that cause's
+        position; scheduler events on the scheduler thread."""
+        universe = self.universe
+        for e in universe.events:
+            if (
+                e.name in ("iter_begin", "prefetch_begin", "prefetch_end")
+                or e.key[:1] == ("query_begin",)
+                and e.f["source"] == "prefetch"
+            ):
+                continue
+            causes = self.causes.get(e.key, [])
+            self.loop.append(e.exists == as_z3(disj(*[c for c, _ in causes])))
+            self.groups["E:order"] += [implies(c, e.pos == p) for c, p in causes]
+            universe.outside += [
+                conj(c1, c2) for n1, (c1, _) in enumerate(causes) for c2, _ in causes[n1 + 1 :]
+            ]  # logged twice
+        for e in universe.events:
+            pool = e.name == "query_begin" and e.f["source"] == "prefetch"
+            self.loop.append(e.thread == (FWD if pool else SCHED))
+
+    def pool_thread(self):
+        """The query of a submit runs after it; a resolve using it waits for it; a cancel stops it
+        only before it began."""
+        pool = self.groups["E:pool"]
+        event = self.event
+        for a in range(len(self.workload.rooms)):
+            for k in self.keys(a):
+                qb, sub = event("query_begin", *k), event("prefetch_submit", *k)
+                cancel = event("prefetch_cancel", *k)
+                users = [event("resolve", *k)] + [
+                    event("resolve", *k, room_set)
+                    for room_set in self.workload.room_sets(a)
+                    if _prefix_of(k[2], room_set)
+                ]
+                pool += [
+                    implies(qb.exists, conj(sub.exists, lt(sub, qb))),
+                    implies(cancel.exists, implies(qb.exists, lt(qb, cancel))),
+                ]
+                pool += [implies(u.exists, conj(qb.exists, lt(qb, u))) for u in users]
+
+    def payloads(self):
+        """What the receiver and the KV carry: the rank the resolve answered; one 16-token page.
+        The server's answers."""
+        universe = self.universe
+        for _, r in self.rooms:
+            init, kv = self.event("receiver_init", r), self.event("kv_recv", r)
+            answers = [x for x in universe.named("resolve") if str(r) in x.f["result"]]
+            self.loop += [
+                implies(x.exists, init.f["rank"] == x.f["result"][str(r)]) for x in answers
+            ]
+            self.loop += [
+                kv.f["rank"] == init.f["rank"],
+                kv.f["tokens"] == 16,
+                kv.f["pages"] == -(-16 // universe.page_size),
+                kv.f["start"] == 0,
+            ]
+        for x in universe.named("resolve"):
+            self.groups["E:server"] += [
+                v == self.workload.server_rank(int(room)) for room, v in x.f["result"].items()
+            ]
