@@ -2,7 +2,7 @@
 trace-event JSON (opens in ui.perfetto.dev and chrome://tracing).
 
 The trace has point events only; the spans are derived from them, the same way for the exporter, the
-static plot (checker/plot.py) and the benchmark (engine/bench.py):
+static plot (checker/plot.py) and the benchmark (engine/bench/):
 
   fwd N       fwd_begin(N) .. fwd_end(N), on the thread that ran run_batch (worker or scheduler); in
               general every `X_begin` / `X_end` pair of one batch on one thread is a span `X`

@@ -82,7 +82,7 @@ def text_report(result) -> str:
                 threads[t].extend(i for i in items if i not in threads[t])
         for t, items in threads.items():
             lines.append(f"    {t:>14s}: " + " · ".join(items))
-        lines.append(f"  seed: {v.rule.design}")
+        lines.append(f"  design: {v.rule.design}")
     if len(result.violations) > len(shown):
         lines.append(f"\n... and {len(result.violations) - len(shown)} more (--json lists them all)")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """The second trace checker: every rule of spec/ as z3 constraints over the trace's events.
 
 Each event becomes a z3 position tied to its seq by a fact switched on by the event's own literal;
-each rule becomes the obligations its template kind's encoding yields (spec/z3model.py, the same
+each rule becomes the obligations its template kind's encoding yields (spec/z3model/, the same
 encodings the proofs use), switched on by the rule's literal. The trace satisfies a rule iff z3
 finds the rule's obligations and the event facts satisfiable; when it cannot, the unsat core names
 the rule and the events that conflict with it, shrunk until dropping any event makes it consistent.

@@ -149,7 +149,7 @@ class BootstrapServer(BootstrapState):
         """Serve in-process instead of over HTTP, at `inproc://<name>`: the client functions of
         engine/bootstrap_client.py call the same handlers directly (same state, status codes, bodies
         and fault injection; injected latency is a sync.sleep in the caller, virtual time under a
-        schedule controller). For controlled, replayable runs (checker/fuzz.py); docs/fuzzing.md."""
+        schedule controller). For controlled, replayable runs (checker/fuzz/); docs/fuzzing.md."""
         if self._thread is not None or self._inproc is not None:
             raise RuntimeError("bootstrap server already started")
         with _INPROC_LOCK:

@@ -1,6 +1,6 @@
 """Mutation switches: realistic bugs, each off by default, each turned on by name (`--inject NAME`).
 
-Every use site is marked `# MUTANT:` in the engine. `checker/fuzz.py` runs the engine with each one on
+Every use site is marked `# MUTANT:` in the engine. `checker/fuzz/` runs the engine with each one on
 and requires that a rule violation or a wrong output catches it."""
 from __future__ import annotations
 

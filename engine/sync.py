@@ -1,7 +1,7 @@
 """Schedule points and blocking, controllable.
 
 Uncontrolled (the default), these are thin wrappers over queue/threading/time. Under a controller
-(checker/fuzz.py installs one), every managed thread runs only when the controller grants it: at each
+(checker/fuzz/ installs one), every managed thread runs only when the controller grants it: at each
 schedule point (every trace event, every device task, every layer of a forward) and at every blocking
 wait, the running thread parks and the controller's strategy picks which enabled thread goes next.
 A blocking wait parks with a predicate, so a blocked thread is never chosen until it can proceed,

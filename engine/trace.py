@@ -26,7 +26,7 @@ on the engine's threads (a disabled tracer is a no-op method):
   engine.digest.DigestStamp), resolved when read if nobody did before.
 
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
-(checker/fuzz.py) may block the calling thread there to choose which thread runs next.
+(checker/fuzz/) may block the calling thread there to choose which thread runs next.
 """
 from __future__ import annotations
 

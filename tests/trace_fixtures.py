@@ -1,4 +1,4 @@
-"""Hand-written canonical prefill traces, one per mode, following each loop of the seed step by step.
+"""Hand-written canonical prefill traces, one per mode, following each loop of the design step by step.
 
 Scenario (page_size 16): request a (40 tokens) is chunked: 32 tokens in batch 0, 8 in batch 1;
 request b reuses a 16-token cached prefix and computes 10 tokens in batch 1; request c (20 tokens)

@@ -54,7 +54,7 @@ def add_decode_arguments(q) -> None:
                         "--disaggregation-decode-polling-interval)")
     q.add_argument("--recv-wait-us", type=float, default=17000.0,
                    help="decode's wait in request intake per iteration, between the loop top and "
-                        "the consumption point (default: the seed's measured prefetch lead, "
+                        "the consumption point (default: the design text's measured prefetch lead, "
                         "17.35 ms rounded down)")
     q.add_argument("--latency-scope", choices=["all", "query_dp_ranks"], default="all")
     q.add_argument("--json", action="store_true",

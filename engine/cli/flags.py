@@ -33,7 +33,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--requests", type=int, default=24)
     w.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
     w.add_argument("--hit", type=float, default=0.8,
-                   help="prefix-hit ratio (the seed measured at 0.8)")
+                   help="prefix-hit ratio (the design text measured at 0.8)")
     w.add_argument("--groups", type=int, default=3, help="distinct shared prefixes")
     w.add_argument("--arrival", choices=["burst", "poisson"], default="burst")
     w.add_argument("--rate", type=float, default=2000.0, help="requests/s for poisson arrival")

@@ -8,7 +8,7 @@ The modules, in the order they build on each other:
 - encoding, prefill_encodings, decode_encodings, receiver_encodings: one encoding per rule template
   `kind` of spec/rules.toml and spec/decode_rules.toml, in the registry ENCODERS. The same
   encodings serve the symbolic universes (proofs) and TraceUniverse (the z3 trace checker,
-  checker/z3check.py), so that checker agreeing with the fast linear one (tests/test_z3_checker.py)
+  checker/z3check.py), so that checker agreeing with the fast linear one (tests/checker/test_z3_checker.py)
   is evidence the proofs are about the same rules.
 - prefill_universe, prefill_loops, decode_loops: the universes of K batches (prefill) and of a few
   iterations of the decode prefetch, and the engine model of each: what the loop code does, in which

@@ -340,7 +340,7 @@ def test_pd_mutant_fails_on_both_checkers(pd_traces, tmp_path, rule_id):
 
 @pytest.fixture(scope="module")
 def loop_witnesses():
-    """Schedules of the decode loop model (spec/z3model.py), one per way a prefetched query ends: used
+    """Schedules of the decode loop model (spec/z3model/), one per way a prefetched query ends: used
     as is, as a prefix with a sync tail, cancelled as stale, at release, with nothing pending, on a
     mismatch."""
     from spec import z3model as zm

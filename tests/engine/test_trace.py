@@ -73,7 +73,7 @@ def test_a_declared_event_logged_with_the_wrong_values_fails_where_it_is_logged(
 
 
 def test_declared_events_and_emit_are_schedule_points_in_the_order_logged(monkeypatch):
-    """Under a controller (checker/fuzz.py) every event is a schedule point, whichever way it is
+    """Under a controller (checker/fuzz/) every event is a schedule point, whichever way it is
     logged and whether or not the tracer keeps it."""
     points = []
     monkeypatch.setattr(sync, "CONTROLLER", SimpleNamespace(point=points.append))

@@ -1,4 +1,4 @@
-"""The formal model (spec/z3model.py, spec/abstract.py): the seed's tables computed by z3, the safety
+"""The formal model (spec/z3model/, spec/abstract.py): the design's tables computed by z3, the safety
 properties proved with minimal rule sets, the loop model checked against the rules, the executable
 model against both checkers and the loop model, budgets reported as UNKNOWN, docs/spec.md current.
 
@@ -23,7 +23,7 @@ from spec.z3model import as_z3
 SLOW = os.environ.get("PDO_SLOW") == "1"
 K = 3
 
-# The seed's four-mode table (../shared/seeds/README.md, §1): where run_batch runs, whether admission
+# The design's four-mode table (../shared/seeds/README.md, §1): where run_batch runs, whether admission
 # of the next batch can overlap a run_batch that has not returned, and the result-processing order.
 SEED_TABLE = {
     "normal": ("scheduler", False, "run(N) → process(N)"),
@@ -47,7 +47,7 @@ def models():
     return {mode: zm.Model(mode, K) for mode in zm.MODES}
 
 
-# ---- the seed's tables ------------------------------------------------------------------------------
+# ---- the design's tables ------------------------------------------------------------------------------
 
 def test_mode_table_equals_the_seed():
     table, differ = zm.mode_table(K)
