@@ -92,20 +92,20 @@ def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Resul
         t0 = time.perf_counter()
         dh, events = _load(d)
         header = {**dh, "role": "cross", "prefill_traces": prefills}
-        U = TraceUniverse(header, events)
+        universe = TraceUniverse(header, events)
         for h, evs in remote:
-            U.add_remote(h, evs)
+            universe.add_remote(h, evs)
         mine = [r for r in (rules or load_rules()) if r.role == "cross" and r.applies(dh.get("mode"))]
-        out.append(_check(d, header, events, U, mine, t0, **kw))
+        out.append(_check(d, header, events, universe, mine, t0, **kw))
     return out
 
 
-def _check(path, header, events, U, rules, t0, *, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
+def _check(path, header, events, universe, rules, t0, *, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
            max_obligations: int = MAX_OBLIGATIONS, rlimit: int = 0) -> Z3Result:
     res = Z3Result(path, header, len(events), "pass")
     todo, counts = [], {}
     for r in rules:
-        obs = obligations(r, U, counts)
+        obs = obligations(r, universe, counts)
         if obs is None:
             res.not_encoded.append(r.id)
             continue
@@ -197,14 +197,14 @@ def conflicts(path: str, rule_id: str, seqs) -> bool:
 
     header, events = _load(path)
     rule = rule_by_id(rule_id)
-    U = TraceUniverse(header, events)
+    universe = TraceUniverse(header, events)
     keep = set(seqs)
     s = z3.Solver()
-    for f, evs in obligations(rule, U):
+    for f, evs in obligations(rule, universe):
         anchors = evs if isinstance(f, bool) else evs[:1]
         if all(e.seq in keep for e in anchors):
             s.add(as_z3(f))
-    s.add(*[e.pos == e.seq for e in U.events if e.seq in keep])
+    s.add(*[e.pos == e.seq for e in universe.events if e.seq in keep])
     return s.check() == z3.unsat
 
 

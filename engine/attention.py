@@ -72,7 +72,7 @@ def _packed_extend(meta: ExtendMeta, device):
     cached = getattr(meta, "_packed", None)
     if cached is not None:
         return cached
-    prefix_parts, q_req, q_pos, p_req, e_req, e_pos = [], [], [], [], [], []
+    prefix_parts, q_req, q_pos, p_req = [], [], [], []
     for i, (slot, prefix, ext) in enumerate(zip(meta.host_slots, meta.host_prefix, meta.host_extend)):
         prefix_parts.append(meta.req_to_token[slot, :prefix].long())
         p_req += [i] * prefix

@@ -147,7 +147,7 @@ def _decode_vacuity(model, k: int) -> list:
     """(query, expected status, note) for the decode loop model: it admits schedules, uses a
     prefetched answer (in a later iteration too), ends a prefetched query each way, and does
     nothing the universe lacks events for."""
-    universe, both = model.U, model.rule_ids + model.engine_ids
+    universe, both = model.universe, model.rule_ids + model.engine_ids
     first = zm.FIRST_SUBMIT
     checks = [
         (zm.Query("the rules admit a schedule", model.check(model.rule_ids)), "sat", ""),
@@ -243,7 +243,7 @@ def _say_properties(model, mode, role, *, basis, props, counts, hidden, say) -> 
             say(f"      counterexample ({pr.basis}): {p.statement}")
             _say_timeline(model, pr.counterexample, hidden, say)
         elif pr.engine == "REFUTED":
-            answer = model.check(model.engine_ids, zm.neg(p.formula(model.U)))
+            answer = model.check(model.engine_ids, zm.neg(p.formula(model.universe)))
             if answer.status == "sat":
                 say(f"      the loop model alone violates it ({answer.seconds:.3f} s):")
                 _say_timeline(model, answer.model, hidden, say)
@@ -267,7 +267,7 @@ def prove_mode(
     model = zm.Model(
         mode, k, drop=drop, mutants=mutants, timeout_ms=int(timeout_s * 1000), role=role
     )
-    universe = model.U
+    universe = model.universe
     unit = "iterations" if role == "decode" else "batches"
     say(
         f"== {role} mode {mode}, K={k} {unit}: {len(universe.events)} events, "

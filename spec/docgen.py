@@ -199,13 +199,13 @@ def _decode_section() -> list[str]:
         model = zm.Model(mode, K_DECODE, role="decode")
         both = model.rule_ids + model.engine_ids
         ends = [
-            how for how, c in model.U.ends.items() if model.check(both, zm.disj(*c)).status != "sat"
+            how for how, c in model.universe.ends.items() if model.check(both, zm.disj(*c)).status != "sat"
         ]
         checks.append(
             (
                 mode,
                 model.check(both).status,
-                model.check(both, zm.prefetch_used_later(model.U)).status,
+                model.check(both, zm.prefetch_used_later(model.universe)).status,
                 [q.what for q in zm.conformance(model) if q.status != "unsat"],
                 ends,
                 model.check(*zm.outside_universe(model)).status,
@@ -217,7 +217,7 @@ def _decode_section() -> list[str]:
     out += [""] + [f"- **{p.id}**: {p.statement} Design: {p.design}" for p in zm.DECODE_PROPERTIES]
     out.append("")
     # every decode model has the same ways a prefetched query ends: the last one built names them
-    ways = "; ".join(model.U.ends)
+    ways = "; ".join(model.universe.ends)
     out += [_decode_summary(*check, ways) for check in checks]
     out += ["", "| group | what |", "|---|---|"]
     return out + [f"| {k} | {v} |" for k, v in zm.DECODE_ENGINE_GROUPS.items()] + [""]

@@ -26,7 +26,7 @@ import itertools
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .. import bootstrap_client as bc
+from .. import bootstrap_client
 from .. import inject, sync
 from .request import DecodeReq, now
 
@@ -123,16 +123,16 @@ class DecodePreallocQueue:
         """One authoritative query (the client retries inside). Never raises: (result, error)."""
         self.log.query_begin(addr, list(rooms), qid, source)
         try:
-            result = bc.query_prefill_dp_ranks(addr, list(rooms), timeout_s=self.dc.query_timeout_s,
+            result = bootstrap_client.query_prefill_dp_ranks(addr, list(rooms), timeout_s=self.dc.query_timeout_s,
                                                retries=self.dc.query_retries)
             dp = self.prefill_info_table.get(addr, {}).get("dp_size")
             bad = [r for r, k in result.items() if dp is not None and not 0 <= k < dp]
             if bad:
-                raise bc.BootstrapError(addr, f"rank out of range for dp_size {dp} for room(s) {bad}")
+                raise bootstrap_client.BootstrapError(addr, f"rank out of range for dp_size {dp} for room(s) {bad}")
             result = {r: k for r, k in result.items() if r in rooms}
             self.log.query_end(addr, list(rooms), qid, {str(r): k for r, k in result.items()}, None)
             return result, None
-        except bc.BootstrapError as exc:
+        except bootstrap_client.BootstrapError as exc:
             self.log.query_end(addr, list(rooms), qid, None, str(exc))
             return None, str(exc)
 
@@ -150,8 +150,8 @@ class DecodePreallocQueue:
                 continue
             error = None
             try:
-                info = bc.get_prefill_info(addr, timeout=self.dc.query_timeout_s)
-            except bc.BootstrapError as exc:
+                info = bootstrap_client.get_prefill_info(addr, timeout=self.dc.query_timeout_s)
+            except bootstrap_client.BootstrapError as exc:
                 info, error = None, str(exc)
             self.tr.emit("prefill_info", addr=addr, published=info is not None, error=error,
                          **_layout(info))

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from .. import bootstrap_client as bc
+from .. import bootstrap_client
 from ..transfer import KVChunk
 
 DROP_RETRY_S = 10.0   # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
@@ -262,8 +262,8 @@ class ZmqKVClient:
         ep = self._endpoints.get(rank)
         if ep is None:
             try:
-                info = bc.get_prefill_rank_info(self.url, dp_rank=rank, tp_rank=0, timeout=self.timeout_s)
-            except bc.BootstrapError as exc:
+                info = bootstrap_client.get_prefill_rank_info(self.url, dp_rank=rank, tp_rank=0, timeout=self.timeout_s)
+            except bootstrap_client.BootstrapError as exc:
                 raise KVTransportError(f"cannot look up prefill rank {rank}: {exc}") from exc
             if info is None:
                 raise KVTransportError(f"bootstrap server has no prefill rank {rank}")

@@ -24,7 +24,7 @@ def prefetch_used(universe):
 def outside_universe(model):
     """(engine groups, formula): the loop model, without the positions, does something the
     universe has no events for or logs an event twice."""
-    return [g for g in model.engine_ids if g != "E:order"], disj(*model.U.outside)
+    return [g for g in model.engine_ids if g != "E:order"], disj(*model.universe.outside)
 
 
 def prefetch_used_later(universe):
@@ -93,7 +93,7 @@ class Proof:
 def prove(model: Model, prop: Property, *, basis: str = "auto") -> Proof:
     """PROVED from the rules alone when they suffice, else from engine ∧ rules (basis "auto"); the
     core is minimal: drop any member and z3 finds a counterexample."""
-    bad = neg(prop.formula(model.U))
+    bad = neg(prop.formula(model.universe))
     spent = 0.0
     eng = model.check(model.engine_ids, bad)
     spent += eng.seconds
@@ -135,7 +135,7 @@ def vacuity(model: Model) -> list[Query]:
         Query("engine ∧ rules admit a schedule", model.check(model.rule_ids + model.engine_ids)),
         Query(
             "admit(N+1) inside run_batch(N) (engine ∧ rules)",
-            model.check(model.rule_ids + model.engine_ids, admission_overlap(model.U)),
+            model.check(model.rule_ids + model.engine_ids, admission_overlap(model.universe)),
         ),
     ]
 
@@ -185,7 +185,7 @@ def mode_row(model: Model, basis: str, n: int = 1) -> tuple[dict, list[Query]]:
     """One row of the design's table for model.mode, every cell a z3 query on `basis` ("rules"
     or "engine")."""
     use = model.rule_ids if basis == "rules" else model.engine_ids
-    universe, qs = model.U, []
+    universe, qs = model.universe, []
     fb = universe.b("fwd_begin", n)
     on_s = Query(
         "run_batch on the scheduler thread", model.check(use, conj(fb.exists, fb.thread == SCHED))
@@ -291,7 +291,7 @@ def _rel(m, n):
 def ahead_steady_table(k: int = 4, n: int = 1):
     """Rows (step, scheduler, forward worker) read from a z3 model of the AHEAD scenario."""
     model = Model("ahead", max(k, n + 3))
-    a = model.check(model.rule_ids + model.engine_ids, ahead_scenario(model.U, n))
+    a = model.check(model.rule_ids + model.engine_ids, ahead_scenario(model.universe, n))
     if a.status != "sat":
         return [], a
     witness = a.model

@@ -65,12 +65,12 @@ class Model:
         if mode not in (DECODE_MODES if role == "decode" else MODES):
             raise ValueError(f"unknown {role} mode {mode!r}")
         self.mode, self.mutants, self.role = mode, tuple(mutants), role
-        # U: the universe of events (a public attribute: tests and `pdo spec` read `model.U`)
+        # U: the universe of events (a public attribute: tests and `pdo spec` read `model.universe`)
         if role == "decode":
-            self.U = DecodeUniverse(DecodeWorkload(k), page_size)
+            self.universe = DecodeUniverse(DecodeWorkload(k), page_size)
         else:
-            self.U = ModelUniverse(workload or Workload.canonical(k), page_size)
-        self.K = self.U.K
+            self.universe = ModelUniverse(workload or Workload.canonical(k), page_size)
+        self.K = self.universe.K
         all_rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
         unknown = set(drop) - {r.id for r in all_rules}
         if unknown:
@@ -78,11 +78,11 @@ class Model:
         self.rules = [r for r in all_rules if r.id not in drop]
         self.not_encoded = [r.id for r in self.rules if r.kind not in ENCODERS]
         if role == "decode":
-            engine = decode_engine(self.U)
+            engine = decode_engine(self.universe)
         else:
             lemmas = any(r.kind == "adjacent" for r in self.rules)
-            engine = engine_model(self.U, mode, mutants, lemmas=lemmas)
-        self.groups = {r.id: rule_formula(r, self.U) for r in self.rules if r.kind in ENCODERS}
+            engine = engine_model(self.universe, mode, mutants, lemmas=lemmas)
+        self.groups = {r.id: rule_formula(r, self.universe) for r in self.rules if r.kind in ENCODERS}
         self.rule_ids = list(self.groups)
         self.groups.update({n: conj(*c) for n, c in engine.items()})
         self.engine_ids = list(engine)
@@ -91,7 +91,7 @@ class Model:
         if rlimit:  # a deterministic budget (z3 resource units), for tests of the UNKNOWN path
             self.solver.set(rlimit=rlimit)
         self._distinct = set()  # compared pairs whose distinctness is asserted
-        self.solver.add(*frame(self.U, self._distinct))
+        self.solver.add(*frame(self.universe, self._distinct))
         self.lit, self._by_lit, self._extra = {}, {}, {}
         for name, f in self.groups.items():
             lit = z3.Bool(f"[{name}]")
@@ -104,7 +104,7 @@ class Model:
         lit = self._extra.get(f.get_id())
         if lit is None:
             lit = self._extra[f.get_id()] = z3.Bool(f"[q{len(self._extra)}]")
-            self.solver.add(z3.Implies(lit, f), *distinct_compared(self.U, self._distinct))
+            self.solver.add(z3.Implies(lit, f), *distinct_compared(self.universe, self._distinct))
         return lit
 
     def check(self, use, extra=True) -> Answer:
@@ -144,11 +144,11 @@ class Model:
     def schedule(self, model, hidden=False) -> list[Ev]:
         evs = [
             e
-            for e in self.U.events
+            for e in self.universe.events
             if z3.is_true(model.eval(as_z3(e.exists), model_completion=True))
         ]
         if hidden:
-            evs += self.U.hidden
+            evs += self.universe.hidden
         return sorted(evs, key=lambda e: (position(model, e), str(e.key)))
 
     def thread_name(self, t: int) -> str:
@@ -169,7 +169,7 @@ class Model:
             "version": 1,
             "role": self.role,
             "mode": self.mode,
-            "page_size": self.U.page_size,
+            "page_size": self.universe.page_size,
             "source": "spec.z3model",
         }
         if self.role == "decode":

@@ -157,7 +157,7 @@ def fits_engine(mode: str, header: dict, events: list[dict], timeout_ms: int = 6
     )
     by_key = {k: i for i, k in enumerate(_trace_keys(events), 1)}
     bind = []
-    for e in model.U.events:
+    for e in model.universe.events:
         seq = by_key.get(e.key)
         bind.append(e.exists == (seq is not None) if e.exists is not True else (seq is not None))
         if seq is not None:

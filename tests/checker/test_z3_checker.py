@@ -347,7 +347,7 @@ def loop_witnesses():
 
     M = zm.Model("overlap", 4, role="decode")
     out = []
-    for c in M.U.ends.values():
+    for c in M.universe.ends.values():
         a = M.check(M.engine_ids, zm.disj(*c))
         assert a.status == "sat"
         out.append(M.to_trace(a.model))

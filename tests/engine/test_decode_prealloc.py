@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from engine import bootstrap_client as bc
+from engine import bootstrap_client
 from engine.bootstrap import BootstrapServer
 from engine.decode.config import DecodeConfig
 from engine.decode.prealloc import DecodePreallocQueue
@@ -44,9 +44,9 @@ def server():
     """Two prefill DP ranks registered; room 7 on rank 1, room 8 on rank 0, room 9 on rank 1."""
     with BootstrapServer(expected_ranks=2) as s:
         for i in range(2):
-            bc.register_prefill_rank(s.url, rank_info(i, 2, 16, 20000 + i))
+            bootstrap_client.register_prefill_rank(s.url, rank_info(i, 2, 16, 20000 + i))
         for room, rank in ((7, 1), (8, 0), (9, 1)):
-            bc.register_dp_rank(s.url, room, rank)
+            bootstrap_client.register_dp_rank(s.url, room, rank)
         yield s
 
 
@@ -149,8 +149,8 @@ def test_changed_rooms_cancel_the_future_and_query_synchronously(server):
 
 def test_unpublished_prefill_is_skipped_then_queried_once_published():
     with BootstrapServer(expected_ranks=2) as s:
-        bc.register_prefill_rank(s.url, rank_info(0, 2, 16, 20000))   # rank 1 not up yet: 503
-        bc.register_dp_rank(s.url, 8, 0)
+        bootstrap_client.register_prefill_rank(s.url, rank_info(0, 2, 16, 20000))   # rank 1 not up yet: 503
+        bootstrap_client.register_dp_rank(s.url, 8, 0)
         q, sched, tr, addr = make_queue(s.url)
         q.add(req(8, addr))
         q.pop_preallocated()
@@ -158,7 +158,7 @@ def test_unpublished_prefill_is_skipped_then_queried_once_published():
         assert evs(tr, "prefill_info")[0]["published"] is False
         assert [e["reason"] for e in evs(tr, "prefetch_skip")] == ["not_published"]
         assert not evs(tr, "query_begin") and q.pending
-        bc.register_prefill_rank(s.url, rank_info(1, 2, 16, 20001))
+        bootstrap_client.register_prefill_rank(s.url, rank_info(1, 2, 16, 20001))
         q.pop_preallocated()
         assert evs(tr, "prefill_info")[-1]["published"] is True and sched.inits == [(8, 0)]
 
@@ -253,7 +253,7 @@ def test_unknown_room_stays_pending_until_registered_or_times_out(server):
     q.add(req(40, addr))
     q.pop_preallocated()
     assert q.pending and evs(tr, "resolve")[0]["result"] == {}
-    bc.register_dp_rank(server.url, 40, 0)
+    bootstrap_client.register_dp_rank(server.url, 40, 0)
     q.pop_preallocated()
     assert sched.inits == [(40, 0)]
     r41 = req(41, addr)

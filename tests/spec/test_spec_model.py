@@ -118,7 +118,7 @@ def test_properties_proved_with_minimal_sets(models, mode):
             carriers = {"P-war-before-next-stage", "E:program-order"} if mode == "normal" else {"P-war-before-next-stage"}
             assert carriers & set(pr.core), pr.core
         # minimal: without any one member, z3 finds a counterexample
-        bad = zm.neg(p.formula(M.U))
+        bad = zm.neg(p.formula(M.universe))
         for name in pr.core:
             rest = [x for x in pr.core if x != name]
             assert M.check(rest, bad).status == "sat", f"{p.id}/{mode}: {name} is not needed"
@@ -197,12 +197,12 @@ def test_decode_loop_model_vacuity_and_conformance(decode_models, mode):
     M = decode_models[mode]
     both = M.rule_ids + M.engine_ids
     assert M.check(M.rule_ids).status == "sat" and M.check(both).status == "sat"
-    assert M.check(both, zm.prefetch_used(M.U)).status == "sat"
-    assert M.check(both, zm.prefetch_used_later(M.U)).status == "sat"
-    assert set(M.U.ends) == {"used as is", "used as a prefix with a sync tail", "cancelled as stale",
+    assert M.check(both, zm.prefetch_used(M.universe)).status == "sat"
+    assert M.check(both, zm.prefetch_used_later(M.universe)).status == "sat"
+    assert set(M.universe.ends) == {"used as is", "used as a prefix with a sync tail", "cancelled as stale",
                              "cancelled at release_memory", "cancelled with nothing pending",
                              "cancelled on a room mismatch (sync query instead)"}
-    for how, c in M.U.ends.items():
+    for how, c in M.universe.ends.items():
         assert M.check(both, zm.disj(*c)).status == "sat", how
     assert M.check(*zm.outside_universe(M)).status == "unsat"
     bad = [(q.what, q.status) for q in zm.conformance(M) if q.status != "unsat"]
@@ -212,8 +212,8 @@ def test_decode_loop_model_vacuity_and_conformance(decode_models, mode):
 
 def test_decode_later_consumption_needs_four_iterations():
     M = zm.Model("normal", 3, role="decode")
-    assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(M.U)).status == "sat"
-    assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used_later(M.U)).status == "unsat"
+    assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used(M.universe)).status == "sat"
+    assert M.check(M.rule_ids + M.engine_ids, zm.prefetch_used_later(M.universe)).status == "unsat"
 
 
 @pytest.mark.parametrize("mode", zm.DECODE_MODES)
@@ -228,7 +228,7 @@ def test_decode_properties_proved_with_minimal_sets(decode_models, mode):
         pr = zm.prove(M, p)
         assert pr.status == "PROVED" and pr.engine == "PROVED", (p.id, pr.status, pr.engine, pr.note)
         assert (pr.basis, set(pr.core)) == want[p.id], (p.id, pr.basis, pr.core)
-        bad = zm.neg(p.formula(M.U))
+        bad = zm.neg(p.formula(M.universe))
         for name in pr.core:
             assert M.check([x for x in pr.core if x != name], bad).status == "sat", (p.id, name)
 
@@ -248,7 +248,7 @@ def test_decode_dropping_a_rule_gives_a_counterexample(rule, prop):
     p = next(p for p in zm.DECODE_PROPERTIES if p.id == prop)
     pr = zm.prove(M, p, basis="rules")
     assert pr.status == "REFUTED"
-    assert not z3.is_true(pr.counterexample.eval(as_z3(p.formula(M.U)), model_completion=True))
+    assert not z3.is_true(pr.counterexample.eval(as_z3(p.formula(M.universe)), model_completion=True))
     assert zm.prove(M, p, basis="engine").status == "PROVED"     # the loop model still has it
 
 
@@ -258,7 +258,7 @@ def test_decode_loop_schedules_pass_both_checkers(decode_models, mode, tmp_path)
     from checker import z3check
 
     M = decode_models[mode]
-    wants = [True, zm.prefetch_used_later(M.U)] + [zm.disj(*c) for c in M.U.ends.values()]
+    wants = [True, zm.prefetch_used_later(M.universe)] + [zm.disj(*c) for c in M.universe.ends.values()]
     for n, extra in enumerate(wants):
         a = M.check(M.engine_ids, extra)
         assert a.status == "sat"

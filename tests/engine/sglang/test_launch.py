@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 def test_spawned_scheduler_process_is_traced(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine.sglang.launch", "--trace-dir", str(tmp_path),
-                          "--module", "tests.sglang.child_server", "--", "overlap"],
+                          "--module", "tests.engine.sglang.child_server", "--", "overlap"],
                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     traces = sorted(tmp_path.glob("sglang-*.jsonl"))

@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from engine import bootstrap_client as bc
+from engine import bootstrap_client
 from engine.pd import rank_info as pdo_rank_info
 
 from .wire import (
@@ -250,24 +250,24 @@ def test_pdo_client_against_sglang_server(conn, payloads):
     with pdo_server() as p, sglang_server(conn) as s:
         got = []
         for srv in (p, s):
-            assert bc.health(srv.url)
-            assert bc.get_prefill_info(srv.url) is None
+            assert bootstrap_client.health(srv.url)
+            assert bootstrap_client.get_prefill_info(srv.url) is None
             for reg in regs[:-1]:
-                bc.register_prefill_rank(srv.url, reg)
-            assert bc.get_prefill_info(srv.url) is None
-            assert bc.get_prefill_rank_info(srv.url, dp_rank=0, tp_rank=0) is None  # 503
-            bc.register_prefill_rank(srv.addr, regs[-1])  # SGLang's bare host:port works too
-            info = bc.get_prefill_info(srv.url)
+                bootstrap_client.register_prefill_rank(srv.url, reg)
+            assert bootstrap_client.get_prefill_info(srv.url) is None
+            assert bootstrap_client.get_prefill_rank_info(srv.url, dp_rank=0, tp_rank=0) is None  # 503
+            bootstrap_client.register_prefill_rank(srv.addr, regs[-1])  # SGLang's bare host:port works too
+            info = bootstrap_client.get_prefill_info(srv.url)
             ranks = [
-                bc.get_prefill_rank_info(
+                bootstrap_client.get_prefill_rank_info(
                     srv.url, dp_rank=r["attn_dp_rank"], tp_rank=r["attn_tp_rank"]
                 )
                 for r in regs
             ]
-            missing = bc.get_prefill_rank_info(srv.url, dp_rank=7, tp_rank=0)
-            bc.register_dp_rank(srv.url, 11, 1)
-            bc.register_dp_rank(srv.url, 12, 0)
-            rooms = bc.query_prefill_dp_ranks(srv.url, [11, 12, 13])
+            missing = bootstrap_client.get_prefill_rank_info(srv.url, dp_rank=7, tp_rank=0)
+            bootstrap_client.register_dp_rank(srv.url, 11, 1)
+            bootstrap_client.register_dp_rank(srv.url, 12, 0)
+            rooms = bootstrap_client.query_prefill_dp_ranks(srv.url, [11, 12, 13])
             got.append((info, ranks, missing, rooms))
         assert got[0] == got[1]
         info, ranks, missing, rooms = got[1]
@@ -280,9 +280,9 @@ def test_pdo_client_errors_against_sglang_server(conn):
     """SGLang answers a bad registration with a 500, which pdo's client retries (as a server fault)
     and then raises; a bad room query likewise."""
     with sglang_server(conn) as s:
-        with pytest.raises(bc.BootstrapError) as e:
-            bc.register_prefill_rank(s.url, {"attn_tp_size": 1}, retries=2, backoff_s=0.001)
+        with pytest.raises(bootstrap_client.BootstrapError) as e:
+            bootstrap_client.register_prefill_rank(s.url, {"attn_tp_size": 1}, retries=2, backoff_s=0.001)
         assert e.value.status == 500
-        with pytest.raises(bc.BootstrapQueryError) as e:
-            bc.query_prefill_dp_ranks(s.url, ["x"], retries=1, backoff_s=0.001)
+        with pytest.raises(bootstrap_client.BootstrapQueryError) as e:
+            bootstrap_client.query_prefill_dp_ranks(s.url, ["x"], retries=1, backoff_s=0.001)
         assert e.value.status == 500 and e.value.attempts == 2

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import requests
 
-from engine import bootstrap_client as bc
+from engine import bootstrap_client
 
 from .wire import (
     DIFFERENCES,
@@ -39,7 +39,7 @@ def test_parallel_info_keys_are_sglangs_prefill_server_info(conn):
             conn, Prefill(attn_tp_size=1, attn_dp_size=1, kv_layout="x", dsv41_spec_layout={"a": 1})
         ):
             requests.put(f"{p.url}/route", json=payload, timeout=TIMEOUT_S)
-        info = bc.get_prefill_info(p.url)
+        info = bootstrap_client.get_prefill_info(p.url)
     assert set(info) == {f.name for f in dataclasses.fields(conn.PrefillServerInfo)}
 
 
