@@ -4,6 +4,7 @@ thread each runs on, the spans they open and close, what must not overlap.
 The finish-time templates (complete, order, within) read the shared batch index as arrays
 (checker/streaming.py's Dense) when the batch ids allow it, and fall back to per-batch loops.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,12 +44,13 @@ class Complete(Template):
             return self._finish_loop()
         evs = self.rule["events"]
         self.checks += len(dense.admits) * len(evs)
-        missing = np.stack([dense.at(ev, 0)[0] == 0 for ev in evs], axis=1)   # [batch, event]
+        missing = np.stack([dense.at(ev, 0)[0] == 0 for ev in evs], axis=1)  # [batch, event]
         admit_seq = dense.at("admit", 0)[0]
         # row-major: batch by batch, as the loop reports
         for j, i in zip(*np.nonzero(missing), strict=False):
-            self.fail(f"batch {dense.admits[j]} was admitted but has no {evs[i]}",
-                      int(admit_seq[j]))
+            self.fail(
+                f"batch {dense.admits[j]} was admitted but has no {evs[i]}", int(admit_seq[j])
+            )
 
     def _finish_loop(self):
         idx = self.ctx.idx
@@ -71,8 +73,9 @@ class Disjoint(Template):
         if e["ev"] == self.begin:
             self.checks += 1
             for b, s in self.open.items():
-                self.fail(f"{self.begin}({e['batch']}) while span of batch {b} is "
-                          "open", s, e["seq"])
+                self.fail(
+                    f"{self.begin}({e['batch']}) while span of batch {b} is open", s, e["seq"]
+                )
             self.open[e["batch"]] = e["seq"]
         else:
             self.open.pop(e["batch"], None)
@@ -96,8 +99,11 @@ class Outside(Template):
         else:
             self.checks += 1
             for b, s in self.open.items():
-                self.fail(f"{event_label(e)} while {self.begin}({b}) has not reached "
-                          f"{self.end}", s, e["seq"])
+                self.fail(
+                    f"{event_label(e)} while {self.begin}({b}) has not reached {self.end}",
+                    s,
+                    e["seq"],
+                )
 
 
 @TEMPLATES.register("order")
@@ -109,8 +115,9 @@ class Order(Template):
 
     def finish(self):
         chain = self.rule["chain"]
-        same = (len(chain) if self.rule.get("same_thread")
-                else self.rule.get("same_thread_prefix", 0))
+        same = (
+            len(chain) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
+        )
         steps = [(ev, off, self.ctx.idx[ev], i < same) for i, (ev, off) in enumerate(chain)]
         dense = self.ctx.dense()
         if dense is None:
@@ -124,7 +131,7 @@ class Order(Template):
             wa, wb = dense.at(a, ao)[0], dense.at(b, bo)[0]
             active = (wa > 0) & (wb > 0)
             vacuous = active & (wa > wb)
-            self.checks += int(np.count_nonzero(vacuous))   # the implication holds vacuously there
+            self.checks += int(np.count_nonzero(vacuous))  # the implication holds vacuously there
             active &= ~vacuous
         # seq and thread of the last chain event found so far
         prev_s = np.zeros(len(dense.admits), dtype=np.int64)
@@ -171,8 +178,11 @@ class Order(Template):
                 if s1 > s2:
                     self.fail(f"{ev}({n + off}) came before {ev1}({b1})", s1, s2)
                 elif need_same and t1 != t2:
-                    self.fail(f"{ev1}({b1}) on {t1} but {ev}({n + off}) on {t2}: expected one "
-                              "thread", s1, s2)
+                    self.fail(
+                        f"{ev1}({b1}) on {t1} but {ev}({n + off}) on {t2}: expected one thread",
+                        s1,
+                        s2,
+                    )
             prev = (ev, n + off, got)
         if count and found >= 2:
             self.checks += 1
@@ -194,15 +204,20 @@ class Adjacent(Template):
             self.pending = None
             self.checks += 1
             if e["ev"] != self.then or e.get("batch") != b:
-                self.fail(f"{self.first}({b}) was followed on {self.thread} by {event_label(e)}, "
-                          f"not {self.then}({b})", s, e["seq"])
+                self.fail(
+                    f"{self.first}({b}) was followed on {self.thread} by {event_label(e)}, "
+                    f"not {self.then}({b})",
+                    s,
+                    e["seq"],
+                )
         if e["ev"] == self.first:
             self.pending = (e["batch"], e["seq"])
 
     def finish(self):
         if self.pending is not None:
-            self.fail(f"{self.first}({self.pending[0]}) is never followed by "
-                      f"{self.then}", self.pending[1])
+            self.fail(
+                f"{self.first}({self.pending[0]}) is never followed by {self.then}", self.pending[1]
+            )
 
 
 @TEMPLATES.register("within")
@@ -224,7 +239,7 @@ class Within(Template):
         dense = self.ctx.dense()
         if dense is None or not self.seqs:
             suspects = range(len(self.seqs))
-        else:   # on arrays: which events might fail; the loop below words the messages for those
+        else:  # on arrays: which events might fail; the loop below words the messages for those
             r = self.rule
             seq = np.array(self.seqs, dtype=np.int64)
             k = np.array(self.batches, dtype=np.int64) - dense.lo
@@ -236,9 +251,13 @@ class Within(Template):
             elif r.get("same_thread_as"):
                 codes = dense.col(r["same_thread_as"])[1][k]
                 names = dense.threads
-                bad |= np.array([c < 0 or names[c] != t
-                                 for c, t in zip(codes.tolist(), self.threads, strict=False)],
-                                dtype=bool)
+                bad |= np.array(
+                    [
+                        c < 0 or names[c] != t
+                        for c, t in zip(codes.tolist(), self.threads, strict=False)
+                    ],
+                    dtype=bool,
+                )
             suspects = np.nonzero(bad)[0].tolist()
         for i in suspects:
             self._check(self.seqs[i], self.threads[i], self.batches[i], self.rids[i])
@@ -247,14 +266,24 @@ class Within(Template):
         idx, r = self.ctx.idx, self.rule
         lo, hi = idx[r["after"]].get(b), idx[r["before"]].get(b)
         if lo is None or hi is None:
-            self.fail(f"{self.ev}({b}) for {rid}: batch has no "
-                      f"{r['after'] if lo is None else r['before']}", seq)
+            self.fail(
+                f"{self.ev}({b}) for {rid}: batch has no "
+                f"{r['after'] if lo is None else r['before']}",
+                seq,
+            )
             return
         if not lo[0] < seq < hi[0]:
-            self.fail(f"{self.ev}({b}) for {rid} is not between {r['after']}({b}) and "
-                      f"{r['before']}({b})", lo[0], seq, hi[0])
-        want = (r.get("thread") or idx[r["same_thread_as"]][b][1] if r.get("same_thread_as")
-                else r.get("thread"))
+            self.fail(
+                f"{self.ev}({b}) for {rid} is not between {r['after']}({b}) and {r['before']}({b})",
+                lo[0],
+                seq,
+                hi[0],
+            )
+        want = (
+            r.get("thread") or idx[r["same_thread_as"]][b][1]
+            if r.get("same_thread_as")
+            else r.get("thread")
+        )
         if want and thread != want:
             self.fail(f"{self.ev}({b}) for {rid} ran on {thread}, expected {want}", seq)
 
@@ -298,5 +327,8 @@ class Equal(Template):
                 self.checks += 1
                 y, s2 = vb[bt]
                 if x != y:
-                    self.fail(f"batch {bt}: {self.a}.{self.field}={x} but "
-                              f"{self.b}.{self.field}={y}", s1, s2)
+                    self.fail(
+                        f"batch {bt}: {self.a}.{self.field}={x} but {self.b}.{self.field}={y}",
+                        s1,
+                        s2,
+                    )

@@ -47,8 +47,9 @@ def _renumbered(e: dict, k: int, span: int, batches: int) -> dict:
     return e
 
 
-def make_big_trace(out: str, events: int, *, base: str | None = None, requests: int = 300,
-                   mode: str = "ahead") -> dict:
+def make_big_trace(
+    out: str, events: int, *, base: str | None = None, requests: int = 300, mode: str = "ahead"
+) -> dict:
     """A valid trace of at least `events` events: one engine trace (`base`, or a fresh run) repeated
     with batches, requests, objects, seq and time renumbered so that every copy is a new stretch of
     the same run. Returns {events, bytes, copies, base_events}."""
@@ -113,8 +114,13 @@ print(json.dumps(out))
 def _child(path: str, mode: str) -> dict:
     """One measurement (`check`, `parse` or `tracemalloc`) in a fresh interpreter."""
     pythonpath = _ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", _CHILD, path, mode], capture_output=True, text=True,
-                       cwd=_ROOT, env={**os.environ, "PYTHONPATH": pythonpath})
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, path, mode],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+    )
     if p.returncode != 0:
         why = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode
         raise RuntimeError(f"checker child failed: {why}")
@@ -132,8 +138,15 @@ def _measure(path: str, reps: int, memory: bool, progress: Progress):
     return checks, parses, (_child(path, "tracemalloc") if memory else None)
 
 
-def bench_checker(*, events: int = 1_000_000, trace: str | None = None, keep: str | None = None,
-                  reps: int = 1, memory: bool = True, progress: Progress | None = None) -> dict:
+def bench_checker(
+    *,
+    events: int = 1_000_000,
+    trace: str | None = None,
+    keep: str | None = None,
+    reps: int = 1,
+    memory: bool = True,
+    progress: Progress | None = None,
+) -> dict:
     """checker.linear.check_file on a big valid trace (made with make_big_trace unless `trace` is
     given), each measurement in a fresh interpreter: events/s of the full check, of parsing alone,
     and peak memory (RSS growth over the interpreter's start, and the tracemalloc peak)."""
@@ -161,12 +174,20 @@ def bench_checker(*, events: int = 1_000_000, trace: str | None = None, keep: st
     bestp = min(parses, key=lambda c: c["seconds"])
     n = best["events"]
     return {
-        "benchmark": "checker", "date": now(), "machine": machine(),
-        "trace": trace or (keep or "(temporary)"), "made": made, "events": n, "bytes": size,
-        "ok": best["ok"], "reps": reps, "seconds": best["seconds"],
+        "benchmark": "checker",
+        "date": now(),
+        "machine": machine(),
+        "trace": trace or (keep or "(temporary)"),
+        "made": made,
+        "events": n,
+        "bytes": size,
+        "ok": best["ok"],
+        "reps": reps,
+        "seconds": best["seconds"],
         "events_per_s": n / best["seconds"],
         "events_per_s_all": [c["events"] / c["seconds"] for c in checks],
-        "parse_seconds": bestp["seconds"], "parse_events_per_s": bestp["events"] / bestp["seconds"],
+        "parse_seconds": bestp["seconds"],
+        "parse_events_per_s": bestp["events"] / bestp["seconds"],
         "rules_share": 1 - bestp["seconds"] / best["seconds"],
         "rss_peak_mib": best["rss_peak_kib"] / 1024,
         "rss_growth_mib": (best["rss_peak_kib"] - best["rss_before_kib"]) / 1024,
@@ -176,24 +197,35 @@ def bench_checker(*, events: int = 1_000_000, trace: str | None = None, keep: st
 
 
 def format_checker(r: dict) -> str:
-    tracemalloc = (f", tracemalloc peak {r['tracemalloc_peak_mib']:.1f} MiB"
-                   if r["tracemalloc_peak_mib"] is not None else "")
-    return "\n".join([
-        f"checker.linear.check_file on {r['events']:,} events ({r['bytes'] / 2**20:.0f} MiB), "
-        f"result {'PASS' if r['ok'] else 'FAIL'}:",
-        f"  {r['events_per_s']:,.0f} events/s ({r['seconds']:.2f} s; target "
-        f"{r['target_events_per_s']:,}); parsing + validation alone "
-        f"{r['parse_events_per_s']:,.0f} events/s (rules take {r['rules_share'] * 100:.0f}% of the "
-        f"time)",
-        f"  memory: peak RSS {r['rss_peak_mib']:.0f} MiB (+{r['rss_growth_mib']:.0f} MiB over the "
-        f"interpreter with the checker imported)" + tracemalloc,
-    ])
+    tracemalloc = (
+        f", tracemalloc peak {r['tracemalloc_peak_mib']:.1f} MiB"
+        if r["tracemalloc_peak_mib"] is not None
+        else ""
+    )
+    return "\n".join(
+        [
+            f"checker.linear.check_file on {r['events']:,} events ({r['bytes'] / 2**20:.0f} MiB), "
+            f"result {'PASS' if r['ok'] else 'FAIL'}:",
+            f"  {r['events_per_s']:,.0f} events/s ({r['seconds']:.2f} s; target "
+            f"{r['target_events_per_s']:,}); parsing + validation alone "
+            f"{r['parse_events_per_s']:,.0f} events/s (rules take {r['rules_share'] * 100:.0f}% of the "
+            f"time)",
+            f"  memory: peak RSS {r['rss_peak_mib']:.0f} MiB (+{r['rss_growth_mib']:.0f} MiB over the "
+            f"interpreter with the checker imported)" + tracemalloc,
+        ]
+    )
 
 
 def cmd_checker(a) -> int:
     events = a.events or (200_000 if a.quick else 1_000_000)
-    res = bench_checker(events=events, trace=a.trace, keep=a.keep, reps=a.reps or 1,
-                        memory=not a.no_memory, progress=Progress(True if a.progress else None))
+    res = bench_checker(
+        events=events,
+        trace=a.trace,
+        keep=a.keep,
+        reps=a.reps or 1,
+        memory=not a.no_memory,
+        progress=Progress(True if a.progress else None),
+    )
     if a.json != "-":
         print(format_checker(res))
     write_json(a.json, res)
@@ -211,6 +243,10 @@ def add_checker_arguments(c) -> None:
     c.add_argument("--progress", action="store_true")
 
 
-BENCH.register("checker")(BenchCommand(
-    help="linear checker throughput and peak memory on a big valid trace",
-    add_arguments=add_checker_arguments, run=cmd_checker))
+BENCH.register("checker")(
+    BenchCommand(
+        help="linear checker throughput and peak memory on a big valid trace",
+        add_arguments=add_checker_arguments,
+        run=cmd_checker,
+    )
+)

@@ -2,6 +2,7 @@
 `dp_rank`), what a receiver was told by the bootstrap server against what the prefill ranks actually
 did. The prefill traces are read first (PrefillFacts); then each decode trace streams past the
 cross-process templates."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -43,14 +44,17 @@ class CrossRank(Template):
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
-        self.local: set = set()   # addresses whose parallel info alone decides a room's rank
-        self.addr_of: dict = {}   # room -> addr
+        self.local: set = set()  # addresses whose parallel info alone decides a room's rank
+        self.addr_of: dict = {}  # room -> addr
 
     def on(self, e):
         if e["ev"] == "prefill_info":
             dp = e.get("dp_size")
-            if e.get("published") and isinstance(dp, int) and (
-                    dp == 1 or e.get("follow_bootstrap_room")):
+            if (
+                e.get("published")
+                and isinstance(dp, int)
+                and (dp == 1 or e.get("follow_bootstrap_room"))
+            ):
                 self.local.add(e["addr"])
             return
         if e["ev"] == "req_add":
@@ -64,13 +68,19 @@ class CrossRank(Template):
             # (D-request-ends).
             if facts.complete and self.addr_of.get(e["room"]) not in self.local:
                 self.checks += 1
-                self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, "
-                          f"but no prefill trace admitted it", e["seq"])
+                self.fail(
+                    f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, "
+                    f"but no prefill trace admitted it",
+                    e["seq"],
+                )
             return
         self.checks += 1
         if e["rank"] not in ranks or len(ranks) > 1:
-            self.fail(f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, served by "
-                      f"prefill rank(s) {sorted(ranks)}", e["seq"])
+            self.fail(
+                f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, served by "
+                f"prefill rank(s) {sorted(ranks)}",
+                e["seq"],
+            )
 
 
 @CROSS_TEMPLATES.register("cross_pages")
@@ -79,8 +89,8 @@ class CrossPages(Template):
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
-        self.init: dict = {}                              # room -> (rid, rank)
-        self.got: dict = defaultdict(lambda: [0, 0])      # room -> [tokens, pages]
+        self.init: dict = {}  # room -> (rid, rank)
+        self.got: dict = defaultdict(lambda: [0, 0])  # room -> [tokens, pages]
 
     def on(self, e):
         ev, room = e["ev"], e["room"]
@@ -96,9 +106,12 @@ class CrossPages(Template):
             self.checks += 1
             sent = self.ctx.facts.sent.get((rank, rid), [0, 0])
             if list(self.got[room]) != list(sent):
-                self.fail(f"{rid} (room {room}): decode received {self.got[room][0]} tokens in "
-                          f"{self.got[room][1]} pages, prefill rank {rank} sent {sent[0]} tokens "
-                          f"in {sent[1]} pages", e["seq"])
+                self.fail(
+                    f"{rid} (room {room}): decode received {self.got[room][0]} tokens in "
+                    f"{self.got[room][1]} pages, prefill rank {rank} sent {sent[0]} tokens "
+                    f"in {sent[1]} pages",
+                    e["seq"],
+                )
 
 
 def cross_pairs(paths: list) -> tuple[dict, list, list]:
@@ -108,14 +121,18 @@ def cross_pairs(paths: list) -> tuple[dict, list, list]:
     for p in paths:
         with open(p, "rb") as f:
             headers[p] = read_header(p, f)
-    prefills = [p for p in paths
-                if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)]
+    prefills = [
+        p
+        for p in paths
+        if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)
+    ]
     decodes = [p for p in paths if headers[p]["role"] == "decode"]
     return headers, prefills, decodes
 
 
-def _check_decode(path: str, header: dict, prefills: list, facts: PrefillFacts,
-                  rules: list) -> Result:
+def _check_decode(
+    path: str, header: dict, prefills: list, facts: PrefillFacts, rules: list
+) -> Result:
     """One decode trace against the facts of the prefill traces."""
     header = {**header, "role": "cross", "prefill_traces": prefills}
     ctx = Ctx(header, header.get("page_size", 1))
@@ -123,7 +140,7 @@ def _check_decode(path: str, header: dict, prefills: list, facts: PrefillFacts,
     mode = header.get("mode")
     mine = [r for r in rules if r.role == "cross" and r.applies(mode)]
     missing = sorted({r.kind for r in mine} - set(CROSS_TEMPLATES))
-    if missing:   # a rule this checker cannot check must not pass silently
+    if missing:  # a rule this checker cannot check must not pass silently
         raise ValueError(f"no cross-process template for rule kind(s) {', '.join(missing)}")
     active = [CROSS_TEMPLATES[r.kind](r, ctx) for r in mine]
     n = 0
@@ -134,8 +151,13 @@ def _check_decode(path: str, header: dict, prefills: list, facts: PrefillFacts,
                 t.on(e)
     for t in active:
         t.finish()
-    return Result(path, header, n, [(t.rule, t.checks) for t in active],
-                  [v for t in active for v in t.violations])
+    return Result(
+        path,
+        header,
+        n,
+        [(t.rule, t.checks) for t in active],
+        [v for t in active for v in t.violations],
+    )
 
 
 def check_cross(paths: list, rules: list) -> list:

@@ -3,11 +3,13 @@
 Same interface as the other templates (checker/streaming.py: `events`, `on(e)`, `finish()`,
 `fail()`), registered into the same TEMPLATES. Most rules here follow one piece of state through the
 decode trace: the outstanding prefetched query per bootstrap address (submitted, then consumed by a
-resolve or cancelled), the rooms pending per address, the rank each room was resolved to.
+resolve or cancelled), the rooms pending per address. The receiver's kinds (the rank each room was
+resolved to, its KV, the request's end) are in checker/receiver_templates.py.
 
 The cross-process check (`check_cross`, `cross_pairs`, CROSS_TEMPLATES) lives in
 checker/cross_templates.py; it is re-exported here, where checker.z3check and the tests import it.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -72,8 +74,8 @@ class PrefetchTop(DecodeTemplate):
         super().__init__(rule, ctx)
         self.thread = rule.get("thread", SCHED)
         self.enabled = ctx.header.get("prefetch", True)
-        self.iter = None          # (iter, seq) just begun, prefetch not seen yet
-        self.open = None          # (iter, seq) of a prefetch_begin without its prefetch_end
+        self.iter = None  # (iter, seq) just begun, prefetch not seen yet
+        self.open = None  # (iter, seq) of a prefetch_begin without its prefetch_end
 
     def on(self, e):
         if e["thread"] != self.thread:
@@ -89,22 +91,29 @@ class PrefetchTop(DecodeTemplate):
             self.iter = None
             self.checks += 1
             if ev != "prefetch_begin" or e.get("iter") != it:
-                self.fail(f"iteration {it}: first step was {ev}, not "
-                          f"prefetch_begin({it})", s, e["seq"])
+                self.fail(
+                    f"iteration {it}: first step was {ev}, not prefetch_begin({it})", s, e["seq"]
+                )
                 if ev != "prefetch_begin":
                     return
             self.open = (e.get("iter"), e["seq"])
             return
         if ev == "iter_begin":
             if self.open is not None:
-                self.fail(f"iteration {e['iter']} began inside prefetch call of iteration "
-                          f"{self.open[0]}", self.open[1], e["seq"])
+                self.fail(
+                    f"iteration {e['iter']} began inside prefetch call of iteration {self.open[0]}",
+                    self.open[1],
+                    e["seq"],
+                )
                 self.open = None
             self.iter = (e["iter"], e["seq"])
         elif ev == "prefetch_begin":
             self.checks += 1
-            self.fail(f"prefetch_begin({e.get('iter')}) is not the first step of its iteration (a "
-                      "second call?)", e["seq"])
+            self.fail(
+                f"prefetch_begin({e.get('iter')}) is not the first step of its iteration (a "
+                "second call?)",
+                e["seq"],
+            )
         elif ev == "prefetch_end":
             self.open = None
 
@@ -127,8 +136,12 @@ class OneInflight(DecodeTemplate):
         if e["ev"] == "prefetch_submit":
             self.checks += 1
             if prev is not None:
-                self.fail(f"query {e['qid']} submitted for {e['addr']} while query {prev[0]} for "
-                          f"it is still outstanding", prev[2], e["seq"])
+                self.fail(
+                    f"query {e['qid']} submitted for {e['addr']} while query {prev[0]} for "
+                    f"it is still outstanding",
+                    prev[2],
+                    e["seq"],
+                )
 
 
 @TEMPLATES.register("published_first")
@@ -146,8 +159,11 @@ class PublishedFirst(DecodeTemplate):
             return
         self.checks += 1
         if e["addr"] not in self.published:
-            self.fail(f"{e['ev']} (query {e.get('qid')}) to {e['addr']} before its prefill "
-                      f"parallel info was seen published", e["seq"])
+            self.fail(
+                f"{e['ev']} (query {e.get('qid')}) to {e['addr']} before its prefill "
+                f"parallel info was seen published",
+                e["seq"],
+            )
 
 
 @TEMPLATES.register("unknown_rooms")
@@ -156,7 +172,7 @@ class UnknownRooms(DecodeTemplate):
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
-        self.known: dict = {}       # room -> seq of the resolve that answered it
+        self.known: dict = {}  # room -> seq of the resolve that answered it
         self.cancelled = set()
 
     def on(self, e):
@@ -170,8 +186,11 @@ class UnknownRooms(DecodeTemplate):
             self.checks += 1
             again = [r for r in _rooms(e) if r in self.known]
             if again:
-                self.fail(f"query {e['qid']} to {e['addr']} asks for room(s) {again} whose rank is "
-                          "known", self.known[again[0]], e["seq"])
+                self.fail(
+                    f"query {e['qid']} to {e['addr']} asks for room(s) {again} whose rank is known",
+                    self.known[again[0]],
+                    e["seq"],
+                )
 
 
 @TEMPLATES.register("prefetch_match")
@@ -181,7 +200,7 @@ class PrefetchMatch(DecodeTemplate):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.out = Outstanding()
-        self.submitted: dict = {}   # qid -> (addr, rooms, seq)
+        self.submitted: dict = {}  # qid -> (addr, rooms, seq)
         self.sync: dict = defaultdict(list)  # addr -> sync query rooms since its last resolve
 
     def on(self, e):
@@ -201,28 +220,46 @@ class PrefetchMatch(DecodeTemplate):
         if src in ("prefetched", "prefix"):
             sub = self.submitted.get(qid)
             if sub is None or sub[0] != addr:
-                self.fail(f"resolve for {addr} uses query {qid}, never submitted for that "
-                          "address", seq)
+                self.fail(
+                    f"resolve for {addr} uses query {qid}, never submitted for that address", seq
+                )
             elif qid in self.out.cancelled:
                 self.fail(f"resolve uses query {qid}, which was cancelled", sub[2], seq)
             elif src == "prefetched" and sub[1] != rooms:
-                self.fail(f"prefetched answer for rooms {list(sub[1])} used for rooms "
-                          f"{list(rooms)}", sub[2], seq)
+                self.fail(
+                    f"prefetched answer for rooms {list(sub[1])} used for rooms {list(rooms)}",
+                    sub[2],
+                    seq,
+                )
             elif src == "prefix":
                 n = len(sub[1])
                 if not (0 < n < len(rooms) and rooms[:n] == sub[1]):
-                    self.fail(f"answer for rooms {list(sub[1])} used as a prefix of "
-                              f"{list(rooms)}", sub[2], seq)
+                    self.fail(
+                        f"answer for rooms {list(sub[1])} used as a prefix of {list(rooms)}",
+                        sub[2],
+                        seq,
+                    )
                 elif e.get("error") is None and [rooms[n:]] != syncs:
-                    self.fail(f"prefix resolve of {list(rooms)}: tail {list(rooms[n:])} expected "
-                              f"as one sync query, got {[list(s) for s in syncs]}", sub[2], seq)
+                    self.fail(
+                        f"prefix resolve of {list(rooms)}: tail {list(rooms[n:])} expected "
+                        f"as one sync query, got {[list(s) for s in syncs]}",
+                        sub[2],
+                        seq,
+                    )
         elif src == "sync":
             if outstanding is not None:
-                self.fail(f"sync resolve for {addr} while prefetched query {outstanding[0]} was "
-                          f"neither used nor cancelled", outstanding[2], seq)
+                self.fail(
+                    f"sync resolve for {addr} while prefetched query {outstanding[0]} was "
+                    f"neither used nor cancelled",
+                    outstanding[2],
+                    seq,
+                )
             if syncs != [rooms]:
-                self.fail(f"sync resolve of {list(rooms)}: expected one sync query for exactly "
-                          f"these rooms, got {[list(s) for s in syncs]}", seq)
+                self.fail(
+                    f"sync resolve of {list(rooms)}: expected one sync query for exactly "
+                    f"these rooms, got {[list(s) for s in syncs]}",
+                    seq,
+                )
         else:
             self.fail(f"resolve with unknown source {src!r}", seq)
 
@@ -245,8 +282,15 @@ class Pending:
 
 @TEMPLATES.register("no_stale")
 class NoStale(DecodeTemplate):
-    events = ("req_add", "receiver_init", "req_abort", "prefetch_submit", "prefetch_cancel",
-              "resolve", "prefetch_end")
+    events = (
+        "req_add",
+        "receiver_init",
+        "req_abort",
+        "prefetch_submit",
+        "prefetch_cancel",
+        "resolve",
+        "prefetch_end",
+    )
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -258,9 +302,12 @@ class NoStale(DecodeTemplate):
             for addr, (qid, rooms, s) in self.out.by_addr.items():
                 self.checks += 1
                 if not self.pending.by_addr.get(addr):
-                    self.fail(f"after prefetch call {e['iter']}: query {qid} for {addr} (rooms "
-                              f"{list(rooms)}) is still outstanding, no request pending there",
-                              s, e["seq"])
+                    self.fail(
+                        f"after prefetch call {e['iter']}: query {qid} for {addr} (rooms "
+                        f"{list(rooms)}) is still outstanding, no request pending there",
+                        s,
+                        e["seq"],
+                    )
             return
         self.pending.on(e)
         self.out.on(e)
@@ -273,13 +320,22 @@ def _asks_while_released(e) -> bool:
     come.)"""
     ev = e["ev"]
     return ev in ("prefetch_submit", "receiver_init", "prefill_info") or (
-        ev == "query_begin" and e["source"] == "sync")
+        ev == "query_begin" and e["source"] == "sync"
+    )
 
 
 @TEMPLATES.register("release")
 class Release(DecodeTemplate):
-    events = ("release_memory", "resume_memory", "prefetch_submit", "prefetch_cancel", "resolve",
-              "receiver_init", "query_begin", "prefill_info")
+    events = (
+        "release_memory",
+        "resume_memory",
+        "prefetch_submit",
+        "prefetch_cancel",
+        "resolve",
+        "receiver_init",
+        "query_begin",
+        "prefill_info",
+    )
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -291,160 +347,19 @@ class Release(DecodeTemplate):
         if ev == "release_memory":
             self.checks += 1
             for addr, (qid, _, s) in self.out.by_addr.items():
-                self.fail(f"query {qid} for {addr} still outstanding at "
-                          "release_memory", s, e["seq"])
+                self.fail(
+                    f"query {qid} for {addr} still outstanding at release_memory", s, e["seq"]
+                )
             self.released = e["seq"]
         elif ev == "resume_memory":
             self.released = None
         elif self.released is not None and _asks_while_released(e):
             self.checks += 1
-            what = {"receiver_init": lambda: f"room {e['room']}",
-                    "prefill_info": lambda: e["addr"]}.get(ev, lambda: f"query {e['qid']}")()
-            self.fail(f"{ev} ({what}) after release_memory, before "
-                      "resume_memory", self.released, e["seq"])
+            what = {
+                "receiver_init": lambda: f"room {e['room']}",
+                "prefill_info": lambda: e["addr"],
+            }.get(ev, lambda: f"query {e['qid']}")()
+            self.fail(
+                f"{ev} ({what}) after release_memory, before resume_memory", self.released, e["seq"]
+            )
         self.out.on(e)
-
-
-@TEMPLATES.register("init_once")
-class InitOnce(DecodeTemplate):
-    events = ("prefill_info", "req_add", "resolve", "receiver_init", "req_done")
-
-    def __init__(self, rule, ctx):
-        super().__init__(rule, ctx)
-        self.rank: dict = {}     # room -> (rank, seq)
-        self.inits: dict = {}    # room -> seq
-        # addr -> (dp_size, follow_bootstrap_room, seq) from its parallel info
-        self.local: dict = {}
-        self.addr_of: dict = {}  # room -> addr
-
-    def _local_rank(self, room):
-        """The rank the parallel info alone decides (as SGLang's _resolve_prefill_dp_rank): 0 with
-        one DP rank, room mod dp_size when the prefill follows the room; None when a query must
-        say."""
-        dp, follow, seq = self.local.get(self.addr_of.get(room), (None, False, None))
-        if dp == 1:
-            return 0, seq
-        if follow and dp:
-            return room % dp, seq
-        return None, None
-
-    def on(self, e):
-        ev, seq = e["ev"], e["seq"]
-        if ev == "prefill_info":
-            if e.get("published") and isinstance(e.get("dp_size"), int):
-                self.local[e["addr"]] = (e["dp_size"], bool(e.get("follow_bootstrap_room")), seq)
-        elif ev == "req_add":
-            self.addr_of[e["room"]] = e["addr"]
-        elif ev == "resolve":
-            for room, rank in _answered(e).items():
-                if room in self.rank and self.rank[room][0] != rank:
-                    self.fail(f"room {room} resolved to rank {rank}, earlier to "
-                              f"{self.rank[room][0]}", self.rank[room][1], seq)
-                self.rank.setdefault(room, (rank, seq))
-        elif ev == "receiver_init":
-            self.checks += 1
-            room = e["room"]
-            if room in self.inits:
-                self.fail(f"room {room} initialised twice", self.inits[room], seq)
-            self.inits.setdefault(room, seq)
-            if room not in self.rank:
-                local, info_seq = self._local_rank(room)
-                if local is None:
-                    self.fail(f"room {room} initialised (rank {e['rank']}) before any resolve "
-                              "answered its rank", seq)
-                elif local != e["rank"]:
-                    self.fail(f"room {room} initialised with rank {e['rank']}, but the parallel "
-                              f"info decides rank {local}", info_seq, seq)
-            elif self.rank[room][0] != e["rank"]:
-                self.fail(f"room {room} initialised with rank {e['rank']}, the bootstrap server "
-                          f"said {self.rank[room][0]}", self.rank[room][1], seq)
-        else:
-            self.checks += 1
-            if e["room"] not in self.inits:
-                self.fail(f"{e['rid']} (room {e['room']}) finished without a receiver", seq)
-
-
-@TEMPLATES.register("init_fifo")
-class InitFifo(DecodeTemplate):
-    events = ("req_add", "resolve", "receiver_init", "req_abort")
-
-    def __init__(self, rule, ctx):
-        super().__init__(rule, ctx)
-        self.order: list = []    # rooms in arrival order
-        self.known: set = set()
-        self.gone: set = set()   # initialised or aborted
-
-    def on(self, e):
-        ev = e["ev"]
-        if ev == "req_add":
-            self.order.append(e["room"])
-        elif ev == "resolve":
-            self.known.update(_answered(e))
-        elif ev == "req_abort":
-            self.gone.add(e["room"])
-        else:
-            self.checks += 1
-            room = e["room"]
-            for older in self.order:
-                if older == room:
-                    break
-                if older in self.known and older not in self.gone:
-                    self.fail(f"room {room} initialised before older room {older}, whose rank was "
-                              "known", e["seq"])
-                    break
-            self.gone.add(room)
-
-
-@TEMPLATES.register("kv_recv")
-class KvRecv(DecodeTemplate):
-    events = ("receiver_init", "kv_recv")
-
-    def __init__(self, rule, ctx):
-        super().__init__(rule, ctx)
-        self.rank: dict = {}
-
-    def on(self, e):
-        if e["ev"] == "receiver_init":
-            self.rank[e["room"]] = (e["rank"], e["seq"])
-            return
-        self.checks += 1
-        init = self.rank.get(e["room"])
-        if init is None:
-            self.fail(f"KV for room {e['room']} written before its receiver was "
-                      "initialised", e["seq"])
-        elif init[0] != e["rank"]:
-            self.fail(f"KV for room {e['room']} from rank {e['rank']}, receiver initialised for "
-                      f"rank {init[0]}", init[1], e["seq"])
-
-
-@TEMPLATES.register("req_end")
-class ReqEnd(DecodeTemplate):
-    events = ("req_add", "kv_done", "req_done", "req_abort")
-
-    def __init__(self, rule, ctx):
-        super().__init__(rule, ctx)
-        self.added: dict = {}    # rid -> seq
-        self.kv: set = set()
-        self.ended: dict = {}
-
-    def on(self, e):
-        ev, rid, seq = e["ev"], e.get("rid"), e["seq"]
-        if ev == "req_add":
-            self.added[rid] = seq
-        elif ev == "kv_done":
-            self.kv.add(rid)
-        else:
-            self.checks += 1
-            if rid not in self.added:
-                self.fail(f"{ev} for {rid}, which never arrived", seq)
-            if rid in self.ended:
-                self.fail(f"{rid} ended twice", self.ended[rid], seq)
-            if ev == "req_done" and rid not in self.kv:
-                self.fail(f"{rid} finished before its KV arrived (no kv_done)", seq)
-            self.ended.setdefault(rid, seq)
-
-    def finish(self):
-        for rid, seq in self.added.items():
-            self.checks += 1
-            if rid not in self.ended:
-                self.fail(f"{rid} never finished nor aborted (a hang)", seq)

@@ -7,6 +7,7 @@ chunk of the trace routes each event to the templates that listen to it and fill
 index (the seq and thread of `ev` for batch N), which the finish-time templates read as numpy
 columns (`Dense`); memory grows with batches and requests, not with events.
 """
+
 from __future__ import annotations
 
 import gc
@@ -16,17 +17,27 @@ from collections import defaultdict
 from spec import Rule, load_events, load_rules
 
 # The template modules register their kinds into TEMPLATES when imported.
-from . import batch_templates, decode_templates, request_templates  # noqa: F401
+from . import batch_templates, decode_templates, receiver_templates, request_templates  # noqa: F401
 from .cross_templates import check_cross
 from .streaming import CROSS_TEMPLATES, TEMPLATES, Ctx, Dense, Result, Template, Violation
 from .trace_io import iter_chunks
 
-__all__ = ["CROSS_TEMPLATES", "TEMPLATES", "Ctx", "Dense", "Result", "Template", "Violation",
-           "check_file", "check_files"]
+__all__ = [
+    "CROSS_TEMPLATES",
+    "TEMPLATES",
+    "Ctx",
+    "Dense",
+    "Result",
+    "Template",
+    "Violation",
+    "check_file",
+    "check_files",
+]
 
 
-def check_file(path: str, *, rules: list[Rule] | None = None,
-               extra_templates: dict | None = None) -> Result:
+def check_file(
+    path: str, *, rules: list[Rule] | None = None, extra_templates: dict | None = None
+) -> Result:
     """Every rule of the trace's role and mode, in one streaming pass."""
     # The checker allocates millions of small, acyclic objects (events, index entries); the cyclic
     # garbage collector would rescan the growing index again and again.
@@ -43,7 +54,7 @@ def _instantiate(rules: list[Rule], ctx: Ctx, extra_templates: dict | None) -> l
     """A template per rule; a rule kind no template knows is an error."""
     templates = {**dict(TEMPLATES.items()), **(extra_templates or {})}
     missing = sorted({r.kind for r in rules} - set(templates))
-    if missing:   # a rule this checker cannot check must not pass silently
+    if missing:  # a rule this checker cannot check must not pass silently
         raise ValueError(f"no linear template for rule kind(s) {', '.join(missing)}")
     return [templates[r.kind](r, ctx) for r in rules]
 
@@ -51,8 +62,11 @@ def _instantiate(rules: list[Rule], ctx: Ctx, extra_templates: dict | None) -> l
 def _batched_events(role: str) -> set[str]:
     """The batch-indexed events: those the vocabulary gives an int `batch` (prefix_send is per
     request, several per batch, and is not a batch step)."""
-    return {ev for ev, spec in load_events().get(role, {}).items()
-            if spec.get("fields", {}).get("batch") == "int" and ev != "prefix_send"}
+    return {
+        ev
+        for ev, spec in load_events().get(role, {}).items()
+        if spec.get("fields", {}).get("batch") == "int" and ev != "prefix_send"
+    }
 
 
 def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
@@ -66,7 +80,7 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     for t, feed in feeds:
         for ev in t.handlers():
             (star if ev == "*" else wants[ev]).append(feed)
-    route: dict[str, tuple] = {}   # ev -> (feeds, index table or None)
+    route: dict[str, tuple] = {}  # ev -> (feeds, index table or None)
     idx, admits = ctx.idx, ctx.admits
     n = 0
     for chunk in chunks:
@@ -75,8 +89,10 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
             ev = e["ev"]
             r = route.get(ev)
             if r is None:
-                r = route[ev] = (tuple(feed.append for feed in (*wants.get(ev, ()), *star)),
-                                 idx[ev] if ev in batched else None)
+                r = route[ev] = (
+                    tuple(feed.append for feed in (*wants.get(ev, ()), *star)),
+                    idx[ev] if ev in batched else None,
+                )
             for append in r[0]:
                 append(e)
             table = r[1]

@@ -26,6 +26,7 @@ Timestamps are written in whole microseconds from the first event, so that span 
 in every viewer (fractional microseconds are rounded differently by different importers, which can
 make adjacent spans overlap by a nanosecond and nest wrongly).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from .trace_io import iter_events
 
 SPAN_KINDS = ("admit", "fwd", "collect", "sample", "process")
-POINT_SLICES = ("submit", "batch_copy", "collect")   # zero-length slices that flow arrows bind to
+POINT_SLICES = ("submit", "batch_copy", "collect")  # zero-length slices that flow arrows bind to
 _ADMISSION = ("alloc", "admit")
 # instants inside a step (the inflight queue's releases): they end no span
 _NOT_A_STEP = ("release",)
@@ -45,7 +46,7 @@ class Span:
     thread: str
     kind: str
     batch: int | None
-    t0: int          # ns, as in the trace
+    t0: int  # ns, as in the trace
     t1: int
     args: dict = field(default_factory=dict)
 
@@ -62,12 +63,12 @@ class Timeline:
         self.role = role
         self.on_span = on_span or (lambda s: None)
         self.on_event = on_event or (lambda e: None)
-        self.prev: dict[str, dict] = {}          # thread -> its previous event
+        self.prev: dict[str, dict] = {}  # thread -> its previous event
         # thread -> time of its previous event that ends a step
         self.step: dict[str, int] = {}
-        self.adm_start: dict[str, int] = {}      # thread -> start of the admission being built
-        self.open: dict[tuple, dict] = {}        # (thread, name, batch) -> begin event
-        self.sample: dict[str, dict] = {}        # thread -> sample event whose span is open
+        self.adm_start: dict[str, int] = {}  # thread -> start of the admission being built
+        self.open: dict[tuple, dict] = {}  # (thread, name, batch) -> begin event
+        self.sample: dict[str, dict] = {}  # thread -> sample event whose span is open
         self.threads: list[str] = []
         self.t_first: int | None = None
         self.t_last: int | None = None
@@ -92,8 +93,16 @@ class Timeline:
             if th not in self.adm_start:
                 self.adm_start[th] = self.step.get(th, t)
             if ev == "admit":
-                self.on_span(Span(th, "admit", e["batch"], self.adm_start.pop(th), t,
-                                  {"requests": len(e.get("rids", ()))}))
+                self.on_span(
+                    Span(
+                        th,
+                        "admit",
+                        e["batch"],
+                        self.adm_start.pop(th),
+                        t,
+                        {"requests": len(e.get("rids", ()))},
+                    )
+                )
         elif prefill and ev == "collect":
             start = prev["t_ns"] if prev is not None else t
             self.on_span(Span(th, "collect", e["batch"], start, t))
@@ -132,7 +141,7 @@ def load(path: str) -> tuple[dict, Timeline, list[Span], list[dict]]:
     header: dict = {}
     it = (e for _, e in iter_events(path, header_out=header))
     first = next(it, None)
-    events = ([first] if first is not None else [])
+    events = [first] if first is not None else []
     tl, spans, evs = timeline_of(_chain(events, it), header.get("role", "prefill"))
     return header, tl, spans, evs
 
@@ -198,7 +207,7 @@ class _Exporter:
     def __init__(self, w: _Writer, role: str, tids: dict, violations: list, counts: dict):
         self.w, self.role, self.tids, self.vlist, self.counts = w, role, tids, violations, counts
         self.check_tid = len(tids) + 1
-        self.marked: dict[int, list[tuple[int, int]]] = {}   # seq -> [(violation index, position)]
+        self.marked: dict[int, list[tuple[int, int]]] = {}  # seq -> [(violation index, position)]
         for i, (_, _, _, seqs) in enumerate(violations):
             for pos, s in enumerate(sorted(set(seqs))):
                 self.marked.setdefault(s, []).append((i, pos))
@@ -208,20 +217,41 @@ class _Exporter:
     def metadata(self, header: dict) -> None:
         w = self.w
         mode = f" mode={header['mode']}" if header.get("mode") else ""
-        w.write({"ph": "M", "pid": 1, "name": "process_name",
-                 "args": {"name": f"pdo {self.role}" + mode}})
+        w.write(
+            {
+                "ph": "M",
+                "pid": 1,
+                "name": "process_name",
+                "args": {"name": f"pdo {self.role}" + mode},
+            }
+        )
         tracks = list(self.tids.items()) + ([("pdo check", self.check_tid)] if self.vlist else [])
         for name, tid in tracks:
-            w.write({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name",
-                     "args": {"name": name}})
-            w.write({"ph": "M", "pid": 1, "tid": tid, "name": "thread_sort_index",
-                     "args": {"sort_index": tid}})
+            w.write(
+                {"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": name}}
+            )
+            w.write(
+                {
+                    "ph": "M",
+                    "pid": 1,
+                    "tid": tid,
+                    "name": "thread_sort_index",
+                    "args": {"sort_index": tid},
+                }
+            )
 
     def on_span(self, s: Span) -> None:
         ts, te = self.w.us(s.t0), self.w.us(s.t1)
-        obj = {"ph": "X", "pid": 1, "tid": self.tids[s.thread], "ts": ts, "dur": te - ts,
-               "cat": s.kind, "name": f"{s.kind} {s.batch}" if s.batch is not None else s.kind,
-               "args": {"batch": s.batch, "dur_us": round(s.dur / 1000, 3), **s.args}}
+        obj = {
+            "ph": "X",
+            "pid": 1,
+            "tid": self.tids[s.thread],
+            "ts": ts,
+            "dur": te - ts,
+            "cat": s.kind,
+            "name": f"{s.kind} {s.batch}" if s.batch is not None else s.kind,
+            "args": {"batch": s.batch, "dur_us": round(s.dur / 1000, 3), **s.args},
+        }
         if s.kind == "fwd" and s.batch is not None:
             obj.update(bind_id=_flow_id(_FLOW_SUBMIT, s.batch), flow_in=True)
             self.counts["flows"] += 1
@@ -234,8 +264,16 @@ class _Exporter:
         args = {k: v for k, v in e.items() if k not in ("t_ns", "thread", "ev")}
         name = f"{ev} {b}" if b is not None else (f"{ev} {e['rid']}" if "rid" in e else ev)
         if self.role == "prefill" and ev in POINT_SLICES and b is not None:
-            obj = {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": 0, "cat": "step", "name": name,
-                   "args": args}
+            obj = {
+                "ph": "X",
+                "pid": 1,
+                "tid": tid,
+                "ts": ts,
+                "dur": 0,
+                "cat": "step",
+                "name": name,
+                "args": args,
+            }
             if ev == "submit":
                 obj.update(bind_id=_flow_id(_FLOW_SUBMIT, b), flow_out=True)
             elif ev == "batch_copy":
@@ -248,8 +286,18 @@ class _Exporter:
                 cat = "kv"
             else:
                 cat = "step" if self.role == "prefill" else self.role
-            self.w.write({"ph": "i", "s": "t", "pid": 1, "tid": tid, "ts": ts, "cat": cat,
-                          "name": name, "args": args})
+            self.w.write(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "pid": 1,
+                    "tid": tid,
+                    "ts": ts,
+                    "cat": cat,
+                    "name": name,
+                    "args": args,
+                }
+            )
             self.counts["instants"] += 1
         for i, pos in self.marked.get(e["seq"], ()):
             self._mark(i, pos, tid, ts, name)
@@ -259,9 +307,16 @@ class _Exporter:
         """The marker of violation i on one of its events, linked to its other markers by arrows."""
         rule_id, _, message, seqs = self.vlist[i]
         n = len(set(seqs))
-        mark = {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": 0, "cat": "violation",
-                "name": f"VIOLATION {rule_id}",
-                "args": {"rule": rule_id, "message": message, "event": name}}
+        mark = {
+            "ph": "X",
+            "pid": 1,
+            "tid": tid,
+            "ts": ts,
+            "dur": 0,
+            "cat": "violation",
+            "name": f"VIOLATION {rule_id}",
+            "args": {"rule": rule_id, "message": message, "event": name},
+        }
         if n > 1:
             mark["bind_id"] = _flow_id(_FLOW_VIOLATION, i)
             mark.update(_flow_flags(pos, n))
@@ -275,12 +330,34 @@ class _Exporter:
             if not seen:
                 continue
             ts, te = self.w.us(min(t for t, _ in seen)), self.w.us(max(t for t, _ in seen))
-            self.w.write({"ph": "X", "pid": 1, "tid": self.check_tid, "ts": ts, "dur": te - ts,
-                          "cat": "violation", "name": rule_id,
-                          "args": {"statement": statement, "message": message, "seqs": list(seqs),
-                                   "events": [n for _, n in seen]}})
-            self.w.write({"ph": "i", "s": "g", "pid": 1, "tid": self.check_tid, "ts": ts,
-                          "cat": "violation", "name": f"VIOLATION {rule_id}: {message}"})
+            self.w.write(
+                {
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": self.check_tid,
+                    "ts": ts,
+                    "dur": te - ts,
+                    "cat": "violation",
+                    "name": rule_id,
+                    "args": {
+                        "statement": statement,
+                        "message": message,
+                        "seqs": list(seqs),
+                        "events": [n for _, n in seen],
+                    },
+                }
+            )
+            self.w.write(
+                {
+                    "ph": "i",
+                    "s": "g",
+                    "pid": 1,
+                    "tid": self.check_tid,
+                    "ts": ts,
+                    "cat": "violation",
+                    "name": f"VIOLATION {rule_id}: {message}",
+                }
+            )
 
 
 def export(path: str, out: str, *, violations=None) -> dict:
@@ -293,11 +370,16 @@ def export(path: str, out: str, *, violations=None) -> dict:
     vlist = list(violations or [])
     counts = {"spans": 0, "instants": 0, "flows": 0, "violations": len(vlist), "threads": len(tids)}
     with open(out, "w") as f:
-        other = {k: header.get(k)
-                 for k in ("role", "mode", "model", "page_size", "seed", "host", "inject")
-                 if k in header}
-        f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps({"source": path, **other}) +
-                ',"traceEvents":[\n')
+        other = {
+            k: header.get(k)
+            for k in ("role", "mode", "model", "page_size", "seed", "host", "inject")
+            if k in header
+        }
+        f.write(
+            '{"displayTimeUnit":"ms","otherData":'
+            + json.dumps({"source": path, **other})
+            + ',"traceEvents":[\n'
+        )
         exporter = _Exporter(_Writer(f, t0), role, tids, vlist, counts)
         exporter.metadata(header)
         timeline = Timeline(role, exporter.on_span, exporter.on_event)

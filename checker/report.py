@@ -1,5 +1,6 @@
 """Human and JSON reports of a check: counts per rule on a pass; on a violation the rule, the events
 involved and a few events around them on each thread (found with a second pass over the file)."""
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -20,7 +21,7 @@ def _context(path: str, seqs: set[int]) -> dict[int, dict]:
     """seq -> {"event": e, "around": {thread: [brief, ...]}} for the involved seqs."""
     out: dict[int, dict] = {}
     recent: dict[str, deque] = defaultdict(lambda: deque(maxlen=CONTEXT))
-    after: dict[str, list] = defaultdict(list)   # thread -> [(seq, remaining)]
+    after: dict[str, list] = defaultdict(list)  # thread -> [(seq, remaining)]
     all_recent: deque = deque(maxlen=CONTEXT * 4)
     for _, e in iter_events(path):
         t = e["thread"]
@@ -43,7 +44,9 @@ def ignored_note(ignored: dict) -> list[str]:
     if not ignored:
         return []
     kinds = ", ".join(f"{ev} ({n})" for ev, n in sorted(ignored.items()))
-    return [f"  note: {sum(ignored.values())} event(s) of the engine's own (x.*) were skipped: {kinds}"]
+    return [
+        f"  note: {sum(ignored.values())} event(s) of the engine's own (x.*) were skipped: {kinds}"
+    ]
 
 
 def text_report(result) -> str:
@@ -58,12 +61,16 @@ def text_report(result) -> str:
     by_rule: dict[str, int] = {}
     for v in result.violations:
         by_rule[v.rule.id] = by_rule.get(v.rule.id, 0) + 1
-    lines = [f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
-             "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items())] + ignored_note(result.ignored)
+    lines = [
+        f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
+        "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items()),
+    ] + ignored_note(result.ignored)
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
     picked = sorted(firsts.values())[:MAX_SHOWN]
-    picked += [i for i in range(len(result.violations)) if i not in firsts.values()][:MAX_SHOWN - len(picked)]
+    picked += [i for i in range(len(result.violations)) if i not in firsts.values()][
+        : MAX_SHOWN - len(picked)
+    ]
     shown = [result.violations[i] for i in sorted(picked)]
     ctx = _context(result.path, {s for v in shown for s in v.seqs})
     for v in shown:
@@ -84,15 +91,22 @@ def text_report(result) -> str:
             lines.append(f"    {t:>14s}: " + " · ".join(items))
         lines.append(f"  design: {v.rule.design}")
     if len(result.violations) > len(shown):
-        lines.append(f"\n... and {len(result.violations) - len(shown)} more (--json lists them all)")
+        lines.append(
+            f"\n... and {len(result.violations) - len(shown)} more (--json lists them all)"
+        )
     return "\n".join(lines)
 
 
 def json_report(result) -> dict:
     return {
-        "path": result.path, "ok": result.ok, "events": result.events, "ignored": result.ignored,
+        "path": result.path,
+        "ok": result.ok,
+        "events": result.events,
+        "ignored": result.ignored,
         "header": {k: result.header.get(k) for k in ("role", "mode", "version", "page_size")},
         "rules": [{"id": r.id, "checks": c} for r, c in result.rules],
-        "violations": [{"rule": v.rule.id, "statement": v.rule.statement, "message": v.message, "seqs": v.seqs}
-                       for v in result.violations],
+        "violations": [
+            {"rule": v.rule.id, "statement": v.rule.statement, "message": v.message, "seqs": v.seqs}
+            for v in result.violations
+        ],
     }

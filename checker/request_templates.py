@@ -1,6 +1,7 @@
 """Templates of the rule kinds about requests and what they hold (both roles): the middle-chunk
 counter, slot and request lifecycles, page counts, the requests a batch's spans work on, and the KV
 sends of each computed chunk."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -14,8 +15,8 @@ class Counter(Template):
         super().__init__(rule, ctx)
         self.inc, self.dec, self.owner = rule["inc"], rule["dec"], rule["owner"]
         self.events = (self.inc, self.dec, self.owner)
-        self.owned = set()     # (rid, obj) allocated
-        self.value = {}        # obj -> (value, last seq, rid)
+        self.owned = set()  # (rid, obj) allocated
+        self.value = {}  # obj -> (value, last seq, rid)
 
     def on_chunk(self, evs):
         owner, inc, owned, value = self.owner, self.inc, self.owned, self.value
@@ -26,13 +27,18 @@ class Counter(Template):
                 continue
             self.checks += 1
             if (rid, obj) not in owned:
-                self.fail(f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
-                          f"for {rid}", e["seq"])
+                self.fail(
+                    f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
+                    f"for {rid}",
+                    e["seq"],
+                )
             cur = value.get(obj, (0, None, rid))[0]
             want = cur + (1 if ev == inc else -1)
             if e["value"] != want:
-                self.fail(f"{ev} for {rid} reports {e['value']}, expected {want} on object "
-                          f"{obj}", e["seq"])
+                self.fail(
+                    f"{ev} for {rid} reports {e['value']}, expected {want} on object {obj}",
+                    e["seq"],
+                )
             if e["value"] < 0:
                 self.fail(f"{ev} for {rid} drove the counter below zero ({e['value']})", e["seq"])
             value[obj] = (e["value"], e["seq"], rid)
@@ -50,9 +56,9 @@ class Lifecycle(Template):
         super().__init__(rule, ctx)
         self.acq, self.rel = rule["acquire"], rule["release"]
         self.mode = rule["check"]
-        self.live = {}         # rid -> (obj, slot, seq)
-        self.slots = {}        # slot -> (rid, seq)
-        self.released = {}     # rid -> seq
+        self.live = {}  # rid -> (obj, slot, seq)
+        self.slots = {}  # slot -> (rid, seq)
+        self.released = {}  # rid -> seq
         if self.mode == "pairing":
             self.events = (self.acq, self.rel)
         else:
@@ -60,11 +66,11 @@ class Lifecycle(Template):
             self.inc, self.dec, self.sent = inc, dec, rule["sent"]
             self.processed = rule["processed"][0]
             self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
-            self.count = defaultdict(int)   # Req object -> middle chunks in flight
-            self.sent_any = set()           # rids with some KV sent
+            self.count = defaultdict(int)  # Req object -> middle chunks in flight
+            self.sent_any = set()  # rids with some KV sent
             self.rid_batches = defaultdict(list)
-            self.admit_seq = {}             # batch -> seq of its admit
-            self.done = set()               # batches whose `processed` event was seen
+            self.admit_seq = {}  # batch -> seq of its admit
+            self.done = set()  # batches whose `processed` event was seen
 
     def on_chunk(self, evs):
         if self.mode == "pairing":
@@ -84,11 +90,15 @@ class Lifecycle(Template):
                 released[rid] = seq
                 for b in rid_batches.get(rid, ()):
                     if b not in done:
-                        self.fail(f"{rid} released while batch {b} holding it was not yet "
-                                  "processed", self.admit_seq[b], seq)
+                        self.fail(
+                            f"{rid} released while batch {b} holding it was not yet processed",
+                            self.admit_seq[b],
+                            seq,
+                        )
                 if count.get(e["obj"], 0) > 0:
-                    self.fail(f"{rid} released with {count[e['obj']]} middle chunk(s) in "
-                              "flight", seq)
+                    self.fail(
+                        f"{rid} released with {count[e['obj']]} middle chunk(s) in flight", seq
+                    )
                 if rid not in sent_any:
                     self.fail(f"{rid} released before any of its KV was sent", seq)
             elif ev == "admit":
@@ -107,8 +117,11 @@ class Lifecycle(Template):
         for rid in e["rids"]:
             self.rid_batches[rid].append(b)
             if rid in self.released:
-                self.fail(f"{rid} admitted in batch {b} after it was "
-                          "released", self.released[rid], e["seq"])
+                self.fail(
+                    f"{rid} admitted in batch {b} after it was released",
+                    self.released[rid],
+                    e["seq"],
+                )
 
     def _pairing_chunk(self, evs):
         acq, live, slots = self.acq, self.live, self.slots
@@ -130,8 +143,12 @@ class Lifecycle(Template):
                 continue
             slots.pop(held[1], None)
             if held[0] != obj or held[1] != slot:
-                self.fail(f"{rid} released as object {obj} slot {slot}, allocated as object "
-                          f"{held[0]} slot {held[1]}", held[2], seq)
+                self.fail(
+                    f"{rid} released as object {obj} slot {slot}, allocated as object "
+                    f"{held[0]} slot {held[1]}",
+                    held[2],
+                    seq,
+                )
 
     def finish(self):
         if self.mode == "pairing":
@@ -152,8 +169,11 @@ class PageCount(Template):
             if "tokens" in e and "pages" in e:
                 self.checks += 1
                 if e["pages"] != -(-e["tokens"] // ps):
-                    self.fail(f"{e['ev']} of {e['tokens']} tokens covers {e['pages']} pages; "
-                              f"ceil({e['tokens']}/{ps}) = {-(-e['tokens'] // ps)}", e["seq"])
+                    self.fail(
+                        f"{e['ev']} of {e['tokens']} tokens covers {e['pages']} pages; "
+                        f"ceil({e['tokens']}/{ps}) = {-(-e['tokens'] // ps)}",
+                        e["seq"],
+                    )
 
 
 @TEMPLATES.register("in_span")
@@ -163,8 +183,8 @@ class InSpan(Template):
         self.ev = rule["ev"]
         self.begin, self.end = rule["span"]
         self.events = (self.ev, self.begin, self.end, "admit")
-        self.open = {}    # thread -> batch
-        self.rids = {}    # batch -> rids (the admit event's list)
+        self.open = {}  # thread -> batch
+        self.rids = {}  # batch -> rids (the admit event's list)
 
     def on_chunk(self, evs):
         begin, end, open_, rids = self.begin, self.end, self.open, self.rids
@@ -180,11 +200,15 @@ class InSpan(Template):
                 self.checks += 1
                 b = open_.get(t)
                 if b is None:
-                    self.fail(f"{ev} for {e['rid']} outside any {begin}/{end} span on "
-                              f"{t}", e["seq"])
+                    self.fail(
+                        f"{ev} for {e['rid']} outside any {begin}/{end} span on {t}", e["seq"]
+                    )
                 elif e["rid"] not in rids.get(b, ()):
-                    self.fail(f"{ev} for {e['rid']} inside processing of batch {b}, which does not "
-                              "hold it", e["seq"])
+                    self.fail(
+                        f"{ev} for {e['rid']} inside processing of batch {b}, which does not "
+                        "hold it",
+                        e["seq"],
+                    )
 
 
 @TEMPLATES.register("each_in_span")
@@ -197,9 +221,9 @@ class EachInSpan(Template):
         self.ev = rule["ev"]
         self.begin, self.end = rule["span"]
         self.events = (self.ev, self.begin, self.end, "admit")
-        self.open = {}    # batch -> (thread, seq) of its span's latest begin, until its end
-        self.got = {}     # batch -> rids seen inside its span so far
-        self.rids = {}    # batch -> rids (the admit event's list)
+        self.open = {}  # batch -> (thread, seq) of its span's latest begin, until its end
+        self.got = {}  # batch -> rids seen inside its span so far
+        self.rids = {}  # batch -> rids (the admit event's list)
 
     def on_chunk(self, evs):
         begin, end, open_, got, rids = self.begin, self.end, self.open, self.got, self.rids
@@ -213,15 +237,18 @@ class EachInSpan(Template):
             elif ev == end:
                 b = e["batch"]
                 if b not in open_:
-                    continue   # an end without its begin: P-fifo and the order rules say so
+                    continue  # an end without its begin: P-fifo and the order rules say so
                 _, s = open_.pop(b)
                 seen = got.pop(b)
                 for rid in rids.get(b, ()):
                     self.checks += 1
                     if rid not in seen:
-                        self.fail(f"batch {b} holds {rid}, but its {begin}/{end} span has no "
-                                  f"{self.ev} for it",
-                                  s, e["seq"])
+                        self.fail(
+                            f"batch {b} holds {rid}, but its {begin}/{end} span has no "
+                            f"{self.ev} for it",
+                            s,
+                            e["seq"],
+                        )
             else:
                 t = e["thread"]
                 for b, (bt, _) in open_.items():
@@ -241,9 +268,13 @@ class ChunkSent(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.sends, self.done, self.started, self.release = (
-            tuple(rule["sends"]), rule["done"], rule["started"], rule["release"])
+            tuple(rule["sends"]),
+            rule["done"],
+            rule["started"],
+            rule["release"],
+        )
         self.events = ("admit", self.done, self.started, self.release, *self.sends)
-        self.chunks: dict = {}          # rid -> [[batch, remaining [lo, hi) intervals, admit seq]]
+        self.chunks: dict = {}  # rid -> [[batch, remaining [lo, hi) intervals, admit seq]]
         self.done_b, self.started_b = set(), set()
 
     def on(self, e):
@@ -268,22 +299,30 @@ class ChunkSent(Template):
                 self.checks += 1
                 waited = batch in self.done_b
                 if not waited and not (e.get("device_wait") is True and batch in self.started_b):
-                    how = ("with a device wait before its forward began"
-                           if e.get("device_wait") is True
-                           else f"before {self.done}({batch}), with no device wait")
-                    self.fail(f"{event_label(e)} sends {e['rid']}'s tokens "
-                              f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
-                              e["seq"])
-                chunk[1] = [p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b))
-                            if p[0] < p[1]]
+                    how = (
+                        "with a device wait before its forward began"
+                        if e.get("device_wait") is True
+                        else f"before {self.done}({batch}), with no device wait"
+                    )
+                    self.fail(
+                        f"{event_label(e)} sends {e['rid']}'s tokens "
+                        f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
+                        e["seq"],
+                    )
+                chunk[1] = [
+                    p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b)) if p[0] < p[1]
+                ]
 
     def _unsent(self, rid, seq):
         for batch, left, admit_seq in self.chunks.pop(rid, ()):
             self.checks += 1
             if left:
-                self.fail(f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} "
-                          "were never sent",
-                          admit_seq, *([seq] if seq is not None else []))
+                self.fail(
+                    f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} "
+                    "were never sent",
+                    admit_seq,
+                    *([seq] if seq is not None else []),
+                )
 
     def finish(self):
         for rid in list(self.chunks):

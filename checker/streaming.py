@@ -9,6 +9,7 @@ TEMPLATES (checker/batch_templates.py, checker/request_templates.py, checker/dec
 the cross-process kinds, which read a decode trace against the prefill traces of its DP ranks, into
 CROSS_TEMPLATES (checker/cross_templates.py).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -32,7 +33,7 @@ class Result:
     path: str
     header: dict
     events: int
-    rules: list          # [(Rule, checks)]
+    rules: list  # [(Rule, checks)]
     violations: list[Violation]
     # events of kinds no rule knows, skipped: ev -> count
     ignored: dict = field(default_factory=dict)
@@ -46,8 +47,8 @@ class Result:
 class Ctx:
     header: dict
     page_size: int
-    idx: dict = field(default_factory=lambda: defaultdict(dict))   # ev -> batch -> (seq, thread)
-    admits: dict = field(default_factory=dict)   # batch -> rids of its (first) admit
+    idx: dict = field(default_factory=lambda: defaultdict(dict))  # ev -> batch -> (seq, thread)
+    admits: dict = field(default_factory=dict)  # batch -> rids of its (first) admit
     _dense: object = None
 
     def dense(self) -> Dense | None:
@@ -73,8 +74,12 @@ class Dense:
 
     @classmethod
     def build(cls, ctx) -> Dense | None:
-        keys = [k for table in ctx.idx.values()
-                for k in (min(table, default=None), max(table, default=None)) if k is not None]
+        keys = [
+            k
+            for table in ctx.idx.values()
+            for k in (min(table, default=None), max(table, default=None))
+            if k is not None
+        ]
         if not ctx.admits or not keys:
             return None
         lo, hi = min(keys), max(keys)
@@ -114,6 +119,7 @@ class Template:
     trace, the list of its events in trace order (`on_chunk`); the default calls the handler of
     each. A template keeps the state it needs while streaming itself; the shared index in Ctx
     (batch-indexed facts) is complete only when `finish()` runs."""
+
     events: tuple = ()
 
     def __init__(self, rule: Rule, ctx: Ctx):

@@ -1,8 +1,9 @@
 """`pdo trace`: look at a trace.
 
-  pdo trace export TRACE --perfetto out.json   Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing)
-  pdo trace plot TRACE -o timeline.png         the same lanes as a static picture
+pdo trace export TRACE --perfetto out.json   Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing)
+pdo trace plot TRACE -o timeline.png         the same lanes as a static picture
 """
+
 from __future__ import annotations
 
 from .perfetto import export
@@ -11,25 +12,38 @@ from .plot import plot
 
 def cmd_export(a) -> int:
     counts = export(a.trace, a.perfetto)
-    print(f"pdo trace export: {a.perfetto}: {counts['threads']} threads, {counts['spans']} spans, "
-          f"{counts['instants']} instants, {counts['flows']} flows "
-          "(open in ui.perfetto.dev or chrome://tracing)")
+    print(
+        f"pdo trace export: {a.perfetto}: {counts['threads']} threads, {counts['spans']} spans, "
+        f"{counts['instants']} instants, {counts['flows']} flows "
+        "(open in ui.perfetto.dev or chrome://tracing)"
+    )
     return 0
 
 
 def cmd_plot(a) -> int:
-    info = plot(a.trace, a.output, batches=a.batches, time_ms=a.time_ms, title=a.title,
-                width=a.width, dpi=a.dpi)
+    info = plot(
+        a.trace,
+        a.output,
+        batches=a.batches,
+        time_ms=a.time_ms,
+        title=a.title,
+        width=a.width,
+        dpi=a.dpi,
+    )
     lo, hi = info["window_ms"]
-    print(f"pdo trace plot: {a.output}: {len(info['threads'])} lanes, {info['spans']} spans, "
-          f"{lo:.1f}..{hi:.1f} ms")
+    print(
+        f"pdo trace plot: {a.output}: {len(info['threads'])} lanes, {info['spans']} spans, "
+        f"{lo:.1f}..{hi:.1f} ms"
+    )
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("trace", help="export or plot a trace's timeline")
     tsub = p.add_subparsers(dest="trace_cmd", required=True)
-    e = tsub.add_parser("export", help="Chrome trace-event JSON for ui.perfetto.dev / chrome://tracing")
+    e = tsub.add_parser(
+        "export", help="Chrome trace-event JSON for ui.perfetto.dev / chrome://tracing"
+    )
     e.add_argument("trace", metavar="TRACE")
     e.add_argument("--perfetto", metavar="OUT", required=True, help="output JSON file")
     e.set_defaults(fn=cmd_export)

@@ -3,6 +3,7 @@
 Malformed input raises TraceFormatError with file, line and reason; the CLI prints it on one line
 and exits 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,23 +58,43 @@ def read_header(path: str, f) -> dict:
     if not isinstance(header, dict) or header.get("format") != "pdo-trace":
         raise TraceFormatError(path, 1, "field 'format': expected \"pdo-trace\"")
     version = header.get("version")
-    if type(version) is not int or version not in SUPPORTED_VERSIONS:   # not true, not 1.0
-        raise TraceFormatError(path, 1, f"field 'version': unsupported version {version!r} "
-                                        f"(this checker reads {', '.join(map(str, SUPPORTED_VERSIONS))})")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:  # not true, not 1.0
+        raise TraceFormatError(
+            path,
+            1,
+            f"field 'version': unsupported version {version!r} "
+            f"(this checker reads {', '.join(map(str, SUPPORTED_VERSIONS))})",
+        )
     role = header.get("role")
     if role not in ("prefill", "decode"):
-        raise TraceFormatError(path, 1, f"field 'role': expected \"prefill\" or \"decode\", got {role!r}")
+        raise TraceFormatError(
+            path, 1, f'field \'role\': expected "prefill" or "decode", got {role!r}'
+        )
     modes = modes_of(role)
-    if header.get("mode") not in modes:   # the mode selects the rules: a wrong or missing one would check nothing
-        raise TraceFormatError(path, 1, f"field 'mode': expected one of {', '.join(modes)} for role {role}, "
-                                        f"got {header.get('mode')!r}")
-    if not (type(header.get("page_size")) is int and header["page_size"] > 0):   # both roles' page-count rules
+    if (
+        header.get("mode") not in modes
+    ):  # the mode selects the rules: a wrong or missing one would check nothing
+        raise TraceFormatError(
+            path,
+            1,
+            f"field 'mode': expected one of {', '.join(modes)} for role {role}, "
+            f"got {header.get('mode')!r}",
+        )
+    if not (
+        type(header.get("page_size")) is int and header["page_size"] > 0
+    ):  # both roles' page-count rules
         raise TraceFormatError(path, 1, "field 'page_size': expected a positive integer")
     for name, ok, what in _HEADER_OPTIONAL:
         if name in header and not ok(header[name]):
-            raise TraceFormatError(path, 1, f"field '{name}': expected {what}, got {header[name]!r}")
+            raise TraceFormatError(
+                path, 1, f"field '{name}': expected {what}, got {header[name]!r}"
+            )
     if "dp_rank" in header and "dp_size" in header and header["dp_rank"] >= header["dp_size"]:
-        raise TraceFormatError(path, 1, f"field 'dp_rank': {header['dp_rank']} is not below dp_size {header['dp_size']}")
+        raise TraceFormatError(
+            path,
+            1,
+            f"field 'dp_rank': {header['dp_rank']} is not below dp_size {header['dp_size']}",
+        )
     return header
 
 
@@ -107,7 +128,10 @@ def _compile_validator(spec: dict, optional: dict):
     the right type, and each field of `optional` present has. False sends the event to the exact
     (slow) path, which says what is wrong."""
     conds = ['type(e["seq"]) is int', 'type(e["t_ns"]) is int', 'type(e["thread"]) is str']
-    conds += [f"({name!r} not in e or _check_type(e[{name!r}], {typ!r}))" for name, typ in optional.items()]
+    conds += [
+        f"({name!r} not in e or _check_type(e[{name!r}], {typ!r}))"
+        for name, typ in optional.items()
+    ]
     for name, typ in spec.items():
         v = f"e[{name!r}]"
         if typ == "int":
@@ -126,8 +150,9 @@ def _compile_validator(spec: dict, optional: dict):
     return scope["valid"]
 
 
-def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str,
-                   optional_of: dict) -> None:
+def _validate_slow(
+    path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str, optional_of: dict
+) -> None:
     """The reference validation of one decoded event: raises TraceFormatError with the reason."""
     if type(e) is not dict:
         raise TraceFormatError(path, line_no, "an event must be a JSON object")
@@ -135,17 +160,25 @@ def _validate_slow(path: str, line_no: int, e, last_seq: int, fields_of: dict, r
         if type(e.get(key)) is not typ:
             raise TraceFormatError(path, line_no, f"field '{key}': missing or not {typ.__name__}")
     if e["seq"] <= last_seq:
-        raise TraceFormatError(path, line_no, f"field 'seq': {e['seq']} does not increase (previous {last_seq})")
+        raise TraceFormatError(
+            path, line_no, f"field 'seq': {e['seq']} does not increase (previous {last_seq})"
+        )
     spec = fields_of.get(e["ev"])
     if spec is None:
-        if e["ev"].startswith(PRIVATE_PREFIX):   # an engine's own event: the base keys only
+        if e["ev"].startswith(PRIVATE_PREFIX):  # an engine's own event: the base keys only
             return
-        raise TraceFormatError(path, line_no, f"field 'ev': unknown event {e['ev']!r} for role {role} "
-                                              f"(an engine's own events are named {PRIVATE_PREFIX}<name>)")
+        raise TraceFormatError(
+            path,
+            line_no,
+            f"field 'ev': unknown event {e['ev']!r} for role {role} "
+            f"(an engine's own events are named {PRIVATE_PREFIX}<name>)",
+        )
     for name, typ in spec.items():
         if name not in e or not _check_type(e[name], typ):
-            raise TraceFormatError(path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}")
-    for name, typ in optional_of.get(e["ev"], {}).items():   # optional, but typed when present
+            raise TraceFormatError(
+                path, line_no, f"field '{name}': missing or not {typ} in {e['ev']!r}"
+            )
+    for name, typ in optional_of.get(e["ev"], {}).items():  # optional, but typed when present
         if name in e and not _check_type(e[name], typ):
             raise TraceFormatError(path, line_no, f"field '{name}': not {typ} in {e['ev']!r}")
 
@@ -156,7 +189,7 @@ def _decode_fast(raw: list) -> list | None:
     if _orjson_loads is not None:
         try:
             return [_orjson_loads(line) for line in raw if not line.isspace()]
-        except ValueError:   # orjson.JSONDecodeError is a ValueError
+        except ValueError:  # orjson.JSONDecodeError is a ValueError
             return None
     lines = [line if line.endswith(b"\n") else line + b"\n" for line in raw if not line.isspace()]
     try:
@@ -168,8 +201,13 @@ def _decode_fast(raw: list) -> list | None:
 
 def _valid_private(e) -> bool:
     """An event that is not in the vocabulary: valid only as an engine's own (`x.<name>`)."""
-    return (type(e["seq"]) is int and type(e["t_ns"]) is int and type(e["thread"]) is str
-            and type(e["ev"]) is str and e["ev"].startswith(PRIVATE_PREFIX))
+    return (
+        type(e["seq"]) is int
+        and type(e["t_ns"]) is int
+        and type(e["thread"]) is str
+        and type(e["ev"]) is str
+        and e["ev"].startswith(PRIVATE_PREFIX)
+    )
 
 
 def _validate_fast(events: list, valid: dict, last_seq: int) -> bool:
@@ -179,7 +217,7 @@ def _validate_fast(events: list, valid: dict, last_seq: int) -> bool:
             if not (get(e["ev"], _valid_private)(e) and e["seq"] > last_seq):
                 return False
             last_seq = e["seq"]
-    except (KeyError, TypeError):   # not an object, no `ev`, a field missing
+    except (KeyError, TypeError):  # not an object, no `ev`, a field missing
         return False
     return True
 
@@ -188,7 +226,7 @@ def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | 
     """An engine's own events (`x.<name>`, validated as such) are not the checker's: they are dropped
     here, before any rule sees them, and counted by kind in `ignored`."""
     skipped = [e["ev"] for e in events if e["ev"] not in known]
-    if not skipped:   # the usual case: nothing built but an empty list
+    if not skipped:  # the usual case: nothing built but an empty list
         return events, nums
     if ignored is not None:
         for ev in skipped:
@@ -197,8 +235,15 @@ def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | 
     return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
 
 
-def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of: dict, role: str,
-                optional_of: dict):
+def _chunk_slow(
+    path: str,
+    first_line: int,
+    raw: list,
+    last_seq: int,
+    fields_of: dict,
+    role: str,
+    optional_of: dict,
+):
     """The reference path for one chunk: yields (line_no, event); raises TraceFormatError at the
     first bad line."""
     for n, line in enumerate(raw, first_line):
@@ -217,7 +262,7 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, fields_of:
         yield n, e
 
 
-_TABLES: dict = {}   # role -> (the vocabulary they were built from, fields per event, validators)
+_TABLES: dict = {}  # role -> (the vocabulary they were built from, fields per event, validators)
 
 
 def _role_tables(role: str) -> tuple[dict, dict, dict]:
@@ -228,8 +273,12 @@ def _role_tables(role: str) -> tuple[dict, dict, dict]:
         kinds = vocab.get(role, {})
         fields_of = {ev: spec.get("fields", {}) for ev, spec in kinds.items()}
         optional_of = {ev: spec.get("optional", {}) for ev, spec in kinds.items()}
-        hit = _TABLES[role] = (vocab, fields_of, optional_of,
-                               {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds})
+        hit = _TABLES[role] = (
+            vocab,
+            fields_of,
+            optional_of,
+            {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds},
+        )
     return hit[1], hit[2], hit[3]
 
 
@@ -242,19 +291,25 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
             header_out.update(header)
         role = header["role"]
         fields_of, optional_of, valid = _role_tables(role)
-        last_seq = -1      # seq may start at 0 or 1 (or anywhere above): it only has to increase
+        last_seq = -1  # seq may start at 0 or 1 (or anywhere above): it only has to increase
         line_no = 2
         admitted: set = set()
         while True:
             raw = f.readlines(_CHUNK_BYTES)
             if not raw:
-                _check_consecutive(path, admitted)   # both roles relate batch N to N±1 by id
+                _check_consecutive(path, admitted)  # both roles relate batch N to N±1 by id
                 return
             events = _decode_fast(raw)
             if events is not None and _validate_fast(events, valid, last_seq):
-                nums = [n for n, line in enumerate(raw, line_no) if not line.isspace()] if with_lines else None
+                nums = (
+                    [n for n, line in enumerate(raw, line_no) if not line.isspace()]
+                    if with_lines
+                    else None
+                )
             else:
-                pairs = list(_chunk_slow(path, line_no, raw, last_seq, fields_of, role, optional_of))
+                pairs = list(
+                    _chunk_slow(path, line_no, raw, last_seq, fields_of, role, optional_of)
+                )
                 nums, events = [n for n, _ in pairs], [e for _, e in pairs]
             line_no += len(raw)
             if events:
@@ -284,9 +339,15 @@ def _check_consecutive(path: str, admitted: set) -> None:
         else:
             n = 1
     below = max(b for b in admitted if b < after)
-    gap = f"batch {below + 1} was" if after - below == 2 else f"batches {below + 1}..{after - 1} were"
-    raise TraceFormatError(path, n, f"field 'batch': {gap} never admitted, but {below} and {after} were "
-                                    f"(admitted batch ids must be consecutive)")
+    gap = (
+        f"batch {below + 1} was" if after - below == 2 else f"batches {below + 1}..{after - 1} were"
+    )
+    raise TraceFormatError(
+        path,
+        n,
+        f"field 'batch': {gap} never admitted, but {below} and {after} were "
+        f"(admitted batch ids must be consecutive)",
+    )
 
 
 def iter_chunks(path: str, *, header_out: dict | None = None, ignored: dict | None = None):

@@ -10,6 +10,7 @@ Obligations only read the facts of the events they name, so they are solved in w
 size: long traces cost time linear in their length. A window the solver gives up on, or a trace over
 the size budget, makes the verdict UNKNOWN with what was covered, never PASS.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,15 +23,15 @@ from spec.z3model import TraceUniverse, as_z3, conj, implies, obligations
 
 from .trace_io import iter_events
 
-WINDOW = 2000                 # obligations per solver
-TIMEOUT_MS = 20000            # per check
-MAX_OBLIGATIONS = 2_000_000   # size budget
+WINDOW = 2000  # obligations per solver
+TIMEOUT_MS = 20000  # per check
+MAX_OBLIGATIONS = 2_000_000  # size budget
 
 
 @dataclass
 class Core:
     rule: Rule
-    events: list[dict]        # the minimal conflicting events, in trace order
+    events: list[dict]  # the minimal conflicting events, in trace order
 
 
 @dataclass
@@ -38,14 +39,18 @@ class Z3Result:
     path: str
     header: dict
     events: int
-    status: str                                   # "pass" | "fail" | "unknown"
-    rules: list = field(default_factory=list)     # [(Rule, obligations)]: instances, trivial ones included
-    cores: dict = field(default_factory=dict)     # rule id -> Core
+    status: str  # "pass" | "fail" | "unknown"
+    rules: list = field(
+        default_factory=list
+    )  # [(Rule, obligations)]: instances, trivial ones included
+    cores: dict = field(default_factory=dict)  # rule id -> Core
     not_encoded: list = field(default_factory=list)
     uncovered: list = field(default_factory=list)  # what an UNKNOWN did not cover, one line each
     windows: int = 0
     seconds: float = 0.0
-    ignored: dict = field(default_factory=dict)   # events of kinds no rule knows, skipped: ev -> count
+    ignored: dict = field(
+        default_factory=dict
+    )  # events of kinds no rule knows, skipped: ev -> count
 
     @property
     def ok(self) -> bool:
@@ -64,15 +69,32 @@ def _load(path, ignored: dict | None = None):
     return header, events
 
 
-def check_file(path: str, *, rules: list[Rule] | None = None, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
-               max_obligations: int = MAX_OBLIGATIONS, rlimit: int = 0) -> Z3Result:
+def check_file(
+    path: str,
+    *,
+    rules: list[Rule] | None = None,
+    window: int = WINDOW,
+    timeout_ms: int = TIMEOUT_MS,
+    max_obligations: int = MAX_OBLIGATIONS,
+    rlimit: int = 0,
+) -> Z3Result:
     t0 = time.perf_counter()
     ignored: dict = {}
     header, events = _load(path, ignored)
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
-    res = _check(path, header, events, TraceUniverse(header, events), rules, t0, window=window,
-                 timeout_ms=timeout_ms, max_obligations=max_obligations, rlimit=rlimit)
+    res = _check(
+        path,
+        header,
+        events,
+        TraceUniverse(header, events),
+        rules,
+        t0,
+        window=window,
+        timeout_ms=timeout_ms,
+        max_obligations=max_obligations,
+        rlimit=rlimit,
+    )
     res.ignored = ignored
     return res
 
@@ -95,13 +117,26 @@ def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Resul
         universe = TraceUniverse(header, events)
         for h, evs in remote:
             universe.add_remote(h, evs)
-        mine = [r for r in (rules or load_rules()) if r.role == "cross" and r.applies(dh.get("mode"))]
+        mine = [
+            r for r in (rules or load_rules()) if r.role == "cross" and r.applies(dh.get("mode"))
+        ]
         out.append(_check(d, header, events, universe, mine, t0, **kw))
     return out
 
 
-def _check(path, header, events, universe, rules, t0, *, window: int = WINDOW, timeout_ms: int = TIMEOUT_MS,
-           max_obligations: int = MAX_OBLIGATIONS, rlimit: int = 0) -> Z3Result:
+def _check(
+    path,
+    header,
+    events,
+    universe,
+    rules,
+    t0,
+    *,
+    window: int = WINDOW,
+    timeout_ms: int = TIMEOUT_MS,
+    max_obligations: int = MAX_OBLIGATIONS,
+    rlimit: int = 0,
+) -> Z3Result:
     res = Z3Result(path, header, len(events), "pass")
     todo, counts = [], {}
     for r in rules:
@@ -113,13 +148,15 @@ def _check(path, header, events, universe, rules, t0, *, window: int = WINDOW, t
         todo += [(r, f, evs) for f, evs in obs]
         if len(todo) > max_obligations:
             res.status = "unknown"
-            res.uncovered.append(f"size budget: over {max_obligations} obligations at rule {r.id}; nothing solved")
+            res.uncovered.append(
+                f"size budget: over {max_obligations} obligations at rule {r.id}; nothing solved"
+            )
             res.seconds = time.perf_counter() - t0
             return res
     by_seq = {e["seq"]: e for e in events}
     for i in range(0, len(todo), window):
         res.windows += 1
-        _solve_window(todo[i:i + window], res, by_seq, timeout_ms, i // window, rlimit)
+        _solve_window(todo[i : i + window], res, by_seq, timeout_ms, i // window, rlimit)
     if res.cores:
         res.status = "fail"
     elif res.uncovered:
@@ -128,8 +165,12 @@ def _check(path, header, events, universe, rules, t0, *, window: int = WINDOW, t
     return res
 
 
-def _solve_window(chunk, res: Z3Result, by_seq: dict, timeout_ms: int, index: int, rlimit: int = 0) -> None:
-    chunk = [(r, f, evs) for r, f, evs in chunk if r.id not in res.cores]  # one core per rule is enough
+def _solve_window(
+    chunk, res: Z3Result, by_seq: dict, timeout_ms: int, index: int, rlimit: int = 0
+) -> None:
+    chunk = [
+        (r, f, evs) for r, f, evs in chunk if r.id not in res.cores
+    ]  # one core per rule is enough
     if not chunk:
         return
     # First the verdict: positions fixed outright, one literal per rule.
@@ -142,13 +183,17 @@ def _solve_window(chunk, res: Z3Result, by_seq: dict, timeout_ms: int, index: in
     for _, _, evs in chunk:
         for e in evs:
             seen.setdefault(e.seq, e)
-    s.add(conj(*[e.pos == e.seq for e in seen.values()]),
-          conj(*[implies(rule_lit[r.id], f) for r, f, _ in chunk]))
+    s.add(
+        conj(*[e.pos == e.seq for e in seen.values()]),
+        conj(*[implies(rule_lit[r.id], f) for r, f, _ in chunk]),
+    )
     got = s.check(*rule_lit.values())
     if got == z3.sat:
         return
     if got != z3.unsat:
-        res.uncovered.append(f"window {index}: rules {', '.join(sorted(rule_lit))} not decided ({s.reason_unknown()})")
+        res.uncovered.append(
+            f"window {index}: rules {', '.join(sorted(rule_lit))} not decided ({s.reason_unknown()})"
+        )
         return
     for rid, lit in rule_lit.items():
         got = s.check(lit)
@@ -210,8 +255,11 @@ def conflicts(path: str, rule_id: str, seqs) -> bool:
 
 # ---- reports ---------------------------------------------------------------------------------------
 
+
 def _brief(e: dict) -> str:
-    keys = [k for k in ("batch", "rid", "obj", "slot", "value", "digest", "tokens", "pages") if k in e]
+    keys = [
+        k for k in ("batch", "rid", "obj", "slot", "value", "digest", "tokens", "pages") if k in e
+    ]
     return f"#{e['seq']} {e['ev']}({','.join(f'{k}={e[k]}' for k in keys)}) on {e['thread']}"
 
 
@@ -238,21 +286,32 @@ def text_report(res: Z3Result) -> str:
         lines.append("  not covered (UNKNOWN, not a pass):")
         lines += [f"    {u}" for u in res.uncovered]
     if res.not_encoded:
-        lines.append(f"  rules of kinds without a z3 encoding (not checked): {', '.join(res.not_encoded)}")
+        lines.append(
+            f"  rules of kinds without a z3 encoding (not checked): {', '.join(res.not_encoded)}"
+        )
     from .report import ignored_note
+
     lines += ignored_note(res.ignored)
     return "\n".join(lines)
 
 
 def json_report(res: Z3Result) -> dict:
     return {
-        "path": res.path, "ok": res.ok, "status": res.status, "engine": "z3", "events": res.events,
+        "path": res.path,
+        "ok": res.ok,
+        "status": res.status,
+        "engine": "z3",
+        "events": res.events,
         "ignored": res.ignored,
         "header": {k: res.header.get(k) for k in ("role", "mode", "version", "page_size")},
         "rules": [{"id": r.id, "obligations": n} for r, n in res.rules],
-        "violations": [{"rule": rid, "statement": c.rule.statement, "seqs": [e["seq"] for e in c.events]}
-                       for rid, c in sorted(res.cores.items())],
-        "not_encoded": res.not_encoded, "uncovered": res.uncovered, "seconds": round(res.seconds, 3),
+        "violations": [
+            {"rule": rid, "statement": c.rule.statement, "seqs": [e["seq"] for e in c.events]}
+            for rid, c in sorted(res.cores.items())
+        ],
+        "not_encoded": res.not_encoded,
+        "uncovered": res.uncovered,
+        "seconds": round(res.seconds, 3),
     }
 
 

@@ -4,6 +4,7 @@ Layouts (shared with triton_kernels/): q [T, Hq, D]; k, v [T, Hkv, D] for the ba
 packed request after request; pools [pool_tokens, Hkv, D] for one layer; `req_to_token[slot, pos]`
 is the pool index of a request's position `pos`.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,7 +63,9 @@ class TorchAttention:
         group = q.shape[1] // k_pool.shape[1]
         for i, (slot, n) in enumerate(zip(meta.host_slots, meta.host_seq_lens)):
             idx = meta.req_to_token[slot, :n].long()
-            out[i:i + 1] = _attend(q[i:i + 1], k_pool[idx], v_pool[idx], group, causal_offset=n - 1)
+            out[i : i + 1] = _attend(
+                q[i : i + 1], k_pool[idx], v_pool[idx], group, causal_offset=n - 1
+            )
         return out
 
 
@@ -73,12 +76,16 @@ def _packed_extend(meta: ExtendMeta, device):
     if cached is not None:
         return cached
     prefix_parts, q_req, q_pos, p_req = [], [], [], []
-    for i, (slot, prefix, ext) in enumerate(zip(meta.host_slots, meta.host_prefix, meta.host_extend)):
+    for i, (slot, prefix, ext) in enumerate(
+        zip(meta.host_slots, meta.host_prefix, meta.host_extend)
+    ):
         prefix_parts.append(meta.req_to_token[slot, :prefix].long())
         p_req += [i] * prefix
         q_req += [i] * ext
         q_pos += range(ext)
-    prefix_idx = torch.cat(prefix_parts) if prefix_parts else torch.zeros(0, dtype=torch.long, device=device)
+    prefix_idx = (
+        torch.cat(prefix_parts) if prefix_parts else torch.zeros(0, dtype=torch.long, device=device)
+    )
     q_req_t = torch.tensor(q_req, device=device)
     q_pos_t = torch.tensor(q_pos, device=device)
     see_prefix = q_req_t[:, None] == torch.tensor(p_req, device=device, dtype=torch.long)[None, :]
@@ -90,8 +97,13 @@ def _packed_extend(meta: ExtendMeta, device):
 def _attend_masked(q, k, v, group, mask):
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                       attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=1.0 / math.sqrt(q.shape[-1]),
+    )
     return o.transpose(0, 1)
 
 
@@ -100,9 +112,16 @@ def _attend(q, k, v, group, causal_offset):
     m, n = q.shape[0], k.shape[0]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    mask = torch.arange(n, device=q.device)[None, :] <= (torch.arange(m, device=q.device)[:, None] + causal_offset)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                       attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
+    mask = torch.arange(n, device=q.device)[None, :] <= (
+        torch.arange(m, device=q.device)[:, None] + causal_offset
+    )
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=1.0 / math.sqrt(q.shape[-1]),
+    )
     return o.transpose(0, 1)
 
 
@@ -114,5 +133,6 @@ def make_backend(name: str, device: torch.device):
         return TorchAttention()
     if name == "triton":
         from triton_kernels.backend import TritonAttention  # lazy: triton's import is heavy
+
         return TritonAttention()
     raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")

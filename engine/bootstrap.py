@@ -49,11 +49,15 @@ from .bootstrap_state import BootstrapState, bad_request, int_field
 
 # Endpoint names, as counted; the admin ones and unknown paths are never delayed or failed.
 _ENDPOINTS = {
-    ("PUT", "/route"): "route_put", ("GET", "/route"): "route_get",
+    ("PUT", "/route"): "route_put",
+    ("GET", "/route"): "route_get",
     ("POST", "/register_dp_rank"): "register_dp_rank",
     ("POST", "/query_dp_ranks"): "query_dp_ranks",
-    ("GET", "/health"): "health", ("HEAD", "/health"): "health",
-    ("GET", "/_faults"): "faults", ("POST", "/_faults"): "faults", ("GET", "/_stats"): "stats",
+    ("GET", "/health"): "health",
+    ("HEAD", "/health"): "health",
+    ("GET", "/_faults"): "faults",
+    ("POST", "/_faults"): "faults",
+    ("GET", "/_stats"): "stats",
 }
 _NEVER_FAULTED = ("faults", "stats", "other")
 
@@ -102,6 +106,7 @@ def _inproc_body(payload: Any) -> dict:
 
 # ---- the server ------------------------------------------------------------------------------
 
+
 class BootstrapServer(BootstrapState):
     """The bootstrap server on its own event loop in a daemon thread.
 
@@ -110,10 +115,19 @@ class BootstrapServer(BootstrapState):
     call from any thread.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, latency_s: float = 0.0,
-                 latency_scope: str = "all", failure_rate: float = 0.0, failure_status: int = 503,
-                 seed: int = 0, expected_ranks: int | None = None,
-                 room_ttl_s: float | None = 120.0):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        latency_s: float = 0.0,
+        latency_scope: str = "all",
+        failure_rate: float = 0.0,
+        failure_status: int = 503,
+        seed: int = 0,
+        expected_ranks: int | None = None,
+        room_ttl_s: float | None = 120.0,
+    ):
         super().__init__(expected_ranks, room_ttl_s)
         self._host = host
         self._port = port
@@ -135,8 +149,9 @@ class BootstrapServer(BootstrapState):
             raise RuntimeError("bootstrap server already started")
         ready = threading.Event()
         self._start_error = None
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="bootstrap-server",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="bootstrap-server", daemon=True
+        )
         self._thread.start()
         ready.wait()
         if self._start_error is not None:
@@ -155,13 +170,21 @@ class BootstrapServer(BootstrapState):
         with _INPROC_LOCK:
             if name in _INPROC:
                 raise RuntimeError(
-                    f"an in-process bootstrap server named {name!r} is already running")
+                    f"an in-process bootstrap server named {name!r} is already running"
+                )
             _INPROC[name] = self
         self._inproc = name
         return self
 
-    def handle_inproc(self, method: str, path: str, *, params: dict | None = None,
-                      payload: Any = None, timeout: float) -> InProcResponse:
+    def handle_inproc(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict | None = None,
+        payload: Any = None,
+        timeout: float,
+    ) -> InProcResponse:
         """One request, as the HTTP server would answer it. Raises TimeoutError when the injected
         latency reaches `timeout` (the caller waited that long, as an HTTP client would)."""
         name = _ENDPOINTS.get((method, path), "other")
@@ -224,8 +247,9 @@ class BootstrapServer(BootstrapState):
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         # Short shutdown_timeout: stop() should not hang on a request stuck in injected latency.
-        runner = web.AppRunner(self._make_app(), access_log=None, handle_signals=False,
-                               shutdown_timeout=0.5)
+        runner = web.AppRunner(
+            self._make_app(), access_log=None, handle_signals=False, shutdown_timeout=0.5
+        )
         try:
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, self._host, self._port)
@@ -304,8 +328,12 @@ class BootstrapServer(BootstrapState):
         return delay, None
 
     def _stats_body(self) -> dict[str, Any]:
-        return {"counters": self.counters, "registered_ranks": len(self._ranks),
-                "expected_ranks": self.expected_ranks, "known_rooms": len(self._rooms)}
+        return {
+            "counters": self.counters,
+            "registered_ranks": len(self._ranks),
+            "expected_ranks": self.expected_ranks,
+            "known_rooms": len(self._rooms),
+        }
 
     # ---- the HTTP app ----------------------------------------------------
 

@@ -44,8 +44,15 @@ class BootstrapUnavailable(BootstrapError):
 
 
 class BootstrapQueryError(BootstrapError):
-    def __init__(self, url: str, message: str, *, status: int | None = None, attempts: int = 1,
-                 unavailable: bool = False):
+    def __init__(
+        self,
+        url: str,
+        message: str,
+        *,
+        status: int | None = None,
+        attempts: int = 1,
+        unavailable: bool = False,
+    ):
         super().__init__(url, message, status=status)
         self.attempts = attempts
         self.unavailable = unavailable  # last failure was "no answer" rather than an error status
@@ -75,35 +82,50 @@ def _request(method: str, url: str, timeout: float, **kwargs: Any) -> requests.R
     try:
         return session().request(method, url, timeout=timeout, **kwargs)
     except requests.Timeout as e:
-        raise BootstrapUnavailable(url, f"{method} got no answer within {timeout} s ({type(e).__name__})") from e
+        raise BootstrapUnavailable(
+            url, f"{method} got no answer within {timeout} s ({type(e).__name__})"
+        ) from e
     except requests.ConnectionError as e:
         # requests buries the OS error ("[Errno 111] Connection refused") in a long wrapper message.
         errno = re.search(r"\[Errno -?\d+\][^'\")\]]*", str(e))
         detail = errno.group(0).strip() if errno else type(e).__name__
         raise BootstrapUnavailable(url, f"{method} failed: {detail}") from e
     except requests.RequestException as e:
-        raise BootstrapError(url, f"{method} failed: {type(e).__name__}: {_one_line(str(e))}") from e
+        raise BootstrapError(
+            url, f"{method} failed: {type(e).__name__}: {_one_line(str(e))}"
+        ) from e
 
 
-def _inproc_request(method: str, url: str, timeout: float, *, json: Any = None, params: dict | None = None):
+def _inproc_request(
+    method: str, url: str, timeout: float, *, json: Any = None, params: dict | None = None
+):
     """An in-process bootstrap server (BootstrapServer.start_inproc): the same handlers, no socket."""
     from .bootstrap import inproc_server  # lazy: start-up time (aiohttp)
 
-    rest = url[len("inproc://"):]
+    rest = url[len("inproc://") :]
     name, _, path = rest.partition("/")
     server = inproc_server(name)
     if server is None:
-        raise BootstrapUnavailable(url, f"{method} failed: no in-process bootstrap server named {name!r}")
+        raise BootstrapUnavailable(
+            url, f"{method} failed: no in-process bootstrap server named {name!r}"
+        )
     try:
-        return server.handle_inproc(method, "/" + path, params=params, payload=json, timeout=timeout)
+        return server.handle_inproc(
+            method, "/" + path, params=params, payload=json, timeout=timeout
+        )
     except TimeoutError as e:
-        raise BootstrapUnavailable(url, f"{method} got no answer within {timeout} s (ReadTimeout)") from e
+        raise BootstrapUnavailable(
+            url, f"{method} got no answer within {timeout} s (ReadTimeout)"
+        ) from e
 
 
 def _check(resp: requests.Response, method: str, url: str) -> requests.Response:
     if resp.status_code != 200:
-        raise BootstrapError(url, f"{method} -> HTTP {resp.status_code}: {_one_line(resp.text)}",
-                             status=resp.status_code)
+        raise BootstrapError(
+            url,
+            f"{method} -> HTTP {resp.status_code}: {_one_line(resp.text)}",
+            status=resp.status_code,
+        )
     return resp
 
 
@@ -111,13 +133,15 @@ def _json(resp: requests.Response, url: str) -> Any:
     try:
         return resp.json()
     except ValueError as e:
-        raise BootstrapError(url, f"response is not JSON: {_one_line(resp.text)}", status=resp.status_code) from e
+        raise BootstrapError(
+            url, f"response is not JSON: {_one_line(resp.text)}", status=resp.status_code
+        ) from e
 
 
 def _backoff(base_s: float, attempt: int, cap_s: float) -> float:
     # Exponential with jitter in [0.75, 1], as SGLang's registration retry: keeps many
     # ranks that failed together from retrying in lockstep.
-    return min(base_s * 2 ** attempt, cap_s) * sync.uniform(0.75, 1.0)
+    return min(base_s * 2**attempt, cap_s) * sync.uniform(0.75, 1.0)
 
 
 def health(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -128,8 +152,15 @@ def health(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
         return False
 
 
-def register_prefill_rank(url: str, info: dict, *, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 4,
-                          backoff_s: float = 1.0, max_backoff_s: float = 30.0) -> None:
+def register_prefill_rank(
+    url: str,
+    info: dict,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    retries: int = 4,
+    backoff_s: float = 1.0,
+    max_backoff_s: float = 30.0,
+) -> None:
     """PUT /route.  ``info`` holds SGLang's registration fields (attn_tp_size, attn_tp_rank, ...,
     rank_ip, rank_port, page_size).  Like SGLang, 1 + 4 attempts with backoff 1, 2, 4, 8 s
     by default; a 4xx is a bad payload and is raised at once."""
@@ -144,10 +175,16 @@ def register_prefill_rank(url: str, info: dict, *, timeout: float = DEFAULT_TIME
         sync.sleep(_backoff(backoff_s, attempt, max_backoff_s))
 
 
-def register_dp_rank(url: str, room: int, dp_rank: int, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+def register_dp_rank(
+    url: str, room: int, dp_rank: int, *, timeout: float = DEFAULT_TIMEOUT_S
+) -> None:
     """POST /register_dp_rank: this prefill DP rank took bootstrap ``room``.  One attempt, as SGLang."""
     target = f"{base_url(url)}/register_dp_rank"
-    _check(_request("POST", target, timeout, json={"bootstrap_room": room, "dp_rank": dp_rank}), "POST", target)
+    _check(
+        _request("POST", target, timeout, json={"bootstrap_room": room, "dp_rank": dp_rank}),
+        "POST",
+        target,
+    )
 
 
 def get_prefill_info(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict | None:
@@ -155,7 +192,12 @@ def get_prefill_info(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict | 
     dp_size, pp_size, page_size, kv_cache_dtype, follow_bootstrap_room, ...), or None while
     the server answers 503 (not every prefill rank registered yet)."""
     target = f"{base_url(url)}/route"
-    params = {"prefill_dp_rank": -1, "prefill_cp_rank": -1, "target_tp_rank": -1, "target_pp_rank": -1}
+    params = {
+        "prefill_dp_rank": -1,
+        "prefill_cp_rank": -1,
+        "target_tp_rank": -1,
+        "target_pp_rank": -1,
+    }
     resp = _request("GET", target, timeout, params=params)
     if resp.status_code == 503:
         return None
@@ -165,22 +207,39 @@ def get_prefill_info(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict | 
     return info
 
 
-def get_prefill_rank_info(url: str, *, dp_rank: int, tp_rank: int, pp_rank: int = 0, cp_rank: int = 0,
-                          timeout: float = DEFAULT_TIMEOUT_S) -> dict | None:
+def get_prefill_rank_info(
+    url: str,
+    *,
+    dp_rank: int,
+    tp_rank: int,
+    pp_rank: int = 0,
+    cp_rank: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> dict | None:
     """One prefill rank's {"rank_ip", "rank_port"}, or None if the server has none (404) or is
     not ready (503)."""
     target = f"{base_url(url)}/route"
-    params = {"prefill_dp_rank": dp_rank, "prefill_cp_rank": cp_rank, "target_tp_rank": tp_rank,
-              "target_pp_rank": pp_rank}
+    params = {
+        "prefill_dp_rank": dp_rank,
+        "prefill_cp_rank": cp_rank,
+        "target_tp_rank": tp_rank,
+        "target_pp_rank": pp_rank,
+    }
     resp = _request("GET", target, timeout, params=params)
     if resp.status_code in (404, 503):
         return None
     return _json(_check(resp, "GET", target), target)
 
 
-def query_prefill_dp_ranks(url: str, rooms: list[int], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                           retries: int = 2, backoff_s: float = 0.05,
-                           max_backoff_s: float = 1.0) -> dict[int, int]:
+def query_prefill_dp_ranks(
+    url: str,
+    rooms: list[int],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    retries: int = 2,
+    backoff_s: float = 0.05,
+    max_backoff_s: float = 1.0,
+) -> dict[int, int]:
     """POST /query_dp_ranks: {room: prefill dp_rank} for the rooms the server knows; rooms not
     (yet) registered are absent, and the caller asks again later.
 
@@ -205,14 +264,20 @@ def query_prefill_dp_ranks(url: str, rooms: list[int], *, timeout_s: float = DEF
             if e.status is not None and 400 <= e.status < 500:
                 break
     assert last is not None
-    raise BootstrapQueryError(target, f"gave up after {attempt + 1} attempt(s): {last.reason}", status=last.status,
-                              attempts=attempt + 1,
-                              unavailable=isinstance(last, BootstrapUnavailable)) from last
+    raise BootstrapQueryError(
+        target,
+        f"gave up after {attempt + 1} attempt(s): {last.reason}",
+        status=last.status,
+        attempts=attempt + 1,
+        unavailable=isinstance(last, BootstrapUnavailable),
+    ) from last
 
 
 def _parse_room_ranks(data: Any, url: str) -> dict[int, int]:
     if not isinstance(data, dict):
-        raise BootstrapError(url, f"expected a JSON object of room -> dp_rank, got {type(data).__name__}")
+        raise BootstrapError(
+            url, f"expected a JSON object of room -> dp_rank, got {type(data).__name__}"
+        )
     out = {}
     for room, rank in data.items():
         if isinstance(rank, bool) or not isinstance(rank, int):
@@ -220,7 +285,9 @@ def _parse_room_ranks(data: Any, url: str) -> dict[int, int]:
         try:
             out[int(room)] = rank
         except ValueError:
-            raise BootstrapError(url, f"malformed reply: room key {room!r} is not an integer") from None
+            raise BootstrapError(
+                url, f"malformed reply: room key {room!r} is not an integer"
+            ) from None
     return out
 
 

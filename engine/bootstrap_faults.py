@@ -19,17 +19,26 @@ class Faults:
     failure_status: int = 503
 
     def validated(self) -> Faults:
-        if isinstance(self.latency_s, bool) or not isinstance(self.latency_s, (int, float)) \
-                or not 0 <= self.latency_s <= MAX_LATENCY_S:
-            raise ValueError(f"latency_s must be a number in [0, {MAX_LATENCY_S}], "
-                             f"got {self.latency_s!r}")
+        if (
+            isinstance(self.latency_s, bool)
+            or not isinstance(self.latency_s, (int, float))
+            or not 0 <= self.latency_s <= MAX_LATENCY_S
+        ):
+            raise ValueError(
+                f"latency_s must be a number in [0, {MAX_LATENCY_S}], got {self.latency_s!r}"
+            )
         if self.latency_scope not in LATENCY_SCOPES:
-            raise ValueError(f"latency_scope must be one of {LATENCY_SCOPES}, "
-                             f"got {self.latency_scope!r}")
-        if isinstance(self.failure_rate, bool) or not isinstance(self.failure_rate, (int, float)) \
-                or not 0.0 <= self.failure_rate <= 1.0:
+            raise ValueError(
+                f"latency_scope must be one of {LATENCY_SCOPES}, got {self.latency_scope!r}"
+            )
+        if (
+            isinstance(self.failure_rate, bool)
+            or not isinstance(self.failure_rate, (int, float))
+            or not 0.0 <= self.failure_rate <= 1.0
+        ):
             raise ValueError(f"failure_rate must be a number in [0, 1], got {self.failure_rate!r}")
         if type(self.failure_status) is not int or self.failure_status not in FAILURE_STATUSES:
-            raise ValueError(f"failure_status must be one of {FAILURE_STATUSES}, "
-                             f"got {self.failure_status!r}")
+            raise ValueError(
+                f"failure_status must be one of {FAILURE_STATUSES}, got {self.failure_status!r}"
+            )
         return self

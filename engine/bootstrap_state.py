@@ -25,12 +25,29 @@ LEGACY_ROUTE_PARAMS = ("engine_rank", "target_dp_group", "target_pp_rank")
 # here silently takes its default (skipping, e.g., the kv_layout check or the
 # decode_allocation_policy one).  The last six are the decode's own rank mapping, always
 # null from the server.  kv_layout and dsv41_spec_layout are left out when null, as SGLang.
-INFO_FIELDS = ("attn_tp_size", "attn_cp_size", "dp_size", "pp_size", "page_size", "kv_cache_dtype",
-               "follow_bootstrap_room", "enable_dsa_cache_layer_split", "dsv41_spec_layout",
-               "kv_layout", "decode_allocation_policy", "enable_kv_cache_sharding",
-               "prefill_http_port")
-INFO_DECODE_SIDE = ("target_tp_rank", "target_tp_ranks", "target_cp_ranks", "target_pp_ranks",
-                    "required_dst_info_num", "required_prefill_response_num")
+INFO_FIELDS = (
+    "attn_tp_size",
+    "attn_cp_size",
+    "dp_size",
+    "pp_size",
+    "page_size",
+    "kv_cache_dtype",
+    "follow_bootstrap_room",
+    "enable_dsa_cache_layer_split",
+    "dsv41_spec_layout",
+    "kv_layout",
+    "decode_allocation_policy",
+    "enable_kv_cache_sharding",
+    "prefill_http_port",
+)
+INFO_DECODE_SIDE = (
+    "target_tp_rank",
+    "target_tp_ranks",
+    "target_cp_ranks",
+    "target_pp_ranks",
+    "required_dst_info_num",
+    "required_prefill_response_num",
+)
 INFO_OMITTED_WHEN_NULL = ("dsv41_spec_layout", "kv_layout")
 
 # The fields a registration may leave null that a later rank fills in: SGLang takes each from
@@ -39,6 +56,7 @@ _FIRST_SENT = ("page_size", "kv_cache_dtype", "kv_layout", "prefill_http_port")
 
 
 # ---- request validation ----------------------------------------------------------------------
+
 
 def bad_request(reason: str) -> web.HTTPBadRequest:
     # Reasons may quote client input; keep them one short line.
@@ -125,9 +143,13 @@ def parse_registration(data: dict) -> Registration:
     dsv41_spec_layout = data.get("dsv41_spec_layout")
     if dsv41_spec_layout is not None and not isinstance(dsv41_spec_layout, dict):
         raise bad_request("field 'dsv41_spec_layout' must be an object or null")
-    for rank, size, what in ((tp_rank, tp_size, "attn_tp"), (cp_rank, cp_size, "attn_cp"),
-                             (attn_dp_rank, attn_dp_size, "attn_dp"), (pp_rank, pp_size, "pp"),
-                             (sys_dp_rank, sys_dp_size, "system_dp")):
+    for rank, size, what in (
+        (tp_rank, tp_size, "attn_tp"),
+        (cp_rank, cp_size, "attn_cp"),
+        (attn_dp_rank, attn_dp_size, "attn_dp"),
+        (pp_rank, pp_size, "pp"),
+        (sys_dp_rank, sys_dp_size, "system_dp"),
+    ):
         if rank >= size:
             raise bad_request(f"{what}_rank {rank} out of range for {what}_size {size}")
     # As in SGLang: with one system DP rank, DP attention ranks are the DP groups.
@@ -136,11 +158,23 @@ def parse_registration(data: dict) -> Registration:
     return Registration(
         key=(dp_group, cp_rank, tp_rank, pp_rank),
         endpoint={"rank_ip": rank_ip, "rank_port": rank_port},
-        sizes={"attn_tp_size": tp_size, "attn_cp_size": cp_size, "dp_size": dp_size,
-               "pp_size": pp_size, "page_size": page_size},
-        first_sent={"page_size": page_size, "kv_cache_dtype": kv_cache_dtype,
-                    "kv_layout": kv_layout, "prefill_http_port": prefill_http_port},
-        policy=policy, dsv41_spec_layout=dsv41_spec_layout, data=data)
+        sizes={
+            "attn_tp_size": tp_size,
+            "attn_cp_size": cp_size,
+            "dp_size": dp_size,
+            "pp_size": pp_size,
+            "page_size": page_size,
+        },
+        first_sent={
+            "page_size": page_size,
+            "kv_cache_dtype": kv_cache_dtype,
+            "kv_layout": kv_layout,
+            "prefill_http_port": prefill_http_port,
+        },
+        policy=policy,
+        dsv41_spec_layout=dsv41_spec_layout,
+        data=data,
+    )
 
 
 def check_consistent(topology: dict[str, Any], reg: Registration) -> None:
@@ -149,10 +183,13 @@ def check_consistent(topology: dict[str, Any], reg: Registration) -> None:
     # under one policy and one DSpark layout.
     if reg.dsv41_spec_layout != topology["dsv41_spec_layout"]:
         raise bad_request(
-            "dsv41_spec_layout differs from the one registered by earlier prefill ranks")
+            "dsv41_spec_layout differs from the one registered by earlier prefill ranks"
+        )
     if reg.policy != topology["decode_allocation_policy"]:
-        raise bad_request(f"decode_allocation_policy={reg.policy!r} conflicts with registered "
-                          f"{topology['decode_allocation_policy']!r}")
+        raise bad_request(
+            f"decode_allocation_policy={reg.policy!r} conflicts with registered "
+            f"{topology['decode_allocation_policy']!r}"
+        )
     # SGLang silently keeps the first rank's sizes; a mismatch means a misconfigured
     # deployment, which is better refused than served as a wrong topology.
     for key, value in reg.sizes.items():
@@ -166,17 +203,20 @@ def first_topology(reg: Registration) -> dict[str, Any]:
     data = reg.data
     return {
         **reg.sizes,
-        "follow_bootstrap_room":
-            data.get("load_balance_method", "follow_bootstrap_room") == "follow_bootstrap_room",
+        "follow_bootstrap_room": data.get("load_balance_method", "follow_bootstrap_room")
+        == "follow_bootstrap_room",
         "enable_dsa_cache_layer_split": bool(data.get("enable_dsa_cache_layer_split", False)),
         "enable_kv_cache_sharding": bool(data.get("enable_kv_cache_sharding", False)),
         "dsv41_spec_layout": reg.dsv41_spec_layout,
         "decode_allocation_policy": reg.policy,
-        "kv_cache_dtype": None, "kv_layout": None, "prefill_http_port": None,
+        "kv_cache_dtype": None,
+        "kv_layout": None,
+        "prefill_http_port": None,
     }
 
 
 # ---- the state ------------------------------------------------------------------------------
+
 
 class BootstrapState:
     """The tables of one bootstrap server and the answers of its endpoints. Not thread-safe: the
@@ -185,7 +225,8 @@ class BootstrapState:
     def __init__(self, expected_ranks: int | None = None, room_ttl_s: float | None = 120.0):
         if expected_ranks is not None and (isinstance(expected_ranks, bool) or expected_ranks < 1):
             raise ValueError(
-                f"expected_ranks must be a positive int or None, got {expected_ranks!r}")
+                f"expected_ranks must be a positive int or None, got {expected_ranks!r}"
+            )
         if room_ttl_s is not None and not room_ttl_s > 0:
             raise ValueError(f"room_ttl_s must be > 0 or None, got {room_ttl_s!r}")
         self._expected_ranks = expected_ranks
@@ -217,7 +258,8 @@ class BootstrapState:
         expected = self.expected_ranks
         return web.HTTPServiceUnavailable(
             text=f"prefill server not fully registered yet "
-                 f"({len(self._ranks)}/{expected or '?'} ranks)")
+            f"({len(self._ranks)}/{expected or '?'} ranks)"
+        )
 
     def _do_route_put(self, data: dict) -> web.Response:
         reg = parse_registration(data)
@@ -250,8 +292,11 @@ class BootstrapState:
                 raise self._not_ready()
             info = self._parallel_info()
             if legacy:  # the older client reads these keys instead
-                info.update(prefill_attn_tp_size=info["attn_tp_size"],
-                            prefill_dp_size=info["dp_size"], prefill_pp_size=info["pp_size"])
+                info.update(
+                    prefill_attn_tp_size=info["attn_tp_size"],
+                    prefill_dp_size=info["dp_size"],
+                    prefill_pp_size=info["pp_size"],
+                )
             return web.json_response(info)
         if legacy:
             key = (values["target_dp_group"], 0, values["engine_rank"], values["target_pp_rank"])
@@ -278,7 +323,8 @@ class BootstrapState:
         dp_rank = int_field(data, "dp_rank", minimum=0)
         if self._topology is not None and dp_rank >= self._topology["dp_size"]:
             raise bad_request(
-                f"dp_rank {dp_rank} out of range for dp_size {self._topology['dp_size']}")
+                f"dp_rank {dp_rank} out of range for dp_size {self._topology['dp_size']}"
+            )
         now = time.monotonic()
         self._prune_rooms(now)
         self._rooms[room] = (dp_rank, now)
@@ -293,9 +339,11 @@ class BootstrapState:
         for room in rooms:
             if isinstance(room, bool) or not isinstance(room, int):
                 raise bad_request(
-                    f"field 'bootstrap_rooms' must hold integers, got {type(room).__name__}")
-        expired_before = (-math.inf if self._room_ttl_s is None
-                          else time.monotonic() - self._room_ttl_s)
+                    f"field 'bootstrap_rooms' must hold integers, got {type(room).__name__}"
+                )
+        expired_before = (
+            -math.inf if self._room_ttl_s is None else time.monotonic() - self._room_ttl_s
+        )
         result = {}
         for room in rooms:
             entry = self._rooms.get(room)

@@ -1,5 +1,6 @@
 """Configuration: model presets, engine knobs, and the loop-mode dispatch rules of the
 design."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,16 @@ MODEL_PRESETS = {
     # Small enough that CPU tests forward batches quickly.
     "tiny": ModelConfig(),
     # A GPU-sized model: big enough that the forward dominates host work, as in production.
-    "large": ModelConfig(vocab_size=32000, hidden=2048, layers=16, heads=16, kv_heads=4, head_dim=128,
-                         intermediate=5632, max_context=16384),
+    "large": ModelConfig(
+        vocab_size=32000,
+        hidden=2048,
+        layers=16,
+        heads=16,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=5632,
+        max_context=16384,
+    ),
 }
 
 
@@ -39,8 +48,8 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int = 512
     max_slots: int = 64
-    chunk_size: int = 128          # max tokens of one request in one batch (chunked prefill)
-    max_batch_tokens: int = 256    # per-batch token budget
+    chunk_size: int = 128  # max tokens of one request in one batch (chunked prefill)
+    max_batch_tokens: int = 256  # per-batch token budget
     max_batch_reqs: int = 16
     device: str = "cpu"
     dtype: str = "float32"
@@ -73,7 +82,9 @@ class EngineConfig:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.model not in MODEL_PRESETS:
-            raise ValueError(f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}")
+            raise ValueError(
+                f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}"
+            )
         if self.forward not in ("auto", "script", "eager"):
             raise ValueError(f"unknown forward {self.forward!r}; choose auto, script or eager")
         if self.page_size < 1 or self.chunk_size < self.page_size:
@@ -112,10 +123,16 @@ def check_dispatch(cfg: EngineConfig) -> None:
     if cfg.mode == "normal":
         return
     if cfg.disaggregation_mode != "prefill":
-        raise ValueError(f"mode {cfg.mode!r} needs a disaggregated prefill instance "
-                         f"(disaggregation_mode=prefill), got {cfg.disaggregation_mode!r}")
+        raise ValueError(
+            f"mode {cfg.mode!r} needs a disaggregated prefill instance "
+            f"(disaggregation_mode=prefill), got {cfg.disaggregation_mode!r}"
+        )
     if cfg.pp_size != 1:
-        raise ValueError(f"mode {cfg.mode!r} needs pipeline parallel size 1, got {cfg.pp_size} "
-                         "(PP>1 has its own loop in SGLang)")
+        raise ValueError(
+            f"mode {cfg.mode!r} needs pipeline parallel size 1, got {cfg.pp_size} "
+            "(PP>1 has its own loop in SGLang)"
+        )
     if not cfg.enable_overlap:
-        raise ValueError(f"mode {cfg.mode!r} needs overlap scheduling enabled; use --mode normal instead")
+        raise ValueError(
+            f"mode {cfg.mode!r} needs overlap scheduling enabled; use --mode normal instead"
+        )

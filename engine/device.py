@@ -10,6 +10,7 @@ can be made to wait for an event (its queue blocks there), and the host can quer
 This reproduces what the overlap optimizations depend on: asynchronous submission, deferred
 completion, cross-stream dependencies, and the write-after-read hazard when a barrier is missing.
 """
+
 from __future__ import annotations
 
 import collections
@@ -122,8 +123,8 @@ class CudaStream:
     def __init__(self, name: str, device, on_error=None):
         self.name = name
         self.s = torch.cuda.Stream(device=device)
-        self._alive: collections.deque = collections.deque()   # (event, fn, args), oldest first
-        self._lock = threading.Lock()   # the worker and the scheduler both launch on some streams
+        self._alive: collections.deque = collections.deque()  # (event, fn, args), oldest first
+        self._lock = threading.Lock()  # the worker and the scheduler both launch on some streams
 
     def launch(self, fn, *args) -> None:
         self.s.wait_stream(torch.cuda.current_stream(self.s.device))

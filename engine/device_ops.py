@@ -9,24 +9,36 @@ copy) stretched the device's forward well past its CPU time (docs/benchmarks.md)
 keeps the hops to one per task. Same ops, same order, same results as the eager code they replace,
 which CUDA keeps (there the ops only enqueue kernels).
 """
+
 from __future__ import annotations
 
 import threading
 import warnings
-from typing import List
 
 import torch
 
 
-def _stage(buf_ids: torch.Tensor, buf_pos: torch.Tensor, buf_loc: torch.Tensor, ids: torch.Tensor,
-           pos: torch.Tensor, loc: torch.Tensor, n: int) -> None:
+def _stage(
+    buf_ids: torch.Tensor,
+    buf_pos: torch.Tensor,
+    buf_loc: torch.Tensor,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    loc: torch.Tensor,
+    n: int,
+) -> None:
     buf_ids[:n].copy_(ids)
     buf_pos[:n].copy_(pos)
     buf_loc[:n].copy_(loc)
 
 
-def _sample(future_map: torch.Tensor, slots: torch.Tensor, logits_buf: torch.Tensor, bias: torch.Tensor,
-            bs: int) -> None:
+def _sample(
+    future_map: torch.Tensor,
+    slots: torch.Tensor,
+    logits_buf: torch.Tensor,
+    bias: torch.Tensor,
+    bs: int,
+) -> None:
     future_map[slots] = torch.argmax(logits_buf[:bs] + bias, dim=-1)
 
 
@@ -34,7 +46,7 @@ def _to_host(host: torch.Tensor, future_map: torch.Tensor, slots: torch.Tensor) 
     host.copy_(future_map[slots])
 
 
-def _gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor) -> List[torch.Tensor]:
+def _gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor) -> list[torch.Tensor]:
     """K and V of the pool's token indices `idx`, all layers, as new tensors (the KV transfer)."""
     i = idx.long()
     return [k_pool[:, i].clone(), v_pool[:, i].clone()]
@@ -62,10 +74,18 @@ def lazy_scripts(fns: dict):
                         warnings.simplefilter("ignore", DeprecationWarning)
                         warnings.simplefilter("ignore", FutureWarning)
                         done = {name: torch.jit.script(f) for name, f in fns.items()}
-                    compiled.update(done)   # one call: a reader sees all of them or none
+                    compiled.update(done)  # one call: a reader sees all of them or none
         return compiled
+
     return get
 
 
-ops = lazy_scripts({"stage": _stage, "sample": _sample, "to_host": _to_host, "gather_kv": _gather_kv,
-                    "stage_kv": _stage_kv})
+ops = lazy_scripts(
+    {
+        "stage": _stage,
+        "sample": _sample,
+        "to_host": _to_host,
+        "gather_kv": _gather_kv,
+        "stage_kv": _stage_kv,
+    }
+)

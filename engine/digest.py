@@ -6,6 +6,7 @@ digests for equality, so a fast non-cryptographic hash is enough. `DigestStamp` 
 digest covers now and hashes it later, off the scheduler's critical path; the tracer resolves a
 stamp it holds when the events are read (engine/trace.py).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import xxhash
 
-if TYPE_CHECKING:   # annotations only: engine/request.py imports this module
+if TYPE_CHECKING:  # annotations only: engine/request.py imports this module
     from .request import SamplingBatchInfo, ScheduleBatch
 
 
@@ -37,9 +38,19 @@ def _stamp(batch: ScheduleBatch, sampling: SamplingBatchInfo | None = None) -> t
     ids, pos, loc = batch.input_ids, batch.positions, batch.out_cache_loc
     bias = (sampling or batch.sampling_info).logit_bias
     versions = (id(ids), ids._version, id(pos), pos._version, id(loc), loc._version)
-    return ((batch.bid, tuple(reqs), tuple(map(_slot, reqs)), tuple(batch.starts),
-             tuple(batch.extends), tuple(batch.last_chunk), versions, (id(bias), bias._version)),
-            (ids, pos, loc, bias))   # Req: == is identity
+    return (
+        (
+            batch.bid,
+            tuple(reqs),
+            tuple(map(_slot, reqs)),
+            tuple(batch.starts),
+            tuple(batch.extends),
+            tuple(batch.last_chunk),
+            versions,
+            (id(bias), bias._version),
+        ),
+        (ids, pos, loc, bias),
+    )  # Req: == is identity
 
 
 _slot = operator.attrgetter("slot")
@@ -103,12 +114,12 @@ _HASH_SLICE = 1 << 16
 # distinct n, and ctypes caches it only weakly: the collector frees it, and building it again per
 # tensor costs far more than this view.
 _Slice = ctypes.c_char * _HASH_SLICE
-try:   # PyDLL: the call keeps the GIL (a CDLL call lets it go, the trap above)
+try:  # PyDLL: the call keeps the GIL (a CDLL call lets it go, the trap above)
     _memcmp = ctypes.PyDLL(None).memcmp
     _memcmp.restype = ctypes.c_int
     _memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-except (OSError, AttributeError, TypeError):   # no C library to look it up in (Windows)
-    _memcmp = None   # _equal then compares with torch.equal
+except (OSError, AttributeError, TypeError):  # no C library to look it up in (Windows)
+    _memcmp = None  # _equal then compares with torch.equal
 _DTYPE_TAGS: dict = {}
 
 
@@ -125,7 +136,7 @@ def _update(h, t: torch.Tensor) -> None:
     h.update(tag)
     if not (t.is_cpu and t.is_contiguous()):
         t = t.detach().cpu().contiguous()
-    n, p = t.nbytes, t.data_ptr()   # valid while `t` is alive (it is, here)
+    n, p = t.nbytes, t.data_ptr()  # valid while `t` is alive (it is, here)
     for off in range(0, n, _HASH_SLICE):
         chunk = _Slice.from_address(p + off)
         left = n - off
@@ -155,11 +166,27 @@ class DigestStamp:
     differ. Any other case hashes each stamp in full; a snapshot resolved earlier (by a reader of
     the trace) lends its digest to the forward's when they are alike."""
 
-    __slots__ = ("batch", "sampling", "name", "key", "refs", "marker", "same_as", "value",
-                 "changed", "bias_hash")
+    __slots__ = (
+        "batch",
+        "sampling",
+        "name",
+        "key",
+        "refs",
+        "marker",
+        "same_as",
+        "value",
+        "changed",
+        "bias_hash",
+    )
 
-    def __init__(self, batch: ScheduleBatch, name=id, sampling: SamplingBatchInfo | None = None,
-                 marker: str = "changed", same_as: DigestStamp | None = None):
+    def __init__(
+        self,
+        batch: ScheduleBatch,
+        name=id,
+        sampling: SamplingBatchInfo | None = None,
+        marker: str = "changed",
+        same_as: DigestStamp | None = None,
+    ):
         self.batch, self.sampling, self.name, self.marker = batch, sampling, name, marker
         self.key, self.refs = key, refs = _stamp(batch, sampling)
         base = same_as
@@ -185,26 +212,29 @@ class DigestStamp:
         """Hash what the stamp recorded (or find it changed), and let go of the batch. The worker
         calls this once the forward is launched; the string of a shared digest waits for the trace's
         reader."""
-        with _RESOLVE:           # the worker and a reader of the trace may both ask
+        with _RESOLVE:  # the worker and a reader of the trace may both ask
             batch = self.batch
-            if batch is None:    # resolved already
+            if batch is None:  # resolved already
                 return
             key, refs, base = self.key, self.refs, self.same_as
             bias = refs[3]
             if base is not None and base.batch is not None:
                 # the snapshot's bias: compared, then checked still the batch's and unwritten
                 sb = base.refs[3]
-                if (base.batch is batch and _equal(sb, bias)
-                        and sb is base.batch.sampling_info.logit_bias
-                        and base.key[-1][1] == sb._version
-                        and _stamp(batch, self.sampling)[0] == key):
+                if (
+                    base.batch is batch
+                    and _equal(sb, bias)
+                    and sb is base.batch.sampling_info.logit_bias
+                    and base.key[-1][1] == sb._version
+                    and _stamp(batch, self.sampling)[0] == key
+                ):
                     meta = _shared_meta(key)
                     base._resolved(meta, None, False)
                     self._resolved(meta, None, False)
                     return
             bias_hash = _tensor_hash(bias)
             if base is not None:
-                base.resolve()   # in full (the lock is reentrant)
+                base.resolve()  # in full (the lock is reentrant)
                 if not base.changed and base.bias_hash == bias_hash:
                     # at the stamp the batch was as the snapshot's was when hashed
                     value = base.value

@@ -12,6 +12,7 @@ overlap loop does).
 `Inflight(batch, result)` is a launched batch waiting for result processing, as every loop and the
 prefill worker hand it on.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,20 +28,22 @@ from .device import make_stream
 @dataclass
 class ForwardResult:
     """What run_batch(N) hands on: the forward's completion, then what its sampling adds."""
+
     bid: int
     bs: int
-    bias: torch.Tensor          # the logit bias sampling adds, a row per request
-    done_event: object          # forward finished on the device (KV written, logits ready)
-    war_event: object           # forward finished reading the shared input buffers
-    future_slots: torch.Tensor | None = None   # future-map slots sampling writes (on the device)
-    copy_event: object = None   # sampled tokens copied to the host
-    host_buf: torch.Tensor | None = None       # filled on the copy stream; read after copy_event
-    host_tokens: list | None = None            # prefill: host_buf's tokens, once processed
-    refs: list | None = None    # decode: the sampled tokens as future-map references, -(slot + 1)
+    bias: torch.Tensor  # the logit bias sampling adds, a row per request
+    done_event: object  # forward finished on the device (KV written, logits ready)
+    war_event: object  # forward finished reading the shared input buffers
+    future_slots: torch.Tensor | None = None  # future-map slots sampling writes (on the device)
+    copy_event: object = None  # sampled tokens copied to the host
+    host_buf: torch.Tensor | None = None  # filled on the copy stream; read after copy_event
+    host_tokens: list | None = None  # prefill: host_buf's tokens, once processed
+    refs: list | None = None  # decode: the sampled tokens as future-map references, -(slot + 1)
 
 
 class Inflight(NamedTuple):
     """A batch whose forward is launched, with its result: what result processing takes."""
+
     batch: object
     result: ForwardResult
 
@@ -57,9 +60,19 @@ class ForwardState:
     `on_sampled(batch, result, slots)`: called once a sampling launch is queued, with its future-map
     slots on the host."""
 
-    def __init__(self, device: torch.device, tracer, *, tokens: int, requests: int, vocab: int,
-                 ids_dtype: torch.dtype, pinned_inputs: bool, script_ops: bool,
-                 on_sampled: Callable | None = None):
+    def __init__(
+        self,
+        device: torch.device,
+        tracer,
+        *,
+        tokens: int,
+        requests: int,
+        vocab: int,
+        ids_dtype: torch.dtype,
+        pinned_inputs: bool,
+        script_ops: bool,
+        on_sampled: Callable | None = None,
+    ):
         self.device = device
         self.log = tracer.events_for(stage=("batch",), war_barrier=("batch",), sample=("batch",))
         self.sched_stream = make_stream("schedule", device)
@@ -71,7 +84,7 @@ class ForwardState:
         self.logits_buf = torch.zeros((requests, vocab), dtype=torch.float32, device=device)
         self.future_map = torch.zeros(4 * requests, dtype=torch.int64, device=device)
         self._future_next = 0
-        self._views: dict[tuple[int, int], tuple] = {}   # (tokens, requests) -> buffer views
+        self._views: dict[tuple[int, int], tuple] = {}  # (tokens, requests) -> buffer views
         self._pinned_inputs = pinned_inputs
         self._script = script_ops and device.type == "cpu"
         self._on_sampled = on_sampled
@@ -83,8 +96,11 @@ class ForwardState:
         views = self._views.get((tokens, requests))
         if views is None:
             views = self._views[(tokens, requests)] = (
-                self.buf_ids[:tokens], self.buf_pos[:tokens], self.buf_loc[:tokens],
-                self.logits_buf[:requests])
+                self.buf_ids[:tokens],
+                self.buf_pos[:tokens],
+                self.buf_loc[:tokens],
+                self.logits_buf[:requests],
+            )
         return views
 
     def stage(self, batch, n: int) -> None:
@@ -99,6 +115,7 @@ class ForwardState:
             def write():  # one call on the schedule stream's thread (engine/device_ops.py)
                 stage(self.buf_ids, self.buf_pos, self.buf_loc, ids, pos, loc, n)
         elif self._pinned_inputs:
+
             def write():  # host-to-device copies enqueued on the schedule stream (async on CUDA)
                 self.buf_ids[:n].copy_(ids, non_blocking=True)
                 self.buf_pos[:n].copy_(pos, non_blocking=True)
@@ -141,10 +158,14 @@ class ForwardState:
         # pinned on a GPU: the copy is then asynchronous (into pageable memory it would block the
         # launching thread until the forward and the sampling are done)
         host = torch.empty(bs, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        if self._script:   # one call per task on the streams' threads (engine/device_ops.py)
+        if self._script:  # one call per task on the streams' threads (engine/device_ops.py)
             ops = device_ops.ops()
             sample_op, to_host_op, future_map, logits = (
-                ops["sample"], ops["to_host"], self.future_map, self.logits_buf)
+                ops["sample"],
+                ops["to_host"],
+                self.future_map,
+                self.logits_buf,
+            )
 
             def sample():
                 sample_op(future_map, slots, logits, bias, bs)
@@ -152,6 +173,7 @@ class ForwardState:
             def to_host():  # read after copy_event (result processing)
                 to_host_op(host, future_map, slots)
         else:
+
             def sample():
                 self.future_map[slots] = torch.argmax(self.logits_buf[:bs] + bias, dim=-1)
 

@@ -2,6 +2,7 @@
 
 Every use site is marked `# MUTANT:` in the engine. `checker/fuzz/` runs the engine with each one on
 and requires that a rule violation or a wrong output catches it."""
+
 from __future__ import annotations
 
 MUTANTS = {

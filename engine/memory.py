@@ -3,6 +3,7 @@
 Page p of the pool holds token indices p*page_size .. p*page_size+page_size-1. Page 0 is a padding
 page that is never handed out (unused rows of `req_to_token` point into it).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,7 +52,7 @@ class KVPool:
         if n > len(self._free):
             return None
         out = self._free[-n:][::-1] if n else []
-        del self._free[len(self._free) - n:]
+        del self._free[len(self._free) - n :]
         return out
 
     def free(self, pages) -> None:
@@ -65,13 +66,17 @@ class KVPool:
         """Pool token indices of positions [start, end) of a request whose pages are `pages`."""
         ps = self.page_size
         first = start // ps
-        idx = [p * ps + o for p in pages[first:-(-end // ps)] for o in range(ps)]  # whole pages, then trim
+        idx = [
+            p * ps + o for p in pages[first : -(-end // ps)] for o in range(ps)
+        ]  # whole pages, then trim
         off = start - first * ps
         # one tensor from a Python list: cheaper than the same in small torch ops (it runs on the
         # scheduler for every admitted chunk and every KV send)
-        idx = idx[off:off + end - start]
+        idx = idx[off : off + end - start]
         if len(idx) != end - start:
-            raise IndexError(f"positions [{start}, {end}) need more than the request's {len(pages)} pages")
+            raise IndexError(
+                f"positions [{start}, {end}) need more than the request's {len(pages)} pages"
+            )
         return torch.tensor(idx, dtype=torch.int32)
 
 
@@ -100,7 +105,9 @@ class PrefixCache:
     def _keys(self, tokens: list[int], n_pages: int):
         h = b""
         for i in range(n_pages):
-            h = hashlib.blake2b(h + repr(tokens[i * self.ps:(i + 1) * self.ps]).encode(), digest_size=16).digest()
+            h = hashlib.blake2b(
+                h + repr(tokens[i * self.ps : (i + 1) * self.ps]).encode(), digest_size=16
+            ).digest()
             yield h
 
     def match(self, tokens: list[int], max_tokens: int) -> list[_Node]:

@@ -8,6 +8,7 @@ Every role writes its own trace (a prefill trace per rank, one decode trace), as
 would; `pdo check` reads them together. `pdo launch` (engine/cli/launch.py, engine/pd_process.py) runs
 the same roles as processes over ZMQ.
 """
+
 from __future__ import annotations
 
 import random
@@ -48,16 +49,40 @@ def route(reqs, dp: int, policy: str = "round_robin", seed: int = 0) -> list[int
 
 
 def decode_requests(reqs, addr: str) -> list[DecodeReq]:
-    return [DecodeReq(r.rid, r.bootstrap_room, addr, list(r.prompt), r.max_new_tokens, r.logit_bias, r.arrival_s)
-            for r in reqs]
+    return [
+        DecodeReq(
+            r.rid,
+            r.bootstrap_room,
+            addr,
+            list(r.prompt),
+            r.max_new_tokens,
+            r.logit_bias,
+            r.arrival_s,
+        )
+        for r in reqs
+    ]
 
 
 def rank_info(rank: int, dp: int, page_size: int, port: int) -> dict:
     """SGLang's PUT /route payload for a prefill rank with TP=PP=CP=1 and `dp` DP-attention ranks."""
-    return {"role": "Prefill", "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
-            "attn_dp_size": dp, "attn_dp_rank": rank, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1,
-            "system_dp_rank": 0, "rank_ip": "127.0.0.1", "rank_port": port, "page_size": page_size,
-            "kv_cache_dtype": "auto", "load_balance_method": "round_robin"}
+    return {
+        "role": "Prefill",
+        "attn_tp_size": 1,
+        "attn_tp_rank": 0,
+        "attn_cp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_dp_size": dp,
+        "attn_dp_rank": rank,
+        "pp_size": 1,
+        "pp_rank": 0,
+        "system_dp_size": 1,
+        "system_dp_rank": 0,
+        "rank_ip": "127.0.0.1",
+        "rank_port": port,
+        "page_size": page_size,
+        "kv_cache_dtype": "auto",
+        "load_balance_method": "round_robin",
+    }
 
 
 def registrar(url: str, rank: int, errors: list, dp: int):
@@ -73,6 +98,7 @@ def registrar(url: str, rank: int, errors: list, dp: int):
             bootstrap_client.register_dp_rank(url, req.bootstrap_room, rank)
         except bootstrap_client.BootstrapError as exc:
             errors.append(f"room {req.bootstrap_room}: {exc}")
+
     return register
 
 
@@ -83,11 +109,26 @@ def trace_paths(trace_path: str | None, dp: int) -> tuple[str | None, list]:
     return f"{stem}.decode.jsonl", [f"{stem}.prefill{i}.jsonl" for i in range(dp)]
 
 
-def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int = 1, router: str = "round_robin",
-           bootstrap_latency_ms: float = 0.0, latency_scope: str = "all", trace_path: str | None = None,
-           hooks: dict | None = None, bootstrap_url: str | None = None, prefill_delay_s: float = 0.0,
-           extra_decode_reqs=(), timeout_s: float = 120.0, verify: bool = True, server_hook=None,
-           bootstrap: str | None = None, model: TinyLlama | None = None) -> dict:
+def run_pd(
+    cfg: EngineConfig,
+    wc: WorkloadConfig,
+    dc: DecodeConfig,
+    *,
+    dp: int = 1,
+    router: str = "round_robin",
+    bootstrap_latency_ms: float = 0.0,
+    latency_scope: str = "all",
+    trace_path: str | None = None,
+    hooks: dict | None = None,
+    bootstrap_url: str | None = None,
+    prefill_delay_s: float = 0.0,
+    extra_decode_reqs=(),
+    timeout_s: float = 120.0,
+    verify: bool = True,
+    server_hook=None,
+    bootstrap: str | None = None,
+    model: TinyLlama | None = None,
+) -> dict:
     """Run all roles to completion and return a summary (outputs, aborts, waits, leaks, mismatches
     against the single-process reference when `verify`).
 
@@ -105,20 +146,37 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
     if bootstrap not in ("http", "inproc"):
         raise ValueError(f"bootstrap must be 'http' or 'inproc', got {bootstrap!r}")
     if bootstrap_url is None:
-        server = BootstrapServer(latency_s=bootstrap_latency_ms / 1000.0, latency_scope=latency_scope,
-                                 expected_ranks=dp)
+        server = BootstrapServer(
+            latency_s=bootstrap_latency_ms / 1000.0, latency_scope=latency_scope, expected_ranks=dp
+        )
         server = server.start_inproc() if bootstrap == "inproc" else server.start()
         bootstrap_url = server.url
     try:
         if not bootstrap_client.health(bootstrap_url, timeout=2.0):
-            raise PDError(f"bootstrap server at {bootstrap_url} is not reachable: start it first (pdo bootstrap)")
+            raise PDError(
+                f"bootstrap server at {bootstrap_url} is not reachable: start it first (pdo bootstrap)"
+            )
         if server_hook:
             server_hook(server)
         inject.set_active(cfg.inject)  # once, for every role of the run
         try:
             with intra_op_threads(1):  # every role has its own threads already
-                return _run(cfg, wc, dc, reqs, ranks, dp, bootstrap_url, trace_path, hooks, prefill_delay_s,
-                            extra_decode_reqs, timeout_s, verify, model)
+                return _run(
+                    cfg,
+                    wc,
+                    dc,
+                    reqs,
+                    ranks,
+                    dp,
+                    bootstrap_url,
+                    trace_path,
+                    hooks,
+                    prefill_delay_s,
+                    extra_decode_reqs,
+                    timeout_s,
+                    verify,
+                    model,
+                )
         finally:
             inject.set_active(())
     finally:
@@ -126,30 +184,55 @@ def run_pd(cfg: EngineConfig, wc: WorkloadConfig, dc: DecodeConfig, *, dp: int =
             server.stop()
 
 
-def _run(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, prefill_delay_s, extra, timeout_s,
-         verify, model=None) -> dict:
+def _run(
+    cfg,
+    wc,
+    dc,
+    reqs,
+    ranks,
+    dp,
+    url,
+    trace_path,
+    hooks,
+    prefill_delay_s,
+    extra,
+    timeout_s,
+    verify,
+    model=None,
+) -> dict:
     if model is None:
-        model = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
-                          device=torch.device(cfg.device))
+        model = TinyLlama(
+            cfg.model_config,
+            seed=cfg.seed,
+            dtype=getattr(torch, cfg.dtype),
+            device=torch.device(cfg.device),
+        )
     roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model)
     wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s)
     if trace_path:
         for s, p in zip(roles.prefills, roles.prefill_paths):
             s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
-        roles.decode_tracer.write(roles.decode_path, extra_header={
-            "config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)})
+        roles.decode_tracer.write(
+            roles.decode_path,
+            extra_header={"config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)},
+        )
     summary = summarize(roles.decode, wall)
-    summary.update(dp=dp, prefill_mode=cfg.mode, decode_mode=dc.loop, prefetch=dc.prefetch,
-                   registration_errors=roles.registration_errors,
-                   prefill_leaks=[s.leak_report() for s in roles.prefills],
-                   unclaimed_rooms=sorted(r for server in roles.servers.values()
-                                          for r in server.unclaimed()),
-                   traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p])
+    summary.update(
+        dp=dp,
+        prefill_mode=cfg.mode,
+        decode_mode=dc.loop,
+        prefetch=dc.prefetch,
+        registration_errors=roles.registration_errors,
+        prefill_leaks=[s.leak_report() for s in roles.prefills],
+        unclaimed_rooms=sorted(r for server in roles.servers.values() for r in server.unclaimed()),
+        traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p],
+    )
     if verify:
         done = [r for r in roles.decode_reqs if r.rid in summary["outputs"]]
         ref = reference_generate(cfg, done, model=model)
-        summary["mismatches"] = sorted(rid for rid, toks in summary["outputs"].items()
-                                       if ref[rid] != toks)
+        summary["mismatches"] = sorted(
+            rid for rid, toks in summary["outputs"].items() if ref[rid] != toks
+        )
     return summary
 
 
@@ -171,8 +254,15 @@ def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, mo
     # SGLang's bootstrap_addr is host:port; an in-process server keeps its inproc:// URL
     addr = url if url.startswith("inproc://") else bootstrap_client.base_url(url).split("://", 1)[1]
     decode_path, prefill_paths = trace_paths(trace_path, dp)
-    common = {"mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
-              "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp}
+    common = {
+        "mode": cfg.mode,
+        "page_size": cfg.page_size,
+        "model": cfg.model,
+        "seed": cfg.seed,
+        "workload_seed": wc.seed,
+        "inject": sorted(cfg.inject),
+        "dp_size": dp,
+    }
     servers = {i: InProcKVServer(i) for i in range(dp)}
     registration_errors: list[str] = []
     prefills = []
@@ -181,20 +271,53 @@ def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, mo
         mine = [r for r, k in zip(reqs, ranks) if k == i]
         # under a controller: this rank's threads are "prefill<i>/..."
         with sync.group(f"prefill{i}"):
-            prefills.append(PrefillScheduler(cfg, mine, tracer=tracer, receiver=servers[i],
-                                             model=model,
-                                             on_ingest=registrar(url, i, registration_errors, dp)))
+            prefills.append(
+                PrefillScheduler(
+                    cfg,
+                    mine,
+                    tracer=tracer,
+                    receiver=servers[i],
+                    model=model,
+                    on_ingest=registrar(url, i, registration_errors, dp),
+                )
+            )
     for r in extra:  # decode-only requests (tests: rooms no prefill rank serves)
         r.addr = r.addr or addr  # default address: this run's
     decode_reqs = decode_requests(reqs, addr) + list(extra)
-    decode_tracer = Tracer({"role": "decode", **common, "mode": dc.loop, "prefill_mode": cfg.mode,
-                            "prefetch": dc.prefetch, "polling_interval": dc.polling_interval}) \
-        if trace_path else NullTracer()
+    decode_tracer = (
+        Tracer(
+            {
+                "role": "decode",
+                **common,
+                "mode": dc.loop,
+                "prefill_mode": cfg.mode,
+                "prefetch": dc.prefetch,
+                "polling_interval": dc.polling_interval,
+            }
+        )
+        if trace_path
+        else NullTracer()
+    )
     with sync.group("decode"):
-        decode = DecodeScheduler(cfg, dc, decode_reqs, client=InProcKVClient(servers),
-                                 tracer=decode_tracer, model=model, hooks=hooks)
-    return _Roles(prefills, decode, servers, decode_reqs, decode_tracer, registration_errors,
-                  decode_path, prefill_paths)
+        decode = DecodeScheduler(
+            cfg,
+            dc,
+            decode_reqs,
+            client=InProcKVClient(servers),
+            tracer=decode_tracer,
+            model=model,
+            hooks=hooks,
+        )
+    return _Roles(
+        prefills,
+        decode,
+        servers,
+        decode_reqs,
+        decode_tracer,
+        registration_errors,
+        decode_path,
+        prefill_paths,
+    )
 
 
 def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s) -> float:
@@ -207,8 +330,9 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s) -> f
             if prefill_delay_s:
                 # a prefill that comes up late: decode sees 503 until then
                 sync.sleep(prefill_delay_s)
-            bootstrap_client.register_prefill_rank(url, rank_info(i, dp, cfg.page_size, 1 + i),
-                                                   retries=2, backoff_s=0.05)
+            bootstrap_client.register_prefill_rank(
+                url, rank_info(i, dp, cfg.page_size, 1 + i), retries=2, backoff_s=0.05
+            )
             s.t0 = t_start  # arrivals are relative to the common start
             PREFILL_LOOPS[cfg.mode](s)
         except BaseException as exc:
@@ -225,9 +349,10 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s) -> f
     wall0 = time.monotonic()
     # Every role's loop runs on a thread named "scheduler" (the trace's thread field); under a
     # controller they are managed threads "prefill<i>/scheduler" and "decode/scheduler".
-    threads = [sync.start_thread(lambda i=i, s=s: prefill_main(i, s), "scheduler",
-                                 group=f"prefill{i}")
-               for i, s in enumerate(roles.prefills)]
+    threads = [
+        sync.start_thread(lambda i=i, s=s: prefill_main(i, s), "scheduler", group=f"prefill{i}")
+        for i, s in enumerate(roles.prefills)
+    ]
     threads.append(sync.start_thread(decode_main, "scheduler", group="decode"))
     deadline = wall0 + timeout_s
     with frozen_gc(cfg.freeze_gc):
@@ -266,10 +391,15 @@ def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
         # under a controller: every stream, transfer and prefetch thread has exited
         sync.quiesce("pd.quiesce")
     if hung:
-        left = (f"; still running after a {STOP_GRACE_S:g} s grace, not closed: {', '.join(still)}"
-                if still else "")
-        raise PDError(f"PD run did not finish within {timeout_s:g} s (decode: {len(decode.done)} "
-                      f"done, {len(decode.aborted)} aborted of {decode.total}){left}")
+        left = (
+            f"; still running after a {STOP_GRACE_S:g} s grace, not closed: {', '.join(still)}"
+            if still
+            else ""
+        )
+        raise PDError(
+            f"PD run did not finish within {timeout_s:g} s (decode: {len(decode.done)} "
+            f"done, {len(decode.aborted)} aborted of {decode.total}){left}"
+        )
 
 
 def summarize(decode: DecodeScheduler, wall: float) -> dict:
@@ -280,23 +410,32 @@ def summarize(decode: DecodeScheduler, wall: float) -> dict:
     for x in res:
         by_source[x["source"]] = by_source.get(x["source"], 0) + 1
     return {
-        "requests": decode.total, "finished": len(decode.done),
+        "requests": decode.total,
+        "finished": len(decode.done),
         "outputs": {r.rid: r.output for r in decode.done},
         "aborted": {r.rid: r.error for r in decode.aborted},
-        "wall_s": wall, "decode_tokens": decode.stats["decode_tokens"],
+        "wall_s": wall,
+        "decode_tokens": decode.stats["decode_tokens"],
         "decode_tok_per_s": decode.stats["decode_tokens"] / wall if wall else 0.0,
-        "iterations": decode.iter, "batches": decode.stats["batches"],
-        "resolve": {"count": len(res), "by_source": by_source,
-                    "samples": [{"source": x["source"], "wait_ms": 1e3 * x["wait_s"], "lead_ms": 1e3 * x["lead_s"]}
-                                for x in res],
-                    "errors": sum(1 for x in res if x["error"]),
-                    "mean_wait_ms": 1e3 * sum(waits) / len(waits) if waits else 0.0,
-                    "p99_wait_ms": 1e3 * waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else 0.0,
-                    "mean_lead_ms": 1e3 * sum(leads) / len(leads) if leads else 0.0},
+        "iterations": decode.iter,
+        "batches": decode.stats["batches"],
+        "resolve": {
+            "count": len(res),
+            "by_source": by_source,
+            "samples": [
+                {"source": x["source"], "wait_ms": 1e3 * x["wait_s"], "lead_ms": 1e3 * x["lead_s"]}
+                for x in res
+            ],
+            "errors": sum(1 for x in res if x["error"]),
+            "mean_wait_ms": 1e3 * sum(waits) / len(waits) if waits else 0.0,
+            "p99_wait_ms": 1e3 * waits[min(len(waits) - 1, int(0.99 * len(waits)))]
+            if waits
+            else 0.0,
+            "mean_lead_ms": 1e3 * sum(leads) / len(leads) if leads else 0.0,
+        },
         "decode_leaks": decode.leak_report(),
     }
 
 
 def _jsonable(d):
     return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}
-

@@ -37,8 +37,13 @@ def _load(spec_path: str):
     cfg["inject"] = frozenset(cfg["inject"])
     workload = spec["wc"]
     workload["prompt_len"] = tuple(workload["prompt_len"])
-    return (EngineConfig(**cfg), WorkloadConfig(**workload), DecodeConfig(**spec["dc"]),
-            spec["dp"], spec["router"])
+    return (
+        EngineConfig(**cfg),
+        WorkloadConfig(**workload),
+        DecodeConfig(**spec["dc"]),
+        spec["dp"],
+        spec["router"],
+    )
 
 
 def prefill_main(args: argparse.Namespace) -> int:
@@ -49,18 +54,37 @@ def prefill_main(args: argparse.Namespace) -> int:
     server = ZmqKVServer(args.rank)
     try:
         bootstrap_client.register_prefill_rank(
-            args.bootstrap, rank_info(args.rank, dp, cfg.page_size, server.port), retries=3,
-            backoff_s=0.2)
+            args.bootstrap,
+            rank_info(args.rank, dp, cfg.page_size, server.port),
+            retries=3,
+            backoff_s=0.2,
+        )
     except bootstrap_client.BootstrapError as exc:
         server.close()
-        raise PDError(f"prefill rank {args.rank} could not register with the bootstrap server: "
-                      f"{exc}") from exc
-    tracer = Tracer({"role": "prefill", "mode": cfg.mode, "page_size": cfg.page_size,
-                     "model": cfg.model, "seed": cfg.seed, "workload_seed": wc.seed,
-                     "inject": sorted(cfg.inject), "dp_size": dp, "dp_rank": args.rank})
+        raise PDError(
+            f"prefill rank {args.rank} could not register with the bootstrap server: {exc}"
+        ) from exc
+    tracer = Tracer(
+        {
+            "role": "prefill",
+            "mode": cfg.mode,
+            "page_size": cfg.page_size,
+            "model": cfg.model,
+            "seed": cfg.seed,
+            "workload_seed": wc.seed,
+            "inject": sorted(cfg.inject),
+            "dp_size": dp,
+            "dp_rank": args.rank,
+        }
+    )
     errors: list[str] = []
-    sched = PrefillScheduler(cfg, mine, tracer=tracer, receiver=server,
-                             on_ingest=registrar(args.bootstrap, args.rank, errors, dp))
+    sched = PrefillScheduler(
+        cfg,
+        mine,
+        tracer=tracer,
+        receiver=server,
+        on_ingest=registrar(args.bootstrap, args.rank, errors, dp),
+    )
     threading.current_thread().name = "scheduler"
     try:
         with frozen_gc(cfg.freeze_gc):
@@ -74,9 +98,15 @@ def prefill_main(args: argparse.Namespace) -> int:
         time.sleep(0.01)
     out = Path(args.out)
     tracer.write(str(out / f"prefill{args.rank}.jsonl"))
-    (out / f"prefill{args.rank}.json").write_text(json.dumps({
-        "leaks": sched.leak_report(), "unclaimed": server.unclaimed(),
-        "registration_errors": errors}))
+    (out / f"prefill{args.rank}.json").write_text(
+        json.dumps(
+            {
+                "leaks": sched.leak_report(),
+                "unclaimed": server.unclaimed(),
+                "registration_errors": errors,
+            }
+        )
+    )
     server.close()
     return 0
 
@@ -87,10 +117,21 @@ def decode_main(args: argparse.Namespace) -> int:
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     addr = bootstrap_client.base_url(args.bootstrap).split("://", 1)[1]
     client = ZmqKVClient(args.bootstrap, timeout_s=dc.query_timeout_s)
-    tracer = Tracer({"role": "decode", "mode": dc.loop, "prefill_mode": cfg.mode,
-                     "page_size": cfg.page_size, "model": cfg.model, "seed": cfg.seed,
-                     "workload_seed": wc.seed, "inject": sorted(cfg.inject), "dp_size": dp,
-                     "prefetch": dc.prefetch, "polling_interval": dc.polling_interval})
+    tracer = Tracer(
+        {
+            "role": "decode",
+            "mode": dc.loop,
+            "prefill_mode": cfg.mode,
+            "page_size": cfg.page_size,
+            "model": cfg.model,
+            "seed": cfg.seed,
+            "workload_seed": wc.seed,
+            "inject": sorted(cfg.inject),
+            "dp_size": dp,
+            "prefetch": dc.prefetch,
+            "polling_interval": dc.polling_interval,
+        }
+    )
     sched = DecodeScheduler(cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer)
     threading.current_thread().name = "scheduler"
     t0 = time.monotonic()
@@ -114,8 +155,9 @@ def decode_main(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.pd_process",
-                                description="a child process of `pdo launch`")
+    p = argparse.ArgumentParser(
+        prog="python -m engine.pd_process", description="a child process of `pdo launch`"
+    )
     p.add_argument("role", choices=["prefill", "decode"])
     p.add_argument("--spec", required=True)
     p.add_argument("--bootstrap", required=True)

@@ -6,6 +6,7 @@ one extend forward, then one decode step per further token. Greedy means argmax 
 the request's logit bias, the rule both prefill and decode sample with. The model runs its eager
 forward (op by op), the engines their default (scripted, engine/model.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +19,9 @@ from .memory import KVPool
 from .model import TinyLlama
 
 
-def reference_generate(cfg: EngineConfig, requests, *, model: TinyLlama | None = None) -> dict[str, list[int]]:
+def reference_generate(
+    cfg: EngineConfig, requests, *, model: TinyLlama | None = None
+) -> dict[str, list[int]]:
     """{rid: the max_new_tokens greedy tokens} for requests with .rid, .prompt, .max_new_tokens, .logit_bias."""
     mc = cfg.model_config
     dtype = getattr(torch, cfg.dtype)
@@ -53,19 +56,49 @@ def _generate(model, backend, mc, r, dtype, dev) -> list[int]:
         bias[tok] = b
     L = len(r.prompt)
     slot = torch.zeros(1, dtype=torch.int32, device=dev)
-    meta = ExtendMeta(req_to_token=table, req_slots=slot, prefix_lens=torch.zeros(1, dtype=torch.int32, device=dev),
-                      extend_lens=torch.tensor([L], dtype=torch.int32, device=dev), extend_start_loc=slot,
-                      max_extend_len=L, out_cache_loc=table[0, :L], host_slots=[0], host_prefix=[0], host_extend=[L])
-    logits = model.forward(torch.tensor(r.prompt, dtype=torch.int32, device=dev),
-                           torch.arange(L, dtype=torch.int32, device=dev), table[0, :L], pool, backend, meta,
-                           torch.tensor([L - 1], device=dev), impl="eager")
+    meta = ExtendMeta(
+        req_to_token=table,
+        req_slots=slot,
+        prefix_lens=torch.zeros(1, dtype=torch.int32, device=dev),
+        extend_lens=torch.tensor([L], dtype=torch.int32, device=dev),
+        extend_start_loc=slot,
+        max_extend_len=L,
+        out_cache_loc=table[0, :L],
+        host_slots=[0],
+        host_prefix=[0],
+        host_extend=[L],
+    )
+    logits = model.forward(
+        torch.tensor(r.prompt, dtype=torch.int32, device=dev),
+        torch.arange(L, dtype=torch.int32, device=dev),
+        table[0, :L],
+        pool,
+        backend,
+        meta,
+        torch.tensor([L - 1], device=dev),
+        impl="eager",
+    )
     tokens = [int(torch.argmax(logits[0] + bias))]
     for pos in range(L, L + r.max_new_tokens - 1):
-        loc = table[0, pos:pos + 1]
-        meta = DecodeMeta(req_to_token=table, req_slots=slot, seq_lens=torch.tensor([pos + 1], device=dev),
-                          out_cache_loc=loc, host_slots=[0], host_seq_lens=[pos + 1])
-        logits = model.forward(torch.tensor([tokens[-1]], dtype=torch.int64, device=dev),
-                               torch.tensor([pos], dtype=torch.int32, device=dev), loc, pool, backend, meta,
-                               torch.zeros(1, dtype=torch.int64, device=dev), decode=True, impl="eager")
+        loc = table[0, pos : pos + 1]
+        meta = DecodeMeta(
+            req_to_token=table,
+            req_slots=slot,
+            seq_lens=torch.tensor([pos + 1], device=dev),
+            out_cache_loc=loc,
+            host_slots=[0],
+            host_seq_lens=[pos + 1],
+        )
+        logits = model.forward(
+            torch.tensor([tokens[-1]], dtype=torch.int64, device=dev),
+            torch.tensor([pos], dtype=torch.int32, device=dev),
+            loc,
+            pool,
+            backend,
+            meta,
+            torch.zeros(1, dtype=torch.int64, device=dev),
+            decode=True,
+            impl="eager",
+        )
         tokens.append(int(torch.argmax(logits[0] + bias)))
     return tokens

@@ -4,6 +4,7 @@ The snapshot rules of the design live here: `ScheduleBatch.copy()` is shallow (r
 field leaves the copy's references intact), `SamplingBatchInfo.copy_for_forward()` isolates sampling
 state from in-place filtering and is idempotent, and `Req` objects are always shared by identity.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,19 +25,21 @@ class Req:
     logit_bias: dict[int, float] | None = None
     # lifecycle state, mutated by the scheduler on the real object only
     slot: int | None = None
-    pages: list[int] = field(default_factory=list)   # pool pages, position order (cached prefix first)
+    pages: list[int] = field(
+        default_factory=list
+    )  # pool pages, position order (cached prefix first)
     prefix_nodes: list = field(default_factory=list)  # locked prefix-cache nodes
-    prefix_len: int = 0          # tokens reused from the prefix cache
-    filled: int = 0              # tokens already admitted (next chunk starts here)
+    prefix_len: int = 0  # tokens reused from the prefix cache
+    filled: int = 0  # tokens already admitted (next chunk starts here)
     inflight_middle_chunks: int = 0
-    start_send_idx: int = 0      # first position whose KV has not been sent yet
+    start_send_idx: int = 0  # first position whose KV has not been sent yet
     prefix_sent: bool = False
     sender: object = None
     output_token: int | None = None
     first_token_s: float | None = None
     finished: bool = False
-    released: bool = False       # slot and pages returned to the pools
-    as_event: object = None      # completion of the AttentionStore staging gather
+    released: bool = False  # slot and pages returned to the pools
+    as_event: object = None  # completion of the AttentionStore staging gather
     error: str | None = None
 
     @property
@@ -53,7 +56,7 @@ class Penalizer:
 
 @dataclass
 class SamplingBatchInfo:
-    logit_bias: torch.Tensor        # [bs, vocab]
+    logit_bias: torch.Tensor  # [bs, vocab]
     penalizer: Penalizer | None
     is_forward_copy: bool = False
 
@@ -130,5 +133,7 @@ def snapshot_for_forward(batch: ScheduleBatch) -> ScheduleBatch:
         snap.spec_info = copy.copy(batch.spec_info)
     if inject.on("deepcopy-chunked-req"):
         # MUTANT: chunked requests are deep-copied, so result processing mutates a copy.
-        snap.reqs = [copy.copy(r) if not last else r for r, last in zip(batch.reqs, batch.last_chunk)]
+        snap.reqs = [
+            copy.copy(r) if not last else r for r, last in zip(batch.reqs, batch.last_chunk)
+        ]
     return snap

@@ -1,4 +1,5 @@
 """Run the prefill engine once: build the scheduler, run the chosen loop, return a summary."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,14 +20,28 @@ from .trace import NullTracer, Tracer
 from .workload import WorkloadConfig, make_workload
 
 
-def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None = None, tracer=None,
-                keep_scheduler: bool = False, model=None) -> dict:
+def run_prefill(
+    cfg: EngineConfig,
+    wc: WorkloadConfig,
+    *,
+    trace_path: str | None = None,
+    tracer=None,
+    keep_scheduler: bool = False,
+    model=None,
+) -> dict:
     """`model`: weights to reuse (`shared_model`), else built from cfg's preset and seed."""
     check_dispatch(cfg)
     inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
-    header = {"role": "prefill", "mode": cfg.mode, "page_size": cfg.page_size, "model": cfg.model,
-              "seed": cfg.seed, "workload_seed": wc.seed, "inject": sorted(cfg.inject)}
+    header = {
+        "role": "prefill",
+        "mode": cfg.mode,
+        "page_size": cfg.page_size,
+        "model": cfg.model,
+        "seed": cfg.seed,
+        "workload_seed": wc.seed,
+        "inject": sorted(cfg.inject),
+    }
     if tracer is None:
         tracer = Tracer(header) if trace_path else NullTracer(header)
     else:
@@ -49,16 +64,26 @@ def run_prefill(cfg: EngineConfig, wc: WorkloadConfig, *, trace_path: str | None
         inject.set_active(())
     leaks = sched.leak_report()
     summary = {
-        "mode": cfg.mode, "requests": len(reqs), "finished": len(sched.done),
-        "batches": sched.stats["batches"], "input_tokens": sum(len(r.prompt) for r in reqs),
-        "uncached_tokens": sched.stats["uncached_tokens"], "cached_tokens": sched.stats["cached_tokens"],
-        "wall_s": wall, "uncached_tok_per_s": sched.stats["uncached_tokens"] / wall if wall else 0.0,
-        "attention_backend": sched.backend.name, "forward": sched.model.impl_for(sched.backend),
-        "device": str(sched.device), "leaks": leaks,
-        "events": tracer.count if tracer.enabled else 0, "error": repr(error) if error else None,
+        "mode": cfg.mode,
+        "requests": len(reqs),
+        "finished": len(sched.done),
+        "batches": sched.stats["batches"],
+        "input_tokens": sum(len(r.prompt) for r in reqs),
+        "uncached_tokens": sched.stats["uncached_tokens"],
+        "cached_tokens": sched.stats["cached_tokens"],
+        "wall_s": wall,
+        "uncached_tok_per_s": sched.stats["uncached_tokens"] / wall if wall else 0.0,
+        "attention_backend": sched.backend.name,
+        "forward": sched.model.impl_for(sched.backend),
+        "device": str(sched.device),
+        "leaks": leaks,
+        "events": tracer.count if tracer.enabled else 0,
+        "error": repr(error) if error else None,
     }
     if trace_path:
-        tracer.write(trace_path, extra_header={"host": platform.node(), "config": _jsonable(asdict(cfg))})
+        tracer.write(
+            trace_path, extra_header={"host": platform.node(), "config": _jsonable(asdict(cfg))}
+        )
     if keep_scheduler:
         summary["_scheduler"] = sched
         summary["_requests"] = reqs
@@ -79,8 +104,13 @@ def shared_model(cfg: EngineConfig):
     key = (cfg.model, cfg.seed, cfg.dtype, cfg.device, impl)
     model = _MODELS.get(key)
     if model is None:
-        model = _MODELS[key] = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
-                                         device=torch.device(cfg.device), forward_impl=impl)
+        model = _MODELS[key] = TinyLlama(
+            cfg.model_config,
+            seed=cfg.seed,
+            dtype=getattr(torch, cfg.dtype),
+            device=torch.device(cfg.device),
+            forward_impl=impl,
+        )
     return model
 
 

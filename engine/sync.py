@@ -8,6 +8,7 @@ A blocking wait parks with a predicate, so a blocked thread is never chosen unti
 and a state where nothing can proceed is reported as a deadlock. Time is virtual under control, so a
 schedule replays the same way every time.
 """
+
 from __future__ import annotations
 
 import contextlib

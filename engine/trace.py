@@ -28,6 +28,7 @@ on the engine's threads (a disabled tracer is a no-op method):
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
 (checker/fuzz/) may block the calling thread there to choose which thread runs next.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,23 +47,27 @@ class Tracer:
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        self._raw: list = []            # t_ns, thread, ev, fields, t_ns, ...: event i at 4*i, seq i + 1
+        self._raw: list = []  # t_ns, thread, ev, fields, t_ns, ...: event i at 4*i, seq i + 1
         self._extend = self._raw.extend
-        self._thread = threading.local()   # .name: the thread's name, read at its first event
-        self._dicts: list[dict] = []    # the first len(_dicts) events as dicts
+        self._thread = threading.local()  # .name: the thread's name, read at its first event
+        self._dicts: list[dict] = []  # the first len(_dicts) events as dicts
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
-        self._names: dict[int, tuple] = {}   # id(obj) -> (obj, kept alive so its id stays its own; name)
+        self._names: dict[
+            int, tuple
+        ] = {}  # id(obj) -> (obj, kept alive so its id stays its own; name)
         self._obj_count = 0
-        self.declared: dict[str, tuple[str, ...]] = {}   # ev -> field names, of the events declared by events_for
+        self.declared: dict[
+            str, tuple[str, ...]
+        ] = {}  # ev -> field names, of the events declared by events_for
 
     def emit(self, ev: str, **fields) -> None:
         try:
             thread = self._thread.name
-        except AttributeError:   # this thread's first event (current_thread().name is not free)
+        except AttributeError:  # this thread's first event (current_thread().name is not free)
             thread = self._thread.name = threading.current_thread().name
         sync.point(ev)
-        self._extend((_monotonic_ns(), thread, ev, fields))   # this tuple is freed at once
+        self._extend((_monotonic_ns(), thread, ev, fields))  # this tuple is freed at once
 
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
         """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
@@ -83,9 +88,12 @@ class Tracer:
                 thread = local.name
             except AttributeError:
                 thread = local.name = threading.current_thread().name
-            if sync.CONTROLLER is not None or sync.JITTER_US:   # sync.point, without its call when idle
+            if (
+                sync.CONTROLLER is not None or sync.JITTER_US
+            ):  # sync.point, without its call when idle
                 sync.point(ev)
             ext((now(), thread, kind, values))
+
         return log
 
     @staticmethod
@@ -106,21 +114,22 @@ class Tracer:
         pending digest stamps early, before the forward's stamp can be checked after its launch).
         The fields are the tracer's own: read them, do not change them."""
         raw = self._raw
-        part = raw[4 * start:4 * (len(raw) // 4)]
+        part = raw[4 * start : 4 * (len(raw) // 4)]
         return [self._fields(ev, f) for ev, f in zip(part[2::4], part[3::4])]
 
     @property
     def events(self) -> list[dict]:
         """Every event so far as a dict (seq, t_ns, thread, ev, then its fields), in seq order. Safe to
         read while the run goes on (a progress monitor does): it converts what was added since."""
-        with self._read_lock:   # two readers must not both convert the same tail
+        with self._read_lock:  # two readers must not both convert the same tail
             raw, dicts = self._raw, self._dicts
             n = len(raw) // 4
             if len(dicts) < n:
-                part = raw[4 * len(dicts):4 * n]
+                part = raw[4 * len(dicts) : 4 * n]
                 name, named = self.obj, self._fields
-                for s, t, th, ev, f in zip(range(len(dicts) + 1, n + 1), part[0::4], part[1::4], part[2::4],
-                                           part[3::4]):
+                for s, t, th, ev, f in zip(
+                    range(len(dicts) + 1, n + 1), part[0::4], part[1::4], part[2::4], part[3::4]
+                ):
                     ev, f = named(ev, f)
                     e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
                     o = e.get("obj")
@@ -128,13 +137,17 @@ class Tracer:
                         e["obj"] = name(o)
                     d = e.get("digest")
                     if d is not None and not isinstance(d, str):
-                        e["digest"] = d.trace_value()   # a value computed late (engine.digest.DigestStamp)
+                        e["digest"] = (
+                            d.trace_value()
+                        )  # a value computed late (engine.digest.DigestStamp)
                     dicts.append(e)
             return dicts
 
     def write(self, path: str, *, extra_header: dict | None = None) -> None:
         header = {**self.header, **(extra_header or {})}
-        events = self.events   # resolved before the file is opened: a failure leaves no partial trace
+        events = (
+            self.events
+        )  # resolved before the file is opened: a failure leaves no partial trace
         with open(path, "w") as f:
             f.write(json.dumps(header) + "\n")
             for e in events:
@@ -161,6 +174,7 @@ class Tracer:
 
 class _Kind:
     """A declared event (Tracer.events_for): its name and its fields' names, in the order logged."""
+
     __slots__ = ("ev", "names")
 
     def __init__(self, ev: str, names: tuple[str, ...]):
@@ -168,7 +182,9 @@ class _Kind:
 
 
 def _arity(kind: _Kind, values: tuple) -> TypeError:
-    return TypeError(f"event {kind.ev}: {len(values)} values logged for the fields {', '.join(kind.names)}")
+    return TypeError(
+        f"event {kind.ev}: {len(values)} values logged for the fields {', '.join(kind.names)}"
+    )
 
 
 class NullTracer(Tracer):
@@ -183,11 +199,12 @@ class NullTracer(Tracer):
     def _logger(self, kind: _Kind):
         ev, n = kind.ev, len(kind.names)
 
-        def log(*values):   # nothing kept; still a schedule point, and checked as the real one
+        def log(*values):  # nothing kept; still a schedule point, and checked as the real one
             if len(values) != n:
                 raise _arity(kind, values)
             if sync.CONTROLLER is not None or sync.JITTER_US:
                 sync.point(ev)
+
         return log
 
     def obj(self, x) -> str:

@@ -5,6 +5,7 @@ that wrote the chunk has finished on the device, gathers the pages' K/V and deli
 receiver. The in-process `KVReceiverStore` keeps what arrived per bootstrap room; the decode side
 (engine/decode/) installs its own receiver. Completion is polled by the prefill inflight queue.
 """
+
 from __future__ import annotations
 
 import queue
@@ -20,12 +21,14 @@ from .memory import pages_for
 @dataclass
 class KVChunk:
     room: int
-    start: int                 # first position in the request
-    k: torch.Tensor            # [layers, tokens, Hkv, D]
+    start: int  # first position in the request
+    k: torch.Tensor  # [layers, tokens, Hkv, D]
     v: torch.Tensor
     pages: int
     last: bool
-    meta: dict = field(default_factory=dict)   # with the last chunk: what decode needs (first token ...)
+    meta: dict = field(
+        default_factory=dict
+    )  # with the last chunk: what decode needs (first token ...)
 
 
 class KVReceiverStore:
@@ -69,7 +72,7 @@ class TransferEngine:
             try:
                 if ready is not None:
                     ready.synchronize()  # the forward that wrote these pages has finished
-                if self._gather is not None:   # CPU: one call (engine/device_ops.py)
+                if self._gather is not None:  # CPU: one call (engine/device_ops.py)
                     k, v = self._gather(self.pool.k, self.pool.v, idx)
                 else:
                     i = idx.long()
@@ -111,7 +114,7 @@ class KVSender:
         if inject.on("floor-page-count"):
             pages = tokens // self.ps  # MUTANT: the tail page is rounded down and never sent
         first_page = start // self.ps
-        page_ids = req.pages[first_page:first_page + pages]
+        page_ids = req.pages[first_page : first_page + pages]
         idx = self.engine.pool.token_indices(page_ids, 0, len(page_ids) * self.ps)[:tokens]
         with self._lock:
             self._pending += 1
@@ -156,12 +159,13 @@ class AttentionStore:
 
         pinned = self.pool.k.device.type == "cuda"
 
-        if not pinned:   # CPU: the gather is the host copy; one call (engine/device_ops.py)
+        if not pinned:  # CPU: the gather is the host copy; one call (engine/device_ops.py)
             stage_kv = device_ops.ops()["stage_kv"]
 
             def gather():
                 holder["kv"] = stage_kv(self.pool.k, self.pool.v, idx)
         else:
+
             def gather():  # one gather for all requests, then one device-to-host copy (async on CUDA)
                 staged = torch.stack([self.pool.k[:, idx.long()], self.pool.v[:, idx.long()]])
                 host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=pinned)
@@ -190,8 +194,11 @@ class AttentionStore:
                 kv = holder.get("kv")
                 off = 0
                 for rid, tokens in spans:
-                    part = kv[:, :, off:off + tokens] if kv is not None else None
-                    self.store[rid] = (tokens, part.numel() * part.element_size() if part is not None else 0)
+                    part = kv[:, :, off : off + tokens] if kv is not None else None
+                    self.store[rid] = (
+                        tokens,
+                        part.numel() * part.element_size() if part is not None else 0,
+                    )
                     off += tokens
                 n += 1
             else:

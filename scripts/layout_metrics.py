@@ -16,7 +16,9 @@ PACKAGES = ("engine", "spec", "checker", "triton_kernels")
 
 
 def tracked_python() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return [ROOT / line for line in out.stdout.split()]
 
 
@@ -59,8 +61,12 @@ def imports(path: Path, known: set[str]) -> list[tuple[str, bool]]:
 def function_level_imports(path: Path) -> int:
     """Import statements (of any module) inside a function body."""
     tree = ast.parse(path.read_text(), str(path))
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    inner = {id(n) for f in functions for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    inner = {
+        id(n) for f in functions for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))
+    }
     return len(inner)
 
 
@@ -125,14 +131,15 @@ def long_functions(path: Path, limit: int = 60) -> list[str]:
 
 
 def duplicate_pairs() -> str:
-    out = subprocess.run(["duplicates", "--most", "1", "--seconds", "120"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        ["duplicates", "--most", "1", "--seconds", "120"], cwd=ROOT, capture_output=True, text=True
+    )
     return out.stdout.splitlines()[0] if out.stdout else "duplicates: not available"
 
 
 def main() -> None:
     files = tracked_python()
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in files}
-    known = {module_name(p) for p in files}
     code = [p for p in files if p.relative_to(ROOT).parts[0] in PACKAGES]
     lazy = sum(function_level_imports(p) for p in code)
     edges = graph(files)

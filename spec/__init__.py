@@ -1,4 +1,5 @@
 """The rules of allowed interleavings, as data (rules.toml, events.toml), and the models built on them."""
+
 from __future__ import annotations
 
 import pathlib
@@ -21,30 +22,65 @@ PARAMS: dict[str, dict[str, str]] = {
     "fifo": {"events": "events"},
     "complete": {"events": "events"},
     "disjoint": {"span": "span"},
-    "order": {"chain": "steps", "when?": "steps", "same_thread?": "bool", "same_thread_prefix?": "int"},
+    "order": {
+        "chain": "steps",
+        "when?": "steps",
+        "same_thread?": "bool",
+        "same_thread_prefix?": "int",
+    },
     "adjacent": {"first": "event", "then": "event", "thread": "thread"},
     "outside": {"ev": "event", "span": "span"},
-    "within": {"ev": "event", "after": "event", "before": "event", "thread?": "thread", "same_thread_as?": "event"},
+    "within": {
+        "ev": "event",
+        "after": "event",
+        "before": "event",
+        "thread?": "thread",
+        "same_thread_as?": "event",
+    },
     "thread": {"events": "events", "thread?": "thread", "not_thread?": "thread"},
     "equal": {"a": "event", "b": "event", "field": "str"},
     "counter": {"inc": "event", "dec": "event", "owner": "event"},
-    "lifecycle": {"acquire": "event", "release": "event", "check": "pairing|after_done", "processed?": "events",
-                  "sent?": "event", "counter?": "events"},
+    "lifecycle": {
+        "acquire": "event",
+        "release": "event",
+        "check": "pairing|after_done",
+        "processed?": "events",
+        "sent?": "event",
+        "counter?": "events",
+    },
     "page_count": {"events": "events"},
     "in_span": {"ev": "event", "span": "span"},
     "each_in_span": {"ev": "event", "span": "span"},
     "chunk_sent": {"sends": "events", "done": "event", "started": "event", "release": "event"},
     # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
     "prefetch_top": {"thread?": "thread"},
-    **{k: {} for k in ("one_inflight", "published_first", "unknown_rooms", "prefetch_match", "no_stale",
-                       "release", "init_once", "init_fifo", "kv_recv", "req_end", "cross_rank", "cross_pages")},
+    **{
+        k: {}
+        for k in (
+            "one_inflight",
+            "published_first",
+            "unknown_rooms",
+            "prefetch_match",
+            "no_stale",
+            "release",
+            "init_once",
+            "init_fifo",
+            "kv_recv",
+            "req_end",
+            "cross_rank",
+            "cross_pages",
+        )
+    },
 }
 KINDS = tuple(PARAMS)
 # The loop modes a rule may name, per role ("any": every mode), and the threads a rule may name. The
 # models in spec/ read these; the engine keeps its own lists (engine/config.py MODES, engine/decode/
 # config.py DECODE_LOOPS: it does not depend on spec/), and a test keeps the two in step.
-LOOP_MODES = {"prefill": ("normal", "overlap", "thread", "ahead"), "decode": ("normal", "overlap"),
-              "cross": ("normal", "overlap")}
+LOOP_MODES = {
+    "prefill": ("normal", "overlap", "thread", "ahead"),
+    "decode": ("normal", "overlap"),
+    "cross": ("normal", "overlap"),
+}
 THREADS = ("scheduler", "forward")
 
 
@@ -53,7 +89,7 @@ class Rule:
     id: str
     statement: str
     modes: tuple
-    design: str          # the passage of the design the rule comes from
+    design: str  # the passage of the design the rule comes from
     kind: str
     params: dict = field(default_factory=dict, hash=False, compare=False)
     role: str = "prefill"
@@ -88,15 +124,19 @@ def _load(name: str) -> dict:
     return hit[1]
 
 
-_RULES: list = [None, None]   # (the parsed files they were built from, the rules)
+_RULES: list = [None, None]  # (the parsed files they were built from, the rules)
 
 
 def load_rules() -> list[Rule]:
     """Every rule of spec/, checked against PARAMS and the vocabulary: built again only when a file
     changed (the checker asks once per trace file, a fuzz campaign for thousands of small files)."""
     files = [f for f in ("rules.toml", "decode_rules.toml", "events.toml") if (HERE / f).exists()]
-    parsed = tuple(_load(f) for f in files)   # held, so that a new parse is never mistaken for them
-    if _RULES[0] is None or len(_RULES[0]) != len(parsed) or any(a is not b for a, b in zip(_RULES[0], parsed)):
+    parsed = tuple(_load(f) for f in files)  # held, so that a new parse is never mistaken for them
+    if (
+        _RULES[0] is None
+        or len(_RULES[0]) != len(parsed)
+        or any(a is not b for a, b in zip(_RULES[0], parsed))
+    ):
         _RULES[:] = [parsed, _build_rules([f for f in files if f != "events.toml"])]
     return list(_RULES[1])
 
@@ -110,12 +150,24 @@ def _build_rules(files: list[str]) -> list[Rule]:
             role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
             unless = raw.pop("unless", {})
             if not isinstance(unless, dict) or not all(isinstance(k, str) for k in unless):
-                raise ValueError(f"{fname}: rule {base['id']}: 'unless' must be a table of header fields")
+                raise ValueError(
+                    f"{fname}: rule {base['id']}: 'unless' must be a table of header fields"
+                )
             if base["kind"] not in KINDS:
                 raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
             _check_params(fname, base["id"], base["kind"], raw, role, tuple(base["modes"]))
-            rules.append(Rule(base["id"], base["statement"], tuple(base["modes"]), base["design"], base["kind"], raw, role,
-                              tuple(sorted(unless.items()))))
+            rules.append(
+                Rule(
+                    base["id"],
+                    base["statement"],
+                    tuple(base["modes"]),
+                    base["design"],
+                    base["kind"],
+                    raw,
+                    role,
+                    tuple(sorted(unless.items())),
+                )
+            )
     ids = [r.id for r in rules]
     if len(ids) != len(set(ids)):
         raise ValueError("duplicate rule ids in spec/")
@@ -130,19 +182,27 @@ def modes_of(role: str) -> tuple[str, ...]:
 def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, modes: tuple) -> None:
     where = f"spec/{fname}: rule {rid} ({kind})"
     vocab = load_events()
-    names = set(vocab.get(role, {})) if role != "cross" else set(vocab.get("prefill", {})) | set(vocab.get("decode", {}))
+    names = (
+        set(vocab.get(role, {}))
+        if role != "cross"
+        else set(vocab.get("prefill", {})) | set(vocab.get("decode", {}))
+    )
     schema = {k.rstrip("?"): (t, k.endswith("?")) for k, t in PARAMS[kind].items()}
     unknown = set(params) - set(schema)
     if unknown:
         raise ValueError(f"{where}: unknown parameter(s) {', '.join(sorted(unknown))}")
     bad = [m for m in modes if m not in (*LOOP_MODES[role], "any")]
     if not modes or bad:
-        raise ValueError(f"{where}: 'modes' must list modes of role {role} ({', '.join(LOOP_MODES[role])}, "
-                         f"or any); got {list(modes)}")
+        raise ValueError(
+            f"{where}: 'modes' must list modes of role {role} ({', '.join(LOOP_MODES[role])}, "
+            f"or any); got {list(modes)}"
+        )
 
     def event(v, what):
         if not isinstance(v, str) or v not in names:
-            raise ValueError(f"{where}: {what}: {v!r} is not an event of role {role} (spec/events.toml)")
+            raise ValueError(
+                f"{where}: {what}: {v!r} is not an event of role {role} (spec/events.toml)"
+            )
 
     for name, (typ, optional) in schema.items():
         if name not in params:
@@ -154,22 +214,39 @@ def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, mode
             event(v, what)
         elif typ in ("events", "span"):
             if not isinstance(v, list) or not v or (typ == "span" and len(v) != 2):
-                raise ValueError(f"{where}: {what}: expected {'two event names' if typ == 'span' else 'a list of event names'}")
+                raise ValueError(
+                    f"{where}: {what}: expected {'two event names' if typ == 'span' else 'a list of event names'}"
+                )
             for x in v:
                 event(x, what)
         elif typ == "steps":
-            if not isinstance(v, list) or len(v) < 2 or not all(
-                    isinstance(x, list) and len(x) == 2 and type(x[1]) is int for x in v):
-                raise ValueError(f"{where}: {what}: expected a list of [event, batch offset], at least two")
+            if (
+                not isinstance(v, list)
+                or len(v) < 2
+                or not all(isinstance(x, list) and len(x) == 2 and type(x[1]) is int for x in v)
+            ):
+                raise ValueError(
+                    f"{where}: {what}: expected a list of [event, batch offset], at least two"
+                )
             for x, _ in v:
                 event(x, what)
-        elif typ == "bool" and type(v) is not bool or typ == "int" and type(v) is not int \
-                or typ == "str" and not isinstance(v, str):
+        elif (
+            typ == "bool"
+            and type(v) is not bool
+            or typ == "int"
+            and type(v) is not int
+            or typ == "str"
+            and not isinstance(v, str)
+        ):
             raise ValueError(f"{where}: {what}: expected {typ}, got {v!r}")
         elif typ == "thread" and v not in THREADS:
-            raise ValueError(f"{where}: {what}: expected a thread ({', '.join(THREADS)}), got {v!r}")
+            raise ValueError(
+                f"{where}: {what}: expected a thread ({', '.join(THREADS)}), got {v!r}"
+            )
         elif "|" in typ and v not in typ.split("|"):
-            raise ValueError(f"{where}: {what}: expected one of {typ.replace('|', ', ')}, got {v!r}")
+            raise ValueError(
+                f"{where}: {what}: expected one of {typ.replace('|', ', ')}, got {v!r}"
+            )
 
 
 def load_events() -> dict[str, dict[str, dict]]:

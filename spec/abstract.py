@@ -12,6 +12,7 @@ loop code can produce, and the traces it writes are pdo-traces (checker/trace_io
     header, events = run("ahead", random.Random(1))
     write_trace("/tmp/t.jsonl", header, events)
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,8 @@ _STOP = object()
 class Req:
     rid: str
     obj: str
-    chunks: list            # tokens per chunk; all but the last are "middle" chunks
-    prefix: int             # cached-prefix tokens (0: none), sent once before the first forward
+    chunks: list  # tokens per chunk; all but the last are "middle" chunks
+    prefix: int  # cached-prefix tokens (0: none), sent once before the first forward
     slot: int | None = None
     next_chunk: int = 0
     inflight_middle_chunks: int = 0
@@ -40,14 +41,14 @@ class Req:
 @dataclass(eq=False)
 class Batch:
     bid: int
-    reqs: list              # [(Req, chunk index, last)]
+    reqs: list  # [(Req, chunk index, last)]
     staged: bool = False
 
 
 @dataclass
 class Config:
     requests: int = 6
-    max_slots: int = 3      # small, so that slots are reused and admission sometimes waits for memory
+    max_slots: int = 3  # small, so that slots are reused and admission sometimes waits for memory
     max_batch_reqs: int = 3
     max_chunks: int = 3
     page_size: int = 16
@@ -109,6 +110,7 @@ class World:
 # ---- scheduler steps (scheduler.py) -----------------------------------------------------------------
 # Each is a generator: `yield` after an event lets the other thread run; `yield cond` blocks on cond.
 
+
 def _ev(w: World, thread, ev, **f):
     w.emit(thread, ev, **f)
     yield
@@ -134,11 +136,11 @@ def loop_top(w: World):
             break
         if req.slot is None:
             if not w.free:
-                break                       # out of slots: keep FIFO order, try again next round
+                break  # out of slots: keep FIFO order, try again next round
             req.slot = w.free.pop(0)
             yield from _ev(w, SCHED, "alloc", rid=req.rid, obj=req.obj, slot=req.slot)
         if w.ch.chance(0.05):
-            break                           # out of pages: the slot stays taken, admission waits
+            break  # out of pages: the slot stays taken, admission waits
         last = req.next_chunk == len(req.chunks) - 1
         if req in w.waiting:
             w.waiting.remove(req)
@@ -146,9 +148,9 @@ def loop_top(w: World):
         req.next_chunk += 1
         if not last:
             w.chunked_req = req
-            break                           # one chunked request at a time
+            break  # one chunked request at a time
     if continuing is not None and all(r is not continuing for r, _, _ in picked):
-        w.chunked_req = continuing          # not admitted this round: stays first in line
+        w.chunked_req = continuing  # not admitted this round: stays first in line
     if not picked:
         return None
     b = Batch(w.next_bid, picked)
@@ -157,7 +159,9 @@ def loop_top(w: World):
     for req, _, last in picked:
         if not last:
             req.inflight_middle_chunks += 1
-            yield from _ev(w, SCHED, "chunk_inc", rid=req.rid, obj=req.obj, value=req.inflight_middle_chunks)
+            yield from _ev(
+                w, SCHED, "chunk_inc", rid=req.rid, obj=req.obj, value=req.inflight_middle_chunks
+            )
     return b
 
 
@@ -171,8 +175,16 @@ def maybe_send_cached_prefix(w, b, req, thread):
         return
     req.prefix_sent = True
     if req.prefix:
-        yield from _ev(w, thread, "prefix_send", batch=b.bid, rid=req.rid, obj=req.obj, tokens=req.prefix,
-                       pages=_pages(w, req.prefix))
+        yield from _ev(
+            w,
+            thread,
+            "prefix_send",
+            batch=b.bid,
+            rid=req.rid,
+            obj=req.obj,
+            tokens=req.prefix,
+            pages=_pages(w, req.prefix),
+        )
 
 
 def run_batch(w, b, thread, early_send_prefix=True):
@@ -200,10 +212,14 @@ def process_batch_result(w, b):
         tokens = req.chunks[k]
         if req.inflight_middle_chunks > 0:
             req.inflight_middle_chunks -= 1
-            yield from _ev(w, SCHED, "chunk_dec", rid=req.rid, obj=req.obj, value=req.inflight_middle_chunks)
+            yield from _ev(
+                w, SCHED, "chunk_dec", rid=req.rid, obj=req.obj, value=req.inflight_middle_chunks
+            )
         else:
             finished.append(req)
-        yield from _ev(w, SCHED, "kv_send", rid=req.rid, obj=req.obj, tokens=tokens, pages=_pages(w, tokens))
+        yield from _ev(
+            w, SCHED, "kv_send", rid=req.rid, obj=req.obj, tokens=tokens, pages=_pages(w, tokens)
+        )
     yield from _ev(w, SCHED, "process_end", batch=b.bid)
     w.inflight += finished
 
@@ -229,6 +245,7 @@ def snapshot(w, b):
 
 
 # ---- the forward worker (worker.py) -----------------------------------------------------------------
+
 
 def worker(w: World):
     while True:
@@ -264,11 +281,12 @@ def shutdown(w):
 
 # ---- the four loops (loops.py) ------------------------------------------------------------------------
 
+
 def loop_normal(w):
     while not w.finished_all:
         b = yield from loop_top(w)
         if b:
-            yield from run_batch(w, b, SCHED)            # samples inline: no `sample` event
+            yield from run_batch(w, b, SCHED)  # samples inline: no `sample` event
             yield from war_barrier(w, b, SCHED)
             yield from process_batch_result(w, b)
         yield from process_inflight_queue(w)
@@ -332,8 +350,15 @@ LOOPS = {"normal": loop_normal, "overlap": loop_overlap, "thread": loop_thread, 
 
 # ---- the driver -----------------------------------------------------------------------------------------
 
-def run(mode: str, rnd: random.Random | None = None, cfg: Config | None = None, *, policy=None,
-        max_steps: int = 200_000) -> tuple[dict, list[dict]]:
+
+def run(
+    mode: str,
+    rnd: random.Random | None = None,
+    cfg: Config | None = None,
+    *,
+    policy=None,
+    max_steps: int = 200_000,
+) -> tuple[dict, list[dict]]:
     """One schedule of `mode`: (header, events). `policy(runnable, world)` may pick the thread that
     steps next (default: a random choice)."""
     cfg = cfg or Config()
@@ -357,8 +382,14 @@ def run(mode: str, rnd: random.Random | None = None, cfg: Config | None = None, 
             del threads[t]
     else:
         raise RuntimeError(f"abstract {mode}: no end after {max_steps} steps")
-    header = {"format": "pdo-trace", "version": 1, "role": "prefill", "mode": mode,
-              "page_size": cfg.page_size, "source": "spec.abstract"}
+    header = {
+        "format": "pdo-trace",
+        "version": 1,
+        "role": "prefill",
+        "mode": mode,
+        "page_size": cfg.page_size,
+        "source": "spec.abstract",
+    }
     return header, w.events
 
 

@@ -199,7 +199,9 @@ def _decode_section() -> list[str]:
         model = zm.Model(mode, K_DECODE, role="decode")
         both = model.rule_ids + model.engine_ids
         ends = [
-            how for how, c in model.universe.ends.items() if model.check(both, zm.disj(*c)).status != "sat"
+            how
+            for how, c in model.universe.ends.items()
+            if model.check(both, zm.disj(*c)).status != "sat"
         ]
         checks.append(
             (

@@ -1,4 +1,5 @@
 """Small prefill batches for the request, digest and trace tests."""
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,18 @@ class Spec:
 
 
 def make_batch(n=3):
-    reqs = [Req(rid=f"r{i}", prompt=[1, 2, 3], bootstrap_room=i, logit_bias={i: 1.0})
-            for i in range(n)]
-    return ScheduleBatch(bid=0, reqs=reqs, starts=[0] * n, extends=[3] * n, last_chunk=[True] * n,
-                         input_ids=torch.arange(3 * n), positions=torch.arange(3 * n),
-                         out_cache_loc=torch.arange(3 * n),
-                         sampling_info=SamplingBatchInfo.build(reqs, 8, "cpu"), spec_info=Spec(n))
+    reqs = [
+        Req(rid=f"r{i}", prompt=[1, 2, 3], bootstrap_room=i, logit_bias={i: 1.0}) for i in range(n)
+    ]
+    return ScheduleBatch(
+        bid=0,
+        reqs=reqs,
+        starts=[0] * n,
+        extends=[3] * n,
+        last_chunk=[True] * n,
+        input_ids=torch.arange(3 * n),
+        positions=torch.arange(3 * n),
+        out_cache_loc=torch.arange(3 * n),
+        sampling_info=SamplingBatchInfo.build(reqs, 8, "cpu"),
+        spec_info=Spec(n),
+    )

@@ -1,4 +1,5 @@
 """Shared helpers for the engine tests."""
+
 from __future__ import annotations
 
 from engine.config import EngineConfig

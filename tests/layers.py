@@ -12,10 +12,19 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "spec": (("spec",), ()),
     "engine": (("engine",), ("kernels",)),
     "checker": (("checker",), ("spec",)),
-    "harness": (("checker.fuzz", "engine.sglang.conform"), ("engine", "checker", "spec", "kernels")),
+    "harness": (
+        ("checker.fuzz", "engine.sglang.conform"),
+        ("engine", "checker", "spec", "kernels"),
+    ),
     "front": (
-        ("engine.cli", "engine.bench", "spec.cli", "checker.bench", "checker.fuzz.cli",
-         "engine.sglang.conform.cli"),
+        (
+            "engine.cli",
+            "engine.bench",
+            "spec.cli",
+            "checker.bench",
+            "checker.fuzz.cli",
+            "engine.sglang.conform.cli",
+        ),
         ("harness", "engine", "checker", "spec", "kernels"),
     ),
 }
@@ -25,7 +34,11 @@ def layer_of(module: str) -> str | None:
     best, length = None, -1
     for layer, (prefixes, _) in LAYERS.items():
         for prefix in prefixes:
-            hit = module == prefix or module.startswith(prefix + ".") or module.startswith(prefix + "_")
+            hit = (
+                module == prefix
+                or module.startswith(prefix + ".")
+                or module.startswith(prefix + "_")
+            )
             if hit and len(prefix) > length:
                 best, length = layer, len(prefix)
     return best

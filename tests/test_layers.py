@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
 from tests.layers import LAYERS, back_edges, layer_of
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("layout_metrics", ROOT / "scripts" / "layout_metrics.py")
+_spec = importlib.util.spec_from_file_location(
+    "layout_metrics", ROOT / "scripts" / "layout_metrics.py"
+)
 metrics = importlib.util.module_from_spec(_spec)
 sys.modules["layout_metrics"] = metrics
 _spec.loader.exec_module(metrics)
@@ -67,3 +70,11 @@ def test_the_four_packages_are_this_checkout():
         found = importlib.util.find_spec(name)
         assert found is not None and found.origin is not None, name
         assert Path(found.origin).resolve().is_relative_to(ROOT), (name, found.origin)
+
+
+def test_ruff_lint_and_format_hold():
+    """The tree passes `ruff check` and `ruff format --check` (pyproject.toml: 100 columns)."""
+    ruff = Path(sys.executable).parent / "ruff"
+    for argv in (["check", "--quiet", "."], ["format", "--check", "--quiet", "."]):
+        out = subprocess.run([str(ruff), *argv], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-1000:]

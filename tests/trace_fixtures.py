@@ -4,16 +4,13 @@ Scenario (page_size 16): request a (40 tokens) is chunked: 32 tokens in batch 0,
 request b reuses a 16-token cached prefix and computes 10 tokens in batch 1; request c (20 tokens)
 is batch 2. Edits on these lists produce the violating traces of tests/checker/test_rules_violations.py.
 """
+
 from __future__ import annotations
 
 import json
 
 REQS = {"a": ("oa", 0), "b": ("ob", 1), "c": ("oc", 2)}
-BATCHES = [
-    [("a", 0, 32, False)],
-    [("a", 32, 8, True), ("b", 16, 10, True)],
-    [("c", 0, 20, True)],
-]
+BATCHES = [[("a", 0, 32, False)], [("a", 32, 8, True), ("b", 16, 10, True)], [("c", 0, 20, True)]]
 NEW = {0: ["a"], 1: ["b"], 2: ["c"]}
 PREFIX = {1: ["b"]}
 
@@ -24,8 +21,15 @@ def E(thread, ev, **f):
 
 def _admit(n):
     out = [E("scheduler", "alloc", rid=r, obj=REQS[r][0], slot=REQS[r][1]) for r in NEW[n]]
-    out.append(E("scheduler", "admit", batch=n, rids=[x[0] for x in BATCHES[n]],
-                 chunks={rid: [start, start + take] for rid, start, take, _ in BATCHES[n]}))
+    out.append(
+        E(
+            "scheduler",
+            "admit",
+            batch=n,
+            rids=[x[0] for x in BATCHES[n]],
+            chunks={rid: [start, start + take] for rid, start, take, _ in BATCHES[n]},
+        )
+    )
     for rid, _, _, last in BATCHES[n]:
         if not last:
             out.append(E("scheduler", "chunk_inc", rid=rid, obj=REQS[rid][0], value=1))
@@ -33,8 +37,10 @@ def _admit(n):
 
 
 def _prefix(n, thread):
-    return [E(thread, "prefix_send", batch=n, rid=r, obj=REQS[r][0], tokens=16, pages=1, start=0)
-            for r in PREFIX.get(n, [])]
+    return [
+        E(thread, "prefix_send", batch=n, rid=r, obj=REQS[r][0], tokens=16, pages=1, start=0)
+        for r in PREFIX.get(n, [])
+    ]
 
 
 def _run_batch(n, thread, *, early_send=True, stage=True):
@@ -52,8 +58,17 @@ def _process(n):
     for rid, start, take, last in BATCHES[n]:
         if not last:
             out.append(E("scheduler", "chunk_dec", rid=rid, obj=REQS[rid][0], value=0))
-        out.append(E("scheduler", "kv_send", rid=rid, obj=REQS[rid][0], tokens=take, pages=-(-take // 16),
-                     start=start))
+        out.append(
+            E(
+                "scheduler",
+                "kv_send",
+                rid=rid,
+                obj=REQS[rid][0],
+                tokens=take,
+                pages=-(-take // 16),
+                start=start,
+            )
+        )
     out.append(E("scheduler", "process_end", batch=n))
     for rid, _, _, last in BATCHES[n]:
         if last:
@@ -76,8 +91,14 @@ def canonical(mode: str) -> list[dict]:
         ev += _process(nb - 1)
     elif mode == "thread":
         for n in range(nb):
-            ev += _admit(n) + [E("scheduler", "snapshot", batch=n, digest=f"d{n}"), E("scheduler", "submit", batch=n)]
-            ev += _run_batch(n, "forward") + [E("forward", "batch_copy", batch=n), E("scheduler", "collect", batch=n)]
+            ev += _admit(n) + [
+                E("scheduler", "snapshot", batch=n, digest=f"d{n}"),
+                E("scheduler", "submit", batch=n),
+            ]
+            ev += _run_batch(n, "forward") + [
+                E("forward", "batch_copy", batch=n),
+                E("scheduler", "collect", batch=n),
+            ]
             if n:
                 ev += _process(n - 1)
             ev.append(E("scheduler", "sample", batch=n))
@@ -87,11 +108,19 @@ def canonical(mode: str) -> list[dict]:
             if i < nb:
                 ev += _admit(i)
             if i:
-                ev += [E("scheduler", "collect", batch=i - 1), E("scheduler", "sample", batch=i - 1)]
+                ev += [
+                    E("scheduler", "collect", batch=i - 1),
+                    E("scheduler", "sample", batch=i - 1),
+                ]
             if i < nb:
-                ev += [E("scheduler", "snapshot", batch=i, digest=f"d{i}"), E("scheduler", "stage", batch=i)]
+                ev += [
+                    E("scheduler", "snapshot", batch=i, digest=f"d{i}"),
+                    E("scheduler", "stage", batch=i),
+                ]
                 ev += _prefix(i, "scheduler") + [E("scheduler", "submit", batch=i)]
-                ev += _run_batch(i, "forward", early_send=False, stage=False) + [E("forward", "batch_copy", batch=i)]
+                ev += _run_batch(i, "forward", early_send=False, stage=False) + [
+                    E("forward", "batch_copy", batch=i)
+                ]
             if i:
                 ev += _process(i - 1)
     else:
@@ -101,7 +130,18 @@ def canonical(mode: str) -> list[dict]:
 
 def write(path, mode: str, events: list[dict], page_size: int = 16) -> str:
     with open(path, "w") as f:
-        f.write(json.dumps({"format": "pdo-trace", "version": 1, "role": "prefill", "mode": mode, "page_size": page_size}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "format": "pdo-trace",
+                    "version": 1,
+                    "role": "prefill",
+                    "mode": mode,
+                    "page_size": page_size,
+                }
+            )
+            + "\n"
+        )
         for i, e in enumerate(events, 1):
             f.write(json.dumps({"seq": i, "t_ns": 1000 * i, **e}) + "\n")
     return str(path)
@@ -109,8 +149,13 @@ def write(path, mode: str, events: list[dict], page_size: int = 16) -> str:
 
 # ---- edit helpers --------------------------------------------------------------------------------
 def find(events, ev, batch=None, rid=None, nth=0):
-    hits = [i for i, e in enumerate(events) if e["ev"] == ev and (batch is None or e.get("batch") == batch)
-            and (rid is None or e.get("rid") == rid)]
+    hits = [
+        i
+        for i, e in enumerate(events)
+        if e["ev"] == ev
+        and (batch is None or e.get("batch") == batch)
+        and (rid is None or e.get("rid") == rid)
+    ]
     return hits[nth]
 
 

@@ -17,7 +17,6 @@ from triton_kernels.decode_attention import choose_num_kv_splits, decode_attenti
 from triton_kernels.extend_attention import extend_attention
 from triton_kernels.kv_write import write_kv
 
-
 # Launches that share state go one at a time. On a GPU: Triton's autotuner keeps the arguments of
 # the call it is tuning on the shared kernel object, so two threads tuning at once (two prefill
 # ranks of `pdo run --pd --dp 2` in one process) break each other. Under the interpreter: it patches
@@ -53,9 +52,18 @@ class TritonAttention:
         head_dim = k_pool.shape[-1]
         with _one_at_a_time(q):
             out = extend_attention(
-                _heads(q, head_dim), _heads(k, head_dim), _heads(v, head_dim), k_pool, v_pool,
-                meta.req_to_token, meta.req_slots, meta.prefix_lens, meta.extend_lens, meta.extend_start_loc,
-                int(meta.max_extend_len), sm_scale=self.sm_scale,
+                _heads(q, head_dim),
+                _heads(k, head_dim),
+                _heads(v, head_dim),
+                k_pool,
+                v_pool,
+                meta.req_to_token,
+                meta.req_slots,
+                meta.prefix_lens,
+                meta.extend_lens,
+                meta.extend_start_loc,
+                int(meta.max_extend_len),
+                sm_scale=self.sm_scale,
             )
         return out.view(q.shape)
 
@@ -64,8 +72,14 @@ class TritonAttention:
         splits = self._num_kv_splits(meta, k_pool)
         with _one_at_a_time(q):
             out = decode_attention(
-                _heads(q, head_dim), k_pool, v_pool, meta.req_to_token, meta.req_slots, meta.seq_lens,
-                sm_scale=self.sm_scale, num_kv_splits=splits,
+                _heads(q, head_dim),
+                k_pool,
+                v_pool,
+                meta.req_to_token,
+                meta.req_slots,
+                meta.seq_lens,
+                sm_scale=self.sm_scale,
+                num_kv_splits=splits,
             )
         return out.view(q.shape)
 
@@ -77,6 +91,8 @@ class TritonAttention:
             return cached[1]
         host_lens = getattr(meta, "host_seq_lens", None)  # the engine's host copy spares the sync
         lens = host_lens if host_lens is not None else meta.seq_lens.tolist()
-        splits = choose_num_kv_splits(len(lens), k_pool.shape[1], max(lens, default=1), k_pool.device)
+        splits = choose_num_kv_splits(
+            len(lens), k_pool.shape[1], max(lens, default=1), k_pool.device
+        )
         self._splits_for = (meta, splits)
         return splits

@@ -43,7 +43,10 @@ def _timer(device: torch.device, warmup: int, iters: int):
                 samples.append((time.perf_counter() - start) * 1e3)
             return statistics.median(samples)
         torch.cuda.synchronize(device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(iters)
+        ]
         for start, end in events:
             start.record()
             fn()
@@ -94,8 +97,17 @@ def _flashinfer_workspace(device):
     return torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=device)
 
 
-def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: float, page_size: int,
-                 heads: tuple[int, int], head_dim: int) -> dict:
+def bench_extend(
+    measure,
+    device,
+    dtype,
+    seq: int,
+    tokens: int,
+    prefix_frac: float,
+    page_size: int,
+    heads: tuple[int, int],
+    head_dim: int,
+) -> dict:
     batch = max(1, tokens // seq)
     h_q, h_kv = heads
     prefix = int(seq * prefix_frac)
@@ -113,12 +125,23 @@ def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: flo
     starts = as_meta([i * ext for i in range(batch)])
 
     def triton_run():
-        return extend_attention(q, k, v, k_pool, v_pool, req_to_token, slots, prefix_lens, ext_lens, starts, ext)
+        return extend_attention(
+            q, k, v, k_pool, v_pool, req_to_token, slots, prefix_lens, ext_lens, starts, ext
+        )
 
     pairs = batch * (ext * prefix + ext * (ext + 1) // 2)
     flops = 4 * head_dim * pairs * h_q
-    row = dict(case="extend_paged" if prefix else "extend_dense", seq=seq, batch=batch, prefix=prefix, extend=ext,
-               page_size=page_size, heads=f"{h_q}/{h_kv}", head_dim=head_dim, dtype=str(dtype).split(".")[-1])
+    row = dict(
+        case="extend_paged" if prefix else "extend_dense",
+        seq=seq,
+        batch=batch,
+        prefix=prefix,
+        extend=ext,
+        page_size=page_size,
+        heads=f"{h_q}/{h_kv}",
+        head_dim=head_dim,
+        dtype=str(dtype).split(".")[-1],
+    )
     row["ms"] = measure(triton_run)
     row["tflops"] = flops / row["ms"] / 1e9
 
@@ -126,7 +149,11 @@ def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: flo
     keys = k_pool[req_to_token.view(-1).long()].view(batch, seq, h_kv, head_dim)
     values = v_pool[req_to_token.view(-1).long()].view(batch, seq, h_kv, head_dim)
     q4 = q.view(batch, ext, h_q, head_dim).transpose(1, 2)
-    sdpa = _try(lambda: _sdpa(q4, keys.transpose(1, 2), values.transpose(1, 2), causal_lower_right=prefix > 0))
+    sdpa = _try(
+        lambda: _sdpa(
+            q4, keys.transpose(1, 2), values.transpose(1, 2), causal_lower_right=prefix > 0
+        )
+    )
     if sdpa is not None:
         row["sdpa_ms"] = measure(sdpa)
         ours = triton_run().view(batch, ext, h_q, head_dim).float()
@@ -144,12 +171,25 @@ def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: flo
         import flashinfer  # lazy: an optional baseline
 
         pages = req_to_token[:, ::page_size].div(page_size, rounding_mode="floor").reshape(-1)
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_flashinfer_workspace(device), "NHD")
-        wrapper.plan(as_meta([i * ext for i in range(batch + 1)]),
-                     as_meta([i * math.ceil(seq / page_size) for i in range(batch + 1)]), pages.int(),
-                     as_meta([seq - (math.ceil(seq / page_size) - 1) * page_size] * batch),
-                     h_q, h_kv, head_dim, page_size, causal=True, q_data_type=dtype)
-        cache = (k_pool.view(-1, page_size, h_kv, head_dim), v_pool.view(-1, page_size, h_kv, head_dim))
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            _flashinfer_workspace(device), "NHD"
+        )
+        wrapper.plan(
+            as_meta([i * ext for i in range(batch + 1)]),
+            as_meta([i * math.ceil(seq / page_size) for i in range(batch + 1)]),
+            pages.int(),
+            as_meta([seq - (math.ceil(seq / page_size) - 1) * page_size] * batch),
+            h_q,
+            h_kv,
+            head_dim,
+            page_size,
+            causal=True,
+            q_data_type=dtype,
+        )
+        cache = (
+            k_pool.view(-1, page_size, h_kv, head_dim),
+            v_pool.view(-1, page_size, h_kv, head_dim),
+        )
         return lambda: wrapper.run(q, cache)
 
     for label, build in (("flash_attn", flash_attn_run), ("flashinfer", flashinfer_run)):
@@ -159,8 +199,16 @@ def bench_extend(measure, device, dtype, seq: int, tokens: int, prefix_frac: flo
     return row
 
 
-def bench_decode(measure, device, dtype, context: int, batch: int, page_size: int, heads: tuple[int, int],
-                 head_dim: int) -> dict:
+def bench_decode(
+    measure,
+    device,
+    dtype,
+    context: int,
+    batch: int,
+    page_size: int,
+    heads: tuple[int, int],
+    head_dim: int,
+) -> dict:
     h_q, h_kv = heads
     req_to_token, pool_tokens = _paged_table(batch, context, page_size, device)
     k_pool = torch.randn(pool_tokens, h_kv, head_dim, device=device, dtype=dtype)
@@ -168,14 +216,26 @@ def bench_decode(measure, device, dtype, context: int, batch: int, page_size: in
     q = torch.randn(batch, h_q, head_dim, device=device, dtype=dtype)
     slots = torch.arange(batch, device=device, dtype=torch.int32)
     seq_lens = torch.full((batch,), context, device=device, dtype=torch.int32)
-    splits = choose_num_kv_splits(batch, h_kv, context, device)  # once per step, as the backend does
+    splits = choose_num_kv_splits(
+        batch, h_kv, context, device
+    )  # once per step, as the backend does
 
     def triton_run():
-        return decode_attention(q, k_pool, v_pool, req_to_token, slots, seq_lens, num_kv_splits=splits)
+        return decode_attention(
+            q, k_pool, v_pool, req_to_token, slots, seq_lens, num_kv_splits=splits
+        )
 
     kv_bytes = 2 * batch * context * h_kv * head_dim * k_pool.element_size()
-    row = dict(case="decode", seq=context, batch=batch, page_size=page_size, heads=f"{h_q}/{h_kv}",
-               head_dim=head_dim, dtype=str(dtype).split(".")[-1], num_kv_splits=splits)
+    row = dict(
+        case="decode",
+        seq=context,
+        batch=batch,
+        page_size=page_size,
+        heads=f"{h_q}/{h_kv}",
+        head_dim=head_dim,
+        dtype=str(dtype).split(".")[-1],
+        num_kv_splits=splits,
+    )
     row["ms"] = measure(triton_run)
     row["gbps"] = kv_bytes / row["ms"] / 1e6
 
@@ -183,7 +243,11 @@ def bench_decode(measure, device, dtype, context: int, batch: int, page_size: in
     index = req_to_token.view(-1).long()
     keys = k_pool[index].view(batch, context, h_kv, head_dim)
     values = v_pool[index].view(batch, context, h_kv, head_dim)
-    sdpa = _try(lambda: _sdpa(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), causal_lower_right=False))
+    sdpa = _try(
+        lambda: _sdpa(
+            q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), causal_lower_right=False
+        )
+    )
     if sdpa is not None:
         row["sdpa_ms"] = measure(sdpa)
         row["sdpa_gbps"] = kv_bytes / row["sdpa_ms"] / 1e6
@@ -218,11 +282,23 @@ def bench_decode_flashinfer(measure, device, dtype, row: dict) -> None:
         pages_per_req = math.ceil(context / page_size)
         pages = req_to_token[:, ::page_size].div(page_size, rounding_mode="floor").reshape(-1).int()
         meta = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_flashinfer_workspace(device), "NHD")
-        wrapper.plan(meta([i * pages_per_req for i in range(batch + 1)]), pages,
-                     meta([context - (pages_per_req - 1) * page_size] * batch), h_q, h_kv, head_dim, page_size,
-                     data_type=dtype)
-        cache = (k_pool.view(-1, page_size, h_kv, head_dim), v_pool.view(-1, page_size, h_kv, head_dim))
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            _flashinfer_workspace(device), "NHD"
+        )
+        wrapper.plan(
+            meta([i * pages_per_req for i in range(batch + 1)]),
+            pages,
+            meta([context - (pages_per_req - 1) * page_size] * batch),
+            h_q,
+            h_kv,
+            head_dim,
+            page_size,
+            data_type=dtype,
+        )
+        cache = (
+            k_pool.view(-1, page_size, h_kv, head_dim),
+            v_pool.view(-1, page_size, h_kv, head_dim),
+        )
         return lambda: wrapper.run(q, cache)
 
     run = _try(build)
@@ -243,7 +319,13 @@ def bench_write_kv(measure, device, dtype, tokens: int, heads: int, head_dim: in
         k_pool.index_copy_(0, index, k)
         v_pool.index_copy_(0, index, v)
 
-    row = dict(case="write_kv", tokens=tokens, heads=heads, head_dim=head_dim, dtype=str(dtype).split(".")[-1])
+    row = dict(
+        case="write_kv",
+        tokens=tokens,
+        heads=heads,
+        head_dim=head_dim,
+        dtype=str(dtype).split(".")[-1],
+    )
     row["ms"] = measure(lambda: write_kv(k_pool, v_pool, loc, k, v))
     row["index_copy_ms"] = measure(index_copy)
     row["gbps"] = 2 * 2 * k.numel() * k.element_size() / row["ms"] / 1e6  # read + write, K and V
@@ -288,8 +370,11 @@ def run(smoke: bool) -> dict:
         heads, head_dim, seqs, tokens = (32, 8), 128, [1024, 2048, 4096, 8192, 16384], 16384
         # batch so that each decode case reads ~4 GiB of K/V (capped at 256 requests)
         per_req = lambda ctx: 2 * ctx * heads[1] * head_dim * 2  # noqa: E731
-        decode_shapes = [(ctx, min(256, max(1, (4 << 30) // per_req(ctx))), page)
-                         for page in (16, 64) for ctx in (1024, 4096, 16384, 65536)]
+        decode_shapes = [
+            (ctx, min(256, max(1, (4 << 30) // per_req(ctx))), page)
+            for page in (16, 64)
+            for ctx in (1024, 4096, 16384, 65536)
+        ]
         write_shapes = [64, 4096]
 
     rows = []
@@ -308,25 +393,50 @@ def run(smoke: bool) -> dict:
         rows.append(bench_write_kv(measure, device, dtype, tokens_written, heads[1], head_dim))
     hbm = hbm_bandwidth_gbps(measure, device)
     _add_ratios(rows, hbm)
-    return dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                interpreted=interpreting(), smoke=smoke, torch=torch.__version__, hbm_gbps=hbm, rows=rows)
+    return dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        interpreted=interpreting(),
+        smoke=smoke,
+        torch=torch.__version__,
+        hbm_gbps=hbm,
+        rows=rows,
+    )
 
 
 def _print_table(result: dict) -> None:
-    columns = ["case", "seq", "batch", "page_size", "ms", "tflops", "gbps", "hbm_pct", "vs_dense", "sdpa_ms",
-               "flash_attn_ms", "flashinfer_ms", "index_copy_ms", "speedup_vs_sdpa", "speedup_vs_best_baseline"]
+    columns = [
+        "case",
+        "seq",
+        "batch",
+        "page_size",
+        "ms",
+        "tflops",
+        "gbps",
+        "hbm_pct",
+        "vs_dense",
+        "sdpa_ms",
+        "flash_attn_ms",
+        "flashinfer_ms",
+        "index_copy_ms",
+        "speedup_vs_sdpa",
+        "speedup_vs_best_baseline",
+    ]
     present = [c for c in columns if any(c in r for r in result["rows"])]
     fmt = lambda x: f"{x:.4g}" if isinstance(x, float) else str(x)  # noqa: E731
     table = [present] + [[fmt(r.get(c, "")) for c in present] for r in result["rows"]]
     widths = [max(len(line[i]) for line in table) for i in range(len(present))]
-    print(f"device: {result['device']}  interpreted: {result['interpreted']}  HBM copy: {result['hbm_gbps']:.0f} GB/s")
+    print(
+        f"device: {result['device']}  interpreted: {result['interpreted']}  HBM copy: {result['hbm_gbps']:.0f} GB/s"
+    )
     for line in table:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths)))
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU/interpreter friendly")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes, CPU/interpreter friendly"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

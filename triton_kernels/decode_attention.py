@@ -23,12 +23,35 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split_kernel(
-    Q, KPool, VPool, ReqToToken, ReqSlots, SeqLens, PartOut, PartLse,
-    qk_scale, num_splits,
-    stride_qb, stride_qh, stride_kpt, stride_kph, stride_vpt, stride_vph, stride_r2t,
-    stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    Q,
+    KPool,
+    VPool,
+    ReqToToken,
+    ReqSlots,
+    SeqLens,
+    PartOut,
+    PartLse,
+    qk_scale,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kpt,
+    stride_kph,
+    stride_vpt,
+    stride_vph,
+    stride_r2t,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -46,8 +69,11 @@ def _decode_split_kernel(
     head_valid = offs_h < GROUP  # BLOCK_H pads the group up to a tensor-core tile
     d_valid = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h
-    q = tl.load(Q + req * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=head_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(
+        Q + req * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=head_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:  # the interpreter computes bf16 arithmetic wrongly
         q = q.to(tl.float32)
 
@@ -80,16 +106,34 @@ def _decode_split_kernel(
     has_keys = l_i > 0
     lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    tl.store(PartOut + req * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :],
-             out, mask=head_valid[:, None] & d_valid[None, :])
+    tl.store(
+        PartOut
+        + req * stride_pob
+        + heads[:, None] * stride_poh
+        + split * stride_pos
+        + offs_d[None, :],
+        out,
+        mask=head_valid[:, None] & d_valid[None, :],
+    )
     tl.store(PartLse + req * stride_plb + heads * stride_plh + split, lse, mask=head_valid)
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    PartOut, PartLse, Out, num_splits,
-    stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    PartOut,
+    PartLse,
+    Out,
+    num_splits,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -97,15 +141,30 @@ def _decode_reduce_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     s_valid = offs_s < num_splits
     d_valid = offs_d < HEAD_DIM
-    lse = tl.load(PartLse + req * stride_plb + head * stride_plh + offs_s, mask=s_valid, other=float("-inf"))
-    parts = tl.load(PartOut + req * stride_pob + head * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
-                    mask=s_valid[:, None] & d_valid[None, :], other=0.0)
+    lse = tl.load(
+        PartLse + req * stride_plb + head * stride_plh + offs_s, mask=s_valid, other=float("-inf")
+    )
+    parts = tl.load(
+        PartOut
+        + req * stride_pob
+        + head * stride_poh
+        + offs_s[:, None] * stride_pos
+        + offs_d[None, :],
+        mask=s_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     lse_max = tl.max(lse, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # no keys at all: output zeros, not NaN
+    lse_max = tl.where(
+        lse_max == float("-inf"), 0.0, lse_max
+    )  # no keys at all: output zeros, not NaN
     weight = tl.math.exp2(lse - lse_max)
     total = tl.sum(weight, 0)
     out = tl.sum(weight[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)
-    tl.store(Out + req * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_valid)
+    tl.store(
+        Out + req * stride_ob + head * stride_oh + offs_d,
+        out.to(Out.dtype.element_ty),
+        mask=d_valid,
+    )
 
 
 def _cuda_configs():
@@ -113,16 +172,20 @@ def _cuda_configs():
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in shapes]
 
 
-_decode_split_kernel_tuned = triton.autotune(configs=_cuda_configs(), key=["HEAD_DIM", "BLOCK_H"])(
-    _decode_split_kernel
-) if not _is_interpreted(_decode_split_kernel) else None
+_decode_split_kernel_tuned = (
+    triton.autotune(configs=_cuda_configs(), key=["HEAD_DIM", "BLOCK_H"])(_decode_split_kernel)
+    if not _is_interpreted(_decode_split_kernel)
+    else None
+)
 
 _INTERPRET_BLOCK_N = 16
 _MAX_SPLITS = 64
 _sm_count: dict = {}
 
 
-def choose_num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+def choose_num_kv_splits(
+    batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device
+) -> int:
     """Enough (request, kv head, split) programs for ~4 per SM, but splits of at least 256 keys."""
     if device.type == "cuda":
         if device not in _sm_count:
@@ -135,15 +198,17 @@ def choose_num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(_MAX_SPLITS, by_occupancy, by_length))
 
 
-def _check_decode_inputs(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, num_kv_splits,
-                         out) -> None:
+def _check_decode_inputs(
+    q, k_pool, v_pool, req_to_token, req_slots, seq_lens, num_kv_splits, out
+) -> None:
     name = "decode_attention"
     for key, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name}: {key} must be a 3-D tensor")
     batch = q.shape[0]
-    _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out,
-                            {"k_pool": k_pool, "v_pool": v_pool})
+    _check_attention_inputs(
+        name, q, k_pool, v_pool, req_to_token, out, {"k_pool": k_pool, "v_pool": v_pool}
+    )
     _check_metadata(name, q.device, req_slots=req_slots, seq_lens=seq_lens)
     if req_slots.numel() != batch or seq_lens.numel() != batch:
         raise ValueError(f"{name}: req_slots/seq_lens must have one entry per query ({batch})")
@@ -151,13 +216,24 @@ def _check_decode_inputs(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, n
         raise ValueError(f"{name}: num_kv_splits must be in [1, 256], got {num_kv_splits}")
     if _check_values(q.device) and batch:
         if int(seq_lens.min()) < 1:
-            raise ValueError(f"{name}: seq_lens {seq_lens.tolist()} must be >= 1 "
-                             "(the current token is in the pool)")
+            raise ValueError(
+                f"{name}: seq_lens {seq_lens.tolist()} must be >= 1 "
+                "(the current token is in the pool)"
+            )
         _check_paged_reads(name, req_to_token, req_slots, seq_lens, k_pool.shape[0])
 
 
-def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_scale: float | None = None,
-                     num_kv_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(
+    q,
+    k_pool,
+    v_pool,
+    req_to_token,
+    req_slots,
+    seq_lens,
+    sm_scale: float | None = None,
+    num_kv_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One query per request over its paged context. q [B, H_q, D] -> [B, H_q, D].
 
     ``num_kv_splits`` None picks one from the batch size and longest context (a device->host sync;
@@ -170,8 +246,9 @@ def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_sc
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     kernel = _decode_split_kernel
     if not _can_launch(kernel, q.device):
-        result = reference.decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens,
-                                            sm_scale)
+        result = reference.decode_attention(
+            q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_scale
+        )
         return result if out is None else out.copy_(result)
 
     q = q if q.stride(2) == 1 else q.contiguous()
@@ -185,19 +262,45 @@ def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_sc
     interpreted = _is_interpreted(kernel)
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(max(head_dim, 16))
-    part_out = torch.empty((batch, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((batch, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    part_out = torch.empty(
+        (batch, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    part_lse = torch.empty(
+        (batch, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device
+    )
 
     args = (
-        q, k_pool, v_pool, req_to_token, req_slots, seq_lens, part_out, part_lse, sm_scale * LOG2E, num_kv_splits,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        req_to_token.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
+        q,
+        k_pool,
+        v_pool,
+        req_to_token,
+        req_slots,
+        seq_lens,
+        part_out,
+        part_lse,
+        sm_scale * LOG2E,
+        num_kv_splits,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        req_to_token.stride(0),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
     )
     meta = dict(
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
         # tl.dot needs >= 16 rows when compiled; the padded heads are masked and cost no HBM traffic.
-        BLOCK_H=triton.next_power_of_2(group) if interpreted else max(16, triton.next_power_of_2(group)),
+        BLOCK_H=triton.next_power_of_2(group)
+        if interpreted
+        else max(16, triton.next_power_of_2(group)),
         UPCAST=interpreted or q.dtype == torch.float32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
     )
@@ -207,9 +310,19 @@ def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_sc
     else:
         _decode_split_kernel_tuned[grid](*args, **meta)
     _decode_reduce_kernel[(batch, num_q_heads)](
-        part_out, part_lse, out, num_kv_splits,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_kv_splits),
+        part_out,
+        part_lse,
+        out,
+        num_kv_splits,
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_kv_splits),
     )
     return out

@@ -26,8 +26,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, visible, MASKED: tl.constexpr, UPCAST: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+def _softmax_step(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k,
+    v,
+    qk_scale,
+    visible,
+    MASKED: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Fold one key tile into the running (acc, max, sum) of the online softmax."""
     if UPCAST:
         k = k.to(tl.float32)
@@ -46,13 +57,39 @@ def _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, visible, MASKED: tl.constexp
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, KPool, VPool, Out,
-    ReqToToken, ReqSlots, PrefixLens, ExtendLens, ExtendStart,
-    qk_scale, len_bucket,  # len_bucket: an autotune key only (short extends may prefer other tiles)
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kpt, stride_kph, stride_vpt, stride_vph, stride_ot, stride_oh, stride_r2t,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    KPool,
+    VPool,
+    Out,
+    ReqToToken,
+    ReqSlots,
+    PrefixLens,
+    ExtendLens,
+    ExtendStart,
+    qk_scale,
+    len_bucket,  # len_bucket: an autotune key only (short extends may prefer other tiles)
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kpt,
+    stride_kph,
+    stride_vpt,
+    stride_vph,
+    stride_ot,
+    stride_oh,
+    stride_r2t,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # Heads vary fastest so the query heads of one GQA group run together and share K/V in L2;
     # query tiles go in reverse so the longest (most-diagonal) tiles start first.
@@ -74,8 +111,11 @@ def _extend_kernel(
     # Where BLOCK_D == HEAD_DIM this mask is provably all-true and does not block vectorised loads.
     d_mask = offs_d[None, :] < HEAD_DIM
     row_valid = offs_m < ext_len
-    q = tl.load(Q + (ext_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=row_valid[:, None] & d_mask, other=0.0)
+    q = tl.load(
+        Q + (ext_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=row_valid[:, None] & d_mask,
+        other=0.0,
+    )
     if UPCAST:  # the interpreter computes bf16 arithmetic wrongly; fp32 inputs stay fp32
         q = q.to(tl.float32)
 
@@ -92,7 +132,9 @@ def _extend_kernel(
         tok = tl.load(token_row + start_n + offs_n).to(tl.int64)[:, None]
         k = tl.load(k_pool + tok * stride_kpt, mask=d_mask, other=0.0)
         v = tl.load(v_pool + tok * stride_vpt, mask=d_mask, other=0.0)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, None, False, UPCAST, DOT_PRECISION)
+        acc, m_i, l_i = _softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, None, False, UPCAST, DOT_PRECISION
+        )
     if full_end < prefix_len:
         cols = full_end + offs_n
         col_valid = cols < prefix_len
@@ -100,8 +142,9 @@ def _extend_kernel(
         kv_mask = col_valid[:, None] & d_mask
         k = tl.load(k_pool + tok * stride_kpt, mask=kv_mask, other=0.0)
         v = tl.load(v_pool + tok * stride_vpt, mask=kv_mask, other=0.0)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, col_valid[None, :], True, UPCAST,
-                                      DOT_PRECISION)
+        acc, m_i, l_i = _softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, col_valid[None, :], True, UPCAST, DOT_PRECISION
+        )
 
     # (b) the request's own new tokens, causal. Tiles left of the diagonal block are fully visible
     # (all their keys precede every query here and lie inside the request: start_m < ext_len).
@@ -110,7 +153,9 @@ def _extend_kernel(
     for start_n in range(0, start_m, BLOCK_N):
         k = tl.load(k_new + start_n * stride_kt, mask=d_mask, other=0.0)
         v = tl.load(v_new + start_n * stride_vt, mask=d_mask, other=0.0)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, None, False, UPCAST, DOT_PRECISION)
+        acc, m_i, l_i = _softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, None, False, UPCAST, DOT_PRECISION
+        )
     diag_end = tl.minimum(start_m + BLOCK_M, ext_len)
     for start_n in range(start_m, diag_end, BLOCK_N):
         cols = start_n + offs_n
@@ -119,32 +164,64 @@ def _extend_kernel(
         k = tl.load(k_new + start_n * stride_kt, mask=kv_mask, other=0.0)
         v = tl.load(v_new + start_n * stride_vt, mask=kv_mask, other=0.0)
         visible = (cols[None, :] <= offs_m[:, None]) & col_valid[None, :]
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, qk_scale, visible, True, UPCAST, DOT_PRECISION)
+        acc, m_i, l_i = _softmax_step(
+            acc, m_i, l_i, q, k, v, qk_scale, visible, True, UPCAST, DOT_PRECISION
+        )
 
     out = acc / l_i[:, None]
     out_ptrs = Out + (ext_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_valid[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(
+        out_ptrs,
+        out.to(Out.dtype.element_ty),
+        mask=row_valid[:, None] & (offs_d[None, :] < HEAD_DIM),
+    )
 
 
 def _cuda_configs():
     # Hopper-sized tiles; BLOCK_M must be a multiple of BLOCK_N (unmasked left-of-diagonal loop).
     # Configs that exceed shared memory for large head dims are pruned by the autotuner itself.
-    shapes = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 3)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+    shapes = [
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (128, 64, 4, 3),
+        (128, 32, 4, 4),
+        (64, 64, 4, 3),
+        (64, 32, 4, 3),
+    ]
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in shapes
+    ]
 
 
 # Tuned per head dim, group size, dtypes and a coarse length bucket (short extends prefer small tiles).
-_extend_kernel_tuned = triton.autotune(configs=_cuda_configs(), key=["HEAD_DIM", "GROUP", "len_bucket"])(
-    _extend_kernel
-) if not _is_interpreted(_extend_kernel) else None
+_extend_kernel_tuned = (
+    triton.autotune(configs=_cuda_configs(), key=["HEAD_DIM", "GROUP", "len_bucket"])(
+        _extend_kernel
+    )
+    if not _is_interpreted(_extend_kernel)
+    else None
+)
 
 # The interpreter pays per op rather than per element: fewer, larger tiles are faster. BLOCK_M > BLOCK_N
 # as on the GPU, so the diagonal block spans several key tiles there too (rows fully masked in a tile).
 _INTERPRET_BLOCK_M, _INTERPRET_BLOCK_N = 32, 16
 
 
-def _check_extend_inputs(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens,
-                         extend_lens, extend_start_loc, max_extend_len, out) -> None:
+def _check_extend_inputs(
+    q,
+    k,
+    v,
+    k_pool,
+    v_pool,
+    req_to_token,
+    req_slots,
+    prefix_lens,
+    extend_lens,
+    extend_start_loc,
+    max_extend_len,
+    out,
+) -> None:
     name = "extend_attention"
     for key, t in (("q", q), ("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -152,12 +229,27 @@ def _check_extend_inputs(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefi
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     if k.shape != (num_tokens, num_kv_heads, head_dim) or v.shape != k.shape:
-        raise ValueError(f"{name}: k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match "
-                         f"[{num_tokens}, {num_kv_heads}, {head_dim}] from q and k_pool")
-    _check_attention_inputs(name, q, k_pool, v_pool, req_to_token, out,
-                            {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool})
-    _check_metadata(name, q.device, req_slots=req_slots, prefix_lens=prefix_lens,
-                    extend_lens=extend_lens, extend_start_loc=extend_start_loc)
+        raise ValueError(
+            f"{name}: k/v shapes {tuple(k.shape)}/{tuple(v.shape)} do not match "
+            f"[{num_tokens}, {num_kv_heads}, {head_dim}] from q and k_pool"
+        )
+    _check_attention_inputs(
+        name,
+        q,
+        k_pool,
+        v_pool,
+        req_to_token,
+        out,
+        {"k": k, "v": v, "k_pool": k_pool, "v_pool": v_pool},
+    )
+    _check_metadata(
+        name,
+        q.device,
+        req_slots=req_slots,
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        extend_start_loc=extend_start_loc,
+    )
     batch = req_slots.numel()
     if not (prefix_lens.numel() == extend_lens.numel() == extend_start_loc.numel() == batch):
         raise ValueError(f"{name}: per-request metadata lengths differ")
@@ -165,27 +257,55 @@ def _check_extend_inputs(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefi
     if _check_values(q.device) and batch:
         lens, starts = extend_lens.long(), extend_start_loc.long()
         if int(lens.min()) < 0 or int(lens.max()) > max_extend_len:
-            raise ValueError(f"{name}: extend_lens {lens.tolist()} outside "
-                             f"[0, max_extend_len={max_extend_len}]")
+            raise ValueError(
+                f"{name}: extend_lens {lens.tolist()} outside [0, max_extend_len={max_extend_len}]"
+            )
         if int(starts.min()) < 0 or int((starts + lens).max()) > num_tokens:
-            raise ValueError(f"{name}: extend ranges (start {starts.tolist()}, "
-                             f"len {lens.tolist()}) exceed {num_tokens} tokens")
+            raise ValueError(
+                f"{name}: extend ranges (start {starts.tolist()}, "
+                f"len {lens.tolist()}) exceed {num_tokens} tokens"
+            )
         if int((prefix_lens.long() + lens).max()) > req_to_token.shape[1]:
             raise ValueError(
-                f"{name}: prefix + extend exceeds req_to_token width {req_to_token.shape[1]}")
+                f"{name}: prefix + extend exceeds req_to_token width {req_to_token.shape[1]}"
+            )
         _check_paged_reads(name, req_to_token, req_slots, prefix_lens, k_pool.shape[0])
 
 
-def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
-                     extend_start_loc, max_extend_len: int, sm_scale: float | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+def extend_attention(
+    q,
+    k,
+    v,
+    k_pool,
+    v_pool,
+    req_to_token,
+    req_slots,
+    prefix_lens,
+    extend_lens,
+    extend_start_loc,
+    max_extend_len: int,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention of packed extend tokens over (paged prefix + causal self). Returns [T, H_q, D].
 
     ``max_extend_len`` must be >= every extend length: it sizes the grid (a device->host sync avoided).
     ``out`` (optional, q's shape and dtype) receives the result in place of a fresh tensor.
     """
-    _check_extend_inputs(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
-                         extend_start_loc, max_extend_len, out)
+    _check_extend_inputs(
+        q,
+        k,
+        v,
+        k_pool,
+        v_pool,
+        req_to_token,
+        req_slots,
+        prefix_lens,
+        extend_lens,
+        extend_start_loc,
+        max_extend_len,
+        out,
+    )
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     batch = req_slots.numel()
@@ -193,9 +313,20 @@ def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_le
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     kernel = _extend_kernel
     if not _can_launch(kernel, q.device):
-        result = reference.extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots,
-                                            prefix_lens, extend_lens, extend_start_loc,
-                                            max_extend_len, sm_scale)
+        result = reference.extend_attention(
+            q,
+            k,
+            v,
+            k_pool,
+            v_pool,
+            req_to_token,
+            req_slots,
+            prefix_lens,
+            extend_lens,
+            extend_start_loc,
+            max_extend_len,
+            sm_scale,
+        )
         return result if out is None else out.copy_(result)
 
     q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
@@ -205,14 +336,37 @@ def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_le
         return out
     interpreted = _is_interpreted(kernel)
     args = (
-        q, k, v, k_pool, v_pool, out, req_to_token, req_slots, prefix_lens, extend_lens, extend_start_loc,
-        sm_scale * LOG2E, 0 if max_extend_len <= 256 else 1,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0),
+        q,
+        k,
+        v,
+        k_pool,
+        v_pool,
+        out,
+        req_to_token,
+        req_slots,
+        prefix_lens,
+        extend_lens,
+        extend_start_loc,
+        sm_scale * LOG2E,
+        0 if max_extend_len <= 256 else 1,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        out.stride(0),
+        out.stride(1),
+        req_to_token.stride(0),
     )
     meta = dict(
-        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
+        GROUP=num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
         UPCAST=interpreted or q.dtype == torch.float32,
         # fp32 inputs would silently drop to tf32 on tensor cores; keep them at full precision.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,

@@ -17,9 +17,23 @@ from triton_kernels.runtime import _can_launch, _check_values
 
 @triton.jit
 def _write_kv_kernel(
-    KPool, VPool, Loc, K, V,
-    stride_kpt, stride_kph, stride_vpt, stride_vph, stride_kt, stride_kh, stride_vt, stride_vh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    KPool,
+    VPool,
+    Loc,
+    K,
+    V,
+    stride_kpt,
+    stride_kph,
+    stride_vpt,
+    stride_vph,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # One program per token: its H_kv x D row is contiguous in the pool, a single coalesced write.
     token = tl.program_id(0).to(tl.int64)
@@ -30,8 +44,12 @@ def _write_kv_kernel(
     k = tl.load(K + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(V + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     # Same dtype on both sides (checked on the host), so this is a bit copy, exact even for bf16.
-    tl.store(KPool + dst * stride_kpt + offs_h[:, None] * stride_kph + offs_d[None, :], k, mask=mask)
-    tl.store(VPool + dst * stride_vpt + offs_h[:, None] * stride_vph + offs_d[None, :], v, mask=mask)
+    tl.store(
+        KPool + dst * stride_kpt + offs_h[:, None] * stride_kph + offs_d[None, :], k, mask=mask
+    )
+    tl.store(
+        VPool + dst * stride_vpt + offs_h[:, None] * stride_vph + offs_d[None, :], v, mask=mask
+    )
 
 
 def write_kv(k_pool, v_pool, loc, k, v) -> None:
@@ -44,8 +62,10 @@ def write_kv(k_pool, v_pool, loc, k, v) -> None:
     num_tokens = loc.numel()
     row = tuple(k_pool.shape[1:])
     if v_pool.shape != k_pool.shape or k.shape != (num_tokens, *row) or v.shape != k.shape:
-        raise ValueError(f"{name}: k/v {tuple(k.shape)}/{tuple(v.shape)} must be [{num_tokens}, {row[0]}, {row[1]}] "
-                         f"to fit pools {tuple(k_pool.shape)}/{tuple(v_pool.shape)}")
+        raise ValueError(
+            f"{name}: k/v {tuple(k.shape)}/{tuple(v.shape)} must be [{num_tokens}, {row[0]}, {row[1]}] "
+            f"to fit pools {tuple(k_pool.shape)}/{tuple(v_pool.shape)}"
+        )
     if not (k.dtype == v.dtype == k_pool.dtype == v_pool.dtype):
         raise ValueError(f"{name}: k, v and the pools must share one dtype")
     if any(t.device != k_pool.device for t in (v_pool, k, v)):
@@ -57,7 +77,9 @@ def write_kv(k_pool, v_pool, loc, k, v) -> None:
     if _check_values(k_pool.device):
         lo, hi = int(loc.min()), int(loc.max())
         if lo < 0 or hi >= k_pool.shape[0]:
-            raise ValueError(f"{name}: loc values in [{lo}, {hi}] outside the pool [0, {k_pool.shape[0]})")
+            raise ValueError(
+                f"{name}: loc values in [{lo}, {hi}] outside the pool [0, {k_pool.shape[0]})"
+            )
 
     if not _can_launch(_write_kv_kernel, k_pool.device):
         index = loc.long()
@@ -67,9 +89,21 @@ def write_kv(k_pool, v_pool, loc, k, v) -> None:
     k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (k, v))
     num_heads, head_dim = row
     _write_kv_kernel[(num_tokens,)](
-        k_pool, v_pool, loc, k, v,
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        k_pool,
+        v_pool,
+        loc,
+        k,
+        v,
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )

@@ -25,31 +25,58 @@ def _finish(result, out, dtype):
     return result.to(dtype) if out is None else out.copy_(result)
 
 
-def extend_attention(q, k, v, k_pool, v_pool, req_to_token, req_slots, prefix_lens, extend_lens,
-                     extend_start_loc, max_extend_len: int, sm_scale: float | None = None, out=None, out_dtype=None):
+def extend_attention(
+    q,
+    k,
+    v,
+    k_pool,
+    v_pool,
+    req_to_token,
+    req_slots,
+    prefix_lens,
+    extend_lens,
+    extend_start_loc,
+    max_extend_len: int,
+    sm_scale: float | None = None,
+    out=None,
+    out_dtype=None,
+):
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     result = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
-    for slot, prefix, ext, start in zip(req_slots.tolist(), prefix_lens.tolist(), extend_lens.tolist(),
-                                        extend_start_loc.tolist()):
+    for slot, prefix, ext, start in zip(
+        req_slots.tolist(), prefix_lens.tolist(), extend_lens.tolist(), extend_start_loc.tolist()
+    ):
         if ext == 0:
             continue
         tokens = req_to_token[slot, :prefix].long()
-        keys = torch.cat([k_pool[tokens], k[start:start + ext]])
-        values = torch.cat([v_pool[tokens], v[start:start + ext]])
+        keys = torch.cat([k_pool[tokens], k[start : start + ext]])
+        values = torch.cat([v_pool[tokens], v[start : start + ext]])
         query_pos = prefix + torch.arange(ext, device=q.device)
         visible = torch.arange(prefix + ext, device=q.device)[None, :] <= query_pos[:, None]
-        result[start:start + ext] = _attend(q[start:start + ext], keys, values, visible, sm_scale)
+        result[start : start + ext] = _attend(
+            q[start : start + ext], keys, values, visible, sm_scale
+        )
     return _finish(result, out, out_dtype or q.dtype)
 
 
-def decode_attention(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, sm_scale: float | None = None,
-                     num_kv_splits: int | None = None, out=None, out_dtype=None):
+def decode_attention(
+    q,
+    k_pool,
+    v_pool,
+    req_to_token,
+    req_slots,
+    seq_lens,
+    sm_scale: float | None = None,
+    num_kv_splits: int | None = None,
+    out=None,
+    out_dtype=None,
+):
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     result = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     for i, (slot, length) in enumerate(zip(req_slots.tolist(), seq_lens.tolist())):
         tokens = req_to_token[slot, :length].long()
         visible = torch.ones(1, length, dtype=torch.bool, device=q.device)
-        result[i] = _attend(q[i:i + 1], k_pool[tokens], v_pool[tokens], visible, sm_scale)[0]
+        result[i] = _attend(q[i : i + 1], k_pool[tokens], v_pool[tokens], visible, sm_scale)[0]
     return _finish(result, out, out_dtype or q.dtype)
 
 

@@ -11,6 +11,7 @@ drawn), cases (prefill and PD cases, and their seeded draw), runs (running and j
 search (campaigns and the bounded search), shrink, casefile (failing cases on disk), and cli
 (`pdo fuzz`, not imported here).
 """
+
 from __future__ import annotations
 
 from .casefile import load_case, save_case
@@ -22,8 +23,29 @@ from .shrink import shrink
 from .strategies import PCT, Default, Indices, RandomWalk, Replay, ScheduleDiverged, make_strategy
 
 __all__ = [
-    "CLIENT_ABORT", "PCT", "Case", "Controller", "Default", "Indices", "ManagedThread", "Outcome",
-    "PDCase", "RandomWalk", "Replay", "ScheduleDiverged", "StepLimit", "dfs_schedules",
-    "draw_pd_case", "find_bug", "load_case", "make_strategy", "pct_steps", "pd_draws", "run_case",
-    "run_pd_case", "run_prefill_case", "save_case", "shrink",
+    "CLIENT_ABORT",
+    "PCT",
+    "Case",
+    "Controller",
+    "Default",
+    "Indices",
+    "ManagedThread",
+    "Outcome",
+    "PDCase",
+    "RandomWalk",
+    "Replay",
+    "ScheduleDiverged",
+    "StepLimit",
+    "dfs_schedules",
+    "draw_pd_case",
+    "find_bug",
+    "load_case",
+    "make_strategy",
+    "pct_steps",
+    "pd_draws",
+    "run_case",
+    "run_pd_case",
+    "run_prefill_case",
+    "save_case",
+    "shrink",
 ]

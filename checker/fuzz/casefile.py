@@ -1,5 +1,6 @@
 """Failing cases on disk: the case, its schedule and its failures as JSON, which
 `pdo fuzz --replay` reads back."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,11 @@ from .cases import Case, PDCase
 
 def save_case(path: str, case, schedule: list[str], failures: list[str], **extra) -> None:
     with open(path, "w") as f:
-        json.dump({"case": dataclasses.asdict(case), "schedule": schedule, "failures": failures,
-                   **extra}, f, indent=1)
+        json.dump(
+            {"case": dataclasses.asdict(case), "schedule": schedule, "failures": failures, **extra},
+            f,
+            indent=1,
+        )
 
 
 def _case_of(fields: dict):

@@ -1,5 +1,6 @@
 """The cases a schedule runs: a prefill case (one prefill engine) and a PD case (prefill DP ranks,
 the bootstrap server and a decode, in one process), and the seeded draw of PD cases."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,13 +31,26 @@ class Case:
         # lazy: engine.workload imports torch, and `pdo` loads the fuzz CLI at every start-up
         from engine.workload import WorkloadConfig
 
-        cfg = EngineConfig(mode=self.mode, page_size=self.page_size, chunk_size=self.chunk_size,
-                           max_batch_tokens=self.max_batch_tokens, num_pages=self.num_pages,
-                           max_batch_reqs=8, max_slots=16, inject=frozenset(self.inject))
-        workload = WorkloadConfig(requests=self.requests, prompt_len=tuple(self.prompt_len),
-                                  hit=self.hit, groups=self.groups,
-                                  logit_bias_frac=self.logit_bias_frac, seed=self.workload_seed,
-                                  arrival=self.arrival, rate=5000.0)
+        cfg = EngineConfig(
+            mode=self.mode,
+            page_size=self.page_size,
+            chunk_size=self.chunk_size,
+            max_batch_tokens=self.max_batch_tokens,
+            num_pages=self.num_pages,
+            max_batch_reqs=8,
+            max_slots=16,
+            inject=frozenset(self.inject),
+        )
+        workload = WorkloadConfig(
+            requests=self.requests,
+            prompt_len=tuple(self.prompt_len),
+            hit=self.hit,
+            groups=self.groups,
+            logit_bias_frac=self.logit_bias_frac,
+            seed=self.workload_seed,
+            arrival=self.arrival,
+            rate=5000.0,
+        )
         return cfg, workload
 
 
@@ -47,6 +61,7 @@ class PDCase(Case):
     release, bootstrap latency and failures. Every thread (each rank's scheduler, forward worker,
     streams and KV transfer thread; the decode scheduler, its streams and prefetch workers) is a
     managed thread; the bootstrap server is served in-process."""
+
     kind: str = "pd"
     decode_loop: str = "overlap"
     prefetch: bool = True
@@ -66,23 +81,31 @@ class PDCase(Case):
     # query (while it is in flight, the case D-release-cancels is about); resume_memory n iterations
     # later
     release: tuple = ()
-    latency_ms: float = 0.0           # bootstrap latency (virtual time), on latency_scope
+    latency_ms: float = 0.0  # bootstrap latency (virtual time), on latency_scope
     latency_scope: str = "query_dp_ranks"
     # fraction of query_dp_ranks answered 503 (seeded by fault_seed)
     failure_rate: float = 0.0
     fault_seed: int = 0
-    prefill_delay_ms: float = 0.0     # prefill ranks register late: decode sees 503 until then
+    prefill_delay_ms: float = 0.0  # prefill ranks register late: decode sees 503 until then
 
     def configs(self):
         cfg, workload = super().configs()
         workload = dataclasses.replace(workload, max_new_tokens=self.max_new_tokens)
         # Virtual time: the clock moves only when every thread sleeps, so the bounds are in idle
         # time.
-        decode_cfg = DecodeConfig(loop=self.decode_loop, prefetch=self.prefetch,
-                                  polling_interval=self.polling_interval,
-                                  max_slots=self.decode_slots, num_pages=256, max_running=8,
-                                  query_retries=0, query_timeout_s=0.02, bootstrap_timeout_s=0.03,
-                                  kv_timeout_s=1.0, info_retry_interval_s=0.001)
+        decode_cfg = DecodeConfig(
+            loop=self.decode_loop,
+            prefetch=self.prefetch,
+            polling_interval=self.polling_interval,
+            max_slots=self.decode_slots,
+            num_pages=256,
+            max_running=8,
+            query_retries=0,
+            query_timeout_s=0.02,
+            bootstrap_timeout_s=0.03,
+            kv_timeout_s=1.0,
+            info_retry_interval_s=0.001,
+        )
         return cfg, workload, decode_cfg
 
 
@@ -93,19 +116,29 @@ def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
     knobs = dict(
         mode=rng.choice(["normal", "overlap", "thread", "ahead"]),
         decode_loop=rng.choice(["normal", "overlap"]),
-        dp=rng.choice([1, 2, 2, 3]), requests=rng.randint(2, 6),
-        prompt_len=(8, rng.choice([16, 40])), hit=rng.choice([0.0, 0.5, 0.8]),
-        max_new_tokens=rng.randint(1, 4), page_size=ps, chunk_size=4 * ps,
-        max_batch_tokens=6 * ps, workload_seed=rng.randrange(1000),
-        arrival=rng.choice(["burst", "poisson"]), polling_interval=rng.choice([1, 1, 2, 3]),
-        decode_slots=rng.choice([1, 2, 64, 64]), unserved=rng.choice([0, 1, 1, 2]),
-        aborts=tuple((rng.randint(2, 8), rng.randrange(-1, 4))
-                     for _ in range(rng.choice([0, 1, 2, 3]))),
+        dp=rng.choice([1, 2, 2, 3]),
+        requests=rng.randint(2, 6),
+        prompt_len=(8, rng.choice([16, 40])),
+        hit=rng.choice([0.0, 0.5, 0.8]),
+        max_new_tokens=rng.randint(1, 4),
+        page_size=ps,
+        chunk_size=4 * ps,
+        max_batch_tokens=6 * ps,
+        workload_seed=rng.randrange(1000),
+        arrival=rng.choice(["burst", "poisson"]),
+        polling_interval=rng.choice([1, 1, 2, 3]),
+        decode_slots=rng.choice([1, 2, 64, 64]),
+        unserved=rng.choice([0, 1, 1, 2]),
+        aborts=tuple(
+            (rng.randint(2, 8), rng.randrange(-1, 4)) for _ in range(rng.choice([0, 1, 2, 3]))
+        ),
         release=(rng.randint(1, 4), rng.randint(1, 4)) if rng.random() < 0.4 else (),
         latency_ms=rng.choice([0.0, 0.0, 0.5, 3.0]),
         latency_scope=rng.choice(["query_dp_ranks", "all"]),
-        failure_rate=rng.choice([0.0, 0.0, 0.3]), fault_seed=rng.randrange(100),
-        prefill_delay_ms=rng.choice([0.0, 0.0, 1.0]))
+        failure_rate=rng.choice([0.0, 0.0, 0.3]),
+        fault_seed=rng.randrange(100),
+        prefill_delay_ms=rng.choice([0.0, 0.0, 1.0]),
+    )
     knobs.update(fixed)
     return PDCase(**knobs)
 

@@ -1,5 +1,6 @@
 """`pdo fuzz`: controlled-schedule fuzzing of the engine, replay of a saved case, and the mutant
 table."""
+
 from __future__ import annotations
 
 import json
@@ -31,16 +32,23 @@ class Progress:
         width = 24
         fill = int(width * done / max(1, self.total))
         rate = events / max(1e-9, time.perf_counter() - self.t0)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} schedules, "
-                         f"{events} events checked ({rate:,.0f}/s), violations: {int(failed)}")
+        sys.stderr.write(
+            f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} schedules, "
+            f"{events} events checked ({rate:,.0f}/s), violations: {int(failed)}"
+        )
         sys.stderr.flush()
         if done == self.total or failed:
             sys.stderr.write("\n")
 
 
 def _case_from_args(a) -> Case:
-    return Case(mode=a.mode or "ahead", inject=tuple(a.inject or ()), requests=a.requests,
-                hit=a.hit, workload_seed=a.workload_seed)
+    return Case(
+        mode=a.mode or "ahead",
+        inject=tuple(a.inject or ()),
+        requests=a.requests,
+        hit=a.hit,
+        workload_seed=a.workload_seed,
+    )
 
 
 def _pd_fixed(a) -> dict:
@@ -84,17 +92,27 @@ def _report_failure(a, idx: int, out, label: str) -> int:
     case = out.case
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"fuzz-{label}-{a.strategy}-s{a.seed}-{idx}")
-    save_case(stem + ".case.json", case, out.schedule, out.failures, strategy=a.strategy,
-              seed=a.seed, index=idx)
+    save_case(
+        stem + ".case.json",
+        case,
+        out.schedule,
+        out.failures,
+        strategy=a.strategy,
+        seed=a.seed,
+        index=idx,
+    )
     small, sched, small_out = shrink(case, out.schedule, out.failures)
-    save_case(stem + ".shrunk.json", small, sched, small_out.failures,
-              shrunk_from=stem + ".case.json")
+    save_case(
+        stem + ".shrunk.json", small, sched, small_out.failures, shrunk_from=stem + ".case.json"
+    )
     run_case(small, Replay(sched, strict=False), trace_path=stem + ".trace.jsonl")
     print(f"pdo fuzz: failure after {idx + 1} schedule(s) ({a.strategy}, seed {a.seed}):")
     for f in out.failures[:6]:
         print(f"  {f}")
-    print(f"  shrunk to {small.requests} request(s), {len(sched)} schedule steps: "
-          f"{', '.join(small_out.failures[:3])}")
+    print(
+        f"  shrunk to {small.requests} request(s), {len(sched)} schedule steps: "
+        f"{', '.join(small_out.failures[:3])}"
+    )
     traces = f"{stem}.trace.*.jsonl" if isinstance(small, PDCase) else f"{stem}.trace.jsonl"
     print(f"  trace: {traces}   case: {stem}.case.json")
     print(f"replay: pdo fuzz --replay {stem}.shrunk.json")
@@ -107,8 +125,14 @@ def _campaign(a) -> int:
     if a.pd:
         if a.strategy == "dfs":
             return _error("--pd draws a new case per schedule; use --strategy pct or random")
-        idx, out = find_bug(None, a.strategy, schedules=a.schedules, seed=a.seed, on_progress=prog,
-                            draw=pd_draws(a.seed, **_pd_fixed(a)))
+        idx, out = find_bug(
+            None,
+            a.strategy,
+            schedules=a.schedules,
+            seed=a.seed,
+            on_progress=prog,
+            draw=pd_draws(a.seed, **_pd_fixed(a)),
+        )
         label = "pd"
     else:
         case = _case_from_args(a)
@@ -116,8 +140,10 @@ def _campaign(a) -> int:
         label = case.mode
     if idx is None:
         what = "PD cases" if a.pd else f"mode={case.mode}"
-        print(f"pdo fuzz: {what} strategy={a.strategy} inject={list(a.inject or ()) or '-'}: "
-              f"{a.schedules} schedules, {out} events, no violation")
+        print(
+            f"pdo fuzz: {what} strategy={a.strategy} inject={list(a.inject or ()) or '-'}: "
+            f"{a.schedules} schedules, {out} events, no violation"
+        )
         return 0
     return _report_failure(a, idx, out, label)
 
@@ -143,8 +169,9 @@ def mutant_row(name: str, *, strategy: str, seeds, budget: int) -> dict:
     kills, killed_by, failures, t0 = [], None, [], time.perf_counter()
     for seed in seeds:
         if name in DECODE_MUTANTS:
-            idx, out = find_bug(None, strategy, schedules=budget, seed=seed,
-                                draw=pd_draws(seed, inject=(name,)))
+            idx, out = find_bug(
+                None, strategy, schedules=budget, seed=seed, draw=pd_draws(seed, inject=(name,))
+            )
         else:
             case = Case(mode=MUTANT_MODE[name], inject=(name,), requests=6, hit=0.8)
             idx, out = find_bug(case, strategy, schedules=budget, seed=seed)
@@ -152,19 +179,26 @@ def mutant_row(name: str, *, strategy: str, seeds, budget: int) -> dict:
             kills.append(idx + 1)
             killed_by = killed_by or out.killed_by
             failures.append(out.failures)
-    return {"mutant": name, "side": "decode" if name in DECODE_MUTANTS else "prefill",
-            "killed": len(kills) == len(seeds), "killed_by": killed_by, "failures": failures,
-            "schedules_to_kill": statistics.median(kills) if kills else None,
-            "kills_per_seed": kills, "kills": f"{len(kills)}/{len(seeds)}",
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "mutant": name,
+        "side": "decode" if name in DECODE_MUTANTS else "prefill",
+        "killed": len(kills) == len(seeds),
+        "killed_by": killed_by,
+        "failures": failures,
+        "schedules_to_kill": statistics.median(kills) if kills else None,
+        "kills_per_seed": kills,
+        "kills": f"{len(kills)}/{len(seeds)}",
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 def _mutant_table(a) -> int:
     # dfs runs one fixed case: prefill mutants only
     names = a.inject or list(MUTANTS if a.strategy == "dfs" else ALL_MUTANTS)
     if a.strategy == "dfs" and any(n in DECODE_MUTANTS for n in names):
-        return _error("--strategy dfs runs one fixed prefill case; decode mutants need pct or "
-                      "random")
+        return _error(
+            "--strategy dfs runs one fixed prefill case; decode mutants need pct or random"
+        )
     seeds = range(a.seed, a.seed + a.seeds)
     rows = []
     for name in names:
@@ -172,23 +206,39 @@ def _mutant_table(a) -> int:
         rows.append(row)
         if not a.json:
             verdict = "killed" if row["killed"] else "SURVIVED"
-            print(f"{row['mutant']:34s} {row['side']:7s} {verdict:8s} "
-                  f"{row['kills']:>5s} median {row['schedules_to_kill']!s:>5s} schedules  "
-                  f"{row['seconds']:6.1f}s  by {row['killed_by']}", flush=True)
+            print(
+                f"{row['mutant']:34s} {row['side']:7s} {verdict:8s} "
+                f"{row['kills']:>5s} median {row['schedules_to_kill']!s:>5s} schedules  "
+                f"{row['seconds']:6.1f}s  by {row['killed_by']}",
+                flush=True,
+            )
     if a.json:
-        keys = ("mutant", "side", "killed", "killed_by", "schedules_to_kill", "kills_per_seed",
-                "seconds")
+        keys = (
+            "mutant",
+            "side",
+            "killed",
+            "killed_by",
+            "schedules_to_kill",
+            "kills_per_seed",
+            "seconds",
+        )
         print(json.dumps([{k: r[k] for k in keys} for r in rows]))
     return 0 if all(r["killed"] for r in rows) else 1
 
 
 def register(sub) -> None:
     p = sub.add_parser("fuzz", help="fuzz schedules of the engine (controlled interleavings)")
-    p.add_argument("--mode", choices=["normal", "overlap", "thread", "ahead"], default=None,
-                   help="prefill loop (default ahead; with --pd: drawn per schedule unless given)")
-    p.add_argument("--pd", action="store_true",
-                   help="fuzz whole PD runs (prefill ranks + bootstrap + decode), a case drawn per "
-                        "schedule")
+    p.add_argument(
+        "--mode",
+        choices=["normal", "overlap", "thread", "ahead"],
+        default=None,
+        help="prefill loop (default ahead; with --pd: drawn per schedule unless given)",
+    )
+    p.add_argument(
+        "--pd",
+        action="store_true",
+        help="fuzz whole PD runs (prefill ranks + bootstrap + decode), a case drawn per schedule",
+    )
     p.add_argument("--inject", action="append", metavar="MUTANT", help="turn on a bug (repeatable)")
     # dfs: prefill only
     p.add_argument("--strategy", choices=["pct", "random", "dfs"], default="pct")
@@ -197,16 +247,22 @@ def register(sub) -> None:
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--hit", type=float, default=0.8)
     p.add_argument("--workload-seed", type=int, default=0)
-    p.add_argument("--replay", metavar="FILE",
-                   help="replay a saved case (.case.json or .shrunk.json)")
+    p.add_argument(
+        "--replay", metavar="FILE", help="replay a saved case (.case.json or .shrunk.json)"
+    )
     p.add_argument("--trace", metavar="FILE", help="with --replay: write the replayed trace here")
-    p.add_argument("--mutants", action="store_true",
-                   help="the mutant table: schedules to first kill per mutant")
-    p.add_argument("--seeds", type=int, default=5,
-                   help="with --mutants: seeds to take the median over")
+    p.add_argument(
+        "--mutants",
+        action="store_true",
+        help="the mutant table: schedules to first kill per mutant",
+    )
+    p.add_argument(
+        "--seeds", type=int, default=5, help="with --mutants: seeds to take the median over"
+    )
     p.add_argument("--list-mutants", action="store_true")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--progress", action="store_true",
-                   help="show progress even when stderr is not a terminal")
+    p.add_argument(
+        "--progress", action="store_true", help="show progress even when stderr is not a terminal"
+    )
     p.add_argument("--out", default="fuzz-out", help="where failing cases are written")
     p.set_defaults(fn=cmd_fuzz)

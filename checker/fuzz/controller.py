@@ -1,5 +1,6 @@
 """The schedule controller: lets exactly one managed thread run at a time and, at every schedule
 point (engine/sync.py), asks its strategy which enabled thread goes next."""
+
 from __future__ import annotations
 
 import threading
@@ -11,6 +12,7 @@ from engine import sync
 class ManagedThread:
     """The controller's view of one managed thread: parked (waiting for its turn) or running, the
     predicate it blocks on, the label of its schedule point."""
+
     __slots__ = ("name", "parked", "pred", "label", "ready", "wake")
 
     def __init__(self, name):
@@ -146,8 +148,9 @@ class Controller:
 
     def _enabled(self) -> list[str]:
         """The threads that may go next, by name."""
-        enabled = sorted(n for n, t in self.threads.items()
-                         if t.parked and (t.pred is None or t.pred()))
+        enabled = sorted(
+            n for n, t in self.threads.items() if t.parked and (t.pred is None or t.pred())
+        )
         # A sleeping thread lets every other enabled thread go first (a poll loop must not starve
         # the threads it waits for, whatever the strategy's priorities say), and sleepers wake in
         # virtual-time order (two poll loops must not starve each other either).

@@ -4,6 +4,7 @@ single-process reference, aborts (PD cases: only the documented ones) and leaks.
 The engine's torch-heavy modules are imported where a case first runs: `pdo` loads the fuzz CLI,
 and with it this harness, at every start-up.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,11 @@ class Outcome:
 
 
 def _sorted_failures(failures: list[str]) -> None:
-    failures.sort(key=lambda f: next((i for i, p in enumerate(_FAILURE_ORDER) if f.startswith(p)),
-                                     len(_FAILURE_ORDER)))
+    failures.sort(
+        key=lambda f: next(
+            (i for i, p in enumerate(_FAILURE_ORDER) if f.startswith(p)), len(_FAILURE_ORDER)
+        )
+    )
 
 
 def _run_failures(ctl: Controller, error) -> list[str]:
@@ -81,8 +85,13 @@ def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
 
 # ---- one prefill case ----------------------------------------------------------------------------
 def _reference(cfg, req):
-    key = (cfg.model, cfg.seed, cfg.dtype, tuple(req.prompt),
-           tuple(sorted((req.logit_bias or {}).items())))
+    key = (
+        cfg.model,
+        cfg.seed,
+        cfg.dtype,
+        tuple(req.prompt),
+        tuple(sorted((req.logit_bias or {}).items())),
+    )
     if key not in _REF_CACHE:
         from engine.reference_prefill import reference_prefill  # lazy: imports torch
 
@@ -100,16 +109,18 @@ def _prefill_output_failures(cfg, summary) -> list[str]:
     for req in summary["_requests"]:
         first, k_ref, v_ref = _reference(cfg, req)
         if req.output_token != first:
-            failures.append(f"output: {req.rid} first token {req.output_token} != reference "
-                            f"{first}")
+            failures.append(
+                f"output: {req.rid} first token {req.output_token} != reference {first}"
+            )
             continue
         room = receiver.rooms.get(req.bootstrap_room)
         if room is None or room["meta"] is None:
             failures.append(f"output: {req.rid} KV never fully received")
             continue
         k, v = receiver.kv(req.bootstrap_room)
-        if k.shape != k_ref.shape or not (torch.allclose(k, k_ref, atol=1e-3)
-                                          and torch.allclose(v, v_ref, atol=1e-3)):
+        if k.shape != k_ref.shape or not (
+            torch.allclose(k, k_ref, atol=1e-3) and torch.allclose(v, v_ref, atol=1e-3)
+        ):
             failures.append(f"output: {req.rid} received KV differs from the reference")
     return failures
 
@@ -136,8 +147,9 @@ def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcom
     if trace_path is None:
         os.unlink(path)
     _sorted_failures(failures)
-    return Outcome(failures, list(ctl.choices), len(tracer.events), tracer.events, tracer.header,
-                   case=case)
+    return Outcome(
+        failures, list(ctl.choices), len(tracer.events), tracer.events, tracer.header, case=case
+    )
 
 
 # ---- one PD case: prefill DP ranks + bootstrap + decode, in one process --------------------------
@@ -149,8 +161,12 @@ def _model(cfg):
 
         from engine.model import TinyLlama  # lazy: imports torch
 
-        _MODELS[key] = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype),
-                                 device=torch.device(cfg.device))
+        _MODELS[key] = TinyLlama(
+            cfg.model_config,
+            seed=cfg.seed,
+            dtype=getattr(torch, cfg.dtype),
+            device=torch.device(cfg.device),
+        )
     return _MODELS[key]
 
 
@@ -161,8 +177,14 @@ def _rules():
 
 
 def _reference_tokens(cfg, req):
-    key = (cfg.model, cfg.seed, cfg.dtype, tuple(req.prompt),
-           tuple(sorted((req.logit_bias or {}).items())), req.max_new_tokens)
+    key = (
+        cfg.model,
+        cfg.seed,
+        cfg.dtype,
+        tuple(req.prompt),
+        tuple(sorted((req.logit_bias or {}).items())),
+        req.max_new_tokens,
+    )
     if key not in _GEN_CACHE:
         from engine.reference import reference_generate  # lazy: imports torch
 
@@ -180,10 +202,11 @@ def _pd_hooks(case: PDCase):
     def after_prefetch(sched):
         for it, k in aborts:
             if it == sched.iter:
-                unfinished = (r for r in sched.by_room.values()
-                              if r.state not in ("new", "done", "aborted"))
+                unfinished = (
+                    r for r in sched.by_room.values() if r.state not in ("new", "done", "aborted")
+                )
                 live = list(sched.prealloc.pending) or sorted(unfinished, key=lambda r: r.room)
-                for r in (live if k < 0 else [live[k % len(live)]] if live else []):
+                for r in live if k < 0 else [live[k % len(live)]] if live else []:
                     sched.abort(r, CLIENT_ABORT)
         if release:
             nth, after = release
@@ -191,8 +214,9 @@ def _pd_hooks(case: PDCase):
             if state["released_at"] is None and len(state["seen"]) >= nth:
                 state["released_at"] = sched.iter
                 sched.release_memory_occupation()
-            elif (state["released_at"] is not None
-                  and sched.iter == state["released_at"] + max(1, after)):
+            elif state["released_at"] is not None and sched.iter == state["released_at"] + max(
+                1, after
+            ):
                 sched.resume_memory_occupation()
 
     return {"after_prefetch": after_prefetch}
@@ -205,15 +229,18 @@ def _expected_abort(case: PDCase, decode_cfg, rid: str, reason: str) -> bool:
     if reason == CLIENT_ABORT or rid.startswith("x"):
         return True
     faulty = case.failure_rate > 0 or case.latency_ms / 1000.0 >= decode_cfg.query_timeout_s
-    return faulty and any(k in reason for k in ("unknown to the bootstrap server", "DP-rank query",
-                                                 "prefill parallel info"))
+    return faulty and any(
+        k in reason
+        for k in ("unknown to the bootstrap server", "DP-rank query", "prefill parallel info")
+    )
 
 
 def _unserved_requests(case: PDCase) -> list:
     """Decode-only requests for rooms no prefill rank serves."""
-    return [DecodeReq(f"x{i}", 5000 + i, None, [1 + (i + j) % 7 for j in range(5)],
-                      case.max_new_tokens)
-            for i in range(case.unserved)]
+    return [
+        DecodeReq(f"x{i}", 5000 + i, None, [1 + (i + j) % 7 for j in range(5)], case.max_new_tokens)
+        for i in range(case.unserved)
+    ]
 
 
 def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, stem: str):
@@ -222,15 +249,29 @@ def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, ste
     from engine.pd import run_pd  # lazy: imports torch
 
     def faults(server):
-        server.set_faults(latency_s=case.latency_ms / 1000.0, latency_scope=case.latency_scope,
-                          failure_rate=case.failure_rate, seed=case.fault_seed)
+        server.set_faults(
+            latency_s=case.latency_ms / 1000.0,
+            latency_scope=case.latency_scope,
+            failure_rate=case.failure_rate,
+            seed=case.fault_seed,
+        )
 
     ctl.install("main")
     try:
-        summary = run_pd(cfg, workload, decode_cfg, dp=case.dp, trace_path=stem,
-                         hooks=_pd_hooks(case), extra_decode_reqs=extra,
-                         prefill_delay_s=case.prefill_delay_ms / 1000.0, verify=False,
-                         server_hook=faults, bootstrap="inproc", model=_model(cfg))
+        summary = run_pd(
+            cfg,
+            workload,
+            decode_cfg,
+            dp=case.dp,
+            trace_path=stem,
+            hooks=_pd_hooks(case),
+            extra_decode_reqs=extra,
+            prefill_delay_s=case.prefill_delay_ms / 1000.0,
+            verify=False,
+            server_hook=faults,
+            bootstrap="inproc",
+            model=_model(cfg),
+        )
         return summary, None
     except Exception as exc:  # noqa: BLE001 - judged by the caller
         return None, exc
@@ -249,8 +290,9 @@ def _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary) -> list
         dreqs[r.rid] = r
     for rid, toks in summary["outputs"].items():
         if toks != _reference_tokens(cfg, dreqs[rid]):
-            failures.append(f"output: {rid} tokens {toks} != reference "
-                            f"{_reference_tokens(cfg, dreqs[rid])}")
+            failures.append(
+                f"output: {rid} tokens {toks} != reference {_reference_tokens(cfg, dreqs[rid])}"
+            )
     for rid, reason in summary["aborted"].items():
         if not _expected_abort(case, decode_cfg, rid, reason):
             failures.append(f"output: {rid} aborted: {reason}"[:300])

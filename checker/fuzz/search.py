@@ -1,5 +1,6 @@
 """Searching for a failing schedule: a campaign of drawn schedules (`find_bug`) and the bounded
 exhaustive search over preemptions (`dfs_schedules`)."""
+
 from __future__ import annotations
 
 from .cases import Case, pct_steps

@@ -1,5 +1,6 @@
 """Shrinking a failing case: fewer requests, fewer complications (PD cases), a shorter schedule,
 as long as it still fails the same way."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +10,19 @@ from .runs import run_case
 from .strategies import Replay
 
 # The PD knobs shrinking tries to turn off, in this order, each with its simplest value.
-_PD_SIMPLER = (("unserved", 0), ("aborts", ()), ("release", ()), ("failure_rate", 0.0),
-               ("latency_ms", 0.0), ("prefill_delay_ms", 0.0), ("decode_slots", 64),
-               ("polling_interval", 1), ("dp", 1), ("max_new_tokens", 1), ("arrival", "burst"))
+_PD_SIMPLER = (
+    ("unserved", 0),
+    ("aborts", ()),
+    ("release", ()),
+    ("failure_rate", 0.0),
+    ("latency_ms", 0.0),
+    ("prefill_delay_ms", 0.0),
+    ("decode_slots", 64),
+    ("polling_interval", 1),
+    ("dp", 1),
+    ("max_new_tokens", 1),
+    ("arrival", "burst"),
+)
 
 
 def _same_failure(a: str, b: str) -> bool:

@@ -1,6 +1,7 @@
 """Strategies: how a schedule is drawn. Each has `choose(enabled, running, step)`, called by the
 controller at every schedule point with the enabled thread names (sorted), the running thread and
 the step number; it returns the thread that goes next."""
+
 from __future__ import annotations
 
 import random
@@ -27,6 +28,7 @@ class PCT:
     """Burckhardt et al.'s PCT: threads get random distinct priorities; at d-1 random steps the
     running thread drops to the lowest priority. Finds any bug of depth d with probability
     >= 1/(n k^(d-1))."""
+
     name = "pct"
 
     def __init__(self, seed: int, depth: int = 3, steps: int = 400):
@@ -52,6 +54,7 @@ class ScheduleDiverged(RuntimeError):
 
 class Replay:
     """Follow a recorded schedule; past its end, the non-preemptive default."""
+
     name = "replay"
 
     def __init__(self, choices: list[str], *, strict: bool = True):
@@ -66,14 +69,16 @@ class Replay:
             if self.diverged_at is None:
                 self.diverged_at = step
             if self.strict:
-                raise ScheduleDiverged(f"schedule step {step}: {want} is not enabled "
-                                       f"(enabled: {', '.join(enabled)})")
+                raise ScheduleDiverged(
+                    f"schedule step {step}: {want} is not enabled (enabled: {', '.join(enabled)})"
+                )
         return Default().choose(enabled, running, step)
 
 
 class Indices:
     """Hypothesis-driven: the i-th choice is enabled[ints[i] % len]; past the list, the default.
     Shrinking the list towards zeros and shorter lengths shrinks the schedule."""
+
     name = "hypothesis"
 
     def __init__(self, ints):

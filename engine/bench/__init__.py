@@ -44,6 +44,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_LAUNCH_COST_US", "Progress", "bench_prefill", "bench_trace_overhead",
-           "emit_cost_ns", "format_trace_overhead", "run_one", "trace_metrics",
-           *_FROM_CHECKER_BENCH]
+__all__ = [
+    "DEFAULT_LAUNCH_COST_US",
+    "Progress",
+    "bench_prefill",
+    "bench_trace_overhead",
+    "emit_cost_ns",
+    "format_trace_overhead",
+    "run_one",
+    "trace_metrics",
+    *_FROM_CHECKER_BENCH,
+]

@@ -15,10 +15,12 @@ from .registry import BENCH
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench",
-                       help="benchmarks: prefill loops, tracing overhead, checker throughput")
-    bench_sub = p.add_subparsers(dest="bench", required=True,
-                                 metavar="{prefill,trace-overhead,checker,...}")
+    p = sub.add_parser(
+        "bench", help="benchmarks: prefill loops, tracing overhead, checker throughput"
+    )
+    bench_sub = p.add_subparsers(
+        dest="bench", required=True, metavar="{prefill,trace-overhead,checker,...}"
+    )
     for name, command in BENCH.items():
         q = bench_sub.add_parser(name, help=command.help)
         command.add_arguments(q)

@@ -34,31 +34,46 @@ LATENCIES_MS = (0.5, 2.0, 10.0)
 
 
 def add_decode_arguments(q) -> None:
-    q.add_argument("--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS),
-                   help="ms, comma-separated")
+    q.add_argument(
+        "--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS), help="ms, comma-separated"
+    )
     q.add_argument("--reps", type=int, default=2, help="runs per arm and latency (default 2)")
     q.add_argument("--requests", type=int, default=24)
     q.add_argument("--max-new-tokens", type=int, default=24)
-    q.add_argument("--rate", type=float, default=10.0,
-                   help="request arrival rate (Poisson), per second")
+    q.add_argument(
+        "--rate", type=float, default=10.0, help="request arrival rate (Poisson), per second"
+    )
     q.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
-    q.add_argument("--prefill-launch-cost-us", type=float, default=200000.0,
-                   help="prefill host time per layer launch (EngineConfig.launch_cost_us, GIL "
-                        "released): the default makes a prefill iteration ~0.4 s, a large model's "
-                        "prefill step")
+    q.add_argument(
+        "--prefill-launch-cost-us",
+        type=float,
+        default=200000.0,
+        help="prefill host time per layer launch (EngineConfig.launch_cost_us, GIL "
+        "released): the default makes a prefill iteration ~0.4 s, a large model's "
+        "prefill step",
+    )
     q.add_argument("--dp", type=int, default=2)
     q.add_argument("--mode", default="normal", help="prefill loop")
     q.add_argument("--decode-mode", choices=["normal", "overlap"], default="overlap")
-    q.add_argument("--polling-interval", type=int, default=1,
-                   help="decode polls its prealloc queue every N iterations (SGLang's "
-                        "--disaggregation-decode-polling-interval)")
-    q.add_argument("--recv-wait-us", type=float, default=17000.0,
-                   help="decode's wait in request intake per iteration, between the loop top and "
-                        "the consumption point (default: the design text's measured prefetch lead, "
-                        "17.35 ms rounded down)")
+    q.add_argument(
+        "--polling-interval",
+        type=int,
+        default=1,
+        help="decode polls its prealloc queue every N iterations (SGLang's "
+        "--disaggregation-decode-polling-interval)",
+    )
+    q.add_argument(
+        "--recv-wait-us",
+        type=float,
+        default=17000.0,
+        help="decode's wait in request intake per iteration, between the loop top and "
+        "the consumption point (default: the design text's measured prefetch lead, "
+        "17.35 ms rounded down)",
+    )
     q.add_argument("--latency-scope", choices=["all", "query_dp_ranks"], default="all")
-    q.add_argument("--json", action="store_true",
-                   help="print the results as JSON instead of the table")
+    q.add_argument(
+        "--json", action="store_true", help="print the results as JSON instead of the table"
+    )
 
 
 def cmd_decode(a) -> int:
@@ -66,12 +81,22 @@ def cmd_decode(a) -> int:
     if not lat or any(x < 0 for x in lat) or a.reps < 1 or a.requests < 1:
         raise ValueError("--latencies must be non-negative numbers, --reps and --requests >= 1")
     lo, _, hi = a.prompt_len.partition(":")
-    res = bench_decode(latencies_ms=lat, reps=a.reps, requests=a.requests,
-                       max_new_tokens=a.max_new_tokens, rate=a.rate,
-                       prompt_len=(int(lo), int(hi or lo)), launch_cost_us=a.prefill_launch_cost_us,
-                       dp=a.dp, mode=a.mode, decode_mode=a.decode_mode,
-                       polling_interval=a.polling_interval, recv_wait_us=a.recv_wait_us,
-                       latency_scope=a.latency_scope, progress=not a.json)
+    res = bench_decode(
+        latencies_ms=lat,
+        reps=a.reps,
+        requests=a.requests,
+        max_new_tokens=a.max_new_tokens,
+        rate=a.rate,
+        prompt_len=(int(lo), int(hi or lo)),
+        launch_cost_us=a.prefill_launch_cost_us,
+        dp=a.dp,
+        mode=a.mode,
+        decode_mode=a.decode_mode,
+        polling_interval=a.polling_interval,
+        recv_wait_us=a.recv_wait_us,
+        latency_scope=a.latency_scope,
+        progress=not a.json,
+    )
     print(json.dumps(res, indent=1) if a.json else markdown(res))
     return 0 if res["ok"] else 1
 
@@ -80,13 +105,29 @@ class _Bootstrap:
     """A `pdo bootstrap` process on a free port, for one run."""
 
     def __init__(self, latency_ms: float, scope: str, dp: int):
-        self.p = subprocess.Popen([sys.executable, "-m", "engine.cli", "bootstrap", "--port", "0",
-                                   "--latency-ms", str(latency_ms), "--latency-scope", scope,
-                                   "--expected-ranks", str(dp)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "bootstrap",
+                "--port",
+                "0",
+                "--latency-ms",
+                str(latency_ms),
+                "--latency-scope",
+                scope,
+                "--expected-ranks",
+                str(dp),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         box: dict = {}
-        reader = threading.Thread(target=lambda: box.setdefault("line", self.p.stdout.readline()),
-                                  daemon=True)
+        reader = threading.Thread(
+            target=lambda: box.setdefault("line", self.p.stdout.readline()), daemon=True
+        )
         reader.start()
         reader.join(30)
         if "listening on " not in box.get("line", ""):
@@ -102,8 +143,9 @@ class _Bootstrap:
             self.p.kill()
 
 
-def _runs_at(lat, cfg, wc, *, reps, dp, decode_mode, polling_interval, recv_wait_us,
-             latency_scope, progress) -> dict:
+def _runs_at(
+    lat, cfg, wc, *, reps, dp, decode_mode, polling_interval, recv_wait_us, latency_scope, progress
+) -> dict:
     """`reps` PD runs per arm at one bootstrap latency, prefetch on and off alternating:
     {True: [summary, ...], False: [...]}."""
     from ..pd import run_pd  # lazy: imports torch, slow for every pdo start
@@ -111,8 +153,12 @@ def _runs_at(lat, cfg, wc, *, reps, dp, decode_mode, polling_interval, recv_wait
     arms = {True: [], False: []}
     for rep in range(reps):
         for prefetch in (True, False):
-            dc = DecodeConfig(loop=decode_mode, prefetch=prefetch,
-                              polling_interval=polling_interval, recv_wait_us=recv_wait_us)
+            dc = DecodeConfig(
+                loop=decode_mode,
+                prefetch=prefetch,
+                polling_interval=polling_interval,
+                recv_wait_us=recv_wait_us,
+            )
             server = _Bootstrap(lat, latency_scope, dp)
             try:
                 s = run_pd(cfg, wc, dc, dp=dp, bootstrap_url=server.url)
@@ -121,41 +167,92 @@ def _runs_at(lat, cfg, wc, *, reps, dp, decode_mode, polling_interval, recv_wait
             arms[prefetch].append(s)
             if progress:
                 r = s["resolve"]
-                print(f"  {lat:g} ms prefetch={'on ' if prefetch else 'off'} rep {rep + 1}/{reps}: "
-                      f"wait {r['mean_wait_ms']:.3f} ms over {r['count']} {r['by_source']}",
-                      file=sys.stderr)
+                print(
+                    f"  {lat:g} ms prefetch={'on ' if prefetch else 'off'} rep {rep + 1}/{reps}: "
+                    f"wait {r['mean_wait_ms']:.3f} ms over {r['count']} {r['by_source']}",
+                    file=sys.stderr,
+                )
     return arms
 
 
-def bench_decode(*, latencies_ms=LATENCIES_MS, reps=2, requests=24, max_new_tokens=24, rate=10.0,
-                 prompt_len=(24, 160), launch_cost_us=200000.0, dp=2, mode="normal",
-                 decode_mode="overlap", polling_interval=1, recv_wait_us=17000.0,
-                 latency_scope="all", progress=False) -> dict:
+def bench_decode(
+    *,
+    latencies_ms=LATENCIES_MS,
+    reps=2,
+    requests=24,
+    max_new_tokens=24,
+    rate=10.0,
+    prompt_len=(24, 160),
+    launch_cost_us=200000.0,
+    dp=2,
+    mode="normal",
+    decode_mode="overlap",
+    polling_interval=1,
+    recv_wait_us=17000.0,
+    latency_scope="all",
+    progress=False,
+) -> dict:
     from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     cfg = EngineConfig(mode=mode, launch_cost_us=launch_cost_us)
-    wc = WorkloadConfig(requests=requests, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                        arrival="poisson", rate=rate, seed=1)
+    wc = WorkloadConfig(
+        requests=requests,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        arrival="poisson",
+        rate=rate,
+        seed=1,
+    )
     rows = []
     for lat in latencies_ms:
-        arms = _runs_at(lat, cfg, wc, reps=reps, dp=dp, decode_mode=decode_mode,
-                        polling_interval=polling_interval, recv_wait_us=recv_wait_us,
-                        latency_scope=latency_scope, progress=progress)
-        rows.append({"latency_ms": lat, "prefetch": _arm(arms[True]),
-                     "no_prefetch": _arm(arms[False])})
+        arms = _runs_at(
+            lat,
+            cfg,
+            wc,
+            reps=reps,
+            dp=dp,
+            decode_mode=decode_mode,
+            polling_interval=polling_interval,
+            recv_wait_us=recv_wait_us,
+            latency_scope=latency_scope,
+            progress=progress,
+        )
+        rows.append(
+            {"latency_ms": lat, "prefetch": _arm(arms[True]), "no_prefetch": _arm(arms[False])}
+        )
     for row in rows:
         on, off = row["prefetch"], row["no_prefetch"]
-        row["wait_cut"] = (off["mean_wait_ms"] / on["mean_wait_ms"] if on["mean_wait_ms"] > 0
-                           else float("inf"))
-    ok = all(a["errors"] == 0 and a["aborted"] == 0 and a["identical"] for r in rows
-             for a in (r["prefetch"], r["no_prefetch"]))
-    config = {"requests": requests, "max_new_tokens": max_new_tokens, "rate": rate,
-              "prompt_len": list(prompt_len), "prefill_launch_cost_us": launch_cost_us,
-              "dp": dp, "prefill_mode": mode, "decode_mode": decode_mode,
-              "polling_interval": polling_interval, "recv_wait_us": recv_wait_us,
-              "latency_scope": latency_scope, "reps": reps}
-    return {"bench": "decode", "date": datetime.date.today().isoformat(), "host": platform.node(),
-            "cpus": _cpus(), "config": config, "rows": rows, "ok": ok}
+        row["wait_cut"] = (
+            off["mean_wait_ms"] / on["mean_wait_ms"] if on["mean_wait_ms"] > 0 else float("inf")
+        )
+    ok = all(
+        a["errors"] == 0 and a["aborted"] == 0 and a["identical"]
+        for r in rows
+        for a in (r["prefetch"], r["no_prefetch"])
+    )
+    config = {
+        "requests": requests,
+        "max_new_tokens": max_new_tokens,
+        "rate": rate,
+        "prompt_len": list(prompt_len),
+        "prefill_launch_cost_us": launch_cost_us,
+        "dp": dp,
+        "prefill_mode": mode,
+        "decode_mode": decode_mode,
+        "polling_interval": polling_interval,
+        "recv_wait_us": recv_wait_us,
+        "latency_scope": latency_scope,
+        "reps": reps,
+    }
+    return {
+        "bench": "decode",
+        "date": datetime.date.today().isoformat(),
+        "host": platform.node(),
+        "cpus": _cpus(),
+        "config": config,
+        "rows": rows,
+        "ok": ok,
+    }
 
 
 def _arm(runs: list) -> dict:
@@ -166,7 +263,8 @@ def _arm(runs: list) -> dict:
     for x in samples:
         by_source[x["source"]] = by_source.get(x["source"], 0) + 1
     return {
-        "consumption_points": len(samples), "by_source": by_source,
+        "consumption_points": len(samples),
+        "by_source": by_source,
         "mean_wait_ms": statistics.fmean(waits) if waits else 0.0,
         "p99_wait_ms": pct(waits, 99) if waits else 0.0,
         "mean_lead_ms": statistics.fmean(leads) if leads else 0.0,
@@ -185,28 +283,37 @@ def _cpus() -> int:
 def markdown(res: dict) -> str:
     c = res["config"]
     host_ms = 2 * c["prefill_launch_cost_us"] / 1e3
-    lines = [f"pdo bench decode — {res['date']}, {res['cpus']} CPUs; {c['requests']} requests "
-             f"(Poisson {c['rate']:g}/s, prompts {c['prompt_len'][0]}-{c['prompt_len'][1]} "
-             f"tokens), {c['max_new_tokens']} new tokens each; {c['dp']} prefill DP ranks "
-             f"({c['prefill_mode']}, host path {host_ms:g} ms per iteration); decode "
-             f"{c['decode_mode']}, polling interval {c['polling_interval']}, intake wait "
-             f"{c['recv_wait_us'] / 1e3:g} ms; latency scope {c['latency_scope']}; {c['reps']} "
-             f"runs per arm", "",
-             "| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) "
-             "| lead mean (ms) | decode tok/s | errors | outputs |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"pdo bench decode — {res['date']}, {res['cpus']} CPUs; {c['requests']} requests "
+        f"(Poisson {c['rate']:g}/s, prompts {c['prompt_len'][0]}-{c['prompt_len'][1]} "
+        f"tokens), {c['max_new_tokens']} new tokens each; {c['dp']} prefill DP ranks "
+        f"({c['prefill_mode']}, host path {host_ms:g} ms per iteration); decode "
+        f"{c['decode_mode']}, polling interval {c['polling_interval']}, intake wait "
+        f"{c['recv_wait_us'] / 1e3:g} ms; latency scope {c['latency_scope']}; {c['reps']} "
+        f"runs per arm",
+        "",
+        "| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) "
+        "| lead mean (ms) | decode tok/s | errors | outputs |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for row in res["rows"]:
         for name, key in (("prefetch", "prefetch"), ("--no-prefetch", "no_prefetch")):
             a = row[key]
-            lines.append(f"| {row['latency_ms']:g} ms | {name} | {a['consumption_points']} | "
-                         f"{a['mean_wait_ms']:.3f} | {a['p99_wait_ms']:.3f} | "
-                         f"{a['mean_lead_ms']:.3f} | {a['decode_tok_per_s']:.0f} | "
-                         f"{a['errors'] + a['aborted']} | "
-                         f"{'identical' if a['identical'] else 'MISMATCH'} |")
+            lines.append(
+                f"| {row['latency_ms']:g} ms | {name} | {a['consumption_points']} | "
+                f"{a['mean_wait_ms']:.3f} | {a['p99_wait_ms']:.3f} | "
+                f"{a['mean_lead_ms']:.3f} | {a['decode_tok_per_s']:.0f} | "
+                f"{a['errors'] + a['aborted']} | "
+                f"{'identical' if a['identical'] else 'MISMATCH'} |"
+            )
         lines.append(f"| | **wait cut** | | **{row['wait_cut']:.1f}×** | | | | | |")
     return "\n".join(lines)
 
 
-BENCH.register("decode")(BenchCommand(
-    help="decode DP-rank prefetch vs --no-prefetch at 0.5/2/10 ms bootstrap latency",
-    add_arguments=add_decode_arguments, run=cmd_decode))
+BENCH.register("decode")(
+    BenchCommand(
+        help="decode DP-rank prefetch vs --no-prefetch at 0.5/2/10 ms bootstrap latency",
+        add_arguments=add_decode_arguments,
+        run=cmd_decode,
+    )
+)

@@ -19,26 +19,44 @@ def add_engine_knobs(p) -> None:
     g = p.add_argument_group("engine and workload")
     g.add_argument("--model", choices=["tiny", "large"], default="tiny")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    g.add_argument("--dtype", default=None,
-                   help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
-    g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto",
-                   help="auto: torch on cpu, the Triton kernels on cuda")
-    g.add_argument("--num-pages", type=int, default=512,
-                   help="KV pool pages (of --page-size tokens)")
+    g.add_argument(
+        "--dtype", default=None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)"
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=["auto", "torch", "triton"],
+        default="auto",
+        help="auto: torch on cpu, the Triton kernels on cuda",
+    )
+    g.add_argument(
+        "--num-pages", type=int, default=512, help="KV pool pages (of --page-size tokens)"
+    )
     g.add_argument("--page-size", type=int, default=16)
     g.add_argument("--max-batch-reqs", type=int, default=16)
-    g.add_argument("--admission-cost-us", type=float, default=0.0,
-                   help="extra host work per admitted request (a heavier scheduler)")
-    g.add_argument("--launch-cost-us", type=float, default=None,
-                   help="host time per layer launch inside run_batch (eager launch overhead); "
-                        "default: 0 for trace-overhead, 1000 for prefill on cpu, 0 on cuda "
-                        "(see docs/benchmarks.md)")
+    g.add_argument(
+        "--admission-cost-us",
+        type=float,
+        default=0.0,
+        help="extra host work per admitted request (a heavier scheduler)",
+    )
+    g.add_argument(
+        "--launch-cost-us",
+        type=float,
+        default=None,
+        help="host time per layer launch inside run_batch (eager launch overhead); "
+        "default: 0 for trace-overhead, 1000 for prefill on cpu, 0 on cuda "
+        "(see docs/benchmarks.md)",
+    )
     g.add_argument("--max-batch-tokens", type=int, default=256)
     g.add_argument("--chunk-size", type=int, default=128)
     g.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
     g.add_argument("--groups", type=int, default=3)
-    g.add_argument("--switch-interval-us", type=float, default=None,
-                   help="sys.setswitchinterval for the whole benchmark (default: Python's, 5000)")
+    g.add_argument(
+        "--switch-interval-us",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the whole benchmark (default: Python's, 5000)",
+    )
 
 
 def engine_workload(a, default_launch: float) -> tuple[dict, dict]:
@@ -56,11 +74,19 @@ def engine_workload(a, default_launch: float) -> tuple[dict, dict]:
         launch = a.launch_cost_us
     else:
         launch = 0.0 if device.startswith("cuda") else default_launch
-    engine = {"model": a.model, "admission_cost_us": a.admission_cost_us, "launch_cost_us": launch,
-              "max_batch_tokens": a.max_batch_tokens, "chunk_size": a.chunk_size,
-              "device": device, "dtype": dtype, "attention_backend": a.attention_backend,
-              "num_pages": a.num_pages, "page_size": a.page_size,
-              "max_batch_reqs": a.max_batch_reqs}
+    engine = {
+        "model": a.model,
+        "admission_cost_us": a.admission_cost_us,
+        "launch_cost_us": launch,
+        "max_batch_tokens": a.max_batch_tokens,
+        "chunk_size": a.chunk_size,
+        "device": device,
+        "dtype": dtype,
+        "attention_backend": a.attention_backend,
+        "num_pages": a.num_pages,
+        "page_size": a.page_size,
+        "max_batch_reqs": a.max_batch_reqs,
+    }
     workload = {"prompt_len": (int(lo), int(hi or lo)), "groups": a.groups}
     return engine, workload
 

@@ -56,8 +56,10 @@ class _Watch:
                 elif ev == "kv_send":
                     tokens += fields.get("tokens", 0)
             elapsed = time.perf_counter() - t0
-            self.progress.line(f"{self.label}: {released}/{self.total} requests, "
-                               f"{tokens / elapsed:,.0f} uncached tok/s")
+            self.progress.line(
+                f"{self.label}: {released}/{self.total} requests, "
+                f"{tokens / elapsed:,.0f} uncached tok/s"
+            )
 
     def __exit__(self, *exc):
         self.stop.set()

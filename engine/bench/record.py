@@ -22,10 +22,16 @@ def machine() -> dict:
     import torch  # lazy: torch is slow to import, and every pdo command loads this module
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpus": os.cpu_count(), "cpu": cpu, "gpu": gpu, "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "host": platform.node(),
-            "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "host": platform.node(),
+        "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
 
 
 def now() -> str:

@@ -79,9 +79,13 @@ def trace_metrics(events, role: str = "prefill") -> dict:
     handoff = [s.t0 - submit[s.batch] for s in spans if s.kind == "fwd" and s.batch in submit]
     return {
         "batches": batches,
-        "sched_busy_ms": s_len / 1e6, "admit_ms": admit / 1e6, "process_ms": process / 1e6,
-        "fwd_busy_ms": w_len / 1e6, "collect_wait_ms": collect / 1e6,
-        "hidden_ms": hidden / 1e6, "hideable_ms": hideable / 1e6,
+        "sched_busy_ms": s_len / 1e6,
+        "admit_ms": admit / 1e6,
+        "process_ms": process / 1e6,
+        "fwd_busy_ms": w_len / 1e6,
+        "collect_wait_ms": collect / 1e6,
+        "hidden_ms": hidden / 1e6,
+        "hideable_ms": hideable / 1e6,
         "overlap_efficiency": hidden / hideable if hideable else 0.0,
         "handoff_ms": sum(handoff) / len(handoff) / 1e6 if handoff else 0.0,
         "serial_ms": _serial_ns(events, sched) / 1e6,

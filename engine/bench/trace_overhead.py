@@ -38,8 +38,12 @@ def emit_cost_ns(n: int = 100_000) -> dict:
         t3 = time.perf_counter_ns()
         tr.write(p)
         t4 = time.perf_counter_ns()
-    return {"declared_ns": (t1 - t0) / n, "emit_ns": (t2 - t1) / n, "write_ns": (t4 - t3) / (2 * n),
-            "events": 2 * n}
+    return {
+        "declared_ns": (t1 - t0) / n,
+        "emit_ns": (t2 - t1) / n,
+        "write_ns": (t4 - t3) / (2 * n),
+        "events": 2 * n,
+    }
 
 
 class _Accounting:
@@ -48,7 +52,7 @@ class _Accounting:
     by patching for that run only; the pairs that measure wall time use the plain Tracer."""
 
     def __init__(self):
-        self.ns = {"emit": 0, "obj": 0, "digest": 0}       # thread CPU time: the work itself
+        self.ns = {"emit": 0, "obj": 0, "digest": 0}  # thread CPU time: the work itself
         self.elapsed = {"emit": 0, "obj": 0, "digest": 0}  # elapsed inside (also waits for the GIL)
         self.calls = {"emit": 0, "obj": 0, "digest": 0}
         self.local = threading.local()
@@ -58,7 +62,7 @@ class _Accounting:
         cpu, clock = time.thread_time_ns, time.perf_counter_ns
 
         def timed(*a, **kw):
-            if getattr(local, "inside", False):   # nested (obj ids inside a digest): counted once
+            if getattr(local, "inside", False):  # nested (obj ids inside a digest): counted once
                 return fn(*a, **kw)
             local.inside = True
             t, c = clock(), cpu()
@@ -69,6 +73,7 @@ class _Accounting:
                 elapsed[kind] += clock() - t
                 calls[kind] += 1
                 local.inside = False
+
         return timed
 
 
@@ -91,11 +96,11 @@ def accounted_run(cfg, wc) -> dict:
     acc = _Accounting()
     tr = Tracer()
     tr.emit = acc.wrap("emit", tr.emit)
-    logger = tr._logger   # the engine's declared events (Tracer.events_for), each logger timed
+    logger = tr._logger  # the engine's declared events (Tracer.events_for), each logger timed
     tr._logger = lambda kind: acc.wrap("emit", logger(kind))
     tr.obj = acc.wrap("obj", tr.obj)
     stamp, resolve = digest.DigestStamp.__init__, digest.DigestStamp.resolve
-    digest.DigestStamp.__init__ = acc.wrap("digest", stamp)   # a stamp taken (calling thread)
+    digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
     try:
         s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
@@ -110,11 +115,18 @@ def accounted_run(cfg, wc) -> dict:
     total = sum(ns.values())
     inside = sum(elapsed.values())
     events = tr.count
-    return {"wall_s": s["wall_s"], "events": events, "ns": ns, "elapsed_ns": elapsed,
-            "calls": calls, "tracing_ms": total / 1e6, "share_of_wall": total / 1e9 / s["wall_s"],
-            "elapsed_share_of_wall": inside / 1e9 / s["wall_s"],
-            "ns_per_event": total / max(1, events),
-            "timer_self_ns": {"cpu": self_cpu, "elapsed": self_elapsed}}
+    return {
+        "wall_s": s["wall_s"],
+        "events": events,
+        "ns": ns,
+        "elapsed_ns": elapsed,
+        "calls": calls,
+        "tracing_ms": total / 1e6,
+        "share_of_wall": total / 1e9 / s["wall_s"],
+        "elapsed_share_of_wall": inside / 1e9 / s["wall_s"],
+        "ns_per_event": total / max(1, events),
+        "timer_self_ns": {"cpu": self_cpu, "elapsed": self_elapsed},
+    }
 
 
 def _on_off_pairs(cfg, wc, reps: int, progress: Progress) -> list[dict]:
@@ -125,13 +137,16 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress) -> list[dict]:
     pairs = []
     for rep in range(reps):
         row = {}
-        order = ("off", "on") if rep % 2 == 0 else ("on", "off")   # alternate who goes first
+        order = ("off", "on") if rep % 2 == 0 else ("on", "off")  # alternate who goes first
         for which in order:
             tr = Tracer() if which == "on" else NullTracer()
             c0 = time.process_time()
             s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
-            row[which] = {"wall_s": s["wall_s"], "cpu_s": time.process_time() - c0,
-                          "events": tr.count if which == "on" else 0}
+            row[which] = {
+                "wall_s": s["wall_s"],
+                "cpu_s": time.process_time() - c0,
+                "events": tr.count if which == "on" else 0,
+            }
         row["ratio"] = row["on"]["wall_s"] / row["off"]["wall_s"]
         pairs.append(row)
         progress.line(f"[{rep + 1}/{reps}] tracing on/off wall ratio {row['ratio']:.3f}")
@@ -144,18 +159,25 @@ def _wall_summary(pairs: list[dict], target_pct: float) -> dict:
     20th percentiles) and the verdict against the target."""
     ratios = [p["ratio"] for p in pairs]
     geo, geo_lo, geo_hi = geo_ci95(ratios)
-    low_q, low_ci = quantile_ratio([p["on"]["wall_s"] for p in pairs],
-                                   [p["off"]["wall_s"] for p in pairs])
+    low_q, low_ci = quantile_ratio(
+        [p["on"]["wall_s"] for p in pairs], [p["off"]["wall_s"] for p in pairs]
+    )
     target = 1 + target_pct / 100
-    verdict = ("met" if geo_hi <= target else "not met" if geo_lo > target else "not resolved")
+    verdict = "met" if geo_hi <= target else "not met" if geo_lo > target else "not resolved"
     events = median([p["on"]["events"] for p in pairs])
     d_wall = median([p["on"]["wall_s"] - p["off"]["wall_s"] for p in pairs])
     return {
-        "wall_ratio_median": median(ratios), "wall_ratio_ci95": list(ci95(ratios)),
-        "wall_ratio_geomean": geo, "wall_ratio_geomean_ci95": [geo_lo, geo_hi], "verdict": verdict,
-        "wall_ratio_min": min(ratios), "wall_ratio_max": max(ratios),
-        "wall_q20_ratio": low_q, "wall_q20_ratio_ci95": list(low_ci),
-        "overhead_pct": (geo - 1) * 100, "events_per_run": events,
+        "wall_ratio_median": median(ratios),
+        "wall_ratio_ci95": list(ci95(ratios)),
+        "wall_ratio_geomean": geo,
+        "wall_ratio_geomean_ci95": [geo_lo, geo_hi],
+        "verdict": verdict,
+        "wall_ratio_min": min(ratios),
+        "wall_ratio_max": max(ratios),
+        "wall_q20_ratio": low_q,
+        "wall_q20_ratio_ci95": list(low_ci),
+        "overhead_pct": (geo - 1) * 100,
+        "events_per_run": events,
         "events_per_s_of_run": events / median([p["on"]["wall_s"] for p in pairs]),
         "in_run_ns_per_event": d_wall * 1e9 / events if events else float("nan"),
     }
@@ -164,19 +186,28 @@ def _wall_summary(pairs: list[dict], target_pct: float) -> dict:
 def _accounted_summary(acc: list[dict]) -> dict:
     """Medians over the accounted runs: tracing's share of wall time, per event, per call kind."""
     return {
-        "accounted": acc, "accounted_pct": median([a["share_of_wall"] for a in acc]) * 100,
+        "accounted": acc,
+        "accounted_pct": median([a["share_of_wall"] for a in acc]) * 100,
         "accounted_elapsed_pct": median([a["elapsed_share_of_wall"] for a in acc]) * 100,
         "accounted_ns_per_event": median([a["ns_per_event"] for a in acc]),
-        "accounted_ns_by_kind": {k: median([a["ns"][k] / max(1, a["calls"][k]) for a in acc])
-                                 for k in acc[0]["ns"]},
+        "accounted_ns_by_kind": {
+            k: median([a["ns"][k] / max(1, a["calls"][k]) for a in acc]) for k in acc[0]["ns"]
+        },
         "accounted_calls": {k: median([a["calls"][k] for a in acc]) for k in acc[0]["calls"]},
     }
 
 
-def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 200,
-                         engine: dict | None = None, workload: dict | None = None,
-                         progress: Progress | None = None, target_pct: float = 3.0,
-                         gil_free_device_ms: float | None = None) -> dict:
+def bench_trace_overhead(
+    *,
+    mode: str = "ahead",
+    reps: int = 5,
+    requests: int = 200,
+    engine: dict | None = None,
+    workload: dict | None = None,
+    progress: Progress | None = None,
+    target_pct: float = 3.0,
+    gil_free_device_ms: float | None = None,
+) -> dict:
     """Interleaved runs with tracing on and off in ABBA order: wall-time ratio per pair, its median
     (bootstrap CI) and geometric mean (t-interval), a verdict against the target, the tracing work
     timed inside three more traced runs, and the per-event cost."""
@@ -187,16 +218,24 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     engine = dict(engine or {})
     workload = dict(workload or {})
     progress = progress or Progress(False)
-    if gil_free_device_ms:   # as bench_prefill's what-if
+    if gil_free_device_ms:  # as bench_prefill's what-if
         with gil_free_device(gil_free_device_ms, EngineConfig(**engine).max_batch_tokens):
-            res = bench_trace_overhead(mode=mode, reps=reps, requests=requests, engine=engine,
-                                       workload=workload, progress=progress, target_pct=target_pct)
+            res = bench_trace_overhead(
+                mode=mode,
+                reps=reps,
+                requests=requests,
+                engine=engine,
+                workload=workload,
+                progress=progress,
+                target_pct=target_pct,
+            )
         res["gil_free_device_ms"] = gil_free_device_ms
         return res
     cfg = EngineConfig(mode=mode, **engine)
     wc = WorkloadConfig(requests=requests, **workload)
-    forward = run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload),
-                          model=shared_model(cfg))["forward"]  # warm-up
+    forward = run_prefill(
+        cfg, WorkloadConfig(requests=max(8, requests // 10), **workload), model=shared_model(cfg)
+    )["forward"]  # warm-up
     pairs = _on_off_pairs(cfg, wc, reps, progress)
     wall = _wall_summary(pairs, target_pct)
     micro = emit_cost_ns()
@@ -204,13 +243,24 @@ def bench_trace_overhead(*, mode: str = "ahead", reps: int = 5, requests: int = 
     cpu_ratios = [p["on"]["cpu_s"] / p["off"]["cpu_s"] for p in pairs]
     cgeo, clo, chi = geo_ci95(cpu_ratios)
     return {
-        "benchmark": "trace-overhead", "date": now(), "machine": machine(), "mode": mode,
-        "reps": reps, "requests": requests, "engine": engine, "workload": workload,
-        "forward": forward, "pairs": pairs, **wall,
-        "emit_ns": micro["emit_ns"], "declared_ns": micro["declared_ns"],
-        "write_ns": micro["write_ns"], "target_pct": target_pct,
+        "benchmark": "trace-overhead",
+        "date": now(),
+        "machine": machine(),
+        "mode": mode,
+        "reps": reps,
+        "requests": requests,
+        "engine": engine,
+        "workload": workload,
+        "forward": forward,
+        "pairs": pairs,
+        **wall,
+        "emit_ns": micro["emit_ns"],
+        "declared_ns": micro["declared_ns"],
+        "write_ns": micro["write_ns"],
+        "target_pct": target_pct,
         **_accounted_summary(acc),
-        "cpu_ratio_median": median(cpu_ratios), "cpu_ratio_geomean": cgeo,
+        "cpu_ratio_median": median(cpu_ratios),
+        "cpu_ratio_geomean": cgeo,
         "cpu_ratio_geomean_ci95": [clo, chi],
     }
 
@@ -221,33 +271,34 @@ def format_trace_overhead(r: dict) -> str:
     per_kind = ", ".join(f"{k} {kinds[k] / 1e3:.1f} µs x {calls.get(k, 0):.0f}" for k in kinds)
     forward = "a GIL-free wait (what-if)" if r.get("gil_free_device_ms") else r.get("forward", "?")
     geo_lo, geo_hi = r["wall_ratio_geomean_ci95"]
-    return "\n".join([
-        f"tracing overhead, mode={r['mode']}, forward={forward}, {r['reps']} interleaved on/off "
-        f"pairs (ABBA) of {r['requests']} requests:",
-        f"  wall time on/off: geometric mean {r['wall_ratio_geomean']:.4f} (95% CI {geo_lo:.3f}.."
-        f"{geo_hi:.3f}) -> overhead {r['overhead_pct']:+.2f}%; target <= {r['target_pct']:.0f}%: "
-        f"{r['verdict'].upper()}",
-        f"  wall time on/off: median {r['wall_ratio_median']:.4f} (95% CI "
-        f"{r['wall_ratio_ci95'][0]:.3f}..{r['wall_ratio_ci95'][1]:.3f}), range "
-        f"{r['wall_ratio_min']:.3f}..{r['wall_ratio_max']:.3f}",
-        f"  least-disturbed runs: 20th percentile on / 20th percentile off "
-        f"{r['wall_q20_ratio']:.4f} (95% CI {r['wall_q20_ratio_ci95'][0]:.3f}.."
-        f"{r['wall_q20_ratio_ci95'][1]:.3f})",
-        f"  process CPU time on/off: geometric mean {r['cpu_ratio_geomean']:.4f} (95% CI "
-        f"{r['cpu_ratio_geomean_ci95'][0]:.3f}..{r['cpu_ratio_geomean_ci95'][1]:.3f})",
-        f"  tracing work inside traced runs (emit, obj ids, digests; all threads, thread CPU time; "
-        f"an upper bound: the timer's clock reads cost more in a run than alone, which is what is "
-        f"subtracted): {r['accounted_pct']:.2f}% of wall time, "
-        f"{r['accounted_ns_per_event']:.0f} ns per event (elapsed inside, incl. waits for the GIL: "
-        f"{r['accounted_elapsed_pct']:.2f}%)"
-        + (f"; per call: {per_kind}" if per_kind else ""),
-        f"  events per run {r['events_per_run']:.0f} ({r['events_per_s_of_run']:,.0f} events/s of "
-        f"run time)",
-        f"  per event: a declared event {r.get('declared_ns', float('nan')):.0f} ns (as the engine "
-        f"logs), Tracer.emit {r['emit_ns']:.0f} ns (single thread, tight loop); write to file "
-        f"{r['write_ns']:.0f} ns; in-run wall difference / events "
-        f"{r['in_run_ns_per_event']:.0f} ns",
-    ])
+    return "\n".join(
+        [
+            f"tracing overhead, mode={r['mode']}, forward={forward}, {r['reps']} interleaved on/off "
+            f"pairs (ABBA) of {r['requests']} requests:",
+            f"  wall time on/off: geometric mean {r['wall_ratio_geomean']:.4f} (95% CI {geo_lo:.3f}.."
+            f"{geo_hi:.3f}) -> overhead {r['overhead_pct']:+.2f}%; target <= {r['target_pct']:.0f}%: "
+            f"{r['verdict'].upper()}",
+            f"  wall time on/off: median {r['wall_ratio_median']:.4f} (95% CI "
+            f"{r['wall_ratio_ci95'][0]:.3f}..{r['wall_ratio_ci95'][1]:.3f}), range "
+            f"{r['wall_ratio_min']:.3f}..{r['wall_ratio_max']:.3f}",
+            f"  least-disturbed runs: 20th percentile on / 20th percentile off "
+            f"{r['wall_q20_ratio']:.4f} (95% CI {r['wall_q20_ratio_ci95'][0]:.3f}.."
+            f"{r['wall_q20_ratio_ci95'][1]:.3f})",
+            f"  process CPU time on/off: geometric mean {r['cpu_ratio_geomean']:.4f} (95% CI "
+            f"{r['cpu_ratio_geomean_ci95'][0]:.3f}..{r['cpu_ratio_geomean_ci95'][1]:.3f})",
+            f"  tracing work inside traced runs (emit, obj ids, digests; all threads, thread CPU time; "
+            f"an upper bound: the timer's clock reads cost more in a run than alone, which is what is "
+            f"subtracted): {r['accounted_pct']:.2f}% of wall time, "
+            f"{r['accounted_ns_per_event']:.0f} ns per event (elapsed inside, incl. waits for the GIL: "
+            f"{r['accounted_elapsed_pct']:.2f}%)" + (f"; per call: {per_kind}" if per_kind else ""),
+            f"  events per run {r['events_per_run']:.0f} ({r['events_per_s_of_run']:,.0f} events/s of "
+            f"run time)",
+            f"  per event: a declared event {r.get('declared_ns', float('nan')):.0f} ns (as the engine "
+            f"logs), Tracer.emit {r['emit_ns']:.0f} ns (single thread, tight loop); write to file "
+            f"{r['write_ns']:.0f} ns; in-run wall difference / events "
+            f"{r['in_run_ns_per_event']:.0f} ns",
+        ]
+    )
 
 
 def cmd_trace_overhead(a) -> int:
@@ -255,9 +306,15 @@ def cmd_trace_overhead(a) -> int:
     apply_switch_interval(a)
     reps = a.reps or (6 if a.quick else 400)
     requests = a.requests or (120 if a.quick else 200)
-    res = bench_trace_overhead(mode=a.mode, reps=reps, requests=requests, engine=engine,
-                               workload=workload, progress=progress_of(a),
-                               gil_free_device_ms=a.gil_free_device)
+    res = bench_trace_overhead(
+        mode=a.mode,
+        reps=reps,
+        requests=requests,
+        engine=engine,
+        workload=workload,
+        progress=progress_of(a),
+        gil_free_device_ms=a.gil_free_device,
+    )
     if a.json != "-":
         print_what_if(a.gil_free_device)
         print(format_trace_overhead(res))
@@ -268,19 +325,32 @@ def cmd_trace_overhead(a) -> int:
 def add_trace_overhead_arguments(t) -> None:
     t.add_argument("--quick", action="store_true")
     t.add_argument("--mode", choices=list(MODES), default="ahead")
-    t.add_argument("--reps", type=int, default=None,
-                   help="on/off pairs (default 400, ~4 min here: fewer rarely resolve a ~1%% "
-                        "overhead against 3%%; quick 6)")
-    t.add_argument("--requests", type=int, default=None,
-                   help="requests per run (default 200; quick 120)")
+    t.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="on/off pairs (default 400, ~4 min here: fewer rarely resolve a ~1%% "
+        "overhead against 3%%; quick 6)",
+    )
+    t.add_argument(
+        "--requests", type=int, default=None, help="requests per run (default 200; quick 120)"
+    )
     add_engine_knobs(t)
-    t.add_argument("--gil-free-device", type=float, metavar="MS", default=None,
-                   help="what-if, as for prefill: the forward a GIL-free wait of MS ms per full "
-                        "batch")
+    t.add_argument(
+        "--gil-free-device",
+        type=float,
+        metavar="MS",
+        default=None,
+        help="what-if, as for prefill: the forward a GIL-free wait of MS ms per full batch",
+    )
     t.add_argument("--json", metavar="FILE")
     t.add_argument("--progress", action="store_true")
 
 
-BENCH.register("trace-overhead")(BenchCommand(
-    help="engine wall time with tracing on vs off; ns per event",
-    add_arguments=add_trace_overhead_arguments, run=cmd_trace_overhead))
+BENCH.register("trace-overhead")(
+    BenchCommand(
+        help="engine wall time with tracing on vs off; ns per event",
+        add_arguments=add_trace_overhead_arguments,
+        run=cmd_trace_overhead,
+    )
+)

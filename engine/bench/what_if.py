@@ -26,11 +26,24 @@ class gil_free_device:
         ms, full = self.ms, self.full
         self.orig = TinyLlama.forward
 
-        def forward(model, input_ids, positions, out_cache_loc, pool, backend, meta, logit_rows, *,
-                    decode=False, impl=None, out=None):
+        def forward(
+            model,
+            input_ids,
+            positions,
+            out_cache_loc,
+            pool,
+            backend,
+            meta,
+            logit_rows,
+            *,
+            decode=False,
+            impl=None,
+            out=None,
+        ):
             time.sleep(ms * 1e-3 * input_ids.shape[0] / full)
-            logits = torch.zeros((logit_rows.shape[0], model.cfg.vocab_size),
-                                 device=input_ids.device)
+            logits = torch.zeros(
+                (logit_rows.shape[0], model.cfg.vocab_size), device=input_ids.device
+            )
             if out is not None:
                 out.copy_(logits)
             return logits
@@ -46,6 +59,8 @@ class gil_free_device:
 
 def print_what_if(ms: float | None) -> None:
     if ms:
-        print(f"WHAT-IF: the model's forward is a GIL-free wait of {ms:g} ms per full batch (no "
-              "real compute, no host CPU taken, as a GPU's); these are not the engine's own "
-              "numbers")
+        print(
+            f"WHAT-IF: the model's forward is a GIL-free wait of {ms:g} ms per full batch (no "
+            "real compute, no host CPU taken, as a GPU's); these are not the engine's own "
+            "numbers"
+        )

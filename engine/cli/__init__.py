@@ -36,7 +36,8 @@ COMMANDS.register("conform")(engine.sglang.conform.register)  # imports SGLang o
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="pdo", description="pd-overlap: run the instrumented engine, check its traces.")
+        prog="pdo", description="pd-overlap: run the instrumented engine, check its traces."
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     for _name, add in COMMANDS.items():
         add(sub)

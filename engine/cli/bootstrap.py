@@ -8,23 +8,34 @@ from ..bootstrap_faults import FAILURE_STATUSES, LATENCY_SCOPES
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bootstrap", help="run the bootstrap HTTP server alone",
-                       description="Run the PD bootstrap server.")
+    p = sub.add_parser(
+        "bootstrap",
+        help="run the bootstrap HTTP server alone",
+        description="Run the PD bootstrap server.",
+    )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8998,
-                   help="0 picks a free port (default: 8998, as SGLang)")
+    p.add_argument(
+        "--port", type=int, default=8998, help="0 picks a free port (default: 8998, as SGLang)"
+    )
     p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to requests")
     p.add_argument("--latency-scope", choices=LATENCY_SCOPES, default="all")
-    p.add_argument("--failure-rate", type=float, default=0.0,
-                   help="fraction of query_dp_ranks that fail")
+    p.add_argument(
+        "--failure-rate", type=float, default=0.0, help="fraction of query_dp_ranks that fail"
+    )
     p.add_argument("--failure-status", type=int, choices=FAILURE_STATUSES, default=503)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--expected-ranks", type=int, default=None,
-                   help="ranks to wait for before publishing parallel info "
-                        "(default: from topology)")
-    p.add_argument("--room-ttl-s", type=float, default=120.0,
-                   help="forget a room's dp_rank after this long; 0 keeps them "
-                        "(default: 120, as SGLang)")
+    p.add_argument(
+        "--expected-ranks",
+        type=int,
+        default=None,
+        help="ranks to wait for before publishing parallel info (default: from topology)",
+    )
+    p.add_argument(
+        "--room-ttl-s",
+        type=float,
+        default=120.0,
+        help="forget a room's dp_rank after this long; 0 keeps them (default: 120, as SGLang)",
+    )
     # Unrecognized arguments are reported with this usage, not pdo's.
     p.set_defaults(fn=cmd_bootstrap, error=p.error)
 
@@ -33,8 +44,15 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     """Bad settings and a port in use end in `pdo`'s one-line error, exit status 2."""
     from ..bootstrap import serve_forever  # lazy: start-up time (aiohttp)
 
-    serve_forever(args.host, args.port, latency_s=args.latency_ms / 1000.0,
-                  latency_scope=args.latency_scope, failure_rate=args.failure_rate,
-                  failure_status=args.failure_status, seed=args.seed,
-                  expected_ranks=args.expected_ranks, room_ttl_s=args.room_ttl_s or None)
+    serve_forever(
+        args.host,
+        args.port,
+        latency_s=args.latency_ms / 1000.0,
+        latency_scope=args.latency_scope,
+        failure_rate=args.failure_rate,
+        failure_status=args.failure_status,
+        seed=args.seed,
+        expected_ranks=args.expected_ranks,
+        room_ttl_s=args.room_ttl_s or None,
+    )
     return 0

@@ -13,10 +13,15 @@ def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
     p.add_argument("traces", nargs="+", metavar="TRACE")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--engine", choices=["linear", "z3"], default="linear",
-                   help="checker (default: linear)")
-    p.add_argument("--perfetto", metavar="OUT", help="also write the trace as Chrome trace-event "
-                   "JSON, violations highlighted (ui.perfetto.dev)")
+    p.add_argument(
+        "--engine", choices=["linear", "z3"], default="linear", help="checker (default: linear)"
+    )
+    p.add_argument(
+        "--perfetto",
+        metavar="OUT",
+        help="also write the trace as Chrome trace-event "
+        "JSON, violations highlighted (ui.perfetto.dev)",
+    )
     p.set_defaults(fn=cmd_check)
 
 

@@ -9,31 +9,49 @@ from ..config import EngineConfig, mode_from_env
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--mode", choices=["normal", "overlap", "thread", "ahead"], default=None,
-                   help="prefill loop (default: from SGLANG_ENABLE_PREFILL_FWD_THREAD / "
-                        "SGLANG_PREFILL_FWD_THREAD_AHEAD, else ahead)")
+    g.add_argument(
+        "--mode",
+        choices=["normal", "overlap", "thread", "ahead"],
+        default=None,
+        help="prefill loop (default: from SGLANG_ENABLE_PREFILL_FWD_THREAD / "
+        "SGLANG_PREFILL_FWD_THREAD_AHEAD, else ahead)",
+    )
     g.add_argument("--model", choices=["tiny", "large"], default="tiny")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    g.add_argument("--dtype", default=None,
-                   help="float32 (CPU default), bfloat16 (CUDA default), float16")
+    g.add_argument(
+        "--dtype", default=None, help="float32 (CPU default), bfloat16 (CUDA default), float16"
+    )
     g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
     g.add_argument("--page-size", type=int, default=16)
     g.add_argument("--num-pages", type=int, default=512)
     g.add_argument("--chunk-size", type=int, default=128)
     g.add_argument("--max-batch-tokens", type=int, default=256)
-    g.add_argument("--admission-cost-us", type=float, default=0.0,
-                   help="extra host work per admitted request (models a heavier scheduler)")
-    g.add_argument("--launch-cost-us", type=float, default=0.0,
-                   help="host time per layer launch inside run_batch "
-                        "(models eager CUDA launch overhead)")
+    g.add_argument(
+        "--admission-cost-us",
+        type=float,
+        default=0.0,
+        help="extra host work per admitted request (models a heavier scheduler)",
+    )
+    g.add_argument(
+        "--launch-cost-us",
+        type=float,
+        default=0.0,
+        help="host time per layer launch inside run_batch (models eager CUDA launch overhead)",
+    )
     g.add_argument("--seed", type=int, default=0, help="model seed")
-    g.add_argument("--inject", action="append", default=[], metavar="MUTANT",
-                   help="turn on a realistic bug (see `pdo fuzz --list-mutants`)")
+    g.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="MUTANT",
+        help="turn on a realistic bug (see `pdo fuzz --list-mutants`)",
+    )
     w = p.add_argument_group("workload")
     w.add_argument("--requests", type=int, default=24)
     w.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
-    w.add_argument("--hit", type=float, default=0.8,
-                   help="prefix-hit ratio (the design text measured at 0.8)")
+    w.add_argument(
+        "--hit", type=float, default=0.8, help="prefix-hit ratio (the design text measured at 0.8)"
+    )
     w.add_argument("--groups", type=int, default=3, help="distinct shared prefixes")
     w.add_argument("--arrival", choices=["burst", "poisson"], default="burst")
     w.add_argument("--rate", type=float, default=2000.0, help="requests/s for poisson arrival")
@@ -49,13 +67,28 @@ def build_configs(args: argparse.Namespace):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     lo, _, hi = args.prompt_len.partition(":")
-    cfg = EngineConfig(mode=args.mode or mode_from_env("ahead"), model=args.model,
-                       page_size=args.page_size, num_pages=args.num_pages,
-                       chunk_size=args.chunk_size, max_batch_tokens=args.max_batch_tokens,
-                       device=device, dtype=dtype, attention_backend=args.attention_backend,
-                       seed=args.seed, admission_cost_us=args.admission_cost_us,
-                       launch_cost_us=args.launch_cost_us, inject=frozenset(args.inject))
-    workload = WorkloadConfig(requests=args.requests, prompt_len=(int(lo), int(hi or lo)),
-                              hit=args.hit, groups=args.groups, arrival=args.arrival,
-                              rate=args.rate, seed=args.workload_seed)
+    cfg = EngineConfig(
+        mode=args.mode or mode_from_env("ahead"),
+        model=args.model,
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        chunk_size=args.chunk_size,
+        max_batch_tokens=args.max_batch_tokens,
+        device=device,
+        dtype=dtype,
+        attention_backend=args.attention_backend,
+        seed=args.seed,
+        admission_cost_us=args.admission_cost_us,
+        launch_cost_us=args.launch_cost_us,
+        inject=frozenset(args.inject),
+    )
+    workload = WorkloadConfig(
+        requests=args.requests,
+        prompt_len=(int(lo), int(hi or lo)),
+        hit=args.hit,
+        groups=args.groups,
+        arrival=args.arrival,
+        rate=args.rate,
+        seed=args.workload_seed,
+    )
     return cfg, workload

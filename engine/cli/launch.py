@@ -31,14 +31,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def register(sub) -> None:
-    p = sub.add_parser("launch", help="run bootstrap, N prefill ranks and a decode as processes "
-                                      "(KV over ZMQ)")
+    p = sub.add_parser(
+        "launch", help="run bootstrap, N prefill ranks and a decode as processes (KV over ZMQ)"
+    )
     add_engine_args(p)
     add_pd_args(p, launch=True)
-    p.add_argument("--trace-dir", metavar="DIR", help="write each process's trace and summary here "
-                                                      "(default: a temporary directory, removed)")
-    p.add_argument("--timeout-s", type=float, default=120.0,
-                   help="give up (and stop every process) after this")
+    p.add_argument(
+        "--trace-dir",
+        metavar="DIR",
+        help="write each process's trace and summary here "
+        "(default: a temporary directory, removed)",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=120.0, help="give up (and stop every process) after this"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(fn=cmd_launch)
 
@@ -55,29 +61,54 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return print_summary(s, args.json, "pdo launch")
 
 
-def launch(cfg, wc, dc, *, out_dir: str, dp: int = 1, router: str = "round_robin",
-           bootstrap_latency_ms: float = 0.0, latency_scope: str = "all", timeout_s: float = 120.0,
-           verify: bool = True) -> dict:
+def launch(
+    cfg,
+    wc,
+    dc,
+    *,
+    out_dir: str,
+    dp: int = 1,
+    router: str = "round_robin",
+    bootstrap_latency_ms: float = 0.0,
+    latency_scope: str = "all",
+    timeout_s: float = 120.0,
+    verify: bool = True,
+) -> dict:
     """Run every role as a process; returns the decode's summary extended like run_pd's."""
     check_dispatch(cfg)
     if dp < 1 or router not in ROUTERS:  # before anything starts (no torch in the parent yet)
         raise ValueError(
-            f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}")
+            f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}"
+        )
     out = Path(out_dir)
     spec = out / "spec.json"
-    spec.write_text(json.dumps({"cfg": {**asdict(cfg), "inject": sorted(cfg.inject)},
-                                "wc": asdict(wc), "dc": asdict(dc), "dp": dp, "router": router}))
+    spec.write_text(
+        json.dumps(
+            {
+                "cfg": {**asdict(cfg), "inject": sorted(cfg.inject)},
+                "wc": asdict(wc),
+                "dc": asdict(dc),
+                "dp": dp,
+                "router": router,
+            }
+        )
+    )
     t0 = time.monotonic()
     _run_processes(spec, out, dp, bootstrap_latency_ms, latency_scope, t0 + timeout_s)
     wall = time.monotonic() - t0
     s = json.loads((out / "decode.json").read_text())
     pre = [json.loads((out / f"prefill{i}.json").read_text()) for i in range(dp)]
-    s.update(dp=dp, prefill_mode=cfg.mode, decode_mode=dc.loop, prefetch=dc.prefetch,
-             launch_wall_s=wall, prefill_leaks=[p["leaks"] for p in pre],
-             unclaimed_rooms=sorted(r for p in pre for r in p["unclaimed"]),
-             registration_errors=[e for p in pre for e in p["registration_errors"]],
-             traces=[str(out / "decode.jsonl")]
-             + [str(out / f"prefill{i}.jsonl") for i in range(dp)])
+    s.update(
+        dp=dp,
+        prefill_mode=cfg.mode,
+        decode_mode=dc.loop,
+        prefetch=dc.prefetch,
+        launch_wall_s=wall,
+        prefill_leaks=[p["leaks"] for p in pre],
+        unclaimed_rooms=sorted(r for p in pre for r in p["unclaimed"]),
+        registration_errors=[e for p in pre for e in p["registration_errors"]],
+        traces=[str(out / "decode.jsonl")] + [str(out / f"prefill{i}.jsonl") for i in range(dp)],
+    )
     if verify:
         from ..reference import reference_generate  # lazy: start-up time (torch)
         from ..workload import make_workload  # lazy: start-up time (torch)
@@ -88,17 +119,34 @@ def launch(cfg, wc, dc, *, out_dir: str, dp: int = 1, router: str = "round_robin
     return s
 
 
-def _run_processes(spec: Path, out: Path, dp: int, bootstrap_latency_ms: float,
-                   latency_scope: str, deadline: float) -> None:
+def _run_processes(
+    spec: Path, out: Path, dp: int, bootstrap_latency_ms: float, latency_scope: str, deadline: float
+) -> None:
     """Start the bootstrap server, the prefill ranks and the decode; wait for them all; leave none
     running."""
     procs: list[tuple[str, subprocess.Popen]] = []
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
-        boot = subprocess.Popen([sys.executable, "-m", "engine.cli", "bootstrap", "--port", "0",
-                                 "--latency-ms", str(bootstrap_latency_ms), "--latency-scope",
-                                 latency_scope, "--expected-ranks", str(dp)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        boot = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "bootstrap",
+                "--port",
+                "0",
+                "--latency-ms",
+                str(bootstrap_latency_ms),
+                "--latency-scope",
+                latency_scope,
+                "--expected-ranks",
+                str(dp),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         procs.append(("bootstrap", boot))
         url = _read_url(boot, timeout_s=30.0)
         common = ["--spec", str(spec), "--bootstrap", url, "--out", str(out)]
@@ -122,15 +170,21 @@ def _run_processes(spec: Path, out: Path, dp: int, bootstrap_latency_ms: float,
 
 
 def _child(args, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "engine.pd_process", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine.pd_process", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _read_url(boot: subprocess.Popen, *, timeout_s: float) -> str:
     """The server prints one line, 'bootstrap server listening on URL', once it accepts requests."""
     box = {}
-    reader = threading.Thread(target=lambda: box.setdefault("line", boot.stdout.readline()),
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: box.setdefault("line", boot.stdout.readline()), daemon=True
+    )
     reader.start()
     reader.join(timeout_s)
     line = box.get("line", "")

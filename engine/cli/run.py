@@ -33,14 +33,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s))
         return code
-    print(f"pdo run: mode={s['mode']} device={s['device']} attention={s['attention_backend']} "
-          f"requests={s['finished']}/{s['requests']} batches={s['batches']}")
-    print(f"  input tokens {s['input_tokens']} (uncached {s['uncached_tokens']}, "
-          f"cached {s['cached_tokens']}), wall {s['wall_s'] * 1e3:.1f} ms, "
-          f"uncached input {s['uncached_tok_per_s']:.0f} tok/s")
-    print(f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
-          f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
-          + (f"; trace: {args.trace} ({s['events']} events)" if args.trace else ""))
+    print(
+        f"pdo run: mode={s['mode']} device={s['device']} attention={s['attention_backend']} "
+        f"requests={s['finished']}/{s['requests']} batches={s['batches']}"
+    )
+    print(
+        f"  input tokens {s['input_tokens']} (uncached {s['uncached_tokens']}, "
+        f"cached {s['cached_tokens']}), wall {s['wall_s'] * 1e3:.1f} ms, "
+        f"uncached input {s['uncached_tok_per_s']:.0f} tok/s"
+    )
+    print(
+        f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
+        f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
+        + (f"; trace: {args.trace} ({s['events']} events)" if args.trace else "")
+    )
     return code
 
 
@@ -55,8 +61,9 @@ def pd_only_flags_given(run_parser: argparse.ArgumentParser, argv: list[str]) ->
     return [x.option_strings[0] for x in actions if getattr(namespace, x.dest) is not _UNSET]
 
 
-def refuse_pd_only_flags(run_parser: argparse.ArgumentParser, args: argparse.Namespace,
-                         argv: list[str]) -> str | None:
+def refuse_pd_only_flags(
+    run_parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> str | None:
     """Why `pdo run` refuses this command line (PD-only options without --pd), or None."""
     if args.pd:
         return None

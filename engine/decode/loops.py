@@ -6,6 +6,7 @@ top), then intake, then the prealloc/transfer queues, whose resolve step consume
   normal   A(N) → F(N) with sampling → P(N)
   overlap  A(N) → F(N) → WAR barrier → P(N-1) → S(N)   (batch N+1 reads N's tokens from the future map)
 """
+
 from __future__ import annotations
 
 from ..forward_state import Inflight

@@ -20,14 +20,14 @@ What SGLang leaves unbounded is bounded here (see docs/decode.md): consecutive f
 address, time a room may stay unknown, attempts to fetch the parallel info; past a bound the
 requests concerned are aborted with an error, never left hanging.
 """
+
 from __future__ import annotations
 
 import itertools
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .. import bootstrap_client
-from .. import inject, sync
+from .. import bootstrap_client, inject, sync
 from .request import DecodeReq, now
 
 
@@ -47,21 +47,27 @@ class DecodePreallocQueue:
         # Declared once and logged positionally (engine/trace.py), as the scheduler's events are;
         # prefill_info, whose layout fields are optional, goes through emit.
         self.log = tracer.events_for(
-            req_add=("rid", "room", "addr"), prefetch_begin=("iter",),
-            prefetch_skip=("addr", "reason"), prefetch_submit=("addr", "rooms", "qid"),
+            req_add=("rid", "room", "addr"),
+            prefetch_begin=("iter",),
+            prefetch_skip=("addr", "reason"),
+            prefetch_submit=("addr", "rooms", "qid"),
             prefetch_end=("iter",),
             prefetch_cancel=("addr", "rooms", "qid", "reason"),
             query_begin=("addr", "rooms", "qid", "source"),
             query_end=("addr", "rooms", "qid", "result", "error"),
             resolve=("addr", "rooms", "source", "qid", "wait_ns", "lead_ns", "result", "error"),
-            release_memory=(), resume_memory=())
+            release_memory=(),
+            resume_memory=(),
+        )
         self.pending: list[DecodeReq] = []
         self.prefill_info_table: dict[str, dict] = {}
         self._queries: dict[str, Prefetch] = {}
         # concurrent.futures' pool; managed worker threads under a schedule controller (engine/sync.py)
         self._executor = sync.executor(dc.executor_workers, "prefetch")
         self._qids = itertools.count()
-        self._info_attempts: dict[str, tuple[int, float]] = {}  # addr -> (failed attempts, last attempt)
+        self._info_attempts: dict[
+            str, tuple[int, float]
+        ] = {}  # addr -> (failed attempts, last attempt)
         self._query_failures: dict[str, int] = {}
         self.memory_released = False
         self.resolves: list[dict] = []  # per consumption point that needed a query: for the bench
@@ -86,13 +92,19 @@ class DecodePreallocQueue:
                 self._cancel(addr, "stale")
         for addr, reqs in groups.items():
             # MUTANT: query-every-iteration — rooms whose rank is already known are asked again
-            rooms = tuple(r.room for r in reqs if r.prefill_dp_rank is None or inject.on("query-every-iteration"))
+            rooms = tuple(
+                r.room
+                for r in reqs
+                if r.prefill_dp_rank is None or inject.on("query-every-iteration")
+            )
             if self.prefill_info_table.get(addr, {}).get("dp_size") == 1:
-                rooms = ()   # one DP rank: the consumption point knows the answer without a query
+                rooms = ()  # one DP rank: the consumption point knows the answer without a query
             reason = None
             if self.memory_released:
                 reason = "released"
-            elif addr in self._queries and not inject.on("double-prefetch"):  # MUTANT: double-prefetch
+            elif addr in self._queries and not inject.on(
+                "double-prefetch"
+            ):  # MUTANT: double-prefetch
                 reason = "in_flight"
             # MUTANT: prefetch-before-published — queries a prefill that has not published its info
             elif addr not in self.prefill_info_table and not inject.on("prefetch-before-published"):
@@ -119,16 +131,21 @@ class DecodePreallocQueue:
         for addr in list(self._queries):
             self._cancel(addr, reason)
 
-    def _query(self, addr: str, rooms: tuple, qid: int, source: str) -> tuple[dict | None, str | None]:
+    def _query(
+        self, addr: str, rooms: tuple, qid: int, source: str
+    ) -> tuple[dict | None, str | None]:
         """One authoritative query (the client retries inside). Never raises: (result, error)."""
         self.log.query_begin(addr, list(rooms), qid, source)
         try:
-            result = bootstrap_client.query_prefill_dp_ranks(addr, list(rooms), timeout_s=self.dc.query_timeout_s,
-                                               retries=self.dc.query_retries)
+            result = bootstrap_client.query_prefill_dp_ranks(
+                addr, list(rooms), timeout_s=self.dc.query_timeout_s, retries=self.dc.query_retries
+            )
             dp = self.prefill_info_table.get(addr, {}).get("dp_size")
             bad = [r for r, k in result.items() if dp is not None and not 0 <= k < dp]
             if bad:
-                raise bootstrap_client.BootstrapError(addr, f"rank out of range for dp_size {dp} for room(s) {bad}")
+                raise bootstrap_client.BootstrapError(
+                    addr, f"rank out of range for dp_size {dp} for room(s) {bad}"
+                )
             result = {r: k for r, k in result.items() if r in rooms}
             self.log.query_end(addr, list(rooms), qid, {str(r): k for r, k in result.items()}, None)
             return result, None
@@ -153,8 +170,9 @@ class DecodePreallocQueue:
                 info = bootstrap_client.get_prefill_info(addr, timeout=self.dc.query_timeout_s)
             except bootstrap_client.BootstrapError as exc:
                 info, error = None, str(exc)
-            self.tr.emit("prefill_info", addr=addr, published=info is not None, error=error,
-                         **_layout(info))
+            self.tr.emit(
+                "prefill_info", addr=addr, published=info is not None, error=error, **_layout(info)
+            )
             if info is not None:
                 self.prefill_info_table[addr] = info
                 self._info_attempts.pop(addr, None)
@@ -165,7 +183,10 @@ class DecodePreallocQueue:
             if fails >= self.dc.info_max_retries:
                 why = error or "prefill parallel info not published (503)"
                 for r in reqs:
-                    self.sched.abort(r, f"could not fetch prefill parallel info from {addr} after {fails} attempts: {why}")
+                    self.sched.abort(
+                        r,
+                        f"could not fetch prefill parallel info from {addr} after {fails} attempts: {why}",
+                    )
                 self._info_attempts.pop(addr, None)
         return ready
 
@@ -177,7 +198,7 @@ class DecodePreallocQueue:
         groups = self._by_addr()
         for addr in self._ensure_prefill_info(groups):
             if self.prefill_info_table[addr].get("dp_size") == 1:
-                for r in groups[addr]:   # as SGLang: one DP rank, so rank 0, with no query
+                for r in groups[addr]:  # as SGLang: one DP rank, so rank 0, with no query
                     r.prefill_dp_rank = 0
                 continue
             need = [r for r in groups[addr] if r.prefill_dp_rank is None and r.state == "pending"]
@@ -186,8 +207,11 @@ class DecodePreallocQueue:
         t = now()
         for r in list(self.pending):
             if r.prefill_dp_rank is None and t - r.t_add > self.dc.bootstrap_timeout_s:
-                self.sched.abort(r, f"room {r.room} still unknown to the bootstrap server after "
-                                    f"{self.dc.bootstrap_timeout_s:g} s")
+                self.sched.abort(
+                    r,
+                    f"room {r.room} still unknown to the bootstrap server after "
+                    f"{self.dc.bootstrap_timeout_s:g} s",
+                )
 
     def _resolve_addr(self, addr: str, need: list[DecodeReq]) -> None:
         rooms = tuple(r.room for r in need)
@@ -199,12 +223,12 @@ class DecodePreallocQueue:
         if p is not None and (p.rooms == rooms or inject.on("prefetch-use-mismatched-rooms")):
             source, qid = "prefetched", p.qid
             result, error = sync.result(p.future, "prefetch.result")
-        elif p is not None and rooms[:len(p.rooms)] == p.rooms:
+        elif p is not None and rooms[: len(p.rooms)] == p.rooms:
             # Requests that arrived after the prefetch: the future answers its rooms, the tail is
             # asked synchronously (SGLang's test of PR #35071 expects exactly this). The tail goes
             # first, so that the future's remaining time overlaps it: one round trip, not two.
             source, qid = "prefix", p.qid
-            tail, error = self._query(addr, rooms[len(p.rooms):], next(self._qids), "sync")
+            tail, error = self._query(addr, rooms[len(p.rooms) :], next(self._qids), "sync")
             head, head_error = sync.result(p.future, "prefetch.result")
             error = head_error or error
             result = None if error else {**head, **tail}
@@ -215,13 +239,23 @@ class DecodePreallocQueue:
             result, error = self._query(addr, rooms, next(self._qids), "sync")
         wait = now() - t0
         self.resolves.append({"source": source, "wait_s": wait, "lead_s": lead, "error": error})
-        self.log.resolve(addr, list(rooms), source, qid, int(wait * 1e9), int(lead * 1e9),
-                         {str(r): k for r, k in (result or {}).items()}, error)
+        self.log.resolve(
+            addr,
+            list(rooms),
+            source,
+            qid,
+            int(wait * 1e9),
+            int(lead * 1e9),
+            {str(r): k for r, k in (result or {}).items()},
+            error,
+        )
         if error is not None:
             fails = self._query_failures[addr] = self._query_failures.get(addr, 0) + 1
             if fails >= self.dc.query_failure_budget:
                 for r in need:
-                    self.sched.abort(r, f"DP-rank query to {addr} failed {fails} times in a row: {error}")
+                    self.sched.abort(
+                        r, f"DP-rank query to {addr} failed {fails} times in a row: {error}"
+                    )
                 self._query_failures.pop(addr, None)
             return
         self._query_failures.pop(addr, None)
@@ -261,7 +295,9 @@ class DecodePreallocQueue:
 
     # ---- memory occupation ----------------------------------------------------------------------
     def release_memory_occupation(self) -> None:
-        if not inject.on("no-cancel-on-release"):  # MUTANT: no-cancel-on-release — futures outlive it
+        if not inject.on(
+            "no-cancel-on-release"
+        ):  # MUTANT: no-cancel-on-release — futures outlive it
             self.cancel_all("release")
         self.memory_released = True
         self.log.release_memory()

@@ -8,6 +8,7 @@ last chunk; every further token is one decode step. In the overlap loop batch N+
 batch N's tokens reach the host, so its inputs are references into the future map that the forward
 resolves on the device stream, after sample(N) (SGLang's overlap scheduler does the same).
 """
+
 from __future__ import annotations
 
 import queue
@@ -32,7 +33,7 @@ from .transport import KVTransportError
 class DecodeBatch:
     bid: int
     reqs: list
-    input_ids: torch.Tensor     # int64: token ids, or -(slot+1) for a future-map entry
+    input_ids: torch.Tensor  # int64: token ids, or -(slot+1) for a future-map entry
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     seq_lens: list
@@ -41,20 +42,36 @@ class DecodeBatch:
 
 
 class DecodeScheduler:
-    def __init__(self, cfg: EngineConfig, dc: DecodeConfig, requests: list[DecodeReq], *, client, tracer=None,
-                 model=None, hooks=None):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        dc: DecodeConfig,
+        requests: list[DecodeReq],
+        *,
+        client,
+        tracer=None,
+        model=None,
+        hooks=None,
+    ):
         self.cfg, self.dc = cfg, dc
         self.tr = tracer or NullTracer()
         # The decode events (spec/events.toml), declared once and logged positionally
         # (engine/trace.py); stage, war_barrier and sample are the forward state's.
         self.log = self.tr.events_for(
-            iter_begin=("iter",), alloc=("rid", "obj", "slot"),
+            iter_begin=("iter",),
+            alloc=("rid", "obj", "slot"),
             receiver_init=("room", "rank", "rid"),
             kv_recv=("room", "rank", "start", "tokens", "pages"),
-            kv_done=("room", "rid", "first_token"), release=("rid", "obj", "slot"),
-            req_done=("rid", "room", "tokens"), req_abort=("rid", "room", "reason"),
-            admit=("batch", "rids"), fwd_begin=("batch",), fwd_end=("batch",),
-            process_begin=("batch",), process_end=("batch",))
+            kv_done=("room", "rid", "first_token"),
+            release=("rid", "obj", "slot"),
+            req_done=("rid", "room", "tokens"),
+            req_abort=("rid", "room", "reason"),
+            admit=("batch", "rids"),
+            fwd_begin=("batch",),
+            fwd_end=("batch",),
+            process_begin=("batch",),
+            process_end=("batch",),
+        )
         self.client = client
         self.hooks = hooks or {}
         self.device = torch.device(cfg.device)
@@ -63,18 +80,30 @@ class DecodeScheduler:
         self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device)
         self.backend = make_backend(cfg.attention_backend, self.device)
         self.ps = cfg.page_size
-        self.pool = KVPool(dc.num_pages, self.ps, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
+        self.pool = KVPool(
+            dc.num_pages, self.ps, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device
+        )
         self.req_to_token = ReqToTokenPool(dc.max_slots, mc.max_context, self.device)
         bs = self.bs = dc.max_running
         # Streams, shared input buffers, future map (engine/forward_state.py): a decode step's
         # inputs are one token per request, int64 for their future-map references.
         self.fwd_state = ForwardState(
-            self.device, self.tr, tokens=bs, requests=bs, vocab=mc.vocab_size,
-            ids_dtype=torch.int64, pinned_inputs=False, script_ops=False,
-            on_sampled=self._refer_to_sampled)
+            self.device,
+            self.tr,
+            tokens=bs,
+            requests=bs,
+            vocab=mc.vocab_size,
+            ids_dtype=torch.int64,
+            pinned_inputs=False,
+            script_ops=False,
+            on_sampled=self._refer_to_sampled,
+        )
         fs = self.fwd_state
         self.sched_stream, self.fwd_stream, self.copy_stream = (
-            fs.sched_stream, fs.fwd_stream, fs.copy_stream)
+            fs.sched_stream,
+            fs.fwd_stream,
+            fs.copy_stream,
+        )
         self.prealloc = DecodePreallocQueue(self, dc, self.tr)
 
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
@@ -140,7 +169,10 @@ class DecodeScheduler:
         Returns "ok", "no_memory" (stays pending, FIFO) or "failed" (aborted)."""
         n_pages = pages_for(r.kv_need, self.ps)
         if r.kv_need > self.mc.max_context:
-            self.abort(r, f"prompt + max_new_tokens = {r.kv_need} exceeds max_context {self.mc.max_context}")
+            self.abort(
+                r,
+                f"prompt + max_new_tokens = {r.kv_need} exceeds max_context {self.mc.max_context}",
+            )
             return "failed"
         if self.req_to_token.available == 0 or self.pool.available < n_pages:
             return "no_memory"
@@ -154,7 +186,9 @@ class DecodeScheduler:
         try:
             self.client.pull(r.prefill_dp_rank, r.room)
         except KVTransportError as exc:
-            r.state = "pending"  # still in the prealloc queue: abort takes it out and frees its memory
+            r.state = (
+                "pending"  # still in the prealloc queue: abort takes it out and frees its memory
+            )
             self.abort(r, str(exc))
             return "failed"
         return "ok"
@@ -179,17 +213,28 @@ class DecodeScheduler:
             if r.meta is not None and r.kv_tokens == r.prompt_len:
                 self._transfer_done(r)
             elif t - r.t_init > self.dc.kv_timeout_s:
-                self.abort(r, f"KV of room {r.room} incomplete after {self.dc.kv_timeout_s:g} s "
-                              f"({r.kv_tokens}/{r.prompt_len} tokens from rank {r.prefill_dp_rank})")
+                self.abort(
+                    r,
+                    f"KV of room {r.room} incomplete after {self.dc.kv_timeout_s:g} s "
+                    f"({r.kv_tokens}/{r.prompt_len} tokens from rank {r.prefill_dp_rank})",
+                )
 
     def _check_chunk(self, r: DecodeReq, rank: int, chunk) -> str | None:
         tokens = chunk.k.shape[1]
         if rank != r.prefill_dp_rank:
             return f"room {r.room}: KV from rank {rank}, receiver initialised for rank {r.prefill_dp_rank}"
-        if chunk.start % self.ps or chunk.pages != pages_for(tokens, self.ps) or chunk.start + tokens > r.prompt_len:
-            return (f"room {r.room}: malformed KV chunk (start {chunk.start}, {tokens} tokens, {chunk.pages} pages, "
-                    f"page size {self.ps}, prompt {r.prompt_len})")
-        if chunk.last and (chunk.meta.get("rid") != r.rid or chunk.meta.get("prompt_len") != r.prompt_len):
+        if (
+            chunk.start % self.ps
+            or chunk.pages != pages_for(tokens, self.ps)
+            or chunk.start + tokens > r.prompt_len
+        ):
+            return (
+                f"room {r.room}: malformed KV chunk (start {chunk.start}, {tokens} tokens, {chunk.pages} pages, "
+                f"page size {self.ps}, prompt {r.prompt_len})"
+            )
+        if chunk.last and (
+            chunk.meta.get("rid") != r.rid or chunk.meta.get("prompt_len") != r.prompt_len
+        ):
             return f"room {r.room}: metadata {chunk.meta} does not match request {r.rid}"
         return None
 
@@ -199,7 +244,9 @@ class DecodeScheduler:
         tokens = chunk.k.shape[1]
         idx = self.pool.token_indices(r.pages, chunk.start, chunk.start + tokens)
         k, v, dev, dtype = chunk.k, chunk.v, self.device, self.pool.k.dtype
-        if dev.type == "cuda":   # pinned: asynchronous copies (from pageable memory the launching thread
+        if (
+            dev.type == "cuda"
+        ):  # pinned: asynchronous copies (from pageable memory the launching thread
             # would wait for the barrier); chunks from the in-process transfer already are (no copy then)
             idx, k, v = idx.pin_memory(), k.pin_memory(), v.pin_memory()
 
@@ -303,7 +350,9 @@ class DecodeScheduler:
             r.seq_len += 1
             r.n_gen += 1
             r.inflight += 1
-        batch = DecodeBatch(bid, reqs, ids, pos, loc, [r.seq_len for r in reqs], bias.to(self.device))
+        batch = DecodeBatch(
+            bid, reqs, ids, pos, loc, [r.seq_len for r in reqs], bias.to(self.device)
+        )
         self.log.admit(bid, [r.rid for r in reqs])
         self.stats["batches"] += 1
         return batch
@@ -318,11 +367,14 @@ class DecodeScheduler:
         self.stage(batch)
         bs, dev, state = len(batch.reqs), self.device, self.fwd_state
         slots = [r.slot for r in batch.reqs]
-        meta = DecodeMeta(req_to_token=self.req_to_token.table,
-                          req_slots=torch.tensor(slots, dtype=torch.int32, device=dev),
-                          seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
-                          out_cache_loc=state.buf_loc[:bs], host_slots=slots,
-                          host_seq_lens=list(batch.seq_lens))
+        meta = DecodeMeta(
+            req_to_token=self.req_to_token.table,
+            req_slots=torch.tensor(slots, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
+            out_cache_loc=state.buf_loc[:bs],
+            host_slots=slots,
+            host_seq_lens=list(batch.seq_lens),
+        )
         rows = torch.arange(bs, device=dev)
         self.fwd_stream.wait_event(batch.stage_event)
 
@@ -331,8 +383,16 @@ class DecodeScheduler:
             # Inputs sampled by the previous step are still on the device: resolve them here, on the
             # forward stream, after that step's sampling.
             ids = torch.where(ids < 0, state.future_map[(-ids - 1).clamp(min=0)], ids)
-            logits = self.model.forward(ids, state.buf_pos[:bs], state.buf_loc[:bs], self.pool,
-                                        self.backend, meta, rows, decode=True)
+            logits = self.model.forward(
+                ids,
+                state.buf_pos[:bs],
+                state.buf_loc[:bs],
+                self.pool,
+                self.backend,
+                meta,
+                rows,
+                decode=True,
+            )
             state.logits_buf[:bs].copy_(logits)
 
         self.fwd_stream.launch(forward)
@@ -369,7 +429,9 @@ class DecodeScheduler:
             r.output.append(int(tok))
             self.stats["decode_tokens"] += 1
             if r.last_ref == ref:
-                r.last_ref = int(tok)  # the future-map slot will be reused: keep the value on the host
+                r.last_ref = int(
+                    tok
+                )  # the future-map slot will be reused: keep the value on the host
             if r.abort_requested and r.inflight == 0:
                 self.abort(r, r.abort_requested)
             elif len(r.output) >= r.max_new_tokens:
@@ -395,4 +457,3 @@ class DecodeScheduler:
             "queries_in_flight": len(self.prealloc._queries),
             "unfinished": self.total - len(self.done) - len(self.aborted),
         }
-

@@ -15,6 +15,7 @@ Two transports with the same interface:
               gives the request/stream pattern (pull, then many chunks) without a broker; chunk
               tensors travel as raw frames, no pickling.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ import torch
 from .. import bootstrap_client
 from ..transfer import KVChunk
 
-DROP_RETRY_S = 10.0   # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
+DROP_RETRY_S = 10.0  # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
 
 
 class KVTransportError(RuntimeError):
@@ -40,7 +41,7 @@ class _Rooms:
     def __init__(self):
         self.buffered: dict[int, list] = {}
         self.subs: dict[int, object] = {}
-        self.done: set[int] = set()       # last chunk forwarded, or dropped by decode
+        self.done: set[int] = set()  # last chunk forwarded, or dropped by decode
         self.delivered: set[int] = set()  # rooms whose last chunk reached this server
 
     def unclaimed(self) -> list[int]:
@@ -48,6 +49,7 @@ class _Rooms:
 
 
 # ---- in-process ------------------------------------------------------------------------------------
+
 
 class InProcKVServer:
     def __init__(self, rank: int):
@@ -117,10 +119,21 @@ class InProcKVClient:
 
 # ---- ZMQ over TCP ------------------------------------------------------------------------------------
 
+
 def _encode(rank: int, chunk: KVChunk) -> list:
-    head = {"rank": rank, "room": chunk.room, "start": chunk.start, "pages": chunk.pages, "last": chunk.last,
-            "meta": chunk.meta, "shape": list(chunk.k.shape), "dtype": str(chunk.k.dtype).split(".")[-1]}
-    raw = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for t in (chunk.k, chunk.v)]
+    head = {
+        "rank": rank,
+        "room": chunk.room,
+        "start": chunk.start,
+        "pages": chunk.pages,
+        "last": chunk.last,
+        "meta": chunk.meta,
+        "shape": list(chunk.k.shape),
+        "dtype": str(chunk.k.dtype).split(".")[-1],
+    }
+    raw = [
+        t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for t in (chunk.k, chunk.v)
+    ]
     return [json.dumps(head).encode(), *raw]
 
 
@@ -129,10 +142,19 @@ def _decode(frames) -> tuple[int, KVChunk]:
     dtype = getattr(torch, head["dtype"])
 
     def tensor(buf):
-        return torch.frombuffer(bytearray(buf), dtype=torch.uint8).view(dtype).reshape(head["shape"])
+        return (
+            torch.frombuffer(bytearray(buf), dtype=torch.uint8).view(dtype).reshape(head["shape"])
+        )
 
-    chunk = KVChunk(head["room"], head["start"], tensor(frames[1]), tensor(frames[2]), head["pages"], head["last"],
-                    head["meta"] or {})
+    chunk = KVChunk(
+        head["room"],
+        head["start"],
+        tensor(frames[1]),
+        tensor(frames[2]),
+        head["pages"],
+        head["last"],
+        head["meta"] or {},
+    )
     return head["rank"], chunk
 
 
@@ -253,7 +275,9 @@ class ZmqKVClient:
         self._cmd_out.connect(self._cmd_addr)
         self._cmd_lock = threading.Lock()
         self._endpoints: dict[int, str] = {}
-        self._lookup_failed: dict[int, float] = {}   # rank -> monotonic time before which drop skips it
+        self._lookup_failed: dict[
+            int, float
+        ] = {}  # rank -> monotonic time before which drop skips it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kv-client", daemon=True)
         self._thread.start()
@@ -262,7 +286,9 @@ class ZmqKVClient:
         ep = self._endpoints.get(rank)
         if ep is None:
             try:
-                info = bootstrap_client.get_prefill_rank_info(self.url, dp_rank=rank, tp_rank=0, timeout=self.timeout_s)
+                info = bootstrap_client.get_prefill_rank_info(
+                    self.url, dp_rank=rank, tp_rank=0, timeout=self.timeout_s
+                )
             except bootstrap_client.BootstrapError as exc:
                 raise KVTransportError(f"cannot look up prefill rank {rank}: {exc}") from exc
             if info is None:

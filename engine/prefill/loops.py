@@ -9,6 +9,7 @@ processing, S(N) deferred sampling.
 
 A launched batch waiting for P travels as `Inflight(batch copy, result)` (engine/forward_state.py).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -80,14 +81,18 @@ def event_loop_thread(s: PrefillScheduler) -> None:
 
 class AheadMutants(NamedTuple):
     """The ahead loop's mutant switches (engine/inject.py), read once when the loop starts."""
-    sample_late: bool       # MUTANT: sample-before-collect — S(N) after submit(N+1), beside F(N+1)
-    two_forwards: bool      # MUTANT: two-forwards — submit(N+1) before collect(N)
-    send_on_worker: bool    # MUTANT: prefix-send-on-worker — the worker sends the cached prefix
+
+    sample_late: bool  # MUTANT: sample-before-collect — S(N) after submit(N+1), beside F(N+1)
+    two_forwards: bool  # MUTANT: two-forwards — submit(N+1) before collect(N)
+    send_on_worker: bool  # MUTANT: prefix-send-on-worker — the worker sends the cached prefix
 
     @classmethod
     def read(cls) -> AheadMutants:
-        return cls(inject.on("sample-before-collect"), inject.on("two-forwards"),
-                   inject.on("prefix-send-on-worker"))
+        return cls(
+            inject.on("sample-before-collect"),
+            inject.on("two-forwards"),
+            inject.on("prefix-send-on-worker"),
+        )
 
 
 def event_loop_ahead(s: PrefillScheduler) -> None:
@@ -97,25 +102,25 @@ def event_loop_ahead(s: PrefillScheduler) -> None:
     inflight = None  # snapshot of the batch whose forward is on the worker
     try:
         while not s.finished_all or inflight:
-            batch = _loop_top(s)                                        # A(N+1)
+            batch = _loop_top(s)  # A(N+1)
             previous = None
             if inflight is not None and not mutant.two_forwards:
-                previous = worker.collect()                             # collect(N)
+                previous = worker.collect()  # collect(N)
                 if not mutant.sample_late:
-                    s.launch_batch_sample_if_needed(*previous)          # S(N)
+                    s.launch_batch_sample_if_needed(*previous)  # S(N)
             if batch:
                 snapshot = s.snapshot(batch)
                 s.stage(snapshot)
                 if not mutant.send_on_worker:
                     for req in snapshot.reqs:
                         s.maybe_send_cached_prefix(snapshot, req)
-                worker.submit(snapshot, early_send_prefix=mutant.send_on_worker)   # submit(N+1)
+                worker.submit(snapshot, early_send_prefix=mutant.send_on_worker)  # submit(N+1)
             if inflight is not None and mutant.two_forwards:
                 previous = worker.collect()
             if previous is not None and (mutant.sample_late or mutant.two_forwards):
                 s.launch_batch_sample_if_needed(*previous)
             if previous is not None:
-                s.process_batch_result(*previous)                       # P(N)
+                s.process_batch_result(*previous)  # P(N)
             s.process_inflight_queue()
             inflight = snapshot if batch else None
             if not batch and not inflight:
@@ -124,5 +129,9 @@ def event_loop_ahead(s: PrefillScheduler) -> None:
         worker.shutdown()
 
 
-LOOPS = {"normal": event_loop_normal, "overlap": event_loop_overlap, "thread": event_loop_thread,
-         "ahead": event_loop_ahead}
+LOOPS = {
+    "normal": event_loop_normal,
+    "overlap": event_loop_overlap,
+    "thread": event_loop_thread,
+    "ahead": event_loop_ahead,
+}

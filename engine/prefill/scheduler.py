@@ -4,6 +4,7 @@ and the KV inflight queue. The four event loops that call these live in loops.py
 Every ordering point emits a trace event (docs/trace-format.md); names follow SGLang's so the code
 can be read beside `disaggregation/prefill.py` and `managers/scheduler.py`.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,50 +16,68 @@ from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
 from ..digest import DigestStamp
 from ..forward_state import ForwardResult, ForwardState
-from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
+from ..memory import KVPool, PrefixCache, ReqToTokenPool
 from ..model import TinyLlama
 from ..request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from ..trace import NullTracer
 from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
+from .admission import Admission
+
+# The prefill events (spec/events.toml), declared once and logged positionally (engine/trace.py);
+# stage, war_barrier and sample are the forward state's.
+EVENTS: dict[str, tuple[str, ...]] = dict(
+    admit=("batch", "rids", "chunks"),
+    alloc=("rid", "obj", "slot"),
+    chunk_inc=("rid", "obj", "value"),
+    snapshot=("batch", "digest"),
+    submit=("batch",),
+    fwd_begin=("batch", "digest"),
+    fwd_end=("batch",),
+    batch_copy=("batch",),
+    collect=("batch",),
+    prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"),
+    process_begin=("batch",),
+    chunk_dec=("rid", "obj", "value"),
+    kv_send=("rid", "obj", "tokens", "pages", "start"),
+    process_end=("batch",),
+    release=("rid", "obj", "slot"),
+)
 
 
 class EngineError(RuntimeError):
     """A failure that ends the run; the CLI prints its message on one line."""
 
 
-class PrefillScheduler:
-    def __init__(self, cfg: EngineConfig, requests: list[Req], *, tracer=None, receiver=None, model=None,
-                 on_ingest=None):
+class PrefillScheduler(Admission):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        requests: list[Req],
+        *,
+        tracer=None,
+        receiver=None,
+        model=None,
+        on_ingest=None,
+    ):
         self.cfg = cfg
         self.tr = tracer or NullTracer()
-        # The prefill events (spec/events.toml), declared once and logged positionally
-        # (engine/trace.py); stage, war_barrier and sample are the forward state's.
-        self.log = self.tr.events_for(
-            admit=("batch", "rids", "chunks"), alloc=("rid", "obj", "slot"),
-            chunk_inc=("rid", "obj", "value"), snapshot=("batch", "digest"), submit=("batch",),
-            fwd_begin=("batch", "digest"), fwd_end=("batch",), batch_copy=("batch",),
-            collect=("batch",), prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"),
-            process_begin=("batch",), chunk_dec=("rid", "obj", "value"),
-            kv_send=("rid", "obj", "tokens", "pages", "start"), process_end=("batch",),
-            release=("rid", "obj", "slot"))
-        self.device = torch.device(cfg.device)
-        mc = cfg.model_config
-        self.mc = mc
-        dtype = getattr(torch, cfg.dtype)
-        self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device,
-                                        forward_impl=None if cfg.forward == "auto" else cfg.forward)
-        self.backend = make_backend(cfg.attention_backend, self.device)
-        self.pool = KVPool(cfg.num_pages, cfg.page_size, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device)
-        self.req_to_token = ReqToTokenPool(cfg.max_slots, mc.max_context, self.device)
-        self.cache = PrefixCache(self.pool)
+        self.log = self.tr.events_for(**EVENTS)
+        self._build_model_and_memory(model)
         # Streams, shared input buffers, future map (engine/forward_state.py). A batch's inputs are
         # pinned on a GPU (_build_batch).
         self.fwd_state = ForwardState(
-            self.device, self.tr, tokens=cfg.max_batch_tokens, requests=cfg.max_batch_reqs,
-            vocab=mc.vocab_size, ids_dtype=torch.int32, pinned_inputs=True, script_ops=True)
-        fs = self.fwd_state
-        self.sched_stream, self.fwd_stream, self.copy_stream = (
-            fs.sched_stream, fs.fwd_stream, fs.copy_stream)
+            self.device,
+            self.tr,
+            tokens=cfg.max_batch_tokens,
+            requests=cfg.max_batch_reqs,
+            vocab=self.mc.vocab_size,
+            ids_dtype=torch.int32,
+            pinned_inputs=True,
+            script_ops=True,
+        )
+        self.sched_stream = self.fwd_state.sched_stream
+        self.fwd_stream = self.fwd_state.fwd_stream
+        self.copy_stream = self.fwd_state.copy_stream
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
@@ -77,6 +96,26 @@ class PrefillScheduler:
         self._next_bid = 0
         self.t0 = sync.now()
         self.stats = dict(batches=0, tokens=0, uncached_tokens=0, cached_tokens=0)
+
+    def _build_model_and_memory(self, model) -> None:
+        cfg = self.cfg
+        self.device = torch.device(cfg.device)
+        mc = cfg.model_config
+        self.mc = mc
+        dtype = getattr(torch, cfg.dtype)
+        self.model = model or TinyLlama(
+            mc,
+            seed=cfg.seed,
+            dtype=dtype,
+            device=self.device,
+            forward_impl=None if cfg.forward == "auto" else cfg.forward,
+        )
+        self.backend = make_backend(cfg.attention_backend, self.device)
+        self.pool = KVPool(
+            cfg.num_pages, cfg.page_size, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device
+        )
+        self.req_to_token = ReqToTokenPool(cfg.max_slots, mc.max_context, self.device)
+        self.cache = PrefixCache(self.pool)
 
     # ---- loop-top steps ------------------------------------------------------------------------
     def retire_ascache_writes(self) -> None:
@@ -109,125 +148,15 @@ class PrefillScheduler:
         if stalled and not self.arrivals and not self.inflight and not self.finished_all:
             stuck = [r.rid for r in self.waiting] + [r.rid for r in self.arrivals]
             held = [r.rid for r in (self.chunked_req,) if r is not None]
-            raise EngineError(f"stuck: {self.total - len(self.done)} request(s) can never finish "
-                              f"(waiting: {stuck or '-'}, chunked: {held or '-'}; e.g. a middle-chunk count that "
-                              f"never returned to zero, or memory that was never freed)")
+            raise EngineError(
+                f"stuck: {self.total - len(self.done)} request(s) can never finish "
+                f"(waiting: {stuck or '-'}, chunked: {held or '-'}; e.g. a middle-chunk count that "
+                f"never returned to zero, or memory that was never freed)"
+            )
         delay = 0.0005
         if self.arrivals and not self.inflight:
             delay = max(0.0, min(0.01, self.arrivals[0].arrival_s - (sync.now() - self.t0)))
         sync.sleep(delay)
-
-    # ---- admission -----------------------------------------------------------------------------
-    def get_next_batch(self) -> ScheduleBatch | None:
-        """Admission: fold the previous batch, continue the chunked request, admit waiting requests
-        (prefix match, slot and page allocation), cut chunks to the token budget, build inputs."""
-        cfg, ps = self.cfg, self.cfg.page_size
-        if self.last_batch is not None:
-            # As SGLang's filter_batch on the last batch: in place, keeping only the continuing chunk.
-            keep = [i for i, r in enumerate(self.last_batch.reqs) if r is self.chunked_req]
-            self.last_batch.filter(keep)
-            self.last_batch = None
-        budget = cfg.max_batch_tokens
-        picked: list[tuple[Req, int, int, bool]] = []
-        continuing, self.chunked_req = self.chunked_req, None
-        candidates = ([continuing] if continuing else []) + list(self.waiting)
-        for req in candidates:
-            if len(picked) >= cfg.max_batch_reqs or budget < ps:
-                break
-            if req.slot is None and not self._prepare(req):
-                break  # out of slots: keep FIFO order, try again next round
-            take = min(req.remaining, cfg.chunk_size, budget)
-            last = take == req.remaining
-            if not last:
-                take -= take % ps
-                if take == 0:
-                    break
-            if not self._alloc_pages(req, req.filled + take):
-                break
-            if req in self.waiting:
-                self.waiting.remove(req)
-            picked.append((req, req.filled, take, last))
-            req.filled += take
-            budget -= take
-            if not last:
-                self.chunked_req = req
-                break  # one chunked request at a time, as in SGLang
-            if cfg.admission_cost_us:
-                _busy_wait_us(cfg.admission_cost_us)
-        if continuing is not None and all(p[0] is not continuing for p in picked):
-            self.chunked_req = continuing  # not admitted this round (no pages yet): stays first in line
-        if not picked:
-            return None
-        return self._build_batch(picked)
-
-    def _prepare(self, req: Req) -> bool:
-        """First admission of a request: prefix-cache match, a req_to_token slot."""
-        if self.req_to_token.available == 0:
-            return False
-        nodes = self.cache.match(req.prompt, len(req.prompt) - 1)
-        self.cache.lock(nodes)
-        req.prefix_nodes = nodes
-        req.pages = [n.page for n in nodes]
-        req.prefix_len = req.filled = len(nodes) * self.cfg.page_size
-        req.prefix_sent = req.prefix_len == 0
-        req.slot = self.req_to_token.alloc()
-        if req.pages:
-            self.req_to_token.table[req.slot, :req.prefix_len] = self.pool.token_indices(req.pages, 0, req.prefix_len).to(self.device)
-        self.log.alloc(req.rid, req, req.slot)
-        self.stats["cached_tokens"] += req.prefix_len
-        return True
-
-    def _alloc_pages(self, req: Req, end: int) -> bool:
-        need = pages_for(end, self.cfg.page_size) - len(req.pages)
-        if need <= 0:
-            return True
-        if self.pool.available < need:
-            self.cache.evict(need - self.pool.available)
-        pages = self.pool.alloc(need)
-        if pages is None:
-            return False
-        start = len(req.pages) * self.cfg.page_size
-        req.pages.extend(pages)
-        stop = len(req.pages) * self.cfg.page_size
-        self.req_to_token.table[req.slot, start:stop] = self.pool.token_indices(req.pages, start, stop).to(self.device)
-        return True
-
-    def _build_batch(self, picked) -> ScheduleBatch:
-        bid = self._next_bid
-        self._next_bid += 1
-        reqs = [p[0] for p in picked]
-        ids, pos, loc = [], [], []
-        on_host = self.device.type == "cpu"
-        for req, start, take, last in picked:
-            ids.append(torch.tensor(req.prompt[start:start + take], dtype=torch.int32))
-            pos.append(torch.arange(start, start + take, dtype=torch.int32))
-            # the req_to_token row as written (_prepare, _alloc_pages); on a GPU from the host's pages,
-            # not read back (a device-to-host copy per request)
-            loc.append(self.req_to_token.table[req.slot, start:start + take] if on_host
-                       else self.pool.token_indices(req.pages, start, start + take))
-        ids, pos, loc = torch.cat(ids), torch.cat(pos), torch.cat(loc)
-        if not on_host:
-            # Pinned, so that staging's copies are asynchronous: a copy from pageable memory waits for
-            # the schedule stream, which waits for the forward in flight (the WAR barrier).
-            ids, pos, loc = ids.pin_memory(), pos.pin_memory(), loc.pin_memory()
-        batch = ScheduleBatch(
-            bid=bid, reqs=reqs, starts=[p[1] for p in picked], extends=[p[2] for p in picked],
-            last_chunk=[p[3] for p in picked], input_ids=ids, positions=pos,
-            out_cache_loc=loc, sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device))
-        self.log.admit(bid, [r.rid for r in reqs],
-                       {r.rid: [s, s + n] for r, s, n in zip(reqs, batch.starts, batch.extends)})
-        for req, last in zip(reqs, batch.last_chunk):
-            if not last:
-                req.inflight_middle_chunks += 1
-                self.log.chunk_inc(req.rid, req, req.inflight_middle_chunks)
-            elif inject.on("free-slot-before-forward-done"):
-                # MUTANT: slot and pages freed as soon as the last chunk is scheduled; the request still
-                # uses them (its forward reads the req_to_token row, its KV send reads the pages).
-                self._release(req, early=True)
-        self.stats["batches"] += 1
-        self.stats["tokens"] += batch.num_tokens
-        self.last_batch = batch
-        return batch
 
     # ---- the forward ---------------------------------------------------------------------------
     def stage(self, batch: ScheduleBatch) -> None:
@@ -244,8 +173,9 @@ class PrefillScheduler:
             self.log.snapshot(snap.bid, stamp)
         return snap
 
-    def run_batch(self, batch: ScheduleBatch, *, early_send_prefix: bool = True,
-                  sample_inline: bool = False) -> ForwardResult:
+    def run_batch(
+        self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False
+    ) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
         sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
         tracing = self.tr.enabled
@@ -257,8 +187,9 @@ class PrefillScheduler:
         if batch.stage_event is None:
             self.stage(batch)
         done = self._launch_forward(batch)
-        result = ForwardResult(batch.bid, len(batch.reqs), sampling.logit_bias, done_event=done,
-                               war_event=done)
+        result = ForwardResult(
+            batch.bid, len(batch.reqs), sampling.logit_bias, done_event=done, war_event=done
+        )
         if inject.on("send-before-forward-done"):
             # MUTANT: chunk KV sent without waiting for the forward
             for i, req in enumerate(batch.reqs):
@@ -275,8 +206,13 @@ class PrefillScheduler:
         """What this forward reads, stamped now and resolved once it is launched (_resolve_stamps),
         with the snapshot's: while the batch is still the snapshot's, only the two logit biases are
         read."""
-        stamp = DigestStamp(batch, self.tr.obj, sampling, marker="changed-in-launch",
-                            same_as=batch.__dict__.get("_digest_stamp"))
+        stamp = DigestStamp(
+            batch,
+            self.tr.obj,
+            sampling,
+            marker="changed-in-launch",
+            same_as=batch.__dict__.get("_digest_stamp"),
+        )
         self.log.fwd_begin(batch.bid, stamp)
         return stamp
 
@@ -285,7 +221,7 @@ class PrefillScheduler:
         scheduler can have the batch back: a change while run_batch read it shows here."""
         fwd_stamp.resolve()
         snap_stamp = batch.__dict__.get("_digest_stamp")
-        if snap_stamp is not None:   # not resolved with the forward's (they differed at fwd_begin):
+        if snap_stamp is not None:  # not resolved with the forward's (they differed at fwd_begin):
             snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
 
     def _launch_forward(self, batch: ScheduleBatch):
@@ -300,13 +236,22 @@ class PrefillScheduler:
         # (rows as views), and the buffer views are made once per shape (ForwardState.views).
         req_slots, prefix_lens, extend_lens, extend_start_loc, logit_rows = torch.tensor(
             [slots, batch.starts, ext, start_loc, [s + e - 1 for s, e in zip(start_loc, ext)]],
-            dtype=torch.int32, device=self.device).unbind()
+            dtype=torch.int32,
+            device=self.device,
+        ).unbind()
         ids, pos, loc, out = self.fwd_state.views(n, bs)
         meta = ExtendMeta(
-            req_to_token=self.req_to_token.table, req_slots=req_slots, prefix_lens=prefix_lens,
-            extend_lens=extend_lens, extend_start_loc=extend_start_loc, max_extend_len=max(ext),
-            out_cache_loc=loc, host_slots=slots, host_prefix=list(batch.starts),
-            host_extend=list(ext))
+            req_to_token=self.req_to_token.table,
+            req_slots=req_slots,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            extend_start_loc=extend_start_loc,
+            max_extend_len=max(ext),
+            out_cache_loc=loc,
+            host_slots=slots,
+            host_prefix=list(batch.starts),
+            host_extend=list(ext),
+        )
         self.fwd_stream.wait_event(batch.stage_event)
 
         def forward():
@@ -359,8 +304,17 @@ class PrefillScheduler:
             else:
                 req.output_token = result.host_tokens[i]
                 req.first_token_s = now
-                self._send(req, len(req.prompt), result.done_event, last=True,
-                           meta={"first_token": req.output_token, "prompt_len": len(req.prompt), "rid": req.rid})
+                self._send(
+                    req,
+                    len(req.prompt),
+                    result.done_event,
+                    last=True,
+                    meta={
+                        "first_token": req.output_token,
+                        "prompt_len": len(req.prompt),
+                        "rid": req.rid,
+                    },
+                )
                 finished.append(req)
         # The design's cross-request batched staging: one gather for every request whose prefill is
         # complete, before the AttentionStore write consumes the staging buffer.
@@ -408,13 +362,9 @@ class PrefillScheduler:
         """What is still held at the end; all zeros after a clean run."""
         return {
             "slots_in_use": self.req_to_token.num_slots - self.req_to_token.available,
-            "pages_unaccounted": (self.pool.num_pages - 1) - self.pool.available - self.cache.cached_pages,
+            "pages_unaccounted": (self.pool.num_pages - 1)
+            - self.pool.available
+            - self.cache.cached_pages,
             "locked_cache_pages": self.cache.locked_pages,
             "inflight": len(self.inflight),
         }
-
-
-def _busy_wait_us(us: float) -> None:
-    end = time.perf_counter() + us * 1e-6
-    while time.perf_counter() < end:
-        pass

@@ -4,6 +4,7 @@
 makes `batch.copy()` for result processing and puts `Inflight(copy, result)` on the output queue;
 `collect()` takes it back on the scheduler thread. A worker exception is re-raised by `collect()`.
 """
+
 from __future__ import annotations
 
 import queue
@@ -56,7 +57,7 @@ class ForwardWorker:
                 break
             except queue.Empty:
                 if not self.thread.is_alive():
-                    raise WorkerError("forward worker thread died without a result")
+                    raise WorkerError("forward worker thread died without a result") from None
         self.collected += 1
         if isinstance(item, BaseException):
             raise WorkerError(f"forward worker failed: {item!r}") from item
@@ -78,10 +79,12 @@ class ForwardWorker:
                 pass
         if sync.finished(self.thread):
             return
-        if sync.controlled():   # a dead worker there is a deadlock the controller reports
+        if sync.controlled():  # a dead worker there is a deadlock the controller reports
             sync.q_put(self.in_q, _STOP, "worker.stop")
             return
-        while not sync.finished(self.thread):   # it may still die with its input full: never block on it
+        while not sync.finished(
+            self.thread
+        ):  # it may still die with its input full: never block on it
             try:
                 self.in_q.put(_STOP, timeout=0.1)
                 break

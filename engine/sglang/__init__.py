@@ -10,6 +10,7 @@ other version they would observe nothing, or the wrong thing, without saying so.
     hooks.install   wrap the methods (engine/sglang/decode.py, engine/sglang/prefill.py)
     boot/           installs the hooks in every process of a real server (PDO_SGLANG_TRACE_DIR)
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,9 +19,14 @@ import sys
 import types
 
 KNOWN_VERSIONS = ("0.5.23",)
-MODULES = ("sglang.srt.disaggregation.decode", "sglang.srt.disaggregation.prefill",
-           "sglang.srt.disaggregation.common.conn", "sglang.srt.managers.scheduler",
-           "sglang.srt.disaggregation.utils", "sglang.srt.runtime_context")
+MODULES = (
+    "sglang.srt.disaggregation.decode",
+    "sglang.srt.disaggregation.prefill",
+    "sglang.srt.disaggregation.common.conn",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.disaggregation.utils",
+    "sglang.srt.runtime_context",
+)
 
 
 class SGLangUnavailable(Exception):
@@ -39,8 +45,10 @@ def check_version() -> str:
     if version is None:
         raise SGLangUnavailable("SGLang is not installed (bash scripts/setup.sh installs 0.5.23)")
     if version not in KNOWN_VERSIONS:
-        raise SGLangUnavailable(f"SGLang {version} is not a version the adapter knows "
-                                f"({', '.join(KNOWN_VERSIONS)}): its hooks name that version's methods")
+        raise SGLangUnavailable(
+            f"SGLang {version} is not a version the adapter knows "
+            f"({', '.join(KNOWN_VERSIONS)}): its hooks name that version's methods"
+        )
     return version
 
 
@@ -55,13 +63,14 @@ def _define_torchvision_ops() -> None:
         return
     try:
         import torchvision  # noqa: F401  (lazy: the probe itself; a working build: nothing to do)
+
         return
     except RuntimeError:
         pass
     lib = torch.library.Library("torchvision", "FRAGMENT")
     for op in ("nms", "qnms"):
         lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _KEEP.append(lib)   # a Library object undoes its definitions when collected
+    _KEEP.append(lib)  # a Library object undoes its definitions when collected
     for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
         del sys.modules[name]
 
@@ -75,5 +84,12 @@ def load() -> types.SimpleNamespace:
     version = check_version()
     _define_torchvision_ops()
     mods = [importlib.import_module(m) for m in MODULES]
-    return types.SimpleNamespace(decode=mods[0], prefill=mods[1], conn=mods[2], scheduler=mods[3],
-                                 decode_utils=mods[4], runtime_context=mods[5], version=version)
+    return types.SimpleNamespace(
+        decode=mods[0],
+        prefill=mods[1],
+        conn=mods[2],
+        scheduler=mods[3],
+        decode_utils=mods[4],
+        runtime_context=mods[5],
+        version=version,
+    )

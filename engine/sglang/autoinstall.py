@@ -5,6 +5,7 @@ imported, the version is checked, the hooks are installed and a process-wide sin
 file is `<trace_dir>/sglang-<pid>.jsonl`; its header (written when the process's scheduler loop starts)
 names the role and the loop mode.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,4 +39,5 @@ def when_sglang_imported(trace_dir: str) -> None:
             install_now(trace_dir)
         except SGLangUnavailable as exc:
             print(f"pdo: {exc}; this process is not traced", file=sys.stderr)
+
     wrapt.register_post_import_hook(on_import, TRIGGER)

@@ -20,6 +20,7 @@ The wrappers only read SGLang's state. The one object they stand in for is the p
 submit is observed through a proxy, which passes every call to the real executor (or, under a schedule
 controller, to the managed pool, so a fuzzed schedule decides when the query runs).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -30,11 +31,13 @@ import time
 from .. import sync
 from . import hooks
 
-_local = threading.local()          # .query: (qid, "prefetch") while a prefetched query runs
+_local = threading.local()  # .query: (qid, "prefetch") while a prefetched query runs
 _qids = itertools.count()
-_futures: dict[int, dict] = {}      # id(Future) -> {"future", "addr", "rooms", "qid", "t_submit", "t_end"}
-_resolving: list[dict] = []         # per active _resolve_pending_reqs call: what it consumed, per address
-_iters: dict[int, int] = {}         # id(scheduler) -> decode iterations seen
+_futures: dict[
+    int, dict
+] = {}  # id(Future) -> {"future", "addr", "rooms", "qid", "t_submit", "t_end"}
+_resolving: list[dict] = []  # per active _resolve_pending_reqs call: what it consumed, per address
+_iters: dict[int, int] = {}  # id(scheduler) -> decode iterations seen
 
 LOOPS = {"event_loop_normal_disagg_decode": "normal", "event_loop_overlap_disagg_decode": "overlap"}
 
@@ -64,10 +67,13 @@ def install(sgl) -> None:
 def _loop(mode: str, version: str):
     def around(sink, wrapped, sched, args, kwargs):
         page_size = getattr(sched, "page_size", None) or 1
-        sink.begin("decode", mode, page_size, prefetch=True, engine="sglang", sglang_version=version)
+        sink.begin(
+            "decode", mode, page_size, prefetch=True, engine="sglang", sglang_version=version
+        )
         _iters[id(sched)] = 0
         with hooks.inside("decode_loop"):
             return wrapped(*args, **kwargs)
+
     return around
 
 
@@ -75,6 +81,7 @@ def _install_iteration_marker(sched_cls) -> None:
     """Both decode loops read `self.gracefully_exit` once, first thing in each iteration, and nowhere
     else in the iteration: that read is the top of the iteration. A property on the class observes it
     and keeps the value where the instance keeps it."""
+
     def get(self):
         value = self.__dict__.get("gracefully_exit", False)
         sink = hooks.active()
@@ -97,6 +104,7 @@ def _within(name: str):
     def around(sink, wrapped, instance, args, kwargs):
         with hooks.inside(name):
             return wrapped(*args, **kwargs)
+
     return around
 
 
@@ -123,7 +131,7 @@ def _prefetch(sink, wrapped, queue, args, kwargs):
     after = {addr: id(fut) for addr, (_, fut) in queue._prefill_dp_rank_queries.items()}
     for addr in groups:
         if addr in after and after[addr] != before.get(addr):
-            continue   # submitted by this call
+            continue  # submitted by this call
         if addr in before and after.get(addr) == before[addr]:
             reason = "in_flight"
         elif queue.kv_manager.prefill_info_table.get(addr) is None:
@@ -166,7 +174,13 @@ class _ObservedExecutor:
             finally:
                 _local.query = None
 
-        record = {"addr": addr, "rooms": rooms, "qid": qid, "t_submit": time.monotonic_ns(), "t_end": None}
+        record = {
+            "addr": addr,
+            "rooms": rooms,
+            "qid": qid,
+            "t_submit": time.monotonic_ns(),
+            "t_end": None,
+        }
         future = self._target().submit(run)
         record["future"] = future
         _futures[id(future)] = record
@@ -177,7 +191,7 @@ class _ObservedExecutor:
 
 
 _proxies: dict[int, _ObservedExecutor] = {}
-_QUERY_FN: list = []   # the real CommonKVReceiver.query_prefill_dp_ranks, set by install
+_QUERY_FN: list = []  # the real CommonKVReceiver.query_prefill_dp_ranks, set by install
 
 
 def _unwrap(fn):
@@ -199,7 +213,12 @@ def _record(future) -> dict | None:
     return record if record is not None and record["future"] is future else None
 
 
-_CANCEL_REASONS = {"prefetch": "stale", "release": "release", "cancel_all": "empty", "resolve": "mismatch"}
+_CANCEL_REASONS = {
+    "prefetch": "stale",
+    "release": "release",
+    "cancel_all": "empty",
+    "resolve": "mismatch",
+}
 
 
 def _future_cancel(sink, wrapped, future, args, kwargs):
@@ -211,9 +230,15 @@ def _future_cancel(sink, wrapped, future, args, kwargs):
     if reason == "empty" and "release" in stack:
         reason = "release"
     if reason == "mismatch" and _resolving and record["addr"] not in _resolving[-1]["queried"]:
-        reason = "stale"   # popped because every room of the address became known
+        reason = "stale"  # popped because every room of the address became known
     record["closed"] = True
-    sink.emit("prefetch_cancel", addr=record["addr"], rooms=record["rooms"], qid=record["qid"], reason=reason)
+    sink.emit(
+        "prefetch_cancel",
+        addr=record["addr"],
+        rooms=record["rooms"],
+        qid=record["qid"],
+        reason=reason,
+    )
     return wrapped(*args, **kwargs)
 
 
@@ -245,7 +270,9 @@ def _query(sink, wrapped, instance, args, kwargs):
     sink.emit("query_end", addr=addr, rooms=rooms, qid=qid, result=dict(value), error=None)
     if source == "sync" and _resolving and threading.get_ident() == _resolving[-1]["thread"]:
         entry = _resolving[-1]["addrs"].setdefault(addr, {"sync": []})
-        entry["sync"].append({"rooms": rooms, "result": dict(value), "wait": time.monotonic_ns() - t0})
+        entry["sync"].append(
+            {"rooms": rooms, "result": dict(value), "wait": time.monotonic_ns() - t0}
+        )
     return value
 
 
@@ -255,16 +282,30 @@ def _parallel_info(sink, wrapped, manager, args, kwargs):
     ok = wrapped(*args, **kwargs)
     if not cached:
         info = manager.prefill_info_table.get(addr)
-        layout = {} if info is None else {"dp_size": info.dp_size,
-                                          "follow_bootstrap_room": info.follow_bootstrap_room}
-        sink.emit("prefill_info", addr=addr, published=bool(ok),
-                  error=None if ok else "prefill parallel info not available", **layout)
+        layout = (
+            {}
+            if info is None
+            else {"dp_size": info.dp_size, "follow_bootstrap_room": info.follow_bootstrap_room}
+        )
+        sink.emit(
+            "prefill_info",
+            addr=addr,
+            published=bool(ok),
+            error=None if ok else "prefill parallel info not available",
+            **layout,
+        )
     return ok
 
 
 # ---- the consumption point ------------------------------------------------------------------------
 def _resolve(sink, wrapped, queue, args, kwargs):
-    state = {"thread": threading.get_ident(), "addrs": {}, "queried": set(), "need": {}, "flushed": False}
+    state = {
+        "thread": threading.get_ident(),
+        "addrs": {},
+        "queried": set(),
+        "need": {},
+        "flushed": False,
+    }
     for addr, reqs in _groups(queue).items():
         need = [r.req.bootstrap_room for r in reqs if queue._resolve_prefill_dp_rank(r.req) is None]
         if need:
@@ -289,7 +330,9 @@ def _flush_resolves(sink, state) -> None:
         future, syncs = entry.get("future"), entry["sync"]
         if future is not None:
             # the rooms this consumption point needed, as it saw them when it began
-            rooms = state["need"].get(addr) or list(future["rooms"]) + [r for s in syncs for r in s["rooms"]]
+            rooms = state["need"].get(addr) or list(future["rooms"]) + [
+                r for s in syncs for r in s["rooms"]
+            ]
             result = {**entry["result"], **{k: v for s in syncs for k, v in s["result"].items()}}
             source = "prefix" if syncs else "prefetched"
             wait = entry["wait"] + sum(s["wait"] for s in syncs)
@@ -299,8 +342,17 @@ def _flush_resolves(sink, state) -> None:
             rooms = [r for s in syncs for r in s["rooms"]]
             result = {k: v for s in syncs for k, v in s["result"].items()}
             source, wait, lead, qid = "sync", sum(s["wait"] for s in syncs), 0, None
-        sink.emit("resolve", addr=addr, rooms=rooms, source=source, qid=qid, wait_ns=wait, lead_ns=lead,
-                  result={str(k): v for k, v in result.items()}, error=None)
+        sink.emit(
+            "resolve",
+            addr=addr,
+            rooms=rooms,
+            source=source,
+            qid=qid,
+            wait_ns=wait,
+            lead_ns=lead,
+            result={str(k): v for k, v in result.items()},
+            error=None,
+        )
 
 
 def _init_receiver(sink, wrapped, queue, args, kwargs):
@@ -314,12 +366,18 @@ def _init_receiver(sink, wrapped, queue, args, kwargs):
 
 def _add(sink, wrapped, queue, args, kwargs):
     req = args[0]
-    sink.emit("req_add", rid=str(req.rid), room=req.bootstrap_room,
-              addr=f"{req.bootstrap_host}:{req.bootstrap_port}")
+    sink.emit(
+        "req_add",
+        rid=str(req.rid),
+        room=req.bootstrap_room,
+        addr=f"{req.bootstrap_host}:{req.bootstrap_port}",
+    )
     out = wrapped(*args, **kwargs)
     reason = getattr(req, "finished_reason", None)
     if reason is not None and type(reason).__name__ == "FINISH_ABORT":
-        sink.emit("req_abort", rid=str(req.rid), room=req.bootstrap_room, reason=str(reason.message))
+        sink.emit(
+            "req_abort", rid=str(req.rid), room=req.bootstrap_room, reason=str(reason.message)
+        )
     return out
 
 
@@ -329,4 +387,5 @@ def _memory(ev: str):
             out = wrapped(*args, **kwargs)
         sink.emit(ev)
         return out
+
     return around

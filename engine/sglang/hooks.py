@@ -5,6 +5,7 @@ active sink; it passes the arguments through unchanged and returns what the real
 With no active sink, a wrapper is a plain call. `ran` records the qualified names of the real SGLang
 functions that were called while a sink was active (the `sglang_functions` of `pdo conform --json`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,7 @@ import wrapt
 from .sink import TraceSink
 
 _active: TraceSink | None = None
-_installed: list[tuple[object, str, object]] = []   # (owner, name, the attribute as it was)
+_installed: list[tuple[object, str, object]] = []  # (owner, name, the attribute as it was)
 ran: dict[str, int] = {}
 _local = threading.local()
 

@@ -1,5 +1,6 @@
 """`python -m engine.sglang.launch --trace-dir DIR -- <sglang.launch_server arguments>`: an SGLang
 server with the pdo adapter in every process (docs/sglang.md, "Tracing a GPU SGLang server")."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ def traced_env(trace_dir: str, env: dict | None = None) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.sglang.launch", description=__doc__)
     p.add_argument("--trace-dir", required=True, help="one trace file per SGLang process goes here")
-    p.add_argument("--module", default="sglang.launch_server", help="the module to run (default: %(default)s)")
+    p.add_argument(
+        "--module", default="sglang.launch_server", help="the module to run (default: %(default)s)"
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for it, after --")
     a = p.parse_args(argv)
     os.makedirs(a.trace_dir, exist_ok=True)

@@ -11,9 +11,10 @@ transform and compiled into the function's module globals, swapped in for one sc
 A mutant is a check on the checker: a reordering the rules forbid must be reported when SGLang's own
 loop makes it.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 import __future__
+
 import ast
 import contextlib
 import inspect
@@ -55,17 +56,29 @@ def mutated(func, transform: ast.NodeTransformer):
     extra = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
     factory = ast.FunctionDef(
         name="__pdo_mutant_factory__",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=v) for v in freevars], vararg=None,
-                           kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(arg=v) for v in freevars],
+            vararg=None,
+            kwonlyargs=[],
+            kw_defaults=[],
+            kwarg=None,
+            defaults=[],
+        ),
         body=[fdef, ast.Return(value=ast.Name(id=fdef.name, ctx=ast.Load()))],
-        decorator_list=[], returns=None, **extra)
+        decorator_list=[],
+        returns=None,
+        **extra,
+    )
     module = ast.Module(body=[factory], type_ignores=[])
     ast.fix_missing_locations(module)
     ast.increment_lineno(module, first - 1)
     flags = raw.__code__.co_flags & _FUTURE_FLAGS
-    code = compile(module, inspect.getsourcefile(raw) or "<mutant>", "exec", flags=flags, dont_inherit=True)
+    code = compile(
+        module, inspect.getsourcefile(raw) or "<mutant>", "exec", flags=flags, dont_inherit=True
+    )
     namespace: dict = {}
-    exec(code, raw.__globals__, namespace)   # noqa: S102 (SGLang's own source, rewritten)
+    exec(code, raw.__globals__, namespace)  # noqa: S102 (SGLang's own source, rewritten)
     cells = [c.cell_contents for c in (raw.__closure__ or ())]
     new = namespace["__pdo_mutant_factory__"](*cells)
     new.__qualname__ = getattr(func, "__qualname__", raw.__qualname__)

@@ -45,6 +45,7 @@ What each real SGLang function logs (the meaning is the reference engine's, engi
 The wrappers only read SGLang's state, host-side only (nothing that would synchronize with the GPU):
 they pass every argument through and return what the real function returned.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -57,9 +58,14 @@ import xxhash
 
 from . import hooks
 
-LOOPS = {"event_loop_normal_disagg_prefill": "normal", "event_loop_overlap_disagg_prefill": "overlap"}
+LOOPS = {
+    "event_loop_normal_disagg_prefill": "normal",
+    "event_loop_overlap_disagg_prefill": "overlap",
+}
 _LOOP = "prefill_loop"
-_local = threading.local()       # .sending: stack of [Req, next token offset] of the _send_kv_chunk calls
+_local = (
+    threading.local()
+)  # .sending: stack of [Req, next token offset] of the _send_kv_chunk calls
 
 
 class _State:
@@ -67,10 +73,10 @@ class _State:
     is watched, the batch run_batch is running or ran last."""
 
     def __init__(self):
-        self.bids: dict[int, tuple] = {}      # id(batch) -> (weakref to it, batch id)
+        self.bids: dict[int, tuple] = {}  # id(batch) -> (weakref to it, batch id)
         self.next_bid = 0
-        self.running: int | None = None       # batch inside run_batch
-        self.forwarded: int | None = None     # batch of the last run_batch
+        self.running: int | None = None  # batch inside run_batch
+        self.forwarded: int | None = None  # batch of the last run_batch
         self.barriered: set[int] = set()
         self.counters: dict[int, tuple] = {}  # id(req) -> (req, last value logged)
 
@@ -97,8 +103,9 @@ def _in_loop() -> bool:
 
 def is_installed(sgl) -> bool:
     """Whether these hooks are on SGLang's classes now (the decode hooks may be installed alone)."""
-    attr = inspect.getattr_static(sgl.prefill.SchedulerDisaggregationPrefillMixin,
-                                  "get_next_disagg_prefill_batch_to_run")
+    attr = inspect.getattr_static(
+        sgl.prefill.SchedulerDisaggregationPrefillMixin, "get_next_disagg_prefill_batch_to_run"
+    )
     return isinstance(attr, wrapt.FunctionWrapper)
 
 
@@ -129,9 +136,13 @@ def install(sgl) -> None:
         hooks.wrap(cls, "free", _slot_free)
 
 
-_SENDER_MODULES = ("sglang.srt.disaggregation.fake.conn", "sglang.srt.disaggregation.mooncake.conn",
-                   "sglang.srt.disaggregation.nixl.conn", "sglang.srt.disaggregation.mori.conn",
-                   "sglang.srt.disaggregation.ascend.conn")
+_SENDER_MODULES = (
+    "sglang.srt.disaggregation.fake.conn",
+    "sglang.srt.disaggregation.mooncake.conn",
+    "sglang.srt.disaggregation.nixl.conn",
+    "sglang.srt.disaggregation.mori.conn",
+    "sglang.srt.disaggregation.ascend.conn",
+)
 
 
 def _import_senders() -> None:
@@ -140,7 +151,7 @@ def _import_senders() -> None:
     for name in _SENDER_MODULES:
         try:
             importlib.import_module(name)
-        except Exception:   # noqa: BLE001 (any import failure means the backend is not in use)
+        except Exception:  # noqa: BLE001 (any import failure means the backend is not in use)
             pass
 
 
@@ -163,6 +174,7 @@ def _within(name: str):
     def around(sink, wrapped, instance, args, kwargs):
         with hooks.inside(name):
             return wrapped(*args, **kwargs)
+
     return around
 
 
@@ -170,10 +182,18 @@ def _within(name: str):
 def _loop(mode: str, version: str):
     def around(sink, wrapped, sched, args, kwargs):
         page_size = getattr(sched, "page_size", None) or sched.token_to_kv_pool_allocator.page_size
-        sink.begin("prefill", mode, int(page_size), engine="sglang", sglang_version=version,
-                   sampling=_sampling(mode), chunk_ranges=True)
+        sink.begin(
+            "prefill",
+            mode,
+            int(page_size),
+            engine="sglang",
+            sglang_version=version,
+            sampling=_sampling(mode),
+            chunk_ranges=True,
+        )
         with hooks.inside(_LOOP):
             return wrapped(*args, **kwargs)
+
     return around
 
 
@@ -183,6 +203,7 @@ def _sampling(mode: str) -> str:
     grammar batch; otherwise it samples inside the forward. The header's `sampling` says which, so
     the rule that every batch is sampled after its forward is not applied to inline sampling."""
     from sglang.srt.environ import envs  # lazy: SGLang is optional
+
     return "deferred" if mode == "overlap" and envs.SGLANG_ENABLE_DELAY_SAMPLE.get() else "inline"
 
 
@@ -203,7 +224,12 @@ def _flush_counters(sink, st: _State, reqs) -> None:
         old, new = entry[1], int(req.inflight_middle_chunks)
         step = 1 if new > old else -1
         for v in range(old + step, new + step, step) if new != old else ():
-            sink.emit("chunk_inc" if step > 0 else "chunk_dec", rid=str(req.rid), obj=sink.obj(req), value=v)
+            sink.emit(
+                "chunk_inc" if step > 0 else "chunk_dec",
+                rid=str(req.rid),
+                obj=sink.obj(req),
+                value=v,
+            )
         st.counters[id(req)] = (req, new)
 
 
@@ -258,10 +284,17 @@ def _digest(batch) -> str:
     req_to_token rows, prefix, extend and sequence lengths."""
     rows = batch.req_pool_indices_cpu
     seqs = batch.seq_lens_cpu
-    return xxhash.xxh3_64(repr((
-        [str(r.rid) for r in batch.reqs], list(batch.prefix_lens or ()), list(batch.extend_lens or ()),
-        rows.tolist() if rows is not None else None, seqs.tolist() if seqs is not None else None,
-    )).encode()).hexdigest()
+    return xxhash.xxh3_64(
+        repr(
+            (
+                [str(r.rid) for r in batch.reqs],
+                list(batch.prefix_lens or ()),
+                list(batch.extend_lens or ()),
+                rows.tolist() if rows is not None else None,
+                seqs.tolist() if seqs is not None else None,
+            )
+        ).encode()
+    ).hexdigest()
 
 
 def _loop_batch(sink, batch) -> tuple:
@@ -334,7 +367,7 @@ def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
     req = args[0] if args else kwargs["req"]
     if not _in_loop():
         return wrapped(*args, **kwargs)
-    _flush_counters(sink, _state(sink), [req])   # a middle chunk's count-down precedes its send
+    _flush_counters(sink, _state(sink), [req])  # a middle chunk's count-down precedes its send
     stack = getattr(_local, "sending", None)
     if stack is None:
         stack = _local.sending = []
@@ -348,25 +381,32 @@ def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
 def _sender_send(sink, wrapped, sender, args, kwargs):
     stack = getattr(_local, "sending", None)
     if not stack or not _in_loop() or "sender_send" in hooks.context():
-        return wrapped(*args, **kwargs)   # (a subclass's send calling its parent's is one send)
+        return wrapped(*args, **kwargs)  # (a subclass's send calling its parent's is one send)
     entry = stack[-1]
     req = entry[0]
     page_indices = args[0] if args else kwargs["kv_indices"]
-    tokens = kwargs["num_kv_tokens"] if "num_kv_tokens" in kwargs else args[2] if len(args) > 2 else None
+    tokens = (
+        kwargs["num_kv_tokens"] if "num_kv_tokens" in kwargs else args[2] if len(args) > 2 else None
+    )
     # SGLang's early cached-prefix send under overlap hands the sender a CUDA event of the forward
     # stream, consumed by this call: whether the transfer may wait on the forward that wrote the KV
     device_wait = getattr(sender, "_early_send_wait_event", None) is not None
     with hooks.inside("sender_send"):
         out = wrapped(*args, **kwargs)
-    if tokens is None:   # every 0.5.23 caller passes it; without it the send's size is unknown
+    if tokens is None:  # every 0.5.23 caller passes it; without it the send's size is unknown
         sink.emit("x.kv_send_unsized", rid=str(req.rid), pages=int(len(page_indices)))
         return out
-    fields = dict(rid=str(req.rid), obj=sink.obj(req), tokens=int(tokens), pages=int(len(page_indices)),
-                  start=entry[1])
+    fields = dict(
+        rid=str(req.rid),
+        obj=sink.obj(req),
+        tokens=int(tokens),
+        pages=int(len(page_indices)),
+        start=entry[1],
+    )
     entry[1] += int(tokens)
     if "prefix_send" in hooks.context():
         running = _state(sink).running
-        if running is None:   # 0.5.23 sends the cached prefix from run_batch only
+        if running is None:  # 0.5.23 sends the cached prefix from run_batch only
             sink.emit("x.prefix_send_outside_run_batch", **fields)
         else:
             sink.emit("prefix_send", batch=running, device_wait=device_wait, **fields)
@@ -386,7 +426,9 @@ def _slot_alloc(sink, wrapped, pool, args, kwargs):
     if out is not None:
         for req, before in zip(reqs, held):
             if not before and req.kv.holds_kv:
-                sink.emit("alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(req.kv.req_pool_idx))
+                sink.emit(
+                    "alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(req.kv.req_pool_idx)
+                )
     return out
 
 
@@ -402,5 +444,5 @@ def _slot_free(sink, wrapped, pool, args, kwargs):
         st = _state(sink)
         entry = st.counters.get(id(req))
         if entry is not None and entry[0] is req and entry[1] == int(req.inflight_middle_chunks):
-            del st.counters[id(req)]   # nothing left to observe on a released request
+            del st.counters[id(req)]  # nothing left to observe on a released request
     return out

@@ -1,4 +1,5 @@
 """SGLang's own bootstrap server (CommonKVBootstrapServer of 0.5.23) on a free loopback port."""
+
 from __future__ import annotations
 
 import socket
@@ -25,5 +26,7 @@ def start(sgl, timeout_s: float = 10.0):
             return server
         except requests.ConnectionError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"SGLang's bootstrap server did not start on port {port}")
+                raise RuntimeError(
+                    f"SGLang's bootstrap server did not start on port {port}"
+                ) from None
             time.sleep(0.02)

@@ -5,6 +5,7 @@ and flushed when it is logged, not at exit. The header needs the role, the loop 
 which are known only once a scheduler loop starts: events logged before `begin` are held and written
 after the header. `seq` is taken under the same lock as the write, so it is the logging order.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ class TraceSink:
         self._held: list[str] = []
         self._seq = 0
         self._lock = threading.Lock()
-        self._names: dict[int, tuple[object, str]] = {}   # id -> (object kept alive, o1, o2, ...)
+        self._names: dict[int, tuple[object, str]] = {}  # id -> (object kept alive, o1, o2, ...)
         self._scheduler_ident: int | None = None
 
     def begin(self, role: str, mode: str, page_size: int, **extra) -> None:
@@ -33,8 +34,14 @@ class TraceSink:
             self._scheduler_ident = threading.get_ident()
             if self.header is not None:
                 return
-            self.header = {"format": FORMAT, "version": VERSION, "role": role, "mode": mode,
-                           "page_size": page_size, **extra}
+            self.header = {
+                "format": FORMAT,
+                "version": VERSION,
+                "role": role,
+                "mode": mode,
+                "page_size": page_size,
+                **extra,
+            }
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
             self._file.write(json.dumps(self.header) + "\n")
@@ -59,8 +66,18 @@ class TraceSink:
         sync.point(ev)
         with self._lock:
             self._seq += 1
-            line = json.dumps({"seq": self._seq, "t_ns": time.monotonic_ns(), "thread": self._thread(),
-                               "ev": ev, **fields}) + "\n"
+            line = (
+                json.dumps(
+                    {
+                        "seq": self._seq,
+                        "t_ns": time.monotonic_ns(),
+                        "thread": self._thread(),
+                        "ev": ev,
+                        **fields,
+                    }
+                )
+                + "\n"
+            )
             if self._file is None:
                 self._held.append(line)
                 return

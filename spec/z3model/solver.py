@@ -82,7 +82,9 @@ class Model:
         else:
             lemmas = any(r.kind == "adjacent" for r in self.rules)
             engine = engine_model(self.universe, mode, mutants, lemmas=lemmas)
-        self.groups = {r.id: rule_formula(r, self.universe) for r in self.rules if r.kind in ENCODERS}
+        self.groups = {
+            r.id: rule_formula(r, self.universe) for r in self.rules if r.kind in ENCODERS
+        }
         self.rule_ids = list(self.groups)
         self.groups.update({n: conj(*c) for n, c in engine.items()})
         self.engine_ids = list(engine)

@@ -1,4 +1,5 @@
 """Traces that must not pass: edits of a valid trace that each slipped past both checkers."""
+
 import json
 
 import pytest
@@ -9,7 +10,6 @@ from engine.cli import main
 from engine.config import MODES
 from engine.decode.config import DECODE_LOOPS
 from spec import LOOP_MODES, PARAMS, _check_params
-
 from tests.checker import test_decode_rules as decode_fixtures
 from tests.checker.test_rules_violations import VIOLATIONS
 from tests.trace_fixtures import canonical, write
@@ -31,16 +31,23 @@ def test_a_gap_in_batch_ids_is_malformed_not_a_pass(tmp_path, capsys):
     for engine in ("linear", "z3"):
         assert main(["check", "--engine", engine, sparse]) == 2
         err = capsys.readouterr().err
-        assert "field 'batch': batch 1 was never admitted, but 0 and 2 were" in err and "\n" not in err.strip(), err
+        assert (
+            "field 'batch': batch 1 was never admitted, but 0 and 2 were" in err
+            and "\n" not in err.strip()
+        ), err
     # far from 0 but consecutive is fine
-    shifted = write(tmp_path / "shifted.jsonl", mode, _renumber(canonical(mode), lambda b: b + 1000))
+    shifted = write(
+        tmp_path / "shifted.jsonl", mode, _renumber(canonical(mode), lambda b: b + 1000)
+    )
     assert main(["check", shifted]) == 0
 
 
 def test_seq_may_start_at_zero(tmp_path, capsys):
     path = write(tmp_path / "t.jsonl", "ahead", canonical("ahead"))
     lines = open(path).read().splitlines()
-    zero = [lines[0]] + [json.dumps({**json.loads(x), "seq": json.loads(x)["seq"] - 1}) for x in lines[1:]]
+    zero = [lines[0]] + [
+        json.dumps({**json.loads(x), "seq": json.loads(x)["seq"] - 1}) for x in lines[1:]
+    ]
     (tmp_path / "z.jsonl").write_text("\n".join(zero) + "\n")
     assert main(["check", str(tmp_path / "z.jsonl")]) == 0
 
@@ -69,18 +76,32 @@ def test_optional_fields_are_typed_when_present(tmp_path, capsys):
     rooms = [e for e in events if "rooms" in e[2]]
     assert rooms
     bad = [(t, ev, {**f, "rooms": "x"}) if "rooms" in f else (t, ev, f) for t, ev, f in events]
-    _exit2(decode_fixtures.write(tmp_path / "rooms.jsonl", bad), capsys, "field 'rooms': not list[int]")
+    _exit2(
+        decode_fixtures.write(tmp_path / "rooms.jsonl", bad), capsys, "field 'rooms': not list[int]"
+    )
     ev = canonical("ahead")
     k = next(i for i, e in enumerate(ev) if e["ev"] == "prefix_send")
     ev[k] = {**ev[k], "tokens": "64"}
-    _exit2(write(tmp_path / "tokens.jsonl", "ahead", ev), capsys, "field 'tokens': not int in 'prefix_send'")
+    _exit2(
+        write(tmp_path / "tokens.jsonl", "ahead", ev),
+        capsys,
+        "field 'tokens': not int in 'prefix_send'",
+    )
 
 
 def test_header_fields_rules_read_are_validated(tmp_path, capsys):
-    for header, what in [({"page_size": 0}, "field 'page_size'"), ({"page_size": "16"}, "field 'page_size'"),
-                         ({"prefetch": "false"}, "field 'prefetch'"), ({"dp_size": "2"}, "field 'dp_size'"),
-                         ({"dp_size": 2, "dp_rank": 2}, "field 'dp_rank'")]:
-        _exit2(decode_fixtures.write(tmp_path / "h.jsonl", decode_fixtures.base(), **header), capsys, what)
+    for header, what in [
+        ({"page_size": 0}, "field 'page_size'"),
+        ({"page_size": "16"}, "field 'page_size'"),
+        ({"prefetch": "false"}, "field 'prefetch'"),
+        ({"dp_size": "2"}, "field 'dp_size'"),
+        ({"dp_size": 2, "dp_rank": 2}, "field 'dp_rank'"),
+    ]:
+        _exit2(
+            decode_fixtures.write(tmp_path / "h.jsonl", decode_fixtures.base(), **header),
+            capsys,
+            what,
+        )
     head = json.dumps({"format": "pdo-trace", "version": 1, "role": "decode", "mode": "overlap"})
     (tmp_path / "nops.jsonl").write_text(head + "\n")
     _exit2(str(tmp_path / "nops.jsonl"), capsys, "field 'page_size'")
@@ -91,9 +112,13 @@ def test_a_dropped_kv_send_fails(tmp_path):
     while any other send of that request existed."""
     events = canonical("ahead")
     sends = [i for i, e in enumerate(events) if e["ev"] == "kv_send"]
-    multi = [r for r in {events[i]["rid"] for i in sends} if sum(events[i]["rid"] == r for i in sends) > 1]
+    multi = [
+        r
+        for r in {events[i]["rid"] for i in sends}
+        if sum(events[i]["rid"] == r for i in sends) > 1
+    ]
     assert multi, "the fixture needs a chunked request"
-    for drop in (min, max):   # its first chunk's send, then its last chunk's
+    for drop in (min, max):  # its first chunk's send, then its last chunk's
         ev = list(events)
         del ev[drop(i for i in sends if ev[i]["rid"] == multi[0])]
         path = write(tmp_path / "t.jsonl", "ahead", ev)
@@ -107,10 +132,12 @@ def test_rule_parameters_are_checked_at_load():
     assert set(PARAMS) == set(TEMPLATES) | set(CROSS_TEMPLATES)
     ok = {"chain": [["collect", 0], ["sample", 0]]}
     _check_params("rules.toml", "X", "order", ok, "prefill", ("ahead",))
-    for params, what in [({"chain": [["colect", 0], ["sample", 0]]}, "'colect' is not an event"),
-                         ({**ok, "not_thred": "forward"}, r"unknown parameter\(s\) not_thred"),
-                         ({"chain": [["collect", 0]]}, "at least two"),
-                         ({**ok, "same_thread": "yes"}, "expected bool")]:
+    for params, what in [
+        ({"chain": [["colect", 0], ["sample", 0]]}, "'colect' is not an event"),
+        ({**ok, "not_thred": "forward"}, r"unknown parameter\(s\) not_thred"),
+        ({"chain": [["collect", 0]]}, "at least two"),
+        ({**ok, "same_thread": "yes"}, "expected bool"),
+    ]:
         with pytest.raises(ValueError, match=what):
             _check_params("rules.toml", "X", "order", params, "prefill", ("ahead",))
     with pytest.raises(ValueError, match="missing parameter 'span'"):
@@ -124,7 +151,7 @@ def test_no_synchronous_query_while_memory_is_released(tmp_path):
     k = next(i for i, (_, ev, f) in enumerate(events) if ev == "query_begin" and f["qid"] == 1)
     events[k:k] = [(decode_fixtures.S, "release_memory", {})]
     j = next(i for i, (_, ev, f) in enumerate(events) if ev == "resolve" and f["rooms"] == [2])
-    events[j + 1:j + 1] = [(decode_fixtures.S, "resume_memory", {})]
+    events[j + 1 : j + 1] = [(decode_fixtures.S, "resume_memory", {})]
     path = decode_fixtures.write(tmp_path / "t.jsonl", events)
     lin = [v for v in check_file(path).violations if v.rule.id == "D-release-cancels"]
     assert lin and "query_begin (query 1) after release_memory" in lin[0].message, lin
@@ -132,9 +159,16 @@ def test_no_synchronous_query_while_memory_is_released(tmp_path):
 
 
 def test_a_gap_in_decode_batch_ids_is_malformed_too(tmp_path, capsys):
-    events = [(t, ev, {**f, "batch": 2 * f["batch"]}) if "batch" in f else (t, ev, f) for t, ev, f in decode_fixtures.base()]
+    events = [
+        (t, ev, {**f, "batch": 2 * f["batch"]}) if "batch" in f else (t, ev, f)
+        for t, ev, f in decode_fixtures.base()
+    ]
     assert len({f["batch"] for _, ev, f in events if ev == "admit"}) > 1
-    _exit2(decode_fixtures.write(tmp_path / "gap.jsonl", events), capsys, "admitted batch ids must be consecutive")
+    _exit2(
+        decode_fixtures.write(tmp_path / "gap.jsonl", events),
+        capsys,
+        "admitted batch ids must be consecutive",
+    )
 
 
 def test_rule_modes_and_threads_are_checked_at_load():
@@ -142,10 +176,20 @@ def test_rule_modes_and_threads_are_checked_at_load():
     with pytest.raises(ValueError, match="'modes' must list modes of role prefill"):
         _check_params("rules.toml", "X", "order", ok, "prefill", ("ahaed",))
     with pytest.raises(ValueError, match="expected a thread"):
-        _check_params("rules.toml", "X", "thread", {"events": ["submit"], "thread": "forwrd"}, "prefill", ("ahead",))
+        _check_params(
+            "rules.toml",
+            "X",
+            "thread",
+            {"events": ["submit"], "thread": "forwrd"},
+            "prefill",
+            ("ahead",),
+        )
 
 
 def test_the_engine_and_the_spec_name_the_same_loop_modes():
     """The engine does not import spec/; its mode lists and the spec's must still agree, or a trace
     the engine writes would be refused (or a spec mode never run)."""
-    assert MODES == LOOP_MODES["prefill"] and DECODE_LOOPS == LOOP_MODES["decode"] == LOOP_MODES["cross"]
+    assert (
+        MODES == LOOP_MODES["prefill"]
+        and DECODE_LOOPS == LOOP_MODES["decode"] == LOOP_MODES["cross"]
+    )

@@ -1,5 +1,6 @@
 """The CLI's contract: a bare `pdo run` works, `pdo check` exits 0/1/2, malformed traces get one line
 naming file, line and field; the trace-format doc lists every event of the vocabulary."""
+
 import json
 import pathlib
 import re
@@ -10,7 +11,6 @@ import pytest
 
 from engine.cli import main
 from spec import load_events
-
 from tests.trace_fixtures import canonical, write
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -36,26 +36,80 @@ def test_check_exit_codes(tmp_path, capsys):
     assert "FAIL" in out and "[P-run-on-scheduler]" in out and "scheduler:" in out
     assert main(["check", "--json", bad]) == 1
     rep = json.loads(capsys.readouterr().out)
-    assert rep[0]["ok"] is False and any(v["rule"] == "P-run-on-scheduler" for v in rep[0]["violations"])
+    assert rep[0]["ok"] is False and any(
+        v["rule"] == "P-run-on-scheduler" for v in rep[0]["violations"]
+    )
 
 
 MALFORMED = [
     ("", 1, "empty file"),
     ("not json\n", 1, "header is not JSON"),
     ('{"format": "other", "version": 1}\n', 1, "field 'format'"),
-    ('{"format": "pdo-trace", "version": 99, "role": "prefill", "mode": "normal", "page_size": 16}\n', 1, "field 'version'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "ahead"}\n', 1, "field 'page_size'"),
-    ('{"format": "pdo-trace", "version": true, "role": "prefill", "mode": "ahead", "page_size": 16}\n', 1, "field 'version'"),
-    ('{"format": "pdo-trace", "version": 1.0, "role": "prefill", "mode": "ahead", "page_size": 16}\n', 1, "field 'version'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n', 1, "field 'mode'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "sideways", "page_size": 16}\n', 1, "field 'mode'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "decode", "mode": "ahead"}\n', 1, "field 'mode'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "scheduler", "ev": "admit", "batch": 0}\n', 2, "field 'rids'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{oops\n', 3, "not JSON"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": 7}\n', 2, "field 'ev'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "ev": "teleport"}\n', 2, "field 'thread'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}\n', 3, "field 'seq'"),
-    ('{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": "zero"}\n', 2, "field 'batch'"),
+    (
+        '{"format": "pdo-trace", "version": 99, "role": "prefill", "mode": "normal", "page_size": 16}\n',
+        1,
+        "field 'version'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "ahead"}\n',
+        1,
+        "field 'page_size'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": true, "role": "prefill", "mode": "ahead", "page_size": 16}\n',
+        1,
+        "field 'version'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1.0, "role": "prefill", "mode": "ahead", "page_size": 16}\n',
+        1,
+        "field 'version'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "page_size": 16}\n',
+        1,
+        "field 'mode'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "sideways", "page_size": 16}\n',
+        1,
+        "field 'mode'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "decode", "mode": "ahead"}\n',
+        1,
+        "field 'mode'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "scheduler", "ev": "admit", "batch": 0}\n',
+        2,
+        "field 'rids'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{oops\n',
+        3,
+        "not JSON",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": 7}\n',
+        2,
+        "field 'ev'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "ev": "teleport"}\n',
+        2,
+        "field 'thread'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 0}\n{"seq": 2, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}\n',
+        3,
+        "field 'seq'",
+    ),
+    (
+        '{"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}\n{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": "zero"}\n',
+        2,
+        "field 'batch'",
+    ),
 ]
 
 
@@ -76,7 +130,9 @@ def test_an_engines_own_events_are_skipped_and_named(tmp_path, capsys):
     plus = []
     for e in events:
         plus.append(e)
-        if e["ev"] == "submit":   # between submit and fwd_begin: where an adjacency rule would see it
+        if (
+            e["ev"] == "submit"
+        ):  # between submit and fwd_begin: where an adjacency rule would see it
             plus.append({"thread": e["thread"], "ev": "x.my_engine_note", "n": 1})
     path = write(tmp_path / "own.jsonl", "ahead", plus)
     assert main(["check", path]) == 0
@@ -85,7 +141,9 @@ def test_an_engines_own_events_are_skipped_and_named(tmp_path, capsys):
     assert main(["check", "--engine", "z3", path]) == 0
     assert "skipped: x.my_engine_note (" in capsys.readouterr().out
     assert main(["check", "--json", path]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["ignored"] == {"x.my_engine_note": sum(e["ev"] == "submit" for e in events)}
+    assert json.loads(capsys.readouterr().out)[0]["ignored"] == {
+        "x.my_engine_note": sum(e["ev"] == "submit" for e in events)
+    }
     typo = [{**e, "ev": "prefix_snd"} if e["ev"] == "prefix_send" else e for e in events]
     assert typo != events
     assert main(["check", write(tmp_path / "typo.jsonl", "ahead", typo)]) == 2
@@ -93,18 +151,28 @@ def test_an_engines_own_events_are_skipped_and_named(tmp_path, capsys):
 
 
 def test_missing_file_and_bad_flag_are_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "check", str(tmp_path / "nope.jsonl")],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "check", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "nope.jsonl" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--mode", "sideways"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--mode", "sideways"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
 _TICK = re.compile(r"`([^`]+)`")
 # role -> the doc and the header line of its vocabulary table
-EVENT_TABLES = {"prefill": ("docs/trace-format.md", "| ev | where it is logged | fields |"),
-                "decode": ("docs/decode.md", "| ev | where | fields |")}
+EVENT_TABLES = {
+    "prefill": ("docs/trace-format.md", "| ev | where it is logged | fields |"),
+    "decode": ("docs/decode.md", "| ev | where | fields |"),
+}
 
 
 def _table_rows(text: str, header: str) -> list[list[str]]:
@@ -112,7 +180,7 @@ def _table_rows(text: str, header: str) -> list[list[str]]:
     start = [i for i, ln in enumerate(lines) if ln.strip() == header]
     assert len(start) == 1, f"table {header!r}: found {len(start)} times"
     rows = []
-    for ln in lines[start[0] + 2:]:  # past the header and the |---| line
+    for ln in lines[start[0] + 2 :]:  # past the header and the |---| line
         if not ln.startswith("|"):
             break
         rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
@@ -128,7 +196,9 @@ def _row_fields(evs: list[str], cell: str) -> dict[str, set]:
 
     def target(word):
         m = _TICK.fullmatch(word)
-        hits = [m.group(1)] if m and m.group(1) in evs else [e for e in evs if e.endswith("_" + word)]
+        hits = (
+            [m.group(1)] if m and m.group(1) in evs else [e for e in evs if e.endswith("_" + word)]
+        )
         return hits if len(hits) == 1 else None
 
     for par in re.findall(r"\(([^()]*)\)", cell):
@@ -142,7 +212,7 @@ def _row_fields(evs: list[str], cell: str) -> dict[str, set]:
         clause = clause.strip()
         m = re.match(r"(`\w+`|\w+)(:| also) ", clause)
         if m and target(m.group(1)):
-            out[target(m.group(1))[0]] |= set(_TICK.findall(clause[m.end():]))
+            out[target(m.group(1))[0]] |= set(_TICK.findall(clause[m.end() :]))
         elif " / " in clause:
             assert len(evs) == 2, (evs, clause)
             left, right = clause.split(" / ")
@@ -167,7 +237,10 @@ def _doc_vocabulary(text: str, header: str) -> dict[str, set]:
 
 
 def _spec_vocabulary(role: str) -> dict[str, set]:
-    return {ev: set(d.get("fields", {})) | set(d.get("optional", {})) for ev, d in load_events()[role].items()}
+    return {
+        ev: set(d.get("fields", {})) | set(d.get("optional", {}))
+        for ev, d in load_events()[role].items()
+    }
 
 
 @pytest.mark.parametrize("role", sorted(EVENT_TABLES))
@@ -176,8 +249,13 @@ def test_trace_format_doc_lists_every_event(role):
     the events of spec/events.toml, each with exactly its fields (required and optional)."""
     path, header = EVENT_TABLES[role]
     doc, spec = _doc_vocabulary((ROOT / path).read_text(), header), _spec_vocabulary(role)
-    assert sorted(set(doc) - set(spec)) == [] and sorted(set(spec) - set(doc)) == [], (path, "events differ")
-    wrong = {ev: {"doc": sorted(doc[ev]), "spec": sorted(spec[ev])} for ev in spec if doc[ev] != spec[ev]}
+    assert sorted(set(doc) - set(spec)) == [] and sorted(set(spec) - set(doc)) == [], (
+        path,
+        "events differ",
+    )
+    wrong = {
+        ev: {"doc": sorted(doc[ev]), "spec": sorted(spec[ev])} for ev in spec if doc[ev] != spec[ev]
+    }
     assert not wrong, (path, wrong)
 
 
@@ -185,17 +263,31 @@ def test_the_doc_sync_parser_sees_each_notation():
     """The parser behind the doc-sync test reads every notation the tables use, and a dropped field or
     event shows up."""
     cells = {
-        "`alloc` / `release`|`rid`, `obj`, `slot`": {"alloc": {"rid", "obj", "slot"}, "release": {"rid", "obj", "slot"}},
+        "`alloc` / `release`|`rid`, `obj`, `slot`": {
+            "alloc": {"rid", "obj", "slot"},
+            "release": {"rid", "obj", "slot"},
+        },
         "`chunk_inc`|`rid`, `value` (after)": {"chunk_inc": {"rid", "value"}},
-        "`prefix_send`|`batch` (+ `tokens`, `pages`, checked when present)": {"prefix_send": {"batch", "tokens", "pages"}},
-        "`fwd_begin` / `fwd_end`|`batch`; `fwd_begin` also `digest` of what it reads":
-            {"fwd_begin": {"batch", "digest"}, "fwd_end": {"batch"}},
-        "`q_begin` / `q_end`|`addr`; begin: `source`; end: `result` or `error`":
-            {"q_begin": {"addr", "source"}, "q_end": {"addr", "result", "error"}},
-        "`req_done` / `req_abort`|`rid`, `room`, `tokens` / `reason`":
-            {"req_done": {"rid", "room", "tokens"}, "req_abort": {"rid", "room", "reason"}},
+        "`prefix_send`|`batch` (+ `tokens`, `pages`, checked when present)": {
+            "prefix_send": {"batch", "tokens", "pages"}
+        },
+        "`fwd_begin` / `fwd_end`|`batch`; `fwd_begin` also `digest` of what it reads": {
+            "fwd_begin": {"batch", "digest"},
+            "fwd_end": {"batch"},
+        },
+        "`q_begin` / `q_end`|`addr`; begin: `source`; end: `result` or `error`": {
+            "q_begin": {"addr", "source"},
+            "q_end": {"addr", "result", "error"},
+        },
+        "`req_done` / `req_abort`|`rid`, `room`, `tokens` / `reason`": {
+            "req_done": {"rid", "room", "tokens"},
+            "req_abort": {"rid", "room", "reason"},
+        },
         "`release_memory` / `resume_memory`|—": {"release_memory": set(), "resume_memory": set()},
-        "`admit`, `stage`|`batch` (`admit`: `rids`)": {"admit": {"batch", "rids"}, "stage": {"batch"}},
+        "`admit`, `stage`|`batch` (`admit`: `rids`)": {
+            "admit": {"batch", "rids"},
+            "stage": {"batch"},
+        },
     }
     for row, want in cells.items():
         evs, cell = row.split("|")
@@ -217,16 +309,36 @@ def test_failed_check_explains_every_violated_rule(tmp_path):
     from checker.report import MAX_SHOWN, text_report
 
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "format": "pdo-trace",
+                "version": 1,
+                "role": "prefill",
+                "mode": "normal",
+                "page_size": 16,
+            }
+        )
+        + "\n"
+    )
 
     def rule(rid):
         return SimpleNamespace(id=rid, statement=f"statement of {rid}", design="design passage")
 
     many, rare = rule("P-many"), rule("P-rare")
-    violations = [SimpleNamespace(rule=many, message=f"many #{i}", seqs=[]) for i in range(MAX_SHOWN + 5)]
+    violations = [
+        SimpleNamespace(rule=many, message=f"many #{i}", seqs=[]) for i in range(MAX_SHOWN + 5)
+    ]
     violations.append(SimpleNamespace(rule=rare, message="the rare one", seqs=[]))
-    result = SimpleNamespace(ok=False, path=str(path), header={"role": "prefill", "mode": "ahead"}, events=99,
-                             rules=[], violations=violations, ignored={})
+    result = SimpleNamespace(
+        ok=False,
+        path=str(path),
+        header={"role": "prefill", "mode": "ahead"},
+        events=99,
+        rules=[],
+        violations=violations,
+        ignored={},
+    )
     text = text_report(result)
     assert f"{len(violations)} violation(s) of 2 rule(s)" in text
     assert f"P-many {MAX_SHOWN + 5}, P-rare 1" in text

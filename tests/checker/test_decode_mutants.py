@@ -2,25 +2,44 @@
 makes the bug reachable; the same run without the mutant passes (tests/engine/test_pd_faults.py covers the
 clean runs). These are the minimal reproductions, over the real HTTP bootstrap server; schedule
 fuzzing hunts the same mutants on drawn, controlled PD runs (tests/checker/test_fuzz.py, `pdo fuzz --mutants`)."""
+
 from __future__ import annotations
 
 import pytest
 
 from engine import inject
 from engine.decode.config import DecodeConfig
-
-from tests.engine.test_pd_faults import abort_everything_prefetched, abort_one_of_several_prefetched, pd, release_then_resume, violated
+from tests.engine.test_pd_faults import (
+    abort_everything_prefetched,
+    abort_one_of_several_prefetched,
+    pd,
+    release_then_resume,
+    violated,
+)
 
 SCENARIOS = {
     # mutant: (the rule that must catch it, run arguments that reach the bug)
-    "prefetch-use-mismatched-rooms": ("D-prefetch-match", dict(
-        extra=2, hooks={"after_prefetch": abort_one_of_several_prefetched})),
-    "no-stale-cancel": ("D-no-stale", dict(extra=2, hooks={"after_prefetch": abort_everything_prefetched})),
-    "no-cancel-on-release": ("D-release-cancels", dict(extra=1, hooks={"after_prefetch": release_then_resume})),
-    "double-prefetch": ("D-one-query-per-addr", dict(
-        extra=1, dc=DecodeConfig(bootstrap_timeout_s=0.6, polling_interval=2))),
+    "prefetch-use-mismatched-rooms": (
+        "D-prefetch-match",
+        dict(extra=2, hooks={"after_prefetch": abort_one_of_several_prefetched}),
+    ),
+    "no-stale-cancel": (
+        "D-no-stale",
+        dict(extra=2, hooks={"after_prefetch": abort_everything_prefetched}),
+    ),
+    "no-cancel-on-release": (
+        "D-release-cancels",
+        dict(extra=1, hooks={"after_prefetch": release_then_resume}),
+    ),
+    "double-prefetch": (
+        "D-one-query-per-addr",
+        dict(extra=1, dc=DecodeConfig(bootstrap_timeout_s=0.6, polling_interval=2)),
+    ),
     "prefetch-before-published": ("D-published-first", dict(prefill_delay_s=0.3)),
-    "query-every-iteration": ("D-unknown-rooms-only", dict(requests=10, dc=DecodeConfig(num_pages=12))),
+    "query-every-iteration": (
+        "D-unknown-rooms-only",
+        dict(requests=10, dc=DecodeConfig(num_pages=12)),
+    ),
 }
 
 

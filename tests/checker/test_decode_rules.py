@@ -1,6 +1,7 @@
 """The decode and cross-process rules on hand-written traces: a canonical decode trace passes; for every
 decode rule, one small edit of it fails with that rule's id. Cross rules: a decode trace against the
 prefill traces of its two DP ranks."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,20 @@ def base():
         (S, "prefill_info", dict(addr=A, published=True, error=None)),
         (S, "query_begin", dict(addr=A, rooms=[1, 3], qid=0, source="sync")),
         (S, "query_end", dict(addr=A, rooms=[1, 3], qid=0, result={"1": 0, "3": 0}, error=None)),
-        (S, "resolve", dict(addr=A, rooms=[1, 3], source="sync", qid=None, wait_ns=900000, lead_ns=0,
-                            result={"1": 0, "3": 0}, error=None)),
+        (
+            S,
+            "resolve",
+            dict(
+                addr=A,
+                rooms=[1, 3],
+                source="sync",
+                qid=None,
+                wait_ns=900000,
+                lead_ns=0,
+                result={"1": 0, "3": 0},
+                error=None,
+            ),
+        ),
         (S, "alloc", dict(rid="r1", obj="o1", slot=0)),
         (S, "receiver_init", dict(room=1, rank=0, rid="r1")),
         (S, "alloc", dict(rid="r3", obj="o3", slot=1)),
@@ -43,8 +56,20 @@ def base():
         (S, "req_add", dict(rid="r2", room=2, addr=A)),
         (S, "query_begin", dict(addr=A, rooms=[2], qid=1, source="sync")),
         (S, "query_end", dict(addr=A, rooms=[2], qid=1, result={}, error=None)),
-        (S, "resolve", dict(addr=A, rooms=[2], source="sync", qid=None, wait_ns=800000, lead_ns=0, result={},
-                            error=None)),
+        (
+            S,
+            "resolve",
+            dict(
+                addr=A,
+                rooms=[2],
+                source="sync",
+                qid=None,
+                wait_ns=800000,
+                lead_ns=0,
+                result={},
+                error=None,
+            ),
+        ),
         (S, "kv_recv", dict(room=1, rank=0, start=0, tokens=20, pages=2)),
         (S, "kv_recv", dict(room=3, rank=0, start=0, tokens=16, pages=1)),
         (S, "kv_done", dict(room=1, rid="r1", first_token=5)),
@@ -63,8 +88,20 @@ def base():
         (S, "prefetch_end", dict(iter=3)),
         (P, "query_begin", dict(addr=A, rooms=[2], qid=2, source="prefetch")),
         (P, "query_end", dict(addr=A, rooms=[2], qid=2, result={"2": 1}, error=None)),
-        (S, "resolve", dict(addr=A, rooms=[2], source="prefetched", qid=2, wait_ns=1000, lead_ns=2000000,
-                            result={"2": 1}, error=None)),
+        (
+            S,
+            "resolve",
+            dict(
+                addr=A,
+                rooms=[2],
+                source="prefetched",
+                qid=2,
+                wait_ns=1000,
+                lead_ns=2000000,
+                result={"2": 1},
+                error=None,
+            ),
+        ),
         (S, "alloc", dict(rid="r2", obj="o2", slot=1)),
         (S, "receiver_init", dict(room=2, rank=1, rid="r2")),
         (S, "kv_recv", dict(room=2, rank=1, start=0, tokens=17, pages=2)),
@@ -92,12 +129,22 @@ def base():
 
 
 def write(path, events, **header):
-    head = {"format": "pdo-trace", "version": 1, "role": "decode", "mode": "overlap", "page_size": 16,
-            "prefetch": True, **header}
+    head = {
+        "format": "pdo-trace",
+        "version": 1,
+        "role": "decode",
+        "mode": "overlap",
+        "page_size": 16,
+        "prefetch": True,
+        **header,
+    }
     with open(path, "w") as f:
         f.write(json.dumps(head) + "\n")
         for i, (thread, ev, fields) in enumerate(events, 1):
-            f.write(json.dumps({"seq": i, "t_ns": 1000 * i, "thread": thread, "ev": ev, **fields}) + "\n")
+            f.write(
+                json.dumps({"seq": i, "t_ns": 1000 * i, "thread": thread, "ev": ev, **fields})
+                + "\n"
+            )
     return str(path)
 
 
@@ -145,25 +192,42 @@ def insert_after(events, anchor, *items):
 
 
 def _stale(e):
-    insert_after(e, ("prefetch_begin", dict(iter=4)), (S, "prefetch_submit", dict(addr=A, rooms=[9], qid=7)))
-    return insert_after(e, ("process_end", dict(batch=1)), (S, "prefetch_cancel", dict(addr=A, rooms=[9], qid=7,
-                                                                                          reason="stale")))
+    insert_after(
+        e, ("prefetch_begin", dict(iter=4)), (S, "prefetch_submit", dict(addr=A, rooms=[9], qid=7))
+    )
+    return insert_after(
+        e,
+        ("process_end", dict(batch=1)),
+        (S, "prefetch_cancel", dict(addr=A, rooms=[9], qid=7, reason="stale")),
+    )
 
 
 VIOLATIONS = {
     "D-prefetch-top": lambda e: drop(drop(e, "prefetch_begin", iter=2), "prefetch_end", iter=2),
     "D-one-query-per-addr": lambda e: insert_after(
-        insert_after(e, ("prefetch_submit", dict(qid=2)), (S, "prefetch_submit", dict(addr=A, rooms=[2], qid=9))),
-        ("resolve", dict(qid=2)), (S, "prefetch_cancel", dict(addr=A, rooms=[2], qid=9, reason="mismatch"))),
+        insert_after(
+            e,
+            ("prefetch_submit", dict(qid=2)),
+            (S, "prefetch_submit", dict(addr=A, rooms=[2], qid=9)),
+        ),
+        ("resolve", dict(qid=2)),
+        (S, "prefetch_cancel", dict(addr=A, rooms=[2], qid=9, reason="mismatch")),
+    ),
     "D-published-first": lambda e: move(e, ("prefill_info", {}), ("query_begin", dict(qid=0))),
     "D-unknown-rooms-only": lambda e: edit(e, "query_begin", dict(qid=2), rooms=[1, 2]),
     "D-prefetch-match": lambda e: edit(e, "prefetch_submit", dict(qid=2), rooms=[2, 3]),
     "D-no-stale": _stale,
-    "D-release-cancels": lambda e: move(e, ("release_memory", {}), ("prefetch_submit", dict(qid=2))),
-    "D-init-once": lambda e: insert_after(e, ("receiver_init", dict(room=2)),
-                                          (S, "receiver_init", dict(room=2, rank=1, rid="r2"))),
-    "D-init-fifo": lambda e: move(move(e, ("alloc", dict(rid="r1")), ("receiver_init", dict(room=3))),
-                                  ("receiver_init", dict(room=1)), ("alloc", dict(rid="r1"))),
+    "D-release-cancels": lambda e: move(
+        e, ("release_memory", {}), ("prefetch_submit", dict(qid=2))
+    ),
+    "D-init-once": lambda e: insert_after(
+        e, ("receiver_init", dict(room=2)), (S, "receiver_init", dict(room=2, rank=1, rid="r2"))
+    ),
+    "D-init-fifo": lambda e: move(
+        move(e, ("alloc", dict(rid="r1")), ("receiver_init", dict(room=3))),
+        ("receiver_init", dict(room=1)),
+        ("alloc", dict(rid="r1")),
+    ),
     "D-kv-after-init": lambda e: edit(e, "kv_recv", dict(room=2), rank=0),
     "D-page-count": lambda e: edit(e, "kv_recv", dict(room=1), pages=1),
     "D-slot-release": lambda e: drop(e, "release", rid="r1"),
@@ -171,12 +235,21 @@ VIOLATIONS = {
     "D-fifo": lambda e: insert_after(e, ("stage", dict(batch=0)), (S, "stage", dict(batch=0))),
     "D-complete": lambda e: drop(e, "war_barrier", batch=1),
     "D-complete-sample": lambda e: drop(e, "sample", batch=1),
-    "D-war-before-next-stage": lambda e: move(e, ("war_barrier", dict(batch=0)), ("stage", dict(batch=1))),
-    "D-process-after-forward": lambda e: move(move(e, ("process_begin", dict(batch=0)), ("fwd_end", dict(batch=0))),
-                                              ("process_end", dict(batch=0)), ("process_begin", dict(batch=0))),
-    "D-sample-before-next-forward": lambda e: move(e, ("sample", dict(batch=0)), ("fwd_end", dict(batch=1))),
+    "D-war-before-next-stage": lambda e: move(
+        e, ("war_barrier", dict(batch=0)), ("stage", dict(batch=1))
+    ),
+    "D-process-after-forward": lambda e: move(
+        move(e, ("process_begin", dict(batch=0)), ("fwd_end", dict(batch=0))),
+        ("process_end", dict(batch=0)),
+        ("process_begin", dict(batch=0)),
+    ),
+    "D-sample-before-next-forward": lambda e: move(
+        e, ("sample", dict(batch=0)), ("fwd_end", dict(batch=1))
+    ),
     "D-sample-idle": lambda e: move(e, ("sample", dict(batch=1)), ("fwd_begin", dict(batch=1))),
-    "D-scheduler-thread": lambda e: [(("transfer" if ev == "kv_recv" else t), ev, f) for t, ev, f in e],
+    "D-scheduler-thread": lambda e: [
+        (("transfer" if ev == "kv_recv" else t), ev, f) for t, ev, f in e
+    ],
 }
 
 
@@ -198,11 +271,22 @@ def test_prefetch_off_trace_must_not_call_the_prefetch(tmp_path):
 
 # ---- cross-process ----------------------------------------------------------------------------------
 
+
 def prefill_trace(path, rank, admitted, sent):
-    head = {"format": "pdo-trace", "version": 1, "role": "prefill", "mode": "normal", "page_size": 16,
-            "dp_rank": rank, "dp_size": 2}
+    head = {
+        "format": "pdo-trace",
+        "version": 1,
+        "role": "prefill",
+        "mode": "normal",
+        "page_size": 16,
+        "dp_rank": rank,
+        "dp_size": 2,
+    }
     lines = [dict(thread=S, ev="admit", batch=0, rids=admitted)]
-    lines += [dict(thread=S, ev="kv_send", rid=rid, obj="o", tokens=t, pages=-(-t // 16)) for rid, t in sent]
+    lines += [
+        dict(thread=S, ev="kv_send", rid=rid, obj="o", tokens=t, pages=-(-t // 16))
+        for rid, t in sent
+    ]
     with open(path, "w") as f:
         f.write(json.dumps(head) + "\n")
         for i, e in enumerate(lines, 1):
@@ -212,7 +296,11 @@ def prefill_trace(path, rank, admitted, sent):
 
 def cross(tmp_path, p0, p1):
     d = write(tmp_path / "d.jsonl", base())
-    paths = [d, prefill_trace(tmp_path / "p0.jsonl", 0, *p0), prefill_trace(tmp_path / "p1.jsonl", 1, *p1)]
+    paths = [
+        d,
+        prefill_trace(tmp_path / "p0.jsonl", 0, *p0),
+        prefill_trace(tmp_path / "p1.jsonl", 1, *p1),
+    ]
     (r,) = check_cross(paths, load_rules())
     return r, paths
 
@@ -238,8 +326,12 @@ def test_cross_kv_pages_fails_when_decode_got_less_than_prefill_sent(tmp_path):
 
 def test_pdo_check_takes_several_files_and_checks_them_together(tmp_path):
     _, paths = cross(tmp_path, GOOD[0], (["r2"], [("r2", 33)]))
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "check", "--json", *paths], capture_output=True,
-                         text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "check", "--json", *paths],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     reports = json.loads(out.stdout)
     cross_report = [x for x in reports if x["header"]["role"] == "cross"]
     assert out.returncode == 1 and len(cross_report) == 1

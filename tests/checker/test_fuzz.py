@@ -3,6 +3,7 @@ and whole PD runs (prefill ranks + bootstrap + decode); every mutant, prefill an
 within a small budget; schedules replay exactly; Hypothesis drives workload, faults and schedule.
 
 Budgets are small for CI; PDO_FUZZ_BUDGET=N multiplies them for a longer campaign."""
+
 import argparse
 import json
 import os
@@ -14,8 +15,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checker.fuzz import (PCT, Case, Indices, PDCase, RandomWalk, Replay, dfs_schedules,
-                          draw_pd_case, find_bug, pd_draws, run_case, shrink)
+from checker.fuzz import (
+    PCT,
+    Case,
+    Indices,
+    PDCase,
+    RandomWalk,
+    Replay,
+    dfs_schedules,
+    draw_pd_case,
+    find_bug,
+    pd_draws,
+    run_case,
+    shrink,
+)
 from checker.fuzz.cli import ALL_MUTANTS, mutant_row, register
 from engine import sync
 from engine.cli import main
@@ -34,7 +47,9 @@ def _strip(events):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("strategy", ["pct", "random"])
 def test_unmutated_engine_survives(mode, strategy):
-    idx, out = find_bug(Case(mode=mode, requests=6, hit=0.8), strategy, schedules=6 * SCALE, seed=11)
+    idx, out = find_bug(
+        Case(mode=mode, requests=6, hit=0.8), strategy, schedules=6 * SCALE, seed=11
+    )
     assert idx is None, out.failures
 
 
@@ -60,7 +75,9 @@ def test_every_mutant_is_killed(mutant):
     else:  # every kill flags a rule the mutant breaks (a wrong output alone would not show the rule works)
         rules = {f"rule {r}" for r in MUTANT_RULES[mutant]}
         for failures in row["failures"]:
-            assert rules & set(failures) if rules else any(not f.startswith("rule ") for f in failures), row
+            assert (
+                rules & set(failures) if rules else any(not f.startswith("rule ") for f in failures)
+            ), row
 
 
 def test_replay_reproduces_trace_byte_for_byte():
@@ -77,15 +94,22 @@ def test_replay_reproduces_trace_byte_for_byte():
 def test_pd_replay_reproduces_traces_byte_for_byte(tmp_path):
     """Same PD case, same seed: same schedule, and every trace file (decode, each prefill rank) the
     same byte for byte except t_ns; replaying the recorded schedule gives them again."""
-    case = draw_pd_case(random.Random(5), dp=2, unserved=1, aborts=((3, 0),), latency_ms=0.5, failure_rate=0.3)
+    case = draw_pd_case(
+        random.Random(5), dp=2, unserved=1, aborts=((3, 0),), latency_ms=0.5, failure_rate=0.3
+    )
 
     def files(tag, strategy):
         out = run_case(case, strategy, trace_path=str(tmp_path / f"{tag}.jsonl"))
         texts = []
         for role in ("decode", "prefill0", "prefill1"):
             lines = (tmp_path / f"{tag}.{role}.jsonl").read_text().splitlines()
-            texts.append([lines[0]] + [json.dumps({k: v for k, v in json.loads(x).items() if k != "t_ns"})
-                                       for x in lines[1:]])
+            texts.append(
+                [lines[0]]
+                + [
+                    json.dumps({k: v for k, v in json.loads(x).items() if k != "t_ns"})
+                    for x in lines[1:]
+                ]
+            )
         return out, texts
 
     first, a = files("a", PCT(7, steps=1000))
@@ -95,8 +119,10 @@ def test_pd_replay_reproduces_traces_byte_for_byte(tmp_path):
     assert first.schedule == again.schedule == replay.schedule
     assert a == b == c
     assert {n.split("/")[0] for n in first.schedule} >= {"decode", "prefill0", "prefill1"}
-    assert any(n.startswith("decode/prefetch_") for n in first.schedule)  # the bootstrap queries' threads
-    assert any(n.endswith("/transfer") for n in first.schedule)            # the KV transfer threads
+    assert any(
+        n.startswith("decode/prefetch_") for n in first.schedule
+    )  # the bootstrap queries' threads
+    assert any(n.endswith("/transfer") for n in first.schedule)  # the KV transfer threads
     other = run_case(case, RandomWalk(8))
     assert other.schedule != first.schedule
 
@@ -114,15 +140,21 @@ def test_pd_schedule_and_trace_are_the_same_in_another_process():
     """A saved PD case replays anywhere: another interpreter with another hash seed gives the same
     schedule and traces (nothing depends on set order, object ids or the wall clock)."""
     env = {**os.environ, "PYTHONHASHSEED": "1"}
-    a = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300)
+    a = subprocess.run(
+        [sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300
+    )
     env["PYTHONHASHSEED"] = "2"
-    b = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300)
+    b = subprocess.run(
+        [sys.executable, "-c", _DIGEST], capture_output=True, text=True, env=env, timeout=300
+    )
     assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
     assert a.stdout == b.stdout and a.stdout.strip().endswith("[]"), (a.stdout, b.stdout)
 
 
 def test_pd_shrink_keeps_the_rule():
-    idx, out = find_bug(None, "pct", schedules=10, seed=0, draw=pd_draws(0, inject=("prefetch-before-published",)))
+    idx, out = find_bug(
+        None, "pct", schedules=10, seed=0, draw=pd_draws(0, inject=("prefetch-before-published",))
+    )
     assert idx is not None
     small, sched, small_out = shrink(out.case, out.schedule, out.failures, budget=8)
     assert small_out.failures[0] == out.failures[0] == "rule D-published-first"
@@ -131,17 +163,31 @@ def test_pd_shrink_keeps_the_rule():
 
 def test_dfs_finds_a_race_on_a_tiny_workload():
     case = Case(mode="ahead", inject=("no-war-barrier",), requests=2, hit=0.0, prompt_len=(8, 16))
-    found = [out for _, out in dfs_schedules(case, preemption_bound=2, limit=60 * SCALE) if out.failed]
+    found = [
+        out for _, out in dfs_schedules(case, preemption_bound=2, limit=60 * SCALE) if out.failed
+    ]
     assert found, "bounded DFS should reach the WAR race"
 
 
 @settings(max_examples=6 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
-@given(mode=st.sampled_from(MODES), requests=st.integers(1, 5), hit=st.sampled_from([0.0, 0.5, 0.8]),
-       page_size=st.sampled_from([1, 4, 8]), wseed=st.integers(0, 1000),
-       choices=st.lists(st.integers(0, 7), max_size=300))
+@given(
+    mode=st.sampled_from(MODES),
+    requests=st.integers(1, 5),
+    hit=st.sampled_from([0.0, 0.5, 0.8]),
+    page_size=st.sampled_from([1, 4, 8]),
+    wseed=st.integers(0, 1000),
+    choices=st.lists(st.integers(0, 7), max_size=300),
+)
 def test_hypothesis_drives_workload_and_schedule(mode, requests, hit, page_size, wseed, choices):
-    case = Case(mode=mode, requests=requests, hit=hit, page_size=page_size, chunk_size=4 * page_size,
-                max_batch_tokens=6 * page_size, workload_seed=wseed)
+    case = Case(
+        mode=mode,
+        requests=requests,
+        hit=hit,
+        page_size=page_size,
+        chunk_size=4 * page_size,
+        max_batch_tokens=6 * page_size,
+        workload_seed=wseed,
+    )
     out = run_case(case, Indices(choices))
     assert not out.failed, out.failures
 
@@ -152,19 +198,30 @@ def pd_cases(draw):
     bootstrap latency and failures."""
     ps = draw(st.sampled_from([1, 4, 8]))
     return PDCase(
-        mode=draw(st.sampled_from(MODES)), decode_loop=draw(st.sampled_from(["normal", "overlap"])),
-        prefetch=draw(st.booleans()), dp=draw(st.integers(1, 3)), requests=draw(st.integers(1, 5)),
-        prompt_len=(8, draw(st.sampled_from([16, 40]))), hit=draw(st.sampled_from([0.0, 0.5, 0.8])),
-        max_new_tokens=draw(st.integers(1, 4)), page_size=ps, chunk_size=4 * ps, max_batch_tokens=6 * ps,
-        workload_seed=draw(st.integers(0, 1000)), arrival=draw(st.sampled_from(["burst", "poisson"])),
-        polling_interval=draw(st.integers(1, 3)), decode_slots=draw(st.sampled_from([1, 2, 64])),
+        mode=draw(st.sampled_from(MODES)),
+        decode_loop=draw(st.sampled_from(["normal", "overlap"])),
+        prefetch=draw(st.booleans()),
+        dp=draw(st.integers(1, 3)),
+        requests=draw(st.integers(1, 5)),
+        prompt_len=(8, draw(st.sampled_from([16, 40]))),
+        hit=draw(st.sampled_from([0.0, 0.5, 0.8])),
+        max_new_tokens=draw(st.integers(1, 4)),
+        page_size=ps,
+        chunk_size=4 * ps,
+        max_batch_tokens=6 * ps,
+        workload_seed=draw(st.integers(0, 1000)),
+        arrival=draw(st.sampled_from(["burst", "poisson"])),
+        polling_interval=draw(st.integers(1, 3)),
+        decode_slots=draw(st.sampled_from([1, 2, 64])),
         unserved=draw(st.integers(0, 2)),
         aborts=tuple(draw(st.lists(st.tuples(st.integers(1, 10), st.integers(-1, 3)), max_size=3))),
         release=draw(st.one_of(st.just(()), st.tuples(st.integers(1, 4), st.integers(1, 4)))),
         latency_ms=draw(st.sampled_from([0.0, 0.5, 3.0, 30.0])),
         latency_scope=draw(st.sampled_from(["query_dp_ranks", "all"])),
-        failure_rate=draw(st.sampled_from([0.0, 0.3, 0.7])), fault_seed=draw(st.integers(0, 100)),
-        prefill_delay_ms=draw(st.sampled_from([0.0, 1.0])))
+        failure_rate=draw(st.sampled_from([0.0, 0.3, 0.7])),
+        fault_seed=draw(st.integers(0, 100)),
+        prefill_delay_ms=draw(st.sampled_from([0.0, 1.0])),
+    )
 
 
 @settings(max_examples=5 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
@@ -178,10 +235,16 @@ def test_uncontrolled_jitter_keeps_the_engine_correct():
     """The cheap mode for GPUs: random delays at schedule points, no controller."""
     sync.set_jitter(300, seed=5)
     try:
-        summary, _ = run_mode("ahead", workload=WorkloadConfig(requests=8, prompt_len=(20, 90), hit=0.8, seed=4))
+        summary, _ = run_mode(
+            "ahead", workload=WorkloadConfig(requests=8, prompt_len=(20, 90), hit=0.8, seed=4)
+        )
     finally:
         sync.set_jitter(0)
-    assert summary["_error"] is None and summary["finished"] == 8 and not any(summary["leaks"].values())
+    assert (
+        summary["_error"] is None
+        and summary["finished"] == 8
+        and not any(summary["leaks"].values())
+    )
 
 
 def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
@@ -193,7 +256,12 @@ def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
         return a.fn(a), capsys.readouterr()
 
     rc, out = run("--list-mutants")
-    assert rc == 0 and len(out.out.splitlines()) == 16 and "no-stale-cancel" in out.out and "decode" in out.out
+    assert (
+        rc == 0
+        and len(out.out.splitlines()) == 16
+        and "no-stale-cancel" in out.out
+        and "decode" in out.out
+    )
     rc, out = run("--pd", "--schedules", "2", "--seed", "3", "--out", str(tmp_path))
     assert rc == 0 and "PD cases" in out.out and "no violation" in out.out, out
     rc, out = run("--inject", "no-such-mutant")
@@ -205,8 +273,24 @@ def test_pdo_fuzz_replay_reproduces_a_saved_failing_case(tmp_path, capsys, mutan
     """`pdo fuzz` saves the failing case (and its shrunk form); `pdo fuzz --replay FILE` reproduces the
     same failures, in the same order, and exits 1; without the mutant the same case passes."""
     out = tmp_path / "out"
-    assert main(["fuzz", "--inject", mutant, "--schedules", "20", "--seed", "0", "--requests", "3",
-                 "--out", str(out)]) == 1
+    assert (
+        main(
+            [
+                "fuzz",
+                "--inject",
+                mutant,
+                "--schedules",
+                "20",
+                "--seed",
+                "0",
+                "--requests",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 1
+    )
     capsys.readouterr()
     files = sorted(out.glob("*.case.json")) + sorted(out.glob("*.shrunk.json"))
     assert len(files) == 2, files
@@ -217,11 +301,17 @@ def test_pdo_fuzz_replay_reproduces_a_saved_failing_case(tmp_path, capsys, mutan
         assert main(["fuzz", "--replay", str(f), "--trace", str(trace)]) == 1
         text = capsys.readouterr().out
         assert text.startswith(f"replayed {f}: ")
-        assert [ln.strip()[len("FAIL "):] for ln in text.splitlines() if ln.strip().startswith("FAIL ")] \
-            == saved["failures"]
-        traces = [str(trace)] if saved["case"].get("kind") != "pd" else \
-            [str(p) for p in sorted(tmp_path.glob(f"{f.stem}.*.jsonl"))]
-        assert traces and main(["check", *traces]) == 1   # the replayed trace shows the violation too
+        assert [
+            ln.strip()[len("FAIL ") :] for ln in text.splitlines() if ln.strip().startswith("FAIL ")
+        ] == saved["failures"]
+        traces = (
+            [str(trace)]
+            if saved["case"].get("kind") != "pd"
+            else [str(p) for p in sorted(tmp_path.glob(f"{f.stem}.*.jsonl"))]
+        )
+        assert (
+            traces and main(["check", *traces]) == 1
+        )  # the replayed trace shows the violation too
         capsys.readouterr()
     clean = json.loads(files[1].read_text())
     clean["case"]["inject"] = []

@@ -1,5 +1,6 @@
 """Every rule of spec/rules.toml: the canonical trace of each mode passes, and one hand-made violation
 per rule fails with that rule's id."""
+
 import copy
 
 import pytest
@@ -7,7 +8,6 @@ import pytest
 from checker import linear
 from checker.linear import check_file
 from spec import load_rules
-
 from tests.trace_fixtures import canonical, find, move, move_before, write
 
 MODES = ("normal", "overlap", "thread", "ahead")
@@ -17,54 +17,63 @@ MODES = ("normal", "overlap", "thread", "ahead")
 def test_canonical_trace_passes(mode, tmp_path):
     r = check_file(write(tmp_path / "t.jsonl", mode, canonical(mode)))
     assert r.ok, [(v.rule.id, v.message) for v in r.violations]
-    assert all(checks > 0 for rule, checks in r.rules if rule.kind not in ("page_count",)), \
-        [(rule.id, c) for rule, c in r.rules if c == 0]
+    assert all(checks > 0 for rule, checks in r.rules if rule.kind not in ("page_count",)), [
+        (rule.id, c) for rule, c in r.rules if c == 0
+    ]
 
 
 def _set(ev, batch=None, rid=None, **fields):
     def edit(events):
         events[find(events, ev, batch, rid)].update(fields)
+
     return edit
 
 
 def _delete(ev, batch=None, rid=None, nth=0):
     def edit(events):
         del events[find(events, ev, batch, rid, nth)]
+
     return edit
 
 
 def _unsent_chunk(batch):
     """Batch `batch`'s admit records a chunk range for its first request that no send covers (the
     reference engine's sends carry no `start`, so none is counted as covering it)."""
+
     def edit(events):
         e = events[find(events, "admit", batch)]
-        e["chunks"] = {e["rids"][0]: [0, 10 ** 6]}
+        e["chunks"] = {e["rids"][0]: [0, 10**6]}
+
     return edit
 
 
 def _after(ev, batch, target, tbatch, rid=None, trid=None):
     def edit(events):
         move(events, find(events, ev, batch, rid), find(events, target, tbatch, trid))
+
     return edit
 
 
 def _before(ev, batch, target, tbatch, rid=None, trid=None):
     def edit(events):
         move_before(events, find(events, ev, batch, rid), find(events, target, tbatch, trid))
+
     return edit
 
 
 def _admit_early(batch, before, bbatch):
     """Move admit(batch), with the allocs right before it, to just before `before`(bbatch)."""
+
     def edit(events):
         i = find(events, "admit", batch)
         j = i
         while events[j - 1]["ev"] == "alloc":
             j -= 1
-        block = events[j:i + 1]
-        del events[j:i + 1]
+        block = events[j : i + 1]
+        del events[j : i + 1]
         k = find(events, before, bbatch)
         events[k:k] = block
+
     return edit
 
 
@@ -72,6 +81,7 @@ def _dup(ev, batch):
     def edit(events):
         i = find(events, ev, batch)
         events.insert(i + 1, copy.deepcopy(events[i]))
+
     return edit
 
 
@@ -139,7 +149,10 @@ def test_violation_is_reported_with_rule_id(rule_id, tmp_path):
 
 def _verdict(path):
     r = check_file(path)
-    return ([(rule.id, c) for rule, c in r.rules], [(v.rule.id, v.message, v.seqs) for v in r.violations])
+    return (
+        [(rule.id, c) for rule, c in r.rules],
+        [(v.rule.id, v.message, v.seqs) for v in r.violations],
+    )
 
 
 @pytest.mark.parametrize("rule_id", sorted(VIOLATIONS))

@@ -1,6 +1,7 @@
 """Timelines: spans derived from point events, the Perfetto (Chrome trace-event) export with its tracks
 and flow arrows, violations highlighted by `pdo check --perfetto`, the static plot, and the chunked
 trace reader keeping exact file:line error messages."""
+
 import json
 
 import pytest
@@ -18,7 +19,22 @@ def traces(tmp_path_factory):
     out = {}
     for mode in ("thread", "ahead"):
         p = d / f"{mode}.jsonl"
-        assert main(["run", "--mode", mode, "--requests", "10", "--launch-cost-us", "200", "--trace", str(p)]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--mode",
+                    mode,
+                    "--requests",
+                    "10",
+                    "--launch-cost-us",
+                    "200",
+                    "--trace",
+                    str(p),
+                ]
+            )
+            == 0
+        )
         out[mode] = p
     return out
 
@@ -45,13 +61,13 @@ def test_spans_from_point_events():
     ]
     _, spans, events = timeline_of(evs)
     got = {(s.kind, s.batch): (s.thread, s.t0 // 1000, s.t1 // 1000) for s in spans}
-    assert got[("admit", 0)] == ("scheduler", 0, 10)       # first admission: from its first event
-    assert got[("admit", 1)] == ("scheduler", 30, 40)      # from the previous scheduler event
+    assert got[("admit", 0)] == ("scheduler", 0, 10)  # first admission: from its first event
+    assert got[("admit", 1)] == ("scheduler", 30, 40)  # from the previous scheduler event
     assert got[("fwd", 0)] == ("forward", 15, 25)
     assert got[("process", 7)] == ("scheduler", 14, 30)
     assert got[("collect", 0)] == ("scheduler", 40, 45)
-    assert got[("sample", 0)] == ("scheduler", 46, 50)     # until the thread's next event
-    assert got[("sample", 1)] == ("scheduler", 60, 60)     # next event is admission's: zero long
+    assert got[("sample", 0)] == ("scheduler", 46, 50)  # until the thread's next event
+    assert got[("sample", 1)] == ("scheduler", 60, 60)  # next event is admission's: zero long
     assert len(events) == len(evs)
 
 
@@ -61,14 +77,28 @@ def test_perfetto_export_tracks_spans_flows(traces, tmp_path):
         assert main(["trace", "export", str(path), "--perfetto", str(out)]) == 0
         doc = json.loads(out.read_text())
         evs = doc["traceEvents"]
-        names = {e["args"]["name"]: e["tid"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+        names = {
+            e["args"]["name"]: e["tid"]
+            for e in evs
+            if e["ph"] == "M" and e["name"] == "thread_name"
+        }
         assert {"scheduler", "forward"} <= set(names)
-        spans = [e for e in evs if e["ph"] == "X" and e.get("dur", 0) > 0 or e["ph"] == "X" and e["cat"] != "step"]
+        spans = [
+            e
+            for e in evs
+            if e["ph"] == "X" and e.get("dur", 0) > 0 or e["ph"] == "X" and e["cat"] != "step"
+        ]
         cats = {e["cat"] for e in spans}
         assert {"admit", "fwd", "collect", "process"} <= cats, cats
         assert all(e["tid"] == names["forward"] for e in spans if e["cat"] == "fwd")
-        assert all(e["tid"] == names["scheduler"] for e in spans if e["cat"] in ("admit", "process", "collect"))
-        assert all(isinstance(e["ts"], int) and isinstance(e.get("dur", 0), int) for e in evs if "ts" in e)
+        assert all(
+            e["tid"] == names["scheduler"]
+            for e in spans
+            if e["cat"] in ("admit", "process", "collect")
+        )
+        assert all(
+            isinstance(e["ts"], int) and isinstance(e.get("dur", 0), int) for e in evs if "ts" in e
+        )
         kv = [e for e in evs if e["ph"] == "i" and e["cat"] == "kv"]
         assert kv and all(e["s"] == "t" for e in kv)
         # flow v2: every fwd span receives the arrow its submit sends; every collect receives batch_copy's
@@ -79,13 +109,17 @@ def test_perfetto_export_tracks_spans_flows(traces, tmp_path):
         assert len(fwd) == len(batches) > 1
         for e in fwd:
             src = outs[e["bind_id"]]
-            assert src["name"] == f"submit {e['args']['batch']}" and src["tid"] == names["scheduler"]
+            assert (
+                src["name"] == f"submit {e['args']['batch']}" and src["tid"] == names["scheduler"]
+            )
             assert src["ts"] <= e["ts"]
         copies = [e for e in evs if e["ph"] == "X" and e["name"].startswith("batch_copy")]
         assert len(copies) == len(batches)
         for e in copies:
             dst = ins[e["bind_id"]]
-            assert dst["name"] == e["name"].replace("batch_copy", "collect") and dst["ts"] >= e["ts"]
+            assert (
+                dst["name"] == e["name"].replace("batch_copy", "collect") and dst["ts"] >= e["ts"]
+            )
 
 
 def test_spans_on_a_thread_nest(traces, tmp_path):
@@ -108,20 +142,47 @@ def test_spans_on_a_thread_nest(traces, tmp_path):
 
 def test_check_perfetto_highlights_violation(tmp_path, capsys):
     trace = tmp_path / "bad.jsonl"
-    assert main(["run", "--mode", "ahead", "--requests", "8", "--inject", "two-forwards", "--trace", str(trace)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--mode",
+                "ahead",
+                "--requests",
+                "8",
+                "--inject",
+                "two-forwards",
+                "--trace",
+                str(trace),
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "bad.json"
     assert main(["check", str(trace), "--perfetto", str(out)]) == 1
     assert "FAIL" in capsys.readouterr().out
     evs = json.loads(out.read_text())["traceEvents"]
-    marks = [e for e in evs if e["ph"] == "X" and e["cat"] == "violation" and e["name"].startswith("VIOLATION")]
+    marks = [
+        e
+        for e in evs
+        if e["ph"] == "X" and e["cat"] == "violation" and e["name"].startswith("VIOLATION")
+    ]
     assert marks and all(e["args"]["message"] for e in marks)
-    track = [e for e in evs if e["ph"] == "M" and e["name"] == "thread_name" and e["args"]["name"] == "pdo check"]
+    track = [
+        e
+        for e in evs
+        if e["ph"] == "M" and e["name"] == "thread_name" and e["args"]["name"] == "pdo check"
+    ]
     assert track
-    rules = [e for e in evs if e["ph"] == "X" and e["cat"] == "violation" and e["tid"] == track[0]["tid"]]
+    rules = [
+        e for e in evs if e["ph"] == "X" and e["cat"] == "violation" and e["tid"] == track[0]["tid"]
+    ]
     assert rules and all(not r["name"].startswith("VIOLATION") for r in rules)
     linked = [e for e in marks if "bind_id" in e]
-    assert linked and any(e.get("flow_out") for e in linked) and any(e.get("flow_in") for e in linked)
-    assert main(["check", str(trace), str(trace), "--perfetto", str(out)]) == 2   # one trace only
+    assert (
+        linked and any(e.get("flow_out") for e in linked) and any(e.get("flow_in") for e in linked)
+    )
+    assert main(["check", str(trace), str(trace), "--perfetto", str(out)]) == 2  # one trace only
 
 
 def test_plot_writes_png(traces, tmp_path, capsys):
@@ -131,7 +192,20 @@ def test_plot_writes_png(traces, tmp_path, capsys):
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert "2 lanes" in capsys.readouterr().out
-    assert main(["trace", "plot", str(traces["ahead"]), "-o", str(tmp_path / "x.png"), "--batches", "900:901"]) == 2
+    assert (
+        main(
+            [
+                "trace",
+                "plot",
+                str(traces["ahead"]),
+                "-o",
+                str(tmp_path / "x.png"),
+                "--batches",
+                "900:901",
+            ]
+        )
+        == 2
+    )
 
 
 def _write(path, lines):
@@ -140,7 +214,10 @@ def _write(path, lines):
 
 
 def _line(seq, ev="stage", **f):
-    return json.dumps({"seq": seq, "t_ns": seq, "thread": "scheduler", "ev": ev, "batch": seq, **f}) + "\n"
+    return (
+        json.dumps({"seq": seq, "t_ns": seq, "thread": "scheduler", "ev": ev, "batch": seq, **f})
+        + "\n"
+    )
 
 
 def test_chunked_reader_keeps_exact_errors(tmp_path):
@@ -151,9 +228,17 @@ def test_chunked_reader_keeps_exact_errors(tmp_path):
         (7000, '{"seq": 7001, oops\n', "not JSON"),
         (7000, '{"seq": 1, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}\n', "field 'seq'"),
         (8000, _line(8001, ev="teleport"), "unknown event"),
-        (5000, '{"seq": 5001, "t_ns": 1, "thread": "s", "ev": "stage", "batch": true}\n', "field 'batch'"),
-        (5000, '{"seq": 5001, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}{"seq": 5002}\n', "not JSON"),
-        (5000, '[1, 2]\n', "must be a JSON object"),
+        (
+            5000,
+            '{"seq": 5001, "t_ns": 1, "thread": "s", "ev": "stage", "batch": true}\n',
+            "field 'batch'",
+        ),
+        (
+            5000,
+            '{"seq": 5001, "t_ns": 1, "thread": "s", "ev": "stage", "batch": 1}{"seq": 5002}\n',
+            "not JSON",
+        ),
+        (5000, "[1, 2]\n", "must be a JSON object"),
     ]
     for i, bad, reason in cases:
         lines = good[:i] + [bad] + [_line(j + 100000) for j in range(i + 1, n)]

@@ -4,6 +4,7 @@ them, its unsat cores are minimal conflicts, it handles long traces, and a budge
 UNKNOWN, never PASS.
 
 PDO_SLOW=1 raises the number of generated traces."""
+
 from __future__ import annotations
 
 import copy
@@ -47,7 +48,9 @@ def mutate(events: list[dict], kind: str, rnd: random.Random) -> list[dict]:
     elif kind in ("obj", "digest"):
         having = [e for e in ev if kind in e]
         if having:
-            rnd.choice(having)[kind] = rnd.choice(["o1", "o2", "o99"] if kind == "obj" else ["d0", "d1", "dX"])
+            rnd.choice(having)[kind] = rnd.choice(
+                ["o1", "o2", "o99"] if kind == "obj" else ["d0", "d1", "dX"]
+            )
     for k, e in enumerate(ev, 1):
         e["seq"], e["t_ns"] = k, k * 1000
     return ev
@@ -83,9 +86,14 @@ def assert_agree(path):
     return lin_ids, z
 
 
-@settings(max_examples=300 if SLOW else 60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mode=st.sampled_from(MODES), seed=st.integers(0, 2**32 - 1),
-       kind=st.sampled_from((None,) + MUTATIONS))
+@settings(
+    max_examples=300 if SLOW else 60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    mode=st.sampled_from(MODES),
+    seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from((None,) + MUTATIONS),
+)
 def test_checkers_agree_on_generated_traces(mode, seed, kind, tmp_path_factory):
     rnd = random.Random(seed)
     header, events = abstract.run(mode, rnd, abstract.Config(requests=4))
@@ -93,12 +101,12 @@ def test_checkers_agree_on_generated_traces(mode, seed, kind, tmp_path_factory):
         events = mutate(events, kind, rnd)
     path = abstract.write_trace(tmp_path_factory.mktemp("z") / "t.jsonl", header, events)
     ids, z = assert_agree(path)
-    if z is None:   # the edit left it malformed: both refuse it alike
+    if z is None:  # the edit left it malformed: both refuse it alike
         assert kind is not None
         return
     if kind is None:
         assert z.ok
-    for rid, core in z.cores.items():   # each core: the rule and a minimal conflicting set of events
+    for rid, core in z.cores.items():  # each core: the rule and a minimal conflicting set of events
         seqs = [e["seq"] for e in core.events]
         assert z3check.conflicts(path, rid, seqs)
         for s in seqs:
@@ -109,8 +117,11 @@ def test_checkers_agree_on_the_hand_written_fixtures(tmp_path):
     """The canonical trace of each mode and the one-violation-per-rule traces of the rule tests."""
     from tests import trace_fixtures
     from tests.checker.test_rules_violations import VIOLATIONS as violations
+
     for mode in MODES:
-        ids, _ = assert_agree(trace_fixtures.write(tmp_path / f"{mode}.jsonl", mode, trace_fixtures.canonical(mode)))
+        ids, _ = assert_agree(
+            trace_fixtures.write(tmp_path / f"{mode}.jsonl", mode, trace_fixtures.canonical(mode))
+        )
         assert ids == []
     for rid, (mode, edit) in sorted(violations.items()):
         events = trace_fixtures.canonical(mode)
@@ -123,7 +134,7 @@ def test_core_names_the_conflict(tmp_path):
     header, events = abstract.run("ahead", random.Random(3), abstract.Config(requests=3))
     i = next(k for k, e in enumerate(events) if e["ev"] == "fwd_end" and e["batch"] == 0)
     j = next(k for k, e in enumerate(events) if e["ev"] == "fwd_begin" and e["batch"] == 1)
-    events.insert(j + 1, events.pop(i))    # fwd_end(0) now comes after fwd_begin(1): two forwards
+    events.insert(j + 1, events.pop(i))  # fwd_end(0) now comes after fwd_begin(1): two forwards
     for k, e in enumerate(events, 1):
         e["seq"] = k
     path = abstract.write_trace(tmp_path / "t.jsonl", header, events)
@@ -137,11 +148,13 @@ def test_core_names_the_conflict(tmp_path):
 def test_long_trace(tmp_path):
     """Over 10,000 events: windows keep it linear. One late violation is still found, with the linear
     checker's rule ids."""
-    header, events = abstract.run("ahead", random.Random(5), abstract.Config(requests=420, max_slots=8))
+    header, events = abstract.run(
+        "ahead", random.Random(5), abstract.Config(requests=420, max_slots=8)
+    )
     assert len(events) >= 10_000
     k = max(i for i, e in enumerate(events) if e["ev"] == "sample")
     i = next(i for i in range(k, 0, -1) if events[i]["ev"] == "collect")
-    events[i], events[k] = events[k], events[i]   # the last sample before its collect
+    events[i], events[k] = events[k], events[i]  # the last sample before its collect
     for n, e in enumerate(events, 1):
         e["seq"] = n
     path = abstract.write_trace(tmp_path / "long.jsonl", header, events)
@@ -166,7 +179,7 @@ def test_cli(tmp_path, capsys):
     header, events = abstract.run("overlap", random.Random(2), abstract.Config(requests=3))
     good = abstract.write_trace(tmp_path / "good.jsonl", header, events)
     bad_events = copy.deepcopy(events)
-    next(e for e in bad_events if e["ev"] == "fwd_begin")["digest"] = "dX"   # not checked in overlap
+    next(e for e in bad_events if e["ev"] == "fwd_begin")["digest"] = "dX"  # not checked in overlap
     next(e for e in bad_events if e["ev"] == "war_barrier")["thread"] = "forward"
     bad = abstract.write_trace(tmp_path / "bad.jsonl", header, bad_events)
     assert pdo(["check", "--engine", "z3", good]) == 0
@@ -174,7 +187,10 @@ def test_cli(tmp_path, capsys):
     assert pdo(["check", "--engine", "z3", "--json", good, bad]) == 1
     got = json.loads(capsys.readouterr().out)
     assert [r["ok"] for r in got] == [True, False]
-    assert {v["rule"] for v in got[1]["violations"]} == {"P-run-on-scheduler", "P-war-after-forward"}
+    assert {v["rule"] for v in got[1]["violations"]} == {
+        "P-run-on-scheduler",
+        "P-war-after-forward",
+    }
     assert all(v["seqs"] for v in got[1]["violations"])
 
 
@@ -187,6 +203,7 @@ def test_every_kind_is_encoded():
 
 
 # ---- decode traces: the rules whose kinds have an encoding -------------------------------------------
+
 
 def assert_agree_encoded(path):
     if malformed(path):
@@ -202,20 +219,26 @@ def assert_agree_encoded(path):
 
 def _decode_fixtures():
     from tests.checker import test_decode_rules
+
     return test_decode_rules
 
 
 def test_checkers_agree_on_the_decode_fixtures(tmp_path):
     d = _decode_fixtures()
     ids, z = assert_agree_encoded(d.write(tmp_path / "base.jsonl", d.base()))
-    assert ids == [] and z.not_encoded == []   # every decode kind has an encoding
+    assert ids == [] and z.not_encoded == []  # every decode kind has an encoding
     for rid, edit in sorted(d.VIOLATIONS.items()):
         ids, z = assert_agree_encoded(d.write(tmp_path / f"{rid}.jsonl", edit(d.base())))
         assert rid in ids and rid in z.cores
 
 
-@settings(max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(MUTATIONS + ("rooms", "rank", "addr", "qid", "source")))
+@settings(
+    max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(MUTATIONS + ("rooms", "rank", "addr", "qid", "source")),
+)
 def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
     d = _decode_fixtures()
     rnd = random.Random(seed)
@@ -227,9 +250,13 @@ def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
         if kind in ("rooms", "rank", "addr", "qid", "source"):
             having = [e for e in events if kind in e]
             e = rnd.choice(having)
-            e[kind] = {"rooms": rnd.choice([[rnd.randrange(1, 4)], [2, 3], [1, 3]]), "rank": rnd.randrange(2),
-                       "addr": "127.0.0.1:1", "qid": rnd.randrange(3),
-                       "source": rnd.choice(["sync", "prefetched", "prefix", "prefetch", "x"])}[kind]
+            e[kind] = {
+                "rooms": rnd.choice([[rnd.randrange(1, 4)], [2, 3], [1, 3]]),
+                "rank": rnd.randrange(2),
+                "addr": "127.0.0.1:1",
+                "qid": rnd.randrange(3),
+                "source": rnd.choice(["sync", "prefetched", "prefix", "prefetch", "x"]),
+            }[kind]
         else:
             events = mutate(events, kind, rnd)
     assert_agree_encoded(abstract.write_trace(base.parent / "m.jsonl", header, events))
@@ -243,12 +270,15 @@ def test_engine_trace(mode, tmp_path):
     from engine.workload import WorkloadConfig
 
     path = str(tmp_path / "e.jsonl")
-    run.run_prefill(EngineConfig(mode=mode, device="cpu"), WorkloadConfig(requests=6), trace_path=path)
+    run.run_prefill(
+        EngineConfig(mode=mode, device="cpu"), WorkloadConfig(requests=6), trace_path=path
+    )
     ids, z = assert_agree(path)
     assert ids == [] and z.ok
 
 
 # ---- PD runs: decode and cross rules on real traces ------------------------------------------------
+
 
 def assert_agree_all(paths):
     """Every trace, and the cross check of the decode trace with its prefill ranks: same verdicts and
@@ -259,10 +289,12 @@ def assert_agree_all(paths):
     z = [z3check.check_file(p) for p in paths] + z3check.check_cross(paths)
     assert [(r.path, r.header["role"]) for r in lin] == [(r.path, r.header["role"]) for r in z]
     out = {}
-    for l, r in zip(lin, z):
+    for lin_result, r in zip(lin, z):
         assert r.status != "unknown" and r.not_encoded == [], (r.uncovered, r.not_encoded)
-        ids = sorted({v.rule.id for v in l.violations})
-        assert (l.ok, ids) == (r.ok, r.violated), f"{r.header['role']} {r.path}: linear {ids}, z3 {r.violated}"
+        ids = sorted({v.rule.id for v in lin_result.violations})
+        assert (lin_result.ok, ids) == (r.ok, r.violated), (
+            f"{r.header['role']} {r.path}: linear {ids}, z3 {r.violated}"
+        )
         out.setdefault(r.header["role"], set()).update(ids)
     return out
 
@@ -280,10 +312,16 @@ def pd_traces(tmp_path_factory):
     from engine.workload import WorkloadConfig
 
     d = tmp_path_factory.mktemp("pd")
-    s = run_pd(EngineConfig(mode="ahead", device="cpu"),
-               WorkloadConfig(requests=10, prompt_len=(20, 80), arrival="poisson", rate=300, max_new_tokens=3, seed=3),
-               DecodeConfig(loop="overlap", prefetch=True), dp=2, bootstrap_latency_ms=5.0,
-               trace_path=str(d / "t.jsonl"))
+    s = run_pd(
+        EngineConfig(mode="ahead", device="cpu"),
+        WorkloadConfig(
+            requests=10, prompt_len=(20, 80), arrival="poisson", rate=300, max_new_tokens=3, seed=3
+        ),
+        DecodeConfig(loop="overlap", prefetch=True),
+        dp=2,
+        bootstrap_latency_ms=5.0,
+        trace_path=str(d / "t.jsonl"),
+    )
     return s["traces"]
 
 
@@ -310,7 +348,7 @@ def _is_decode(h):
 
 def _sync_as_prefetched(events):
     e = next(e for e in events if e["ev"] == "resolve" and e["source"] == "sync")
-    e["source"] = "prefetched"      # a prefetched answer from a query never submitted
+    e["source"] = "prefetched"  # a prefetched answer from a query never submitted
 
 
 @pytest.mark.parametrize("rule_id", ["D-prefetch-match", "X-rank-served", "X-kv-pages"])
@@ -321,8 +359,8 @@ def test_pd_mutant_fails_on_both_checkers(pd_traces, tmp_path, rule_id):
     else:
         _, dec = _read(next(p for p in pd_traces if _read(p)[0]["role"] == "decode"))
         init = next(e for e in dec if e["ev"] == "receiver_init")
-        other = lambda h: h["role"] == "prefill" and h.get("dp_rank") == 1 - init["rank"]   # noqa: E731
-        mine = lambda h: h["role"] == "prefill" and h.get("dp_rank") == init["rank"]       # noqa: E731
+        other = lambda h: h["role"] == "prefill" and h.get("dp_rank") == 1 - init["rank"]  # noqa: E731
+        mine = lambda h: h["role"] == "prefill" and h.get("dp_rank") == init["rank"]  # noqa: E731
 
         def admit_too(events):
             next(e for e in events if e["ev"] == "admit")["rids"].append(init["rid"])
@@ -331,8 +369,12 @@ def test_pd_mutant_fails_on_both_checkers(pd_traces, tmp_path, rule_id):
             e = next(e for e in events if e["ev"] == "kv_send" and e["rid"] == init["rid"])
             e["tokens"], e["pages"] = e["tokens"] + 16, e["pages"] + 1
 
-        paths = _mutated(pd_traces, tmp_path, other if rule_id == "X-rank-served" else mine,
-                         admit_too if rule_id == "X-rank-served" else send_more)
+        paths = _mutated(
+            pd_traces,
+            tmp_path,
+            other if rule_id == "X-rank-served" else mine,
+            admit_too if rule_id == "X-rank-served" else send_more,
+        )
         role = "cross"
     got = assert_agree_all(paths)
     assert got[role] == {rule_id}, got
@@ -354,8 +396,13 @@ def loop_witnesses():
     return out
 
 
-@settings(max_examples=120 if SLOW else 30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(MUTATIONS + ("rooms", "source", "qid", None)))
+@settings(
+    max_examples=120 if SLOW else 30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(MUTATIONS + ("rooms", "source", "qid", None)),
+)
 def test_checkers_agree_on_mutated_loop_model_traces(loop_witnesses, seed, kind, tmp_path_factory):
     """The prefetch_match encoding (and the other decode kinds) against the linear checker on traces with
     prefixed, cancelled and reused queries, and on mutations of them."""
@@ -364,10 +411,15 @@ def test_checkers_agree_on_mutated_loop_model_traces(loop_witnesses, seed, kind,
     if kind in ("rooms", "source", "qid"):
         having = [e for e in events if kind in e]
         e = rnd.choice(having)
-        e[kind] = {"rooms": rnd.choice([[2], [3], [2, 3], [1, 2, 3]]), "qid": rnd.randrange(6),
-                   "source": rnd.choice(["sync", "prefetched", "prefix"])}[kind]
+        e[kind] = {
+            "rooms": rnd.choice([[2], [3], [2, 3], [1, 2, 3]]),
+            "qid": rnd.randrange(6),
+            "source": rnd.choice(["sync", "prefetched", "prefix"]),
+        }[kind]
     elif kind:
         events = mutate(events, kind, rnd)
-    ids, _ = assert_agree_encoded(abstract.write_trace(tmp_path_factory.mktemp("w") / "w.jsonl", header, events))
+    ids, _ = assert_agree_encoded(
+        abstract.write_trace(tmp_path_factory.mktemp("w") / "w.jsonl", header, events)
+    )
     if kind is None:
         assert ids == []

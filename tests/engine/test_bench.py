@@ -1,6 +1,7 @@
 """The benchmarks on tiny inputs: `pdo bench prefill` JSON fields and chart, the trace metrics
 (busy times, overlap efficiency) on hand-made events, the tracing-overhead and checker-throughput
 functions, the big-trace generator producing a valid trace, and progress lines."""
+
 import io
 import json
 
@@ -43,8 +44,29 @@ def test_trace_metrics_overlap_efficiency():
 
 def test_bench_prefill_tiny_json_and_chart(tmp_path, capsys):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    assert main(["bench", "prefill", "--reps", "1", "--requests", "6", "--hits", "0.8", "--json", str(out),
-                 "--png", str(png), "--launch-cost-us", "100", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "prefill",
+                "--reps",
+                "1",
+                "--requests",
+                "6",
+                "--hits",
+                "0.8",
+                "--json",
+                str(out),
+                "--png",
+                str(png),
+                "--launch-cost-us",
+                "100",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     assert "ahead / thread" in table and "overlap eff" in table
     res = json.loads(out.read_text())
@@ -54,20 +76,36 @@ def test_bench_prefill_tiny_json_and_chart(tmp_path, capsys):
     for mode in res["modes"]:
         e = by[(0.8, mode)]
         assert len(e["runs"]) == 1
-        for key in ("uncached_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "sched_busy_ms", "fwd_busy_ms",
-                    "overlap_efficiency", "hidden_ms", "collect_wait_ms"):
-            assert e["median"][key] == e["median"][key], (mode, key)   # not NaN
+        for key in (
+            "uncached_tok_per_s",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "sched_busy_ms",
+            "fwd_busy_ms",
+            "overlap_efficiency",
+            "hidden_ms",
+            "collect_wait_ms",
+        ):
+            assert e["median"][key] == e["median"][key], (mode, key)  # not NaN
         assert 0.0 <= e["median"]["overlap_efficiency"] <= 1.0
         assert e["median"]["ttft_p50_ms"] <= e["median"]["ttft_p99_ms"]
     assert by[(0.8, "thread")]["ratio_vs_thread"]["median"] == 1.0
-    for mode in ("normal", "overlap", "thread"):   # admission never runs beside run_batch in these loops
+    for mode in (
+        "normal",
+        "overlap",
+        "thread",
+    ):  # admission never runs beside run_batch in these loops
         assert by[(0.8, mode)]["median"]["overlap_efficiency"] < 0.05
     assert by[(0.8, "ahead")]["median"]["hidden_ms"] > 0
     assert "0.8" in res["headline"]
     assert png.read_bytes()[:4] == b"\x89PNG"
     # where it ran is said and recorded: the CPU here, torch attention (auto), float32
     assert "device: cpu, attention: torch" in table
-    assert res["device"] == "cpu" and res["attention_backend"] == "torch" and res["engine"]["dtype"] == "float32"
+    assert (
+        res["device"] == "cpu"
+        and res["attention_backend"] == "torch"
+        and res["engine"]["dtype"] == "float32"
+    )
     assert "gpu" in res["machine"]
 
 
@@ -78,14 +116,34 @@ def test_bench_prefill_device_knobs(capsys):
 
     import torch
 
-    a = argparse.Namespace(prompt_len="24:160", device=None, dtype=None, launch_cost_us=None, model="tiny",
-                           admission_cost_us=0.0, max_batch_tokens=256, chunk_size=128, attention_backend="auto",
-                           num_pages=512, page_size=16, max_batch_reqs=16, groups=3)
+    a = argparse.Namespace(
+        prompt_len="24:160",
+        device=None,
+        dtype=None,
+        launch_cost_us=None,
+        model="tiny",
+        admission_cost_us=0.0,
+        max_batch_tokens=256,
+        chunk_size=128,
+        attention_backend="auto",
+        num_pages=512,
+        page_size=16,
+        max_batch_reqs=16,
+        groups=3,
+    )
     engine, _ = bench._engine_workload(a, bench.DEFAULT_LAUNCH_COST_US)
     if torch.cuda.is_available():
-        assert engine["device"] == "cuda" and engine["launch_cost_us"] == 0 and engine["dtype"] == "bfloat16"
+        assert (
+            engine["device"] == "cuda"
+            and engine["launch_cost_us"] == 0
+            and engine["dtype"] == "bfloat16"
+        )
     else:
-        assert engine["device"] == "cpu" and engine["launch_cost_us"] == 1000 and engine["dtype"] == "float32"
+        assert (
+            engine["device"] == "cpu"
+            and engine["launch_cost_us"] == 1000
+            and engine["dtype"] == "float32"
+        )
         assert main(["bench", "prefill", "--device", "cuda", "--reps", "1", "--requests", "2"]) == 2
         err = capsys.readouterr().err.strip()
         assert "no CUDA device" in err and len(err.splitlines()) == 1
@@ -93,20 +151,34 @@ def test_bench_prefill_device_knobs(capsys):
 
 def test_bench_prefill_gil_free_device_what_if():
     """The what-if replaces the model's forward (the engine passes `out`): it runs and is labelled."""
-    res = bench.bench_prefill(modes=("thread", "ahead"), hits=(0.8,), reps=1, requests=8, warmup=False,
-                              gil_free_device_ms=1.0)
+    res = bench.bench_prefill(
+        modes=("thread", "ahead"),
+        hits=(0.8,),
+        reps=1,
+        requests=8,
+        warmup=False,
+        gil_free_device_ms=1.0,
+    )
     assert res["gil_free_device_ms"] == 1.0
     assert {e["mode"] for e in res["results"]} == {"thread", "ahead"}
     assert all(e["median"]["uncached_tok_per_s"] > 0 for e in res["results"])
 
 
 def test_bench_prefill_rejects_bad_mode(capsys):
-    assert main(["bench", "prefill", "--modes", "thread,sideways", "--reps", "1", "--requests", "2"]) == 2
+    assert (
+        main(["bench", "prefill", "--modes", "thread,sideways", "--reps", "1", "--requests", "2"])
+        == 2
+    )
     assert "sideways" in capsys.readouterr().err
 
 
 def test_trace_overhead_what_if_is_labelled(capsys):
-    assert main(["bench", "trace-overhead", "--reps", "1", "--requests", "4", "--gil-free-device", "1"]) == 0
+    assert (
+        main(
+            ["bench", "trace-overhead", "--reps", "1", "--requests", "4", "--gil-free-device", "1"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("WHAT-IF") and "forward=a GIL-free wait (what-if)" in out
 
@@ -132,7 +204,9 @@ def test_big_trace_is_valid_and_checker_bench_runs(tmp_path):
     assert r.ok and r.events == made["events"], [v.message for v in r.violations[:3]]
     res = bench.bench_checker(trace=str(big), memory=True)
     assert res["ok"] and res["events"] == made["events"] and res["events_per_s"] > 0
-    assert res["parse_events_per_s"] >= res["events_per_s"] * 0.5 and res["tracemalloc_peak_mib"] > 0
+    assert (
+        res["parse_events_per_s"] >= res["events_per_s"] * 0.5 and res["tracemalloc_peak_mib"] > 0
+    )
     assert "events/s" in bench.format_checker(res)
 
 
@@ -140,7 +214,7 @@ def test_progress_lines():
     buf = io.StringIO()
     p = bench.Progress(True, period=0.01, stream=buf)
     p.line("[1/2] hit=0.8 thread: 100 uncached tok/s")
-    assert buf.getvalue().endswith("tok/s\n")   # not a TTY: whole lines, no carriage returns
+    assert buf.getvalue().endswith("tok/s\n")  # not a TTY: whole lines, no carriage returns
     assert bench.Progress(None, stream=io.StringIO()).enabled is False
 
 
@@ -154,10 +228,16 @@ def test_progress_counts_requests_and_tokens_from_the_running_trace():
 
     buf = io.StringIO()
     p = bench.Progress(True, stream=buf)
-    p.period = 0.002   # not a TTY: a line every 2 s at the most, longer than this run
-    bench.run_one(EngineConfig(mode="ahead"), WorkloadConfig(requests=60), progress=p, label="ahead")
-    counts = [(int(a), int(b), float(c.replace(",", ""))) for a, b, c in
-              re.findall(r"ahead: (\d+)/(\d+) requests, ([\d,]+) uncached tok/s", buf.getvalue())]
+    p.period = 0.002  # not a TTY: a line every 2 s at the most, longer than this run
+    bench.run_one(
+        EngineConfig(mode="ahead"), WorkloadConfig(requests=60), progress=p, label="ahead"
+    )
+    counts = [
+        (int(a), int(b), float(c.replace(",", "")))
+        for a, b, c in re.findall(
+            r"ahead: (\d+)/(\d+) requests, ([\d,]+) uncached tok/s", buf.getvalue()
+        )
+    ]
     assert counts and all(total == 60 and done <= 60 for done, total, _ in counts)
     assert max(done for done, _, _ in counts) > 0 and max(tok for _, _, tok in counts) > 0
 
@@ -174,25 +254,86 @@ def test_bench_decode_tiny_run_has_the_documented_fields(capsys):
     errors, outputs identical to the reference; the table has a row per arm and the wait cut."""
     from engine.bench.decode import markdown
 
-    assert main(["bench", "decode", "--latencies", "0.5", "--reps", "1", "--requests", "2", "--max-new-tokens", "3",
-                 "--rate", "1000", "--prompt-len", "16:32", "--prefill-launch-cost-us", "0", "--recv-wait-us", "0",
-                 "--dp", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--latencies",
+                "0.5",
+                "--reps",
+                "1",
+                "--requests",
+                "2",
+                "--max-new-tokens",
+                "3",
+                "--rate",
+                "1000",
+                "--prompt-len",
+                "16:32",
+                "--prefill-launch-cost-us",
+                "0",
+                "--recv-wait-us",
+                "0",
+                "--dp",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["bench"] == "decode" and res["ok"] is True and res["cpus"] >= 1
-    assert res["config"] == {"requests": 2, "max_new_tokens": 3, "rate": 1000.0, "prompt_len": [16, 32],
-                             "prefill_launch_cost_us": 0.0, "dp": 2, "prefill_mode": "normal",
-                             "decode_mode": "overlap", "polling_interval": 1, "recv_wait_us": 0.0,
-                             "latency_scope": "all", "reps": 1}
+    assert res["config"] == {
+        "requests": 2,
+        "max_new_tokens": 3,
+        "rate": 1000.0,
+        "prompt_len": [16, 32],
+        "prefill_launch_cost_us": 0.0,
+        "dp": 2,
+        "prefill_mode": "normal",
+        "decode_mode": "overlap",
+        "polling_interval": 1,
+        "recv_wait_us": 0.0,
+        "latency_scope": "all",
+        "reps": 1,
+    }
     [row] = res["rows"]
     assert row["latency_ms"] == 0.5 and row["wait_cut"] > 0
     for arm in (row["prefetch"], row["no_prefetch"]):
-        assert set(arm) == {"consumption_points", "by_source", "mean_wait_ms", "p99_wait_ms", "mean_lead_ms",
-                            "decode_tok_per_s", "errors", "aborted", "identical", "leaks"}
-        assert arm["errors"] == 0 and arm["aborted"] == 0 and arm["identical"] is True and arm["leaks"] is False
-        assert arm["consumption_points"] >= 1 and sum(arm["by_source"].values()) == arm["consumption_points"]
+        assert set(arm) == {
+            "consumption_points",
+            "by_source",
+            "mean_wait_ms",
+            "p99_wait_ms",
+            "mean_lead_ms",
+            "decode_tok_per_s",
+            "errors",
+            "aborted",
+            "identical",
+            "leaks",
+        }
+        assert (
+            arm["errors"] == 0
+            and arm["aborted"] == 0
+            and arm["identical"] is True
+            and arm["leaks"] is False
+        )
+        assert (
+            arm["consumption_points"] >= 1
+            and sum(arm["by_source"].values()) == arm["consumption_points"]
+        )
         assert 0 < arm["mean_wait_ms"] <= arm["p99_wait_ms"] and arm["decode_tok_per_s"] > 0
-    assert set(row["no_prefetch"]["by_source"]) == {"sync"} and row["no_prefetch"]["mean_lead_ms"] == 0
+    assert (
+        set(row["no_prefetch"]["by_source"]) == {"sync"} and row["no_prefetch"]["mean_lead_ms"] == 0
+    )
     table = markdown(res).splitlines()
-    assert table[2].startswith("| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) |")
-    assert [ln.split("|")[2].strip() for ln in table[4:]] == ["prefetch", "--no-prefetch", "**wait cut**"]
+    assert table[2].startswith(
+        "| bootstrap latency | arm | consumption points | wait mean (ms) | wait p99 (ms) |"
+    )
+    assert [ln.split("|")[2].strip() for ln in table[4:]] == [
+        "prefetch",
+        "--no-prefetch",
+        "**wait cut**",
+    ]
     assert all(ln.endswith("| 0 | identical |") for ln in table[4:6])

@@ -1,6 +1,7 @@
 """`pdo run`'s exit codes: 1 when the run leaked (prefill) or its summary is not clean (PD: a mismatch
 with the reference, an aborted request, a leak), with and without --json; 2, in one line, for a PD-only
 flag given without --pd (it would be ignored)."""
+
 import copy
 import json
 import subprocess
@@ -23,15 +24,20 @@ SMALL = ["--requests", "2", "--prompt-len", "16:40"]
 
 @pytest.fixture(scope="module")
 def prefill_summary():
-    s = engine.run.run_prefill(EngineConfig(mode="ahead"), WorkloadConfig(requests=2, prompt_len=(16, 40)))
+    s = engine.run.run_prefill(
+        EngineConfig(mode="ahead"), WorkloadConfig(requests=2, prompt_len=(16, 40))
+    )
     assert not any(s["leaks"].values())
     return s
 
 
 @pytest.fixture(scope="module")
 def pd_summary():
-    s = engine.pd.run_pd(EngineConfig(mode="ahead"), WorkloadConfig(requests=2, prompt_len=(16, 40), max_new_tokens=3),
-                         DecodeConfig())
+    s = engine.pd.run_pd(
+        EngineConfig(mode="ahead"),
+        WorkloadConfig(requests=2, prompt_len=(16, 40), max_new_tokens=3),
+        DecodeConfig(),
+    )
     assert summary_ok(s), s
     return s
 
@@ -84,26 +90,53 @@ def test_run_pd_with_a_failed_summary_exits_1(monkeypatch, capsys, pd_summary, h
     assert main(["run", "--pd", *SMALL, "--json"]) == 0
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["--dp", "2"], "--dp only applies with --pd"),
-    (["--dp", "1"], "--dp only applies with --pd"),           # even at its default value
-    (["--decode-mode", "normal", "--no-prefetch"], "--decode-mode, --no-prefetch only apply with --pd"),
-    (["--max-new-tokens=3"], "--max-new-tokens only applies"),
-    (["--no-verify", "--router", "random"], "--router, --no-verify only apply"),
-    (["--bootstrap-url", "http://127.0.0.1:1", "--bootstrap-latency-ms", "5"], "--bootstrap-url, --bootstrap-latency-ms"),
-    (["--bootstrap-latency-scope", "all", "--decode-polling-interval", "2", "--decode-recv-wait-us", "1"],
-     "--bootstrap-latency-scope, --decode-polling-interval, --decode-recv-wait-us"),
-    (["--no-pre"], "--no-prefetch only applies"),                 # an abbreviation argparse accepts
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--dp", "2"], "--dp only applies with --pd"),
+        (["--dp", "1"], "--dp only applies with --pd"),  # even at its default value
+        (
+            ["--decode-mode", "normal", "--no-prefetch"],
+            "--decode-mode, --no-prefetch only apply with --pd",
+        ),
+        (["--max-new-tokens=3"], "--max-new-tokens only applies"),
+        (["--no-verify", "--router", "random"], "--router, --no-verify only apply"),
+        (
+            ["--bootstrap-url", "http://127.0.0.1:1", "--bootstrap-latency-ms", "5"],
+            "--bootstrap-url, --bootstrap-latency-ms",
+        ),
+        (
+            [
+                "--bootstrap-latency-scope",
+                "all",
+                "--decode-polling-interval",
+                "2",
+                "--decode-recv-wait-us",
+                "1",
+            ],
+            "--bootstrap-latency-scope, --decode-polling-interval, --decode-recv-wait-us",
+        ),
+        (["--no-pre"], "--no-prefetch only applies"),  # an abbreviation argparse accepts
+    ],
+)
 def test_pd_only_flags_without_pd_are_rejected(monkeypatch, capsys, argv, named):
-    monkeypatch.setattr(engine.run, "run_prefill", lambda *a, **k: pytest.fail("ran despite a PD-only flag"))
+    monkeypatch.setattr(
+        engine.run, "run_prefill", lambda *a, **k: pytest.fail("ran despite a PD-only flag")
+    )
     assert main(["run", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pdo run: error: ") and named in err and len(err.strip().splitlines()) == 1
+    assert (
+        err.startswith("pdo run: error: ") and named in err and len(err.strip().splitlines()) == 1
+    )
 
 
 def test_pd_only_flag_rejection_from_the_shell():
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--requests", "2", "--dp", "2", "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--requests", "2", "--dp", "2", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.strip() == "pdo run: error: --dp only applies with --pd"

@@ -1,5 +1,6 @@
 """The decode prealloc queue on its own, against a real bootstrap server: what the prefetch submits,
 how the consumption point uses it, receiver init order, and the failure paths."""
+
 from __future__ import annotations
 
 import socket
@@ -78,11 +79,13 @@ def test_prefetch_submits_pending_rooms_then_prefix_tail_is_sync_and_init_is_fif
     publish(q)
     q.prefetch_prefill_dp_rank_queries(1)
     assert [e["rooms"] for e in evs(tr, "prefetch_submit")] == [[7]]
-    q.add(req(8, addr))                    # arrives after the top of the iteration
+    q.add(req(8, addr))  # arrives after the top of the iteration
     assert q.pop_preallocated() and sched.inits == [(7, 1), (8, 0)]
     (res,) = evs(tr, "resolve")
-    assert res["source"] == "prefix" and res["rooms"] == [7, 8] and res["result"] == {"7": 1, "8": 0}
-    assert [e["rooms"] for e in evs(tr, "query_begin", source="sync")] == [[8]]   # only the tail
+    assert (
+        res["source"] == "prefix" and res["rooms"] == [7, 8] and res["result"] == {"7": 1, "8": 0}
+    )
+    assert [e["rooms"] for e in evs(tr, "query_begin", source="sync")] == [[8]]  # only the tail
     assert q.pending == [] and q._queries == {}
 
 
@@ -98,7 +101,7 @@ def test_prefix_tail_query_overlaps_the_future_instead_of_following_it(server):
     q.pop_preallocated()
     (res,) = evs(tr, "resolve")
     assert res["source"] == "prefix" and res["error"] is None and sched.inits == [(7, 1), (8, 0)]
-    assert res["wait_ns"] < 0.5e9, res["wait_ns"]   # two round trips in series would be >= 0.6 s
+    assert res["wait_ns"] < 0.5e9, res["wait_ns"]  # two round trips in series would be >= 0.6 s
 
 
 def test_prefetch_submit_is_logged_before_the_pool_can_begin_the_query(server):
@@ -115,7 +118,9 @@ def test_prefetch_submit_is_logged_before_the_pool_can_begin_the_query(server):
     q.add(req(7, addr))
     publish(q)
     q.prefetch_prefill_dp_rank_queries(1)
-    names = [e["ev"] for e in tr.events if e["ev"] in ("prefetch_submit", "query_begin", "query_end")]
+    names = [
+        e["ev"] for e in tr.events if e["ev"] in ("prefetch_submit", "query_begin", "query_end")
+    ]
     assert names == ["prefetch_submit", "query_begin", "query_end"]
 
 
@@ -140,7 +145,7 @@ def test_changed_rooms_cancel_the_future_and_query_synchronously(server):
     q.add(r8)
     publish(q)
     q.prefetch_prefill_dp_rank_queries(1)
-    q.remove(r7)                           # aborted between prefetch and resolve
+    q.remove(r7)  # aborted between prefetch and resolve
     q.pop_preallocated()
     assert [e["reason"] for e in evs(tr, "prefetch_cancel")] == ["mismatch"]
     (res,) = evs(tr, "resolve")
@@ -149,7 +154,9 @@ def test_changed_rooms_cancel_the_future_and_query_synchronously(server):
 
 def test_unpublished_prefill_is_skipped_then_queried_once_published():
     with BootstrapServer(expected_ranks=2) as s:
-        bootstrap_client.register_prefill_rank(s.url, rank_info(0, 2, 16, 20000))   # rank 1 not up yet: 503
+        bootstrap_client.register_prefill_rank(
+            s.url, rank_info(0, 2, 16, 20000)
+        )  # rank 1 not up yet: 503
         bootstrap_client.register_dp_rank(s.url, 8, 0)
         q, sched, tr, addr = make_queue(s.url)
         q.add(req(8, addr))
@@ -164,7 +171,9 @@ def test_unpublished_prefill_is_skipped_then_queried_once_published():
 
 
 def test_a_known_rank_is_not_asked_again_and_a_query_in_flight_is_not_doubled(server):
-    q, sched, tr, addr = make_queue(server.url, capacity=0)   # no memory: resolved requests stay pending
+    q, sched, tr, addr = make_queue(
+        server.url, capacity=0
+    )  # no memory: resolved requests stay pending
     q.add(req(7, addr))
     publish(q)
     q.prefetch_prefill_dp_rank_queries(1)
@@ -229,7 +238,9 @@ def test_no_query_at_all_while_memory_is_released(server):
     time.sleep(0.1)
     q.pop_preallocated()
     assert not evs(tr, "query_begin") and not evs(tr, "resolve") and not evs(tr, "prefill_info")
-    assert server.counters.get("query_dp_ranks", 0) == 0 and server.counters.get("route_get", 0) == 0
+    assert (
+        server.counters.get("query_dp_ranks", 0) == 0 and server.counters.get("route_get", 0) == 0
+    )
     assert q.pending and not sched.aborted and sched.inits == []
     q.resume_memory_occupation()
     q.pop_preallocated()
@@ -240,7 +251,7 @@ def test_failed_queries_keep_rooms_pending_then_the_budget_aborts_them(server):
     server.set_faults(failure_rate=1.0, failure_status=500)
     q, sched, tr, addr = make_queue(server.url, query_retries=0, query_failure_budget=3)
     q.add(req(7, addr))
-    for i in range(2):
+    for _ in range(2):
         q.pop_preallocated()
         assert q.pending and not sched.aborted
     q.pop_preallocated()
@@ -257,7 +268,7 @@ def test_unknown_room_stays_pending_until_registered_or_times_out(server):
     q.pop_preallocated()
     assert sched.inits == [(40, 0)]
     r41 = req(41, addr)
-    r41.t_add -= 1.0                      # waited past the timeout
+    r41.t_add -= 1.0  # waited past the timeout
     q.pending.append(r41)
     q.pop_preallocated()
     assert "still unknown to the bootstrap server" in sched.aborted["r41"]
@@ -266,10 +277,12 @@ def test_unknown_room_stays_pending_until_registered_or_times_out(server):
 def test_unreachable_bootstrap_aborts_after_the_info_retries():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]       # nothing listens here once closed
+        port = s.getsockname()[1]  # nothing listens here once closed
     q, sched, tr, addr = make_queue(f"http://127.0.0.1:{port}", info_max_retries=3)
     q.add(req(7, addr))
     for _ in range(3):
         q.pop_preallocated()
     assert "could not fetch prefill parallel info" in sched.aborted["r7"]
-    assert not evs(tr, "query_begin") and all(e["published"] is False for e in evs(tr, "prefill_info"))
+    assert not evs(tr, "query_begin") and all(
+        e["published"] is False for e in evs(tr, "prefill_info")
+    )

@@ -1,17 +1,16 @@
 """Batch digests (engine/digest.py): what a digest covers, and how a DigestStamp taken now and
 hashed later gives the digest of its moment, a marker after a change, or one shared digest for a
 forward that read its snapshot untouched."""
+
 import copy
 
 import torch
 import xxhash
 
 from engine import digest
-from engine.digest import batch_digest
-from engine.digest import _HASH_SLICE, DigestStamp, _equal, _tensor_hash
+from engine.digest import _HASH_SLICE, DigestStamp, _equal, _tensor_hash, batch_digest
 from engine.request import SamplingBatchInfo
 from engine.trace import Tracer
-
 from tests.batch_fixtures import make_batch
 
 
@@ -48,18 +47,20 @@ def test_digest_sees_every_list_value_and_slot():
     b = make_batch()
     base = batch_digest(b, name=tr.obj)
     assert batch_digest(b, name=tr.obj) == base
-    b.starts[0] += 1                      # a list mutated in place
+    b.starts[0] += 1  # a list mutated in place
     assert batch_digest(b, name=tr.obj) != base
     b.starts[0] -= 1
     assert batch_digest(b, name=tr.obj) == base
-    b.reqs[0].slot = 5                    # a request given another slot
+    b.reqs[0].slot = 5  # a request given another slot
     assert batch_digest(b, name=tr.obj) != base
     b.reqs[0].slot = None
-    b.input_ids = b.input_ids.clone()     # rebound to equal bytes: the same digest, computed afresh
+    b.input_ids = b.input_ids.clone()  # rebound to equal bytes: the same digest, computed afresh
     assert batch_digest(b, name=tr.obj) == base
-    b.positions = b.positions + 1         # rebound to other bytes
+    b.positions = b.positions + 1  # rebound to other bytes
     assert batch_digest(b, name=tr.obj) != base
-    assert batch_digest(b.copy(), name=tr.obj) == batch_digest(b, name=tr.obj)   # a shallow copy digests the same
+    assert batch_digest(b.copy(), name=tr.obj) == batch_digest(
+        b, name=tr.obj
+    )  # a shallow copy digests the same
 
 
 def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
@@ -78,16 +79,17 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     b.sampling_info.logit_bias = b.sampling_info.logit_bias.clone()
     assert b.sampling_info.logit_bias._version == 0 and stamp.trace_value() == f"changed:{b.bid}"
     for change, undo in (
-            (lambda: b.out_cache_loc.add_(1), lambda: b.out_cache_loc.sub_(1)),
-            (lambda: b.extends.__setitem__(0, 2), lambda: b.extends.__setitem__(0, 3)),
-            # rebound to a copy: equal bytes and version, another object (the key holds ids)
-            (lambda: setattr(b, "input_ids", ids.clone()), lambda: setattr(b, "input_ids", ids)),
-            (lambda: b.sampling_info.filter_([0, 1]), None)):
+        (lambda: b.out_cache_loc.add_(1), lambda: b.out_cache_loc.sub_(1)),
+        (lambda: b.extends.__setitem__(0, 2), lambda: b.extends.__setitem__(0, 3)),
+        # rebound to a copy: equal bytes and version, another object (the key holds ids)
+        (lambda: setattr(b, "input_ids", ids.clone()), lambda: setattr(b, "input_ids", ids)),
+        (lambda: b.sampling_info.filter_([0, 1]), None),
+    ):
         stamp = DigestStamp(b, tr.obj)
         change()
         value = stamp.trace_value()
         assert value.startswith("changed:") and value != batch_digest(b, name=tr.obj)
-        assert stamp.trace_value() == value          # resolved once
+        assert stamp.trace_value() == value  # resolved once
         if undo:
             undo()
     tr.emit("snapshot", batch=0, digest=DigestStamp(b, tr.obj))  # resolved when the events are read
@@ -117,7 +119,7 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     tr = Tracer()
     b = make_batch()
     snap = DigestStamp(b, tr.obj)
-    sampling = b.sampling_info.copy_for_forward()          # the forward's copy: another tensor
+    sampling = b.sampling_info.copy_for_forward()  # the forward's copy: another tensor
     read, compared = [], []
     update, equal = digest._update, digest._equal
     monkeypatch.setattr(digest, "_update", lambda h, t: (read.append(t), update(h, t)))
@@ -125,12 +127,12 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     fwd = DigestStamp(b, tr.obj, sampling, marker="changed-in-launch", same_as=snap)
     assert fwd.same_as is snap and compared == []  # compared when resolved, not at the stamp
     fwd.resolve()  # as the worker: no string made yet
-    assert snap.batch is None and fwd.batch is None                # resolved together
+    assert snap.batch is None and fwd.batch is None  # resolved together
     assert type(fwd.value) is tuple and fwd.value is snap.value  # the metadata, kept for the reader
     shared = fwd.trace_value()
     monkeypatch.undo()
     assert shared == snap.trace_value() and isinstance(shared, str) and len(shared) == 16
-    assert read == []                                              # no tensor hashed
+    assert read == []  # no tensor hashed
     # the two biases, once
     assert len(compared) == 1 and compared[0][0] is b.sampling_info.logit_bias
     assert compared[0][1] is sampling.logit_bias
@@ -145,7 +147,7 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
     copy = b.sampling_info.copy_for_forward()
     fwd = DigestStamp(b, tr.obj, copy, same_as=snap)
     assert fwd.same_as is snap  # the bias is not compared at the stamp
-    assert fwd.trace_value() == batch_digest(b, copy, tr.obj)            # in full, its own moment
+    assert fwd.trace_value() == batch_digest(b, copy, tr.obj)  # in full, its own moment
     assert snap.value == f"changed:{b.bid}"
     # either bias written after the forward's stamp (equal bytes): the writer's stamp reads as
     # changed
@@ -158,7 +160,8 @@ def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
         writer = snap if written == "snapshot" else fwd
         assert writer.trace_value() == f"{marker}:{b.bid}", written
         assert (fwd if written == "snapshot" else snap).trace_value() == (
-            batch_digest(b, copy, tr.obj) if written == "snapshot" else batch_digest(b, name=tr.obj)), written
+            batch_digest(b, copy, tr.obj) if written == "snapshot" else batch_digest(b, name=tr.obj)
+        ), written
     # a forward copy whose bias differs (a non-idempotent copy_for_forward) digests differently
     snap = DigestStamp(b, tr.obj)
     other = b.sampling_info.copy_for_forward()
@@ -188,12 +191,13 @@ def test_a_change_during_the_shared_resolution_gives_both_markers(monkeypatch):
     b = make_batch()
     snap = DigestStamp(b, tr.obj)
     b._digest_stamp = snap
-    fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), marker="changed-in-launch",
-                      same_as=snap)
+    fwd = DigestStamp(
+        b, tr.obj, b.sampling_info.copy_for_forward(), marker="changed-in-launch", same_as=snap
+    )
     assert fwd.same_as is snap
     equal = digest._equal
 
-    def admission_lands_meanwhile(x, y):   # while the two biases are compared
+    def admission_lands_meanwhile(x, y):  # while the two biases are compared
         b.extends[0] = 1
         return equal(x, y)
 
@@ -208,13 +212,13 @@ def test_bias_comparison_is_exact():
     a = torch.randn(4, 64)
     assert _equal(a, a.clone())
     c = a.clone()
-    c.view(-1)[-1] += 1                          # the last byte region differs
+    c.view(-1)[-1] += 1  # the last byte region differs
     assert not _equal(a, c)
     assert not _equal(a, a.clone().view(64, 4))  # same bytes, another shape
-    assert not _equal(a, a.view(torch.int32))    # same bytes, another dtype
-    assert _equal(a.t(), a.clone().t()) and not _equal(a.t(), c.t())   # not contiguous
-    assert _equal(a[:0], a[:0].clone())          # empty
-    assert _equal(a[1:], a.clone()[1:])          # a storage offset: data_ptr() includes it
+    assert not _equal(a, a.view(torch.int32))  # same bytes, another dtype
+    assert _equal(a.t(), a.clone().t()) and not _equal(a.t(), c.t())  # not contiguous
+    assert _equal(a[:0], a[:0].clone())  # empty
+    assert _equal(a[1:], a.clone()[1:])  # a storage offset: data_ptr() includes it
     # _equal compares bytes; the biases it is given are made by copy_for_forward's clone(), which
     # resolves lazy negation and conjugate bits, so their bytes are their values
     z = torch.randn(4, 4, dtype=torch.complex64)
@@ -231,7 +235,7 @@ def test_sliced_hash_is_the_hash_of_the_whole_buffer():
     gives exactly the hash of the whole buffer, and any changed byte changes it."""
     big = torch.randn(3 * _HASH_SLICE // 4 + 7)
     assert big.numpy().nbytes > _HASH_SLICE
-    whole = xxhash.xxh3_64(str(big.dtype).encode())   # the dtype first
+    whole = xxhash.xxh3_64(str(big.dtype).encode())  # the dtype first
     whole.update(big.numpy().tobytes())
     assert _tensor_hash(big) == whole.intdigest()
     before = _tensor_hash(big)
@@ -250,7 +254,7 @@ def test_digest_covers_dtype_not_only_bytes():
     digest."""
     b = make_batch()
     base = batch_digest(b)
-    b.input_ids = b.input_ids.view(torch.int32)   # the same bytes read as twice as many int32
+    b.input_ids = b.input_ids.view(torch.int32)  # the same bytes read as twice as many int32
     assert batch_digest(b) != base
     pair, one = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([1], dtype=torch.int64)
     assert _tensor_hash(pair) != _tensor_hash(one)
@@ -266,6 +270,8 @@ def test_forward_stamp_of_a_resolved_snapshot_hashes_itself_and_readers_leave_st
     tr.emit("snapshot", batch=0, digest=snap)
     assert tr.names_and_fields() == [("snapshot", {"batch": 0, "digest": snap})]
     assert snap.value is None
-    assert tr.events[-1]["digest"] == snap.value == batch_digest(b, name=tr.obj)   # `events` resolves it
+    assert (
+        tr.events[-1]["digest"] == snap.value == batch_digest(b, name=tr.obj)
+    )  # `events` resolves it
     fwd = DigestStamp(b, tr.obj, b.sampling_info.copy_for_forward(), same_as=snap)
     assert fwd.same_as is None and fwd.trace_value() == snap.value

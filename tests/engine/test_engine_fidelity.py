@@ -1,6 +1,7 @@
 """Trace events are logged where the action they stand for has taken effect, so a trace that passes
 the rules describes what the engine did: the WAR barrier once the stream's wait is queued, deferred
 sampling once it is launched (the rules order both before later events)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace

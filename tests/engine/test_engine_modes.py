@@ -1,5 +1,6 @@
 """The four prefill loops compute the same thing as one unchunked, uncached forward; nothing leaks;
 their traces pass the checker; ahead really overlaps admission with the forward."""
+
 import gc
 import json
 import os
@@ -24,7 +25,6 @@ from engine.prefill.worker import ForwardWorker
 from engine.run import run_prefill
 from engine.trace import NullTracer, Tracer
 from engine.workload import WorkloadConfig
-
 from tests.helpers import reference, run_mode
 
 
@@ -36,7 +36,9 @@ def test_tokens_and_kv_match_reference(mode, tmp_path):
     sched = summary["_scheduler"]
     assert summary["finished"] == summary["requests"] == 12
     assert summary["cached_tokens"] > 0, "workload should exercise the prefix cache"
-    assert any(len(r.prompt) > cfg.chunk_size for r in summary["_requests"]), "workload should chunk"
+    assert any(len(r.prompt) > cfg.chunk_size for r in summary["_requests"]), (
+        "workload should chunk"
+    )
     for req in summary["_requests"]:
         first, k_ref, v_ref = reference(cfg, req.prompt, req.logit_bias)
         assert req.output_token == first, f"{mode}: {req.rid} first token differs"
@@ -47,7 +49,12 @@ def test_tokens_and_kv_match_reference(mode, tmp_path):
         meta = sched.receiver.rooms[req.bootstrap_room]["meta"]
         assert meta["first_token"] == first
         assert req.rid in sched.astore.store and sched.astore.store[req.rid][0] == len(req.prompt)
-    assert summary["leaks"] == {"slots_in_use": 0, "pages_unaccounted": 0, "locked_cache_pages": 0, "inflight": 0}
+    assert summary["leaks"] == {
+        "slots_in_use": 0,
+        "pages_unaccounted": 0,
+        "locked_cache_pages": 0,
+        "inflight": 0,
+    }
     assert sched.cache.cached_pages + sched.pool.available == sched.pool.num_pages - 1
     result = check_file(str(trace))
     assert result.ok, [v.message for v in result.violations]
@@ -62,8 +69,11 @@ def test_modes_agree_with_each_other():
 
 
 def test_small_pool_forces_eviction_without_leaks():
-    summary, _ = run_mode("ahead", num_pages=40,
-                          workload=WorkloadConfig(requests=20, prompt_len=(40, 120), hit=0.8, groups=4, seed=5))
+    summary, _ = run_mode(
+        "ahead",
+        num_pages=40,
+        workload=WorkloadConfig(requests=20, prompt_len=(40, 120), hit=0.8, groups=4, seed=5),
+    )
     assert summary["_error"] is None
     assert summary["finished"] == 20
     assert not any(summary["leaks"].values())
@@ -71,17 +81,26 @@ def test_small_pool_forces_eviction_without_leaks():
 
 def _spans(events, begin, end):
     starts = {e["batch"]: e["seq"] for e in events if e["ev"] == begin}
-    return {b: (s, next(e["seq"] for e in events if e["ev"] == end and e["batch"] == b)) for b, s in starts.items()}
+    return {
+        b: (s, next(e["seq"] for e in events if e["ev"] == end and e["batch"] == b))
+        for b, s in starts.items()
+    }
 
 
 @pytest.mark.parametrize("mode,expect", [("ahead", True), ("thread", False)])
 def test_admission_overlaps_forward_only_in_ahead(mode, expect, tmp_path):
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=16, prompt_len=(30, 60), hit=0.0, seed=1)
-    summary, _ = run_mode(mode, trace_path=str(trace), workload=wc, launch_cost_us=10000, max_batch_tokens=64,
-                          chunk_size=64)
+    summary, _ = run_mode(
+        mode,
+        trace_path=str(trace),
+        workload=wc,
+        launch_cost_us=10000,
+        max_batch_tokens=64,
+        chunk_size=64,
+    )
     assert summary["_error"] is None
-    events = [json.loads(l) for l in trace.read_text().splitlines()[1:]]
+    events = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
     fwd = _spans(events, "fwd_begin", "fwd_end")
     admits = {e["batch"]: e["seq"] for e in events if e["ev"] == "admit"}
     overlapped = [n for n, (b, e) in fwd.items() if n + 1 in admits and b < admits[n + 1] < e]
@@ -108,19 +127,29 @@ def test_env_switches_and_dispatch(monkeypatch):
     check_dispatch(EngineConfig(mode="normal", enable_overlap=False))
 
 
-@pytest.mark.parametrize("fwd, ahead, mode", [
-    (None, None, "ahead"),        # neither set: the project's default
-    ("0", "0", "overlap"),        # both off, as set: SGLang's old overlap loop
-    ("0", None, "overlap"),
-    (None, "1", "overlap"),       # AHEAD without the thread: SGLang only reads it inside the threaded loop
-    ("0", "1", "overlap"),
-    ("1", None, "thread"),
-    ("1", "0", "thread"),
-    ("1", "1", "ahead"),
-    ("true", "yes", "ahead"),
-])
+@pytest.mark.parametrize(
+    "fwd, ahead, mode",
+    [
+        (None, None, "ahead"),  # neither set: the project's default
+        ("0", "0", "overlap"),  # both off, as set: SGLang's old overlap loop
+        ("0", None, "overlap"),
+        (
+            None,
+            "1",
+            "overlap",
+        ),  # AHEAD without the thread: SGLang only reads it inside the threaded loop
+        ("0", "1", "overlap"),
+        ("1", None, "thread"),
+        ("1", "0", "thread"),
+        ("1", "1", "ahead"),
+        ("true", "yes", "ahead"),
+    ],
+)
 def test_env_switches_are_honoured_exactly_when_set(monkeypatch, fwd, ahead, mode):
-    for name, value in (("SGLANG_ENABLE_PREFILL_FWD_THREAD", fwd), ("SGLANG_PREFILL_FWD_THREAD_AHEAD", ahead)):
+    for name, value in (
+        ("SGLANG_ENABLE_PREFILL_FWD_THREAD", fwd),
+        ("SGLANG_PREFILL_FWD_THREAD_AHEAD", ahead),
+    ):
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
@@ -129,9 +158,19 @@ def test_env_switches_are_honoured_exactly_when_set(monkeypatch, fwd, ahead, mod
 
 
 def test_pdo_run_with_both_switches_off_runs_the_overlap_loop():
-    env = {**os.environ, "SGLANG_ENABLE_PREFILL_FWD_THREAD": "0", "SGLANG_PREFILL_FWD_THREAD_AHEAD": "0"}
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--requests", "2"], capture_output=True,
-                       text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    env = {
+        **os.environ,
+        "SGLANG_ENABLE_PREFILL_FWD_THREAD": "0",
+        "SGLANG_PREFILL_FWD_THREAD_AHEAD": "0",
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--requests", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "mode=overlap" in r.stdout + r.stderr
 
@@ -139,13 +178,18 @@ def test_pdo_run_with_both_switches_off_runs_the_overlap_loop():
 def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
     """A worker thread that exits without answering (here: at once, its input never read) must not
     make shutdown() wait forever: collect() raises before counting the batch as collected."""
+
     class DeadWorker(ForwardWorker):
         def _loop(self):
             return
 
-    w = DeadWorker(SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",))))
+    w = DeadWorker(
+        SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",)))
+    )
     w.thread.join(5)
-    w.submit(SimpleNamespace(bid=0), early_send_prefix=False)   # stays in the input queue: nobody takes it
+    w.submit(
+        SimpleNamespace(bid=0), early_send_prefix=False
+    )  # stays in the input queue: nobody takes it
     done = threading.Event()
     threading.Thread(target=lambda: (w.shutdown(), done.set()), daemon=True).start()
     assert done.wait(10), "shutdown() hung on a worker that died without a result"
@@ -158,13 +202,17 @@ def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
 
     class DyingWorker(ForwardWorker):
         def _loop(self):
-            release.wait(10)   # alive, reading nothing; then gone
+            release.wait(10)  # alive, reading nothing; then gone
 
-    w = DyingWorker(SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",))))
-    w.in_q.put((SimpleNamespace(bid=0), False))   # the input is full, and nothing in flight to collect
+    w = DyingWorker(
+        SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",)))
+    )
+    w.in_q.put(
+        (SimpleNamespace(bid=0), False)
+    )  # the input is full, and nothing in flight to collect
     done = threading.Event()
     threading.Thread(target=lambda: (w.shutdown(), done.set()), daemon=True).start()
-    assert not done.wait(0.3)   # still waiting for room in the queue while the worker lives
+    assert not done.wait(0.3)  # still waiting for room in the queue while the worker lives
     release.set()
     assert done.wait(10), "shutdown() blocked on the input of a worker that died"
 
@@ -191,8 +239,16 @@ def test_worker_exception_reaches_scheduler():
 def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
     """Regression (found by the schedule fuzzer): a chunked request that cannot get pages for its
     next chunk must stay first in line, not drop out of the queue."""
-    summary, _ = run_mode(mode, page_size=1, chunk_size=4, max_batch_tokens=6, num_pages=64,
-                          workload=WorkloadConfig(requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0))
+    summary, _ = run_mode(
+        mode,
+        page_size=1,
+        chunk_size=4,
+        max_batch_tokens=6,
+        num_pages=64,
+        workload=WorkloadConfig(
+            requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0
+        ),
+    )
     assert summary["_error"] is None, summary["_error"]
     assert summary["finished"] == 3 and not any(summary["leaks"].values())
 
@@ -205,7 +261,10 @@ def test_scripted_and_eager_forward_agree(monkeypatch):
         summary, _ = run_mode("ahead", forward=impl)
         assert summary["_error"] is None and summary["forward"] == impl
         sched = summary["_scheduler"]
-        outs[impl] = {r.rid: (r.output_token, *sched.receiver.kv(r.bootstrap_room)) for r in summary["_requests"]}
+        outs[impl] = {
+            r.rid: (r.output_token, *sched.receiver.kv(r.bootstrap_room))
+            for r in summary["_requests"]
+        }
     for rid, (tok, k, v) in outs["script"].items():
         etok, ek, ev = outs["eager"][rid]
         assert tok == etok, rid
@@ -236,19 +295,50 @@ def test_scripted_decode_matches_eager(monkeypatch):
         table = ReqToTokenPool(3, mc.max_context, "cpu")
         nxt = 16
         for i, n in enumerate(lens):
-            table.table[i, :n + 1] = torch.arange(nxt, nxt + n + 1)
+            table.table[i, : n + 1] = torch.arange(nxt, nxt + n + 1)
             nxt += n + 1
         g = torch.Generator().manual_seed(0)
-        ids = [torch.randint(0, mc.vocab_size, (n + 1,), generator=g, dtype=torch.int32) for n in lens]
+        ids = [
+            torch.randint(0, mc.vocab_size, (n + 1,), generator=g, dtype=torch.int32) for n in lens
+        ]
         loc = torch.cat([table.table[i, :n] for i, n in enumerate(lens)])
-        meta = ExtendMeta(table.table, None, None, None, None, max(lens), loc, host_slots=[0, 1, 2],
-                          host_prefix=[0, 0, 0], host_extend=lens)
-        model.forward(torch.cat([x[:-1] for x in ids]), torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]),
-                      loc, pool, TorchAttention(), meta, torch.tensor([sum(lens) - 1]), impl=fwd_impl)
+        meta = ExtendMeta(
+            table.table,
+            None,
+            None,
+            None,
+            None,
+            max(lens),
+            loc,
+            host_slots=[0, 1, 2],
+            host_prefix=[0, 0, 0],
+            host_extend=lens,
+        )
+        model.forward(
+            torch.cat([x[:-1] for x in ids]),
+            torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]),
+            loc,
+            pool,
+            TorchAttention(),
+            meta,
+            torch.tensor([sum(lens) - 1]),
+            impl=fwd_impl,
+        )
         loc = torch.stack([table.table[i, n] for i, n in enumerate(lens)])
-        meta = DecodeMeta(table.table, None, None, loc, host_slots=[0, 1, 2], host_seq_lens=[n + 1 for n in lens])
-        logits = model.forward(torch.stack([x[-1] for x in ids]), torch.tensor(lens, dtype=torch.int32), loc, pool,
-                               TorchAttention(), meta, torch.arange(3), decode=True, impl=fwd_impl)
+        meta = DecodeMeta(
+            table.table, None, None, loc, host_slots=[0, 1, 2], host_seq_lens=[n + 1 for n in lens]
+        )
+        logits = model.forward(
+            torch.stack([x[-1] for x in ids]),
+            torch.tensor(lens, dtype=torch.int32),
+            loc,
+            pool,
+            TorchAttention(),
+            meta,
+            torch.arange(3),
+            decode=True,
+            impl=fwd_impl,
+        )
         outs[impl] = (logits, pool.k.clone())
     torch.testing.assert_close(outs["script"][0], outs["eager"][0], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(outs["script"][1], outs["eager"][1], atol=2e-4, rtol=1e-4)
@@ -287,10 +377,10 @@ def test_a_traced_run_leaves_no_cycle_behind(mode):
     frozen collector in the next run kept them for good)."""
     tr = Tracer()
     run_prefill(EngineConfig(mode=mode), WorkloadConfig(requests=12), tracer=tr)
-    assert any(e["ev"] == "snapshot" for e in tr.events)   # stamps were made and resolved
+    assert any(e["ev"] == "snapshot" for e in tr.events)  # stamps were made and resolved
     alive = weakref.ref(tr)
     was = gc.isenabled()
-    gc.disable()   # only reference counting may free it
+    gc.disable()  # only reference counting may free it
     try:
         del tr
         assert alive() is None

@@ -1,12 +1,12 @@
 """The engine end to end on the Triton kernels (through the interpreter on CPU): the same tokens and
 KV as the unchunked torch reference in every mode, on a tiny workload."""
+
 import pytest
 import torch
 
 from checker.linear import check_file
 from engine.config import MODES
 from engine.workload import WorkloadConfig
-
 from tests.helpers import reference, run_mode
 
 
@@ -14,8 +14,15 @@ from tests.helpers import reference, run_mode
 def test_triton_backend_matches_reference(mode, tmp_path):
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=4, prompt_len=(20, 70), hit=0.8, groups=1, seed=2)
-    summary, cfg = run_mode(mode, trace_path=str(trace), workload=wc, attention_backend="triton",
-                            max_batch_tokens=48, chunk_size=32, page_size=8)
+    summary, cfg = run_mode(
+        mode,
+        trace_path=str(trace),
+        workload=wc,
+        attention_backend="triton",
+        max_batch_tokens=48,
+        chunk_size=32,
+        page_size=8,
+    )
     assert summary["_error"] is None, summary["_error"]
     assert summary["attention_backend"] == "triton"
     assert summary["cached_tokens"] > 0 and summary["batches"] >= 3
@@ -37,22 +44,26 @@ def test_pd_decode_on_the_triton_backend_matches_reference(tmp_path, monkeypatch
     single-process reference (torch attention), leaks nothing, and its traces pass `pdo check`. Under
     the interpreter the prefill and decode forwards interpret kernels from two threads at once, which
     the backend serialises (triton_kernels/backend.py)."""
-    from triton_kernels.backend import TritonAttention
-
     from engine.config import EngineConfig
     from engine.decode.config import DecodeConfig
     from engine.pd import run_pd
-
     from tests.engine.test_pd import assert_clean, assert_traces_pass
+    from triton_kernels.backend import TritonAttention
 
     calls = {"extend": 0, "decode": 0}
     for name in calls:
-        def counted(self, *a, _name=name, _fn=getattr(TritonAttention, name), **k):
+
+        def counted(self, *a, _name=name, _fn=getattr(TritonAttention, name), **k):  # noqa: B008 (binds the loop value)
             calls[_name] += 1
             return _fn(self, *a, **k)
+
         monkeypatch.setattr(TritonAttention, name, counted)
-    wc = WorkloadConfig(requests=3, prompt_len=(20, 60), hit=0.8, groups=1, max_new_tokens=4, seed=2)
-    cfg = EngineConfig(mode=mode, attention_backend="triton", page_size=8, chunk_size=32, max_batch_tokens=48)
+    wc = WorkloadConfig(
+        requests=3, prompt_len=(20, 60), hit=0.8, groups=1, max_new_tokens=4, seed=2
+    )
+    cfg = EngineConfig(
+        mode=mode, attention_backend="triton", page_size=8, chunk_size=32, max_batch_tokens=48
+    )
     s = run_pd(cfg, wc, DecodeConfig(loop=loop), dp=dp, trace_path=str(tmp_path / "t.jsonl"))
     assert_clean(s)
     assert s["decode_tokens"] == wc.requests * (wc.max_new_tokens - 1)

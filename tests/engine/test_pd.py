@@ -1,6 +1,7 @@
 """PD disaggregation end to end: for every prefill mode × decode loop × prefetch on/off, the embedded
 run produces exactly the single-process reference's tokens, leaks nothing, and its traces (a decode
 trace, one per prefill rank) pass `pdo check` together. `pdo launch` (processes, ZMQ) once."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,13 @@ def assert_traces_pass(paths):
 @pytest.mark.parametrize("loop", ["normal", "overlap"])
 @pytest.mark.parametrize("mode", MODES)
 def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
-    s = run_pd(EngineConfig(mode=mode), WorkloadConfig(**WORKLOAD), DecodeConfig(loop=loop, prefetch=prefetch),
-               dp=2, trace_path=str(tmp_path / "t.jsonl"))
+    s = run_pd(
+        EngineConfig(mode=mode),
+        WorkloadConfig(**WORKLOAD),
+        DecodeConfig(loop=loop, prefetch=prefetch),
+        dp=2,
+        trace_path=str(tmp_path / "t.jsonl"),
+    )
     assert_clean(s)
     assert s["decode_tokens"] == WORKLOAD["requests"] * (WORKLOAD["max_new_tokens"] - 1)
     if not prefetch:  # with prefetch on, which path a room takes depends on timing (tests/engine/test_pd_faults.py
@@ -49,47 +55,117 @@ def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
 
 
 def test_random_router_three_ranks_long_outputs_and_a_full_decode_batch(tmp_path):
-    wc = WorkloadConfig(requests=20, prompt_len=(8, 200), hit=0.5, max_new_tokens=12, seed=11, arrival="poisson",
-                        rate=400)
-    s = run_pd(EngineConfig(mode="ahead", max_batch_tokens=128), wc, DecodeConfig(max_running=4), dp=3,
-               router="random", trace_path=str(tmp_path / "t.jsonl"))
+    wc = WorkloadConfig(
+        requests=20,
+        prompt_len=(8, 200),
+        hit=0.5,
+        max_new_tokens=12,
+        seed=11,
+        arrival="poisson",
+        rate=400,
+    )
+    s = run_pd(
+        EngineConfig(mode="ahead", max_batch_tokens=128),
+        wc,
+        DecodeConfig(max_running=4),
+        dp=3,
+        router="random",
+        trace_path=str(tmp_path / "t.jsonl"),
+    )
     assert_clean(s)
     assert_traces_pass(s["traces"])
 
 
 def test_pdo_run_pd_cli_and_check(tmp_path):
     trace = tmp_path / "run.jsonl"
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--pd", "--dp", "2", "--mode", "thread",
-                        "--decode-mode", "normal", "--requests", "6", "--max-new-tokens", "4", "--trace", str(trace),
-                        "--json"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "run",
+            "--pd",
+            "--dp",
+            "2",
+            "--mode",
+            "thread",
+            "--decode-mode",
+            "normal",
+            "--requests",
+            "6",
+            "--max-new-tokens",
+            "4",
+            "--trace",
+            str(trace),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["mismatches"] == [] and len(s["traces"]) == 3
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "check", *s["traces"]], capture_output=True, text=True,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "check", *s["traces"]],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0 and r.stdout.count("PASS") == 4, r.stdout[-2000:]
 
 
-@pytest.mark.parametrize("argv, reason", [
-    (["--dp", "0"], "--dp must be >= 1"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["--bootstrap-latency-ms", "-1"], "--bootstrap-latency-ms must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "argv, reason",
+    [
+        (["--dp", "0"], "--dp must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--bootstrap-latency-ms", "-1"], "--bootstrap-latency-ms must be >= 0"),
+    ],
+)
 def test_bad_pd_flags_are_one_line_errors(argv, reason):
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--pd", *argv], capture_output=True, text=True,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--pd", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and reason in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_pdo_launch_processes_over_zmq_match_reference_and_traces_pass(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "launch", "--dp", "2", "--mode", "ahead", "--requests",
-                        "8", "--max-new-tokens", "6", "--trace-dir", str(tmp_path), "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=170)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "launch",
+            "--dp",
+            "2",
+            "--mode",
+            "ahead",
+            "--requests",
+            "8",
+            "--max-new-tokens",
+            "6",
+            "--trace-dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=170,
+    )
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     s = json.loads(r.stdout)
     assert_clean(s)
-    assert sorted(Path(p).name for p in s["traces"]) == ["decode.jsonl", "prefill0.jsonl", "prefill1.jsonl"]
+    assert sorted(Path(p).name for p in s["traces"]) == [
+        "decode.jsonl",
+        "prefill0.jsonl",
+        "prefill1.jsonl",
+    ]
     assert_traces_pass(s["traces"])
 
 
@@ -101,13 +177,23 @@ def test_inproc_bootstrap_answers_like_http():
     from engine.pd import rank_info
 
     def session(url):
-        out = [bootstrap_client.health(url), bootstrap_client.get_prefill_info(url)]  # 503 before any rank registered -> None
+        out = [
+            bootstrap_client.health(url),
+            bootstrap_client.get_prefill_info(url),
+        ]  # 503 before any rank registered -> None
         for i in range(2):
             bootstrap_client.register_prefill_rank(url, rank_info(i, 2, 4, 100 + i), retries=0)
         bootstrap_client.register_dp_rank(url, 7, 1)
-        out += [bootstrap_client.get_prefill_info(url), bootstrap_client.get_prefill_rank_info(url, dp_rank=1, tp_rank=0),
-                bootstrap_client.get_prefill_rank_info(url, dp_rank=5, tp_rank=0), bootstrap_client.query_prefill_dp_ranks(url, [7, 8])]
-        for bad in (lambda: bootstrap_client.register_dp_rank(url, 9, 3), lambda: bootstrap_client.register_prefill_rank(url, {"role": "x"})):
+        out += [
+            bootstrap_client.get_prefill_info(url),
+            bootstrap_client.get_prefill_rank_info(url, dp_rank=1, tp_rank=0),
+            bootstrap_client.get_prefill_rank_info(url, dp_rank=5, tp_rank=0),
+            bootstrap_client.query_prefill_dp_ranks(url, [7, 8]),
+        ]
+        for bad in (
+            lambda: bootstrap_client.register_dp_rank(url, 9, 3),
+            lambda: bootstrap_client.register_prefill_rank(url, {"role": "x"}),
+        ):
             with pytest.raises(bootstrap_client.BootstrapError) as e:
                 bad()
             out.append((e.value.status, e.value.reason.split(": ", 1)[-1]))
@@ -137,8 +223,14 @@ def test_inproc_bootstrap_answers_like_http():
 
 
 def test_embedded_pd_over_the_inproc_bootstrap_matches_reference(tmp_path):
-    s = run_pd(EngineConfig(mode="ahead"), WorkloadConfig(**WORKLOAD), DecodeConfig(), dp=2,
-               trace_path=str(tmp_path / "t.jsonl"), bootstrap="inproc")
+    s = run_pd(
+        EngineConfig(mode="ahead"),
+        WorkloadConfig(**WORKLOAD),
+        DecodeConfig(),
+        dp=2,
+        trace_path=str(tmp_path / "t.jsonl"),
+        bootstrap="inproc",
+    )
     assert_clean(s)
     assert_traces_pass(s["traces"])
 
@@ -160,12 +252,22 @@ def test_timeout_stops_and_closes_every_role(monkeypatch):
 
     monkeypatch.setattr(pd_mod, "PrefillScheduler", Recorded)
     # Arrivals spread over ~2 s: at a 0.3 s timeout every prefill rank still waits for some.
-    wc = WorkloadConfig(requests=20, prompt_len=(8, 30), max_new_tokens=4, arrival="poisson", rate=10, seed=1)
+    wc = WorkloadConfig(
+        requests=20, prompt_len=(8, 30), max_new_tokens=4, arrival="poisson", rate=10, seed=1
+    )
     t0 = time.monotonic()
     with pytest.raises(PDError, match="did not finish within"):
         run_pd(EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, timeout_s=0.3, verify=False)
     assert time.monotonic() - t0 < 0.3 + pd_mod.STOP_GRACE_S + 5
     assert len(made) == 2 and all(s.stopping for s in made)
-    threads = [t for s in made for t in (s.sched_stream._thread, s.fwd_stream._thread, s.copy_stream._thread,
-                                         s.transfer._thread)]
+    threads = [
+        t
+        for s in made
+        for t in (
+            s.sched_stream._thread,
+            s.fwd_stream._thread,
+            s.copy_stream._thread,
+            s.transfer._thread,
+        )
+    ]
     assert not [t.name for t in threads if t.is_alive()]

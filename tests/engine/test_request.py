@@ -1,11 +1,11 @@
 """Snapshot semantics of the design: shallow batch copy, idempotent copy_for_forward without the
 penalizer, shallow spec_info, Req objects by identity; in-place filter does not reach a snapshot."""
+
 import torch
 
-from engine.digest import batch_digest
 from engine import inject
+from engine.digest import batch_digest
 from engine.request import snapshot_for_forward
-
 from tests.batch_fixtures import make_batch
 
 

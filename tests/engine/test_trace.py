@@ -1,5 +1,6 @@
 """The tracer (engine/trace.py): exact object identities, declared events that read back as
 emitted, schedule points, and the prefill engine's events as the spec names them."""
+
 import copy
 from types import SimpleNamespace
 
@@ -13,7 +14,6 @@ from engine.run import run_prefill
 from engine.trace import NullTracer, Tracer
 from engine.workload import WorkloadConfig
 from spec import load_events
-
 from tests.batch_fixtures import make_batch
 
 
@@ -33,7 +33,7 @@ def test_tracer_object_ids_survive_id_reuse():
     c, d = Req(rid="c", prompt=[1], bootstrap_room=2), copy.copy(b)
     for x in (c, b, d, c):
         tr.emit("kv_send", rid=x.rid, obj=x, tokens=1, pages=1)
-    tr.emit("kv_send", rid="e", obj="o9999", tokens=1, pages=1)   # a name given by the caller stays
+    tr.emit("kv_send", rid="e", obj="o9999", tokens=1, pages=1)  # a name given by the caller stays
     assert [e["obj"] for e in tr.events] == ["o53", "o2", "o54", "o53", "o9999"]
 
 
@@ -44,12 +44,22 @@ def test_declared_events_read_back_as_emitted():
     a = Req(rid="a", prompt=[1], bootstrap_room=0)
     kw, pos = Tracer(), Tracer()
     log = pos.events_for(kv_send=("rid", "obj", "tokens", "pages"), snapshot=("batch", "digest"))
-    assert pos.declared == {"kv_send": ("rid", "obj", "tokens", "pages"),
-                            "snapshot": ("batch", "digest")}
-    for tr, send, snap in ((kw, lambda: kw.emit("kv_send", rid="a", obj=a, tokens=3, pages=1),
-                            lambda b: kw.emit("snapshot", batch=0, digest=DigestStamp(b, kw.obj))),
-                           (pos, lambda: log.kv_send("a", a, 3, 1),
-                            lambda b: log.snapshot(0, DigestStamp(b, pos.obj)))):
+    assert pos.declared == {
+        "kv_send": ("rid", "obj", "tokens", "pages"),
+        "snapshot": ("batch", "digest"),
+    }
+    for _tracer, send, snap in (
+        (
+            kw,
+            lambda: kw.emit("kv_send", rid="a", obj=a, tokens=3, pages=1),
+            lambda b: kw.emit("snapshot", batch=0, digest=DigestStamp(b, kw.obj)),
+        ),
+        (
+            pos,
+            lambda: log.kv_send("a", a, 3, 1),
+            lambda b: log.snapshot(0, DigestStamp(b, pos.obj)),
+        ),
+    ):
         send()
         snap(make_batch())
     assert pos.names_and_fields()[0] == ("kv_send", {"rid": "a", "obj": a, "tokens": 3, "pages": 1})
@@ -91,9 +101,12 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
     tr = Tracer()
     # as tests/helpers.py's run_mode: FIFO-paced admission, so prefix hits and chunks do not depend
     # on timing
-    s = run_prefill(EngineConfig(mode="ahead", max_batch_tokens=128),
-                    WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3), tracer=tr,
-                    keep_scheduler=True)
+    s = run_prefill(
+        EngineConfig(mode="ahead", max_batch_tokens=128),
+        WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3),
+        tracer=tr,
+        keep_scheduler=True,
+    )
     vocab = load_events()["prefill"]
     assert tr.declared and set(tr.declared) <= set(vocab)
     for ev, names in tr.declared.items():
@@ -103,7 +116,7 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
     # ...and the values land in their fields: each request's rid with its own object, its slot, its
     # batches; the tokens sent add up to its prompt, in page counts that fit them
     events, reqs = tr.events, {r.rid: r for r in s["_requests"]}
-    assert {e["ev"] for e in events} == set(tr.declared)   # every declared event was logged here
+    assert {e["ev"] for e in events} == set(tr.declared)  # every declared event was logged here
     objs, page = {}, s["_scheduler"].cfg.page_size
     for e in events:
         if "rid" in e:
@@ -114,7 +127,10 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
             assert 0 <= e["pages"] <= -(-e["tokens"] // page) + 1, e
     assert len(set(objs.values())) == len(reqs) == 12
     for rid, r in reqs.items():
-        sent = sum(e.get("tokens", 0) for e in events
-                   if e["ev"] in ("kv_send", "prefix_send") and e["rid"] == rid)
+        sent = sum(
+            e.get("tokens", 0)
+            for e in events
+            if e["ev"] in ("kv_send", "prefix_send") and e["rid"] == rid
+        )
         assert sent == len(r.prompt)
     assert [e["batch"] for e in events if e["ev"] == "admit"] == list(range(s["batches"]))

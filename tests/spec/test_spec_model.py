@@ -3,6 +3,7 @@ properties proved with minimal rule sets, the loop model checked against the rul
 model against both checkers and the loop model, budgets reported as UNKNOWN, docs/spec.md current.
 
 PDO_SLOW=1 raises the number of generated schedules."""
+
 from __future__ import annotations
 
 import json
@@ -49,6 +50,7 @@ def models():
 
 # ---- the design's tables ------------------------------------------------------------------------------
 
+
 def test_mode_table_equals_the_seed():
     table, differ = zm.mode_table(K)
     assert not any(differ.values()), f"rules and engine model disagree: {differ}"
@@ -58,7 +60,9 @@ def test_mode_table_equals_the_seed():
         assert row["admission_overlaps_unreturned_run_batch"] is overlaps
         assert row["processing_order"].startswith(order), row["processing_order"]
     # "keeps the old pipeline order": the thread loop's order is the overlap loop's
-    assert table["modes"]["thread"]["processing_order"].endswith(table["modes"]["overlap"]["processing_order"])
+    assert table["modes"]["thread"]["processing_order"].endswith(
+        table["modes"]["overlap"]["processing_order"]
+    )
 
 
 def test_table_json_cli(capsys):
@@ -87,6 +91,7 @@ def test_table_cli_prints_times(capsys):
 
 # ---- proofs -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", zm.MODES)
 def test_vacuity_and_conformance(models, mode):
     M = models[mode]
@@ -109,13 +114,19 @@ def test_properties_proved_with_minimal_sets(models, mode):
         # the device-side WAR property needs the stream semantics; in normal mode the rules require no
         # WAR barrier (SGLang's normal loop applies none: P-complete-barrier), so that its processing
         # follows the barrier is the engine's doing; everything else follows from rules
-        needs_engine = p.id == "war-device" or (mode == "normal" and p.id in ("process-after-forward", "war-host"))
+        needs_engine = p.id == "war-device" or (
+            mode == "normal" and p.id in ("process-after-forward", "war-host")
+        )
         assert pr.basis == ("engine+rules" if needs_engine else "rules"), (p.id, pr.basis)
         if p.id == "war-device":
             assert "E:streams" in pr.core
             # normal: no rule requires the barrier, so the barrier rule or the engine's own program order
             # carries it (two minimal sets; which one deletion finds depends on the solver's state)
-            carriers = {"P-war-before-next-stage", "E:program-order"} if mode == "normal" else {"P-war-before-next-stage"}
+            carriers = (
+                {"P-war-before-next-stage", "E:program-order"}
+                if mode == "normal"
+                else {"P-war-before-next-stage"}
+            )
             assert carriers & set(pr.core), pr.core
         # minimal: without any one member, z3 finds a counterexample
         bad = zm.neg(p.formula(M.universe))
@@ -131,30 +142,37 @@ def test_dropping_a_rule_gives_a_counterexample(capsys):
     # In the thread modes P-one-forward is redundant: the worker runs only what was submitted, and a
     # submit waits for the previous collect, which waits for the worker's copy after its forward.
     pr = zm.prove(zm.Model("ahead", K, drop=["P-one-forward"]), one_forward, basis="rules")
-    assert pr.status == "PROVED" and {"P-worker-runs-submitted", "P-worker-copy"} <= set(pr.core), pr.core
+    assert pr.status == "PROVED" and {"P-worker-runs-submitted", "P-worker-copy"} <= set(pr.core), (
+        pr.core
+    )
     drop = ["P-one-forward", "P-worker-runs-submitted"]
     lines = []
-    counts = prove_mode("ahead", K, basis="rules", drop=drop, props=["one-forward"], say=lines.append)
+    counts = prove_mode(
+        "ahead", K, basis="rules", drop=drop, props=["one-forward"], say=lines.append
+    )
     assert counts["REFUTED"] == 1
     text = "\n".join(lines)
-    assert "counterexample" in text and "| fwd_begin(" in text   # a two-lane timeline
+    assert "counterexample" in text and "| fwd_begin(" in text  # a two-lane timeline
     M = zm.Model("ahead", K, drop=drop)
     pr = zm.prove(M, one_forward, basis="rules")
     assert pr.status == "REFUTED"
     sched = M.schedule(pr.counterexample)
-    depth, worst = 0, 0   # the counterexample really has two run_batch spans open at once
+    depth, worst = 0, 0  # the counterexample really has two run_batch spans open at once
     for e in sched:
         depth += {"fwd_begin": 1, "fwd_end": -1}.get(e.name, 0)
         worst = max(worst, depth)
     assert worst >= 2
 
 
-@pytest.mark.parametrize("mutant,prop,rules", [
-    ("two-forwards", "war-device", {"P-queue-capacity", "P-war-before-next-stage"}),
-    ("no-war-barrier", "war-device", set()),
-    ("sample-before-collect", "sample-idle", {"P-sample-idle", "P-collect-before-sample"}),
-    ("prefix-send-on-worker", None, {"P-prefix-send-ahead"}),
-])
+@pytest.mark.parametrize(
+    "mutant,prop,rules",
+    [
+        ("two-forwards", "war-device", {"P-queue-capacity", "P-war-before-next-stage"}),
+        ("no-war-barrier", "war-device", set()),
+        ("sample-before-collect", "sample-idle", {"P-sample-idle", "P-collect-before-sample"}),
+        ("prefix-send-on-worker", None, {"P-prefix-send-ahead"}),
+    ],
+)
 def test_loop_mutants(mutant, prop, rules):
     """A mutated loop model: the engine alone no longer proves the property, and it violates the rules."""
     M = zm.Model("ahead", K, mutants=[mutant])
@@ -181,7 +199,7 @@ def test_prove_cli_small(capsys):
 
 # ---- the decode prefetch: loop model, rules, properties ----------------------------------------------
 
-KD = 4   # decode iterations: a prefetch consumed in a later iteration than its submit needs 4
+KD = 4  # decode iterations: a prefetch consumed in a later iteration than its submit needs 4
 
 
 @pytest.fixture(scope="module")
@@ -199,9 +217,14 @@ def test_decode_loop_model_vacuity_and_conformance(decode_models, mode):
     assert M.check(M.rule_ids).status == "sat" and M.check(both).status == "sat"
     assert M.check(both, zm.prefetch_used(M.universe)).status == "sat"
     assert M.check(both, zm.prefetch_used_later(M.universe)).status == "sat"
-    assert set(M.universe.ends) == {"used as is", "used as a prefix with a sync tail", "cancelled as stale",
-                             "cancelled at release_memory", "cancelled with nothing pending",
-                             "cancelled on a room mismatch (sync query instead)"}
+    assert set(M.universe.ends) == {
+        "used as is",
+        "used as a prefix with a sync tail",
+        "cancelled as stale",
+        "cancelled at release_memory",
+        "cancelled with nothing pending",
+        "cancelled on a room mismatch (sync query instead)",
+    }
     for how, c in M.universe.ends.items():
         assert M.check(both, zm.disj(*c)).status == "sat", how
     assert M.check(*zm.outside_universe(M)).status == "unsat"
@@ -221,35 +244,51 @@ def test_decode_properties_proved_with_minimal_sets(decode_models, mode):
     """Each decode property: PROVED from the rules (the server's answer from E:server), the loop model
     alone proves it too, and the set is minimal: without any member z3 finds a counterexample."""
     M = decode_models[mode]
-    want = {"room-init-server-rank": ("engine+rules", {"D-init-once", "E:server"}),
-            "one-query-per-address": ("rules", {"D-one-query-per-addr"}),
-            "nothing-after-release": ("rules", {"D-one-query-per-addr", "D-release-cancels"})}
+    want = {
+        "room-init-server-rank": ("engine+rules", {"D-init-once", "E:server"}),
+        "one-query-per-address": ("rules", {"D-one-query-per-addr"}),
+        "nothing-after-release": ("rules", {"D-one-query-per-addr", "D-release-cancels"}),
+    }
     for p in zm.DECODE_PROPERTIES:
         pr = zm.prove(M, p)
-        assert pr.status == "PROVED" and pr.engine == "PROVED", (p.id, pr.status, pr.engine, pr.note)
+        assert pr.status == "PROVED" and pr.engine == "PROVED", (
+            p.id,
+            pr.status,
+            pr.engine,
+            pr.note,
+        )
         assert (pr.basis, set(pr.core)) == want[p.id], (p.id, pr.basis, pr.core)
         bad = zm.neg(p.formula(M.universe))
         for name in pr.core:
             assert M.check([x for x in pr.core if x != name], bad).status == "sat", (p.id, name)
 
 
-@pytest.mark.parametrize("rule,prop", [("D-release-cancels", "nothing-after-release"),
-                                       ("D-one-query-per-addr", "one-query-per-address"),
-                                       ("D-init-once", "room-init-server-rank")])
+@pytest.mark.parametrize(
+    "rule,prop",
+    [
+        ("D-release-cancels", "nothing-after-release"),
+        ("D-one-query-per-addr", "one-query-per-address"),
+        ("D-init-once", "room-init-server-rank"),
+    ],
+)
 def test_decode_dropping_a_rule_gives_a_counterexample(rule, prop):
     from spec.cli import prove_mode
 
     lines = []
-    counts = prove_mode("overlap", KD, basis="rules", drop=[rule], props=[prop], say=lines.append, role="decode")
+    counts = prove_mode(
+        "overlap", KD, basis="rules", drop=[rule], props=[prop], say=lines.append, role="decode"
+    )
     assert counts["REFUTED"] == 1
     text = "\n".join(lines)
-    assert "counterexample" in text and "| prefetch_0" in text     # a two-lane timeline
+    assert "counterexample" in text and "| prefetch_0" in text  # a two-lane timeline
     M = zm.Model("overlap", KD, role="decode", drop=[rule])
     p = next(p for p in zm.DECODE_PROPERTIES if p.id == prop)
     pr = zm.prove(M, p, basis="rules")
     assert pr.status == "REFUTED"
-    assert not z3.is_true(pr.counterexample.eval(as_z3(p.formula(M.universe)), model_completion=True))
-    assert zm.prove(M, p, basis="engine").status == "PROVED"     # the loop model still has it
+    assert not z3.is_true(
+        pr.counterexample.eval(as_z3(p.formula(M.universe)), model_completion=True)
+    )
+    assert zm.prove(M, p, basis="engine").status == "PROVED"  # the loop model still has it
 
 
 @pytest.mark.parametrize("mode", zm.DECODE_MODES)
@@ -258,7 +297,9 @@ def test_decode_loop_schedules_pass_both_checkers(decode_models, mode, tmp_path)
     from checker import z3check
 
     M = decode_models[mode]
-    wants = [True, zm.prefetch_used_later(M.universe)] + [zm.disj(*c) for c in M.universe.ends.values()]
+    wants = [True, zm.prefetch_used_later(M.universe)] + [
+        zm.disj(*c) for c in M.universe.ends.values()
+    ]
     for n, extra in enumerate(wants):
         a = M.check(M.engine_ids, extra)
         assert a.status == "sat"
@@ -270,6 +311,7 @@ def test_decode_loop_schedules_pass_both_checkers(decode_models, mode, tmp_path)
 
 
 # ---- the loop model, the abstract model and the checkers --------------------------------------------
+
 
 @pytest.mark.parametrize("mode", zm.MODES)
 def test_z3_schedules_pass_the_linear_checker(models, mode, tmp_path):
@@ -283,7 +325,9 @@ def test_z3_schedules_pass_the_linear_checker(models, mode, tmp_path):
         assert r.ok, [(v.rule.id, v.message) for v in r.violations]
 
 
-@settings(max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=200 if SLOW else 40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(mode=st.sampled_from(zm.MODES), seed=st.integers(0, 2**32 - 1))
 def test_abstract_schedules_pass_the_linear_checker(mode, seed, tmp_path_factory):
     header, events = abstract.run(mode, random.Random(seed))
@@ -294,7 +338,9 @@ def test_abstract_schedules_pass_the_linear_checker(mode, seed, tmp_path_factory
     assert r.ok, [(v.rule.id, v.message) for v in r.violations]
 
 
-@settings(max_examples=40 if SLOW else 8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40 if SLOW else 8, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(mode=st.sampled_from(zm.MODES), seed=st.integers(0, 2**32 - 1))
 def test_abstract_schedules_are_loop_model_schedules(mode, seed):
     header, events = abstract.run(mode, random.Random(seed), abstract.Config(requests=4))
@@ -319,9 +365,13 @@ def test_abstract_model_covers_drains_idle_iterations_and_overlap():
         if len(slots) != len(set(slots)):
             seen.add("slot reuse")
         for i, e in enumerate(ev):
-            if e["ev"] == "alloc" and not any(x["ev"] == "admit" and e["rid"] in x["rids"] for x in ev[i:i + 3]):
+            if e["ev"] == "alloc" and not any(
+                x["ev"] == "admit" and e["rid"] in x["rids"] for x in ev[i : i + 3]
+            ):
                 seen.add("alloc ahead of admission")
-    assert seen == {"admit inside run_batch", "drain", "slot reuse", "alloc ahead of admission"}, seen
+    assert seen == {"admit inside run_batch", "drain", "slot reuse", "alloc ahead of admission"}, (
+        seen
+    )
 
 
 def test_docs_are_generated_from_spec(tmp_path):
@@ -332,14 +382,21 @@ def test_docs_are_generated_from_spec(tmp_path):
     import sys
 
     out = tmp_path / "spec.md"
-    subprocess.run([sys.executable, "-m", "spec.cli", "spec", "docs", "--out", str(out)], check=True, capture_output=True,
-                   cwd=docgen.DEFAULT.parent.parent)
+    subprocess.run(
+        [sys.executable, "-m", "spec.cli", "spec", "docs", "--out", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=docgen.DEFAULT.parent.parent,
+    )
     with open(docgen.DEFAULT, encoding="utf-8") as f:
         committed = f.read()
     fresh = out.read_text(encoding="utf-8")
     if committed != fresh:
         import difflib
-        diff = "".join(difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True), n=0))
+
+        diff = "".join(
+            difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True), n=0)
+        )
         pytest.fail(f"docs/spec.md is stale: run `pdo spec docs`\n{diff[:3000]}")
 
 

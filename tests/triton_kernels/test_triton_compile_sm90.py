@@ -93,6 +93,7 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.launches.append((self.name, self.kernel, grid, args, kwargs))
+
         return launch
 
 
@@ -103,8 +104,12 @@ def _reachable_splits(kv_heads, max_context):
     da = sys.modules["triton_kernels.decode_attention"]
     dev = torch.device("cuda")
     da._sm_count[dev] = H200_SMS  # what torch.cuda.get_device_properties would report there
-    lens = sorted({1, max_context, *range(1, max_context + 1, 64), *range(256, max_context + 1, 256)})
-    return sorted({da.choose_num_kv_splits(b, kv_heads, n, dev) for b in range(1, 257) for n in lens})
+    lens = sorted(
+        {1, max_context, *range(1, max_context + 1, 64), *range(256, max_context + 1, 256)}
+    )
+    return sorted(
+        {da.choose_num_kv_splits(b, kv_heads, n, dev) for b in range(1, 257) for n in lens}
+    )
 
 
 def _record_launches(preset, dtype_name, full):
@@ -122,12 +127,20 @@ def _record_launches(preset, dtype_name, full):
     mc = MODEL_PRESETS[preset]
     dtype = getattr(torch, dtype_name)
     launches = []
-    patches = [(mod, "_can_launch", lambda kernel, device: True) for mod in (ea, da, kw)]  # CPU for CUDA
-    patches += [(ea, "_extend_kernel_tuned", "extend"), (da, "_decode_split_kernel_tuned", "decode_split"),
-                (da, "_decode_reduce_kernel", "decode_reduce"), (kw, "_write_kv_kernel", "write_kv")]
+    patches = [
+        (mod, "_can_launch", lambda kernel, device: True) for mod in (ea, da, kw)
+    ]  # CPU for CUDA
+    patches += [
+        (ea, "_extend_kernel_tuned", "extend"),
+        (da, "_decode_split_kernel_tuned", "decode_split"),
+        (da, "_decode_reduce_kernel", "decode_reduce"),
+        (kw, "_write_kv_kernel", "write_kv"),
+    ]
     saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patches]
     for mod, attr, new in patches:
-        setattr(mod, attr, _Recorder(getattr(mod, attr), launches, new) if isinstance(new, str) else new)
+        setattr(
+            mod, attr, _Recorder(getattr(mod, attr), launches, new) if isinstance(new, str) else new
+        )
     try:
         return _drive_backend(mc, dtype, full, launches)
     finally:
@@ -142,44 +155,70 @@ def _drive_backend(mc, dtype, full, launches):
     from engine.memory import KVPool, ReqToTokenPool
     from triton_kernels.backend import TritonAttention
 
-    pool = KVPool(num_pages=8, page_size=16, layers=2, kv_heads=mc.kv_heads, head_dim=mc.head_dim,
-                  dtype=dtype, device="cpu")
+    pool = KVPool(
+        num_pages=8,
+        page_size=16,
+        layers=2,
+        kv_heads=mc.kv_heads,
+        head_dim=mc.head_dim,
+        dtype=dtype,
+        device="cpu",
+    )
     table = ReqToTokenPool(4, mc.max_context, "cpu").table
     table[0, :64] = torch.arange(16, 80, dtype=torch.int32)
     i32 = lambda *xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
     li = 1  # a layer past the first: pool views with a storage offset, as in the engine
 
     def qkv(t):  # the model's layout: [t, heads, head_dim] out of a matmul and RoPE (contiguous)
-        return (torch.zeros(t, mc.heads, mc.head_dim, dtype=dtype),
-                torch.zeros(t, mc.kv_heads, mc.head_dim, dtype=dtype),
-                torch.zeros(t, mc.kv_heads, mc.head_dim, dtype=dtype))
+        return (
+            torch.zeros(t, mc.heads, mc.head_dim, dtype=dtype),
+            torch.zeros(t, mc.kv_heads, mc.head_dim, dtype=dtype),
+            torch.zeros(t, mc.kv_heads, mc.head_dim, dtype=dtype),
+        )
 
     # Extend: max_extend_len picks the length bucket (<= 256: 0, else 1).
     backend = TritonAttention()
-    for max_extend in ((8, 300) if full else (8,)):
+    for max_extend in (8, 300) if full else (8,):
         t = 8
         q, k, v = qkv(t)
         loc = i32(*range(16, 16 + t))
-        meta = ExtendMeta(req_to_token=table, req_slots=i32(0), prefix_lens=i32(4), extend_lens=i32(t),
-                          extend_start_loc=i32(0), max_extend_len=max_extend, out_cache_loc=loc)
+        meta = ExtendMeta(
+            req_to_token=table,
+            req_slots=i32(0),
+            prefix_lens=i32(4),
+            extend_lens=i32(t),
+            extend_start_loc=i32(0),
+            max_extend_len=max_extend,
+            out_cache_loc=loc,
+        )
         backend.write_kv(pool.k[li], pool.v[li], loc, k, v)
         backend.extend(q, k, v, pool.k[li], pool.v[li], meta)
 
     # Decode: one launch pair per reachable split count.
     splits = _reachable_splits(mc.kv_heads, mc.max_context)
-    for s in (splits if full else [x for x in splits if x in SUBSET_SPLITS] or splits[:1]):
+    for s in splits if full else [x for x in splits if x in SUBSET_SPLITS] or splits[:1]:
         q, k, v = qkv(2)
         loc = i32(30, 31)
-        meta = DecodeMeta(req_to_token=table, req_slots=i32(0, 1), seq_lens=i32(20, 9), out_cache_loc=loc,
-                          host_seq_lens=[20, 9])
+        meta = DecodeMeta(
+            req_to_token=table,
+            req_slots=i32(0, 1),
+            seq_lens=i32(20, 9),
+            out_cache_loc=loc,
+            host_seq_lens=[20, 9],
+        )
         backend.write_kv(pool.k[li], pool.v[li], loc, k, v)
         TritonAttention(num_kv_splits=s).decode(q, pool.k[li], pool.v[li], meta)
     if not full:  # the cheap reduce kernel: every reachable split count even in the subset
         for s in splits:
             if s not in SUBSET_SPLITS:
                 q, _, _ = qkv(2)
-                meta = DecodeMeta(req_to_token=table, req_slots=i32(0, 1), seq_lens=i32(20, 9),
-                                  out_cache_loc=i32(30, 31), host_seq_lens=[20, 9])
+                meta = DecodeMeta(
+                    req_to_token=table,
+                    req_slots=i32(0, 1),
+                    seq_lens=i32(20, 9),
+                    out_cache_loc=i32(30, 31),
+                    host_seq_lens=[20, 9],
+                )
                 n = len(launches)
                 TritonAttention(num_kv_splits=s).decode(q, pool.k[li], pool.v[li], meta)
                 launches[n:] = [x for x in launches[n:] if x[0] == "decode_reduce"]
@@ -188,8 +227,11 @@ def _drive_backend(mc, dtype, full, launches):
 
 def _constexprs(kernel, kwargs):
     names = [p.name for p in kernel.params if p.is_constexpr]
-    return {k: (v if isinstance(v, (int, float, bool, str, type(None))) else str(v))
-            for k, v in kwargs.items() if k in names}
+    return {
+        k: (v if isinstance(v, (int, float, bool, str, type(None))) else str(v))
+        for k, v in kwargs.items()
+        if k in names
+    }
 
 
 def _in_shard(shard, name):
@@ -217,7 +259,9 @@ def _worker(out_path, shard="all"):
 
         make_backend(_FakeDriver(ARCH).target)
         ptxas = get_ptxas(ARCH).path
-        version = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60, check=True)
+        version = subprocess.run(
+            [ptxas, "--version"], capture_output=True, text=True, timeout=60, check=True
+        )
         result["ptxas"] = version.stdout.strip().splitlines()[-1]
     except Exception as e:  # noqa: BLE001
         result["skip"] = f"no sm_{ARCH} toolchain: {type(e).__name__}: {e}"
@@ -242,10 +286,18 @@ def _worker(out_path, shard="all"):
             if tuned:
                 mod = sys.modules[kernel.fn.__module__]
                 n_cfg = len(mod._cuda_configs())
-                assert len(kernel.configs) == n_cfg, f"{name}: autotuner has {len(kernel.configs)} configs"
+                assert len(kernel.configs) == n_cfg, (
+                    f"{name}: autotuner has {len(kernel.configs)} configs"
+                )
                 cfg_lists[name] = n_cfg
                 if name == "extend":
-                    pick = SUBSET_EXTEND_CONFIGS if not full else range(n_cfg) if args[12] == 0 else BUCKET1_CONFIGS
+                    pick = (
+                        SUBSET_EXTEND_CONFIGS
+                        if not full
+                        else range(n_cfg)
+                        if args[12] == 0
+                        else BUCKET1_CONFIGS
+                    )
                 else:
                     pick = range(n_cfg) if full else SUBSET_DECODE_CONFIGS
                 variants = [(i, kernel.configs[i].all_kwargs()) for i in pick]
@@ -254,18 +306,30 @@ def _worker(out_path, shard="all"):
                 variants, fn = [(None, {})], kernel
             for cfg_index, cfg_kwargs in variants:
                 full_kwargs = {**kwargs, **cfg_kwargs}
-                label = {"kernel": name, "preset": preset, "dtype": dtype_name, "config": cfg_index,
-                         "num_warps": full_kwargs.get("num_warps", 4), "num_stages": full_kwargs.get("num_stages", 3),
-                         "constexprs": _constexprs(fn, full_kwargs),
-                         "len_bucket": args[12] if name == "extend" else None,
-                         "num_kv_splits": args[9] if name == "decode_split" else (
-                             args[3] if name == "decode_reduce" else None)}
+                label = {
+                    "kernel": name,
+                    "preset": preset,
+                    "dtype": dtype_name,
+                    "config": cfg_index,
+                    "num_warps": full_kwargs.get("num_warps", 4),
+                    "num_stages": full_kwargs.get("num_stages", 3),
+                    "constexprs": _constexprs(fn, full_kwargs),
+                    "len_bucket": args[12] if name == "extend" else None,
+                    "num_kv_splits": args[9]
+                    if name == "decode_split"
+                    else (args[3] if name == "decode_reduce" else None),
+                }
                 t0 = time.perf_counter()
                 try:
                     compiled = fn.warmup(*args, grid=grid, **full_kwargs)
                 except Exception as e:  # noqa: BLE001
-                    result["errors"].append({**label, "error": f"{type(e).__name__}: {e}",
-                                             "traceback": traceback.format_exc()[-6000:]})
+                    result["errors"].append(
+                        {
+                            **label,
+                            "error": f"{type(e).__name__}: {e}",
+                            "traceback": traceback.format_exc()[-6000:],
+                        }
+                    )
                     dump()
                     continue
                 if id(compiled) in seen:  # same specialisation as an earlier launch: compiled once
@@ -276,14 +340,26 @@ def _worker(out_path, shard="all"):
                     continue
                 seen[id(compiled)] = len(result["compiles"])
                 md = compiled.metadata
-                result["compiles"].append({
-                    **label, "seconds": round(time.perf_counter() - t0, 2), "arch": md.target.arch,
-                    "shared": md.shared, "ptx_chars": len(compiled.asm.get("ptx", "")),
-                    "cubin_bytes": len(compiled.asm.get("cubin", b"")), "launches": 1,
-                    "split_counts": [label["num_kv_splits"]],
-                    "ptx_target": next((ln.split()[1] for ln in compiled.asm.get("ptx", "").splitlines()
-                                        if ln.startswith(".target")), None),
-                })
+                result["compiles"].append(
+                    {
+                        **label,
+                        "seconds": round(time.perf_counter() - t0, 2),
+                        "arch": md.target.arch,
+                        "shared": md.shared,
+                        "ptx_chars": len(compiled.asm.get("ptx", "")),
+                        "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+                        "launches": 1,
+                        "split_counts": [label["num_kv_splits"]],
+                        "ptx_target": next(
+                            (
+                                ln.split()[1]
+                                for ln in compiled.asm.get("ptx", "").splitlines()
+                                if ln.startswith(".target")
+                            ),
+                            None,
+                        ),
+                    }
+                )
                 dump()
         result.setdefault("splits", {})[f"{preset}/{dtype_name}"] = splits
     result["config_counts"] = cfg_lists
@@ -294,15 +370,30 @@ def _worker(out_path, shard="all"):
 
 
 def _run_workers(tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
-               TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="0",
+        TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+        TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    )
     shards = ["0", "1"] if (os.cpu_count() or 1) >= 2 else ["all"]
     procs = []
     for shard in shards:
         out, log = tmp_path / f"compiles-{shard}.json", open(tmp_path / f"worker-{shard}.log", "w+")
-        procs.append((out, log, subprocess.Popen([sys.executable, os.path.abspath(__file__), str(out), shard],
-                                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)))
+        procs.append(
+            (
+                out,
+                log,
+                subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), str(out), shard],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+            )
+        )
     try:
         return _collect(procs)
     finally:
@@ -329,7 +420,9 @@ def _collect(procs):
             pytest.fail(f"compile worker produced no result (rc {rc}):\n{text[-8000:]}")
         result = json.loads(out.read_text())
         if rc != 0:
-            pytest.fail(f"compile worker failed (rc {rc}) after {len(result['compiles'])} compiles:\n{text[-8000:]}")
+            pytest.fail(
+                f"compile worker failed (rc {rc}) after {len(result['compiles'])} compiles:\n{text[-8000:]}"
+            )
         merged["skip"] = merged["skip"] or result["skip"]
         for key in ("compiles", "errors"):
             merged[key] += result[key]
@@ -348,7 +441,9 @@ def test_kernels_compile_for_sm90(tmp_path):
     errors = result["errors"]
     assert not errors, f"{len(errors)} kernel compile(s) failed for sm_{ARCH}:\n" + "\n\n".join(
         f"{e['kernel']} {e['preset']}/{e['dtype']} config {e['config']} (warps {e['num_warps']}, stages "
-        f"{e['num_stages']}) {e['constexprs']}:\n{e['traceback']}" for e in errors)
+        f"{e['num_stages']}) {e['constexprs']}:\n{e['traceback']}"
+        for e in errors
+    )
 
     compiles = result["compiles"]
     for c in compiles:
@@ -357,18 +452,30 @@ def test_kernels_compile_for_sm90(tmp_path):
         assert c["ptx_chars"] > 0 and c["cubin_bytes"] > 0, f"empty PTX/cubin: {where}"
 
     # Everything the backend launches was compiled, for every preset/dtype and every tuned config.
-    print(f"\n{len(compiles)} sm_{ARCH} compiles ({sum(c['launches'] for c in compiles)} launches) in "
-          f"{sum(c['seconds'] for c in compiles):.1f} s; {result.get('ptxas')}, Triton {result.get('triton')}")
-    assert set(result["config_counts"]) == {"extend", "decode_split"}  # sizes of the _cuda_configs() lists
+    print(
+        f"\n{len(compiles)} sm_{ARCH} compiles ({sum(c['launches'] for c in compiles)} launches) in "
+        f"{sum(c['seconds'] for c in compiles):.1f} s; {result.get('ptxas')}, Triton {result.get('triton')}"
+    )
+    assert set(result["config_counts"]) == {
+        "extend",
+        "decode_split",
+    }  # sizes of the _cuda_configs() lists
     for preset, dtype, full in CASES:
         got = {c["kernel"] for c in compiles if (c["preset"], c["dtype"]) == (preset, dtype)}
         assert got == {"extend", "decode_split", "decode_reduce", "write_kv"}, (preset, dtype, got)
         if full:
             for kernel, n_cfg in result["config_counts"].items():
-                cfgs = {c["config"] for c in compiles
-                        if (c["kernel"], c["preset"], c["dtype"]) == (kernel, preset, dtype)}
+                cfgs = {
+                    c["config"]
+                    for c in compiles
+                    if (c["kernel"], c["preset"], c["dtype"]) == (kernel, preset, dtype)
+                }
                 assert cfgs == set(range(n_cfg)), (kernel, preset, dtype, cfgs)
-            assert {c["len_bucket"] for c in compiles if c["kernel"] == "extend" and c["preset"] == preset} == {0, 1}
+            assert {
+                c["len_bucket"]
+                for c in compiles
+                if c["kernel"] == "extend" and c["preset"] == preset
+            } == {0, 1}
     assert result["splits"]["large/bfloat16"] == list(range(1, 65))
 
     # Shared memory: per (kernel, shape), at least one tuned config fits on an H200; untuned ones must fit.
@@ -378,7 +485,9 @@ def test_kernels_compile_for_sm90(tmp_path):
         groups.setdefault(key, []).append(c["shared"])
     for key, shared in groups.items():
         if key[0] in ("extend", "decode_split"):
-            assert min(shared) <= H200_MAX_SHARED, f"no config of {key} fits in shared memory: {shared}"
+            assert min(shared) <= H200_MAX_SHARED, (
+                f"no config of {key} fits in shared memory: {shared}"
+            )
         else:
             assert max(shared) <= H200_MAX_SHARED, f"{key} needs {shared} bytes of shared memory"
 

@@ -23,13 +23,27 @@ import triton_kernels as tk  # noqa: E402
 from triton_kernels import reference as ref  # noqa: E402
 from triton_kernels.backend import TritonAttention  # noqa: E402
 
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # relative to max |ref|
+TOLERANCE = {
+    torch.float32: 2e-4,
+    torch.float16: 2e-3,
+    torch.bfloat16: 2e-2,
+}  # relative to max |ref|
 DTYPES = list(TOLERANCE)
 slow = pytest.mark.skipif(os.environ.get("PDO_SLOW") != "1", reason="slow: set PDO_SLOW=1")
 
 
-def build_case(seed, prefix_lens, extend_lens, page_size, h_kv, group, head_dim, dtype, index_dtype=torch.int32,
-               fused_qkv=False):
+def build_case(
+    seed,
+    prefix_lens,
+    extend_lens,
+    page_size,
+    h_kv,
+    group,
+    head_dim,
+    dtype,
+    index_dtype=torch.int32,
+    fused_qkv=False,
+):
     """A batch over a paged pool whose pages are shuffled; returns the kernels' keyword arguments."""
     gen = torch.Generator().manual_seed(seed)
     batch = len(prefix_lens)
@@ -42,14 +56,16 @@ def build_case(seed, prefix_lens, extend_lens, page_size, h_kv, group, head_dim,
 
     num_slots = batch + 2
     max_context = max(contexts) + 3
-    req_to_token = torch.zeros(num_slots, max_context, dtype=index_dtype)  # unused entries -> padding page
+    req_to_token = torch.zeros(
+        num_slots, max_context, dtype=index_dtype
+    )  # unused entries -> padding page
     slots = torch.randperm(num_slots, generator=gen)[:batch]
     pages = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
     for i, ctx in enumerate(contexts):
         mine = torch.tensor([pages.pop() for _ in range(pages_per_req[i])])
         tokens = (mine[:, None] * page_size + torch.arange(page_size)).flatten()[:ctx]
         req_to_token[slots[i], :ctx] = tokens.to(index_dtype)
-        prefix = tokens[:prefix_lens[i]]
+        prefix = tokens[: prefix_lens[i]]
         k_pool[prefix] = torch.randn(len(prefix), h_kv, head_dim, generator=gen).to(dtype)
         v_pool[prefix] = torch.randn(len(prefix), h_kv, head_dim, generator=gen).to(dtype)
 
@@ -57,29 +73,49 @@ def build_case(seed, prefix_lens, extend_lens, page_size, h_kv, group, head_dim,
     h_q = h_kv * group
     if fused_qkv:  # q/k/v as strided views into one projection output, as an engine produces them
         qkv = torch.randn(total, h_q + 2 * h_kv, head_dim, generator=gen).to(dtype)
-        q, k, v = qkv[:, :h_q], qkv[:, h_q:h_q + h_kv], qkv[:, h_q + h_kv:]
+        q, k, v = qkv[:, :h_q], qkv[:, h_q : h_q + h_kv], qkv[:, h_q + h_kv :]
     else:
         q = torch.randn(total, h_q, head_dim, generator=gen).to(dtype)
         k = torch.randn(total, h_kv, head_dim, generator=gen).to(dtype)
         v = torch.randn(total, h_kv, head_dim, generator=gen).to(dtype)
     starts = [sum(extend_lens[:i]) for i in range(batch)]
     as_index = lambda values: torch.tensor(values, dtype=index_dtype)  # noqa: E731
-    return dict(q=q, k=k, v=v, k_pool=k_pool, v_pool=v_pool, req_to_token=req_to_token, req_slots=slots.to(index_dtype),
-                prefix_lens=as_index(prefix_lens), extend_lens=as_index(extend_lens), extend_start_loc=as_index(starts),
-                max_extend_len=max(extend_lens))
+    return dict(
+        q=q,
+        k=k,
+        v=v,
+        k_pool=k_pool,
+        v_pool=v_pool,
+        req_to_token=req_to_token,
+        req_slots=slots.to(index_dtype),
+        prefix_lens=as_index(prefix_lens),
+        extend_lens=as_index(extend_lens),
+        extend_start_loc=as_index(starts),
+        max_extend_len=max(extend_lens),
+    )
 
 
 def fill_extend_rows(case):
     """Write the extend tokens into the pool (as the engine does before decode), via the reference."""
-    locs = torch.cat([case["req_to_token"][s, p:p + e].long() for s, p, e in
-                      zip(case["req_slots"].tolist(), case["prefix_lens"].tolist(), case["extend_lens"].tolist())])
+    locs = torch.cat(
+        [
+            case["req_to_token"][s, p : p + e].long()
+            for s, p, e in zip(
+                case["req_slots"].tolist(),
+                case["prefix_lens"].tolist(),
+                case["extend_lens"].tolist(),
+            )
+        ]
+    )
     ref.write_kv(case["k_pool"], case["v_pool"], locs, case["k"], case["v"])
     return locs
 
 
 def assert_close(out, expected, dtype):
     assert out.dtype == dtype
-    assert torch.isfinite(out).all(), "output has NaN/inf: an element was not written or poison was read"
+    assert torch.isfinite(out).all(), (
+        "output has NaN/inf: an element was not written or poison was read"
+    )
     scale = expected.abs().max().clamp_min(1e-6)
     err = ((out.double() - expected).abs().max() / scale).item()
     assert err <= TOLERANCE[dtype], f"relative error {err:.3g} > {TOLERANCE[dtype]} for {dtype}"
@@ -97,7 +133,9 @@ def check_decode(case, num_kv_splits):
     fill_extend_rows(case)
     seq_lens = case["prefix_lens"] + case["extend_lens"]
     batch, h_q, head_dim = len(seq_lens), case["q"].shape[1], case["q"].shape[2]
-    q = torch.randn(batch, h_q, head_dim, generator=torch.Generator().manual_seed(1)).to(case["q"].dtype)
+    q = torch.randn(batch, h_q, head_dim, generator=torch.Generator().manual_seed(1)).to(
+        case["q"].dtype
+    )
     args = (q, case["k_pool"], case["v_pool"], case["req_to_token"], case["req_slots"], seq_lens)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     tk.decode_attention(*args, num_kv_splits=num_kv_splits, out=out)
@@ -187,7 +225,9 @@ def test_invalid_token_index_raises(bad_index):
     seq_lens = case["prefix_lens"] + case["extend_lens"]
     q = torch.randn(2, 1, 16)
     with pytest.raises(ValueError, match="outside the KV pool"):
-        tk.decode_attention(q, case["k_pool"], case["v_pool"], case["req_to_token"], case["req_slots"], seq_lens)
+        tk.decode_attention(
+            q, case["k_pool"], case["v_pool"], case["req_to_token"], case["req_slots"], seq_lens
+        )
 
 
 def test_invalid_metadata_raises():
@@ -200,11 +240,25 @@ def test_invalid_metadata_raises():
     with pytest.raises(ValueError, match="exceed"):
         tk.extend_attention(**dict(case, extend_start_loc=torch.tensor([0, 8], dtype=torch.int32)))
     with pytest.raises(ValueError, match="query heads"):
-        tk.extend_attention(**dict(case, q=torch.randn(9, 3, 16), k=torch.randn(9, 2, 16), v=torch.randn(9, 2, 16),
-                                   k_pool=case["k_pool"].expand(-1, 2, -1), v_pool=case["v_pool"].expand(-1, 2, -1)))
+        tk.extend_attention(
+            **dict(
+                case,
+                q=torch.randn(9, 3, 16),
+                k=torch.randn(9, 2, 16),
+                v=torch.randn(9, 2, 16),
+                k_pool=case["k_pool"].expand(-1, 2, -1),
+                v_pool=case["v_pool"].expand(-1, 2, -1),
+            )
+        )
     with pytest.raises(ValueError, match="seq_lens"):
-        tk.decode_attention(torch.randn(2, 1, 16), case["k_pool"], case["v_pool"], case["req_to_token"],
-                            case["req_slots"], torch.tensor([0, 3]))
+        tk.decode_attention(
+            torch.randn(2, 1, 16),
+            case["k_pool"],
+            case["v_pool"],
+            case["req_to_token"],
+            case["req_slots"],
+            torch.tensor([0, 3]),
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -219,7 +273,9 @@ def test_write_kv(dtype, index_dtype):
     expected_k, expected_v = k_pool.clone(), v_pool.clone()
     ref.write_kv(expected_k, expected_v, loc, k, v)
     tk.write_kv(k_pool, v_pool, loc, k, v)
-    assert torch.equal(k_pool, expected_k) and torch.equal(v_pool, expected_v)  # bit-exact, untouched rows too
+    assert torch.equal(k_pool, expected_k) and torch.equal(
+        v_pool, expected_v
+    )  # bit-exact, untouched rows too
     with pytest.raises(ValueError, match="outside the pool"):
         tk.write_kv(k_pool, v_pool, torch.tensor([3, 40] + [0] * 5, dtype=index_dtype), k, v)
 
@@ -229,23 +285,60 @@ def test_backend_adapter_end_to_end():
     case = build_case(21, [12, 0], [5, 9], 4, 2, 2, 64, torch.bfloat16)
     backend = TritonAttention()
     assert backend.name == "triton"
-    locs = torch.cat([case["req_to_token"][s, p:p + e] for s, p, e in
-                      zip(case["req_slots"].tolist(), case["prefix_lens"].tolist(), case["extend_lens"].tolist())])
+    locs = torch.cat(
+        [
+            case["req_to_token"][s, p : p + e]
+            for s, p, e in zip(
+                case["req_slots"].tolist(),
+                case["prefix_lens"].tolist(),
+                case["extend_lens"].tolist(),
+            )
+        ]
+    )
     flat = lambda t: t.reshape(t.shape[0], -1)  # noqa: E731 - the engine may pass [T, H * D]
     backend.write_kv(case["k_pool"], case["v_pool"], locs, flat(case["k"]), flat(case["v"]))
-    meta = SimpleNamespace(**{key: case[key] for key in ("req_to_token", "req_slots", "prefix_lens", "extend_lens",
-                                                         "extend_start_loc", "max_extend_len")}, out_cache_loc=locs)
-    out = backend.extend(flat(case["q"]), flat(case["k"]), flat(case["v"]), case["k_pool"], case["v_pool"], meta)
+    meta = SimpleNamespace(
+        **{
+            key: case[key]
+            for key in (
+                "req_to_token",
+                "req_slots",
+                "prefix_lens",
+                "extend_lens",
+                "extend_start_loc",
+                "max_extend_len",
+            )
+        },
+        out_cache_loc=locs,
+    )
+    out = backend.extend(
+        flat(case["q"]), flat(case["k"]), flat(case["v"]), case["k_pool"], case["v_pool"], meta
+    )
     assert out.shape == flat(case["q"]).shape
-    assert_close(out.view(case["q"].shape), ref.extend_attention(**case, out_dtype=torch.float64), torch.bfloat16)
+    assert_close(
+        out.view(case["q"].shape),
+        ref.extend_attention(**case, out_dtype=torch.float64),
+        torch.bfloat16,
+    )
 
     seq_lens = case["prefix_lens"] + case["extend_lens"]
     q = torch.randn(2, 4, 64).to(torch.bfloat16)
-    decode_meta = SimpleNamespace(req_to_token=case["req_to_token"], req_slots=case["req_slots"], seq_lens=seq_lens,
-                                  out_cache_loc=locs[:2])
+    decode_meta = SimpleNamespace(
+        req_to_token=case["req_to_token"],
+        req_slots=case["req_slots"],
+        seq_lens=seq_lens,
+        out_cache_loc=locs[:2],
+    )
     out = backend.decode(q, case["k_pool"], case["v_pool"], decode_meta)
-    expected = ref.decode_attention(q, case["k_pool"], case["v_pool"], case["req_to_token"], case["req_slots"],
-                                    seq_lens, out_dtype=torch.float64)
+    expected = ref.decode_attention(
+        q,
+        case["k_pool"],
+        case["v_pool"],
+        case["req_to_token"],
+        case["req_slots"],
+        seq_lens,
+        out_dtype=torch.float64,
+    )
     assert_close(out, expected, torch.bfloat16)
 
 

@@ -5,6 +5,7 @@ every process SGLang spawns (its schedulers run in child processes) runs this at
 nothing heavy: the hooks go in when SGLang's scheduler module is first imported. Any other
 sitecustomize on the path still runs, after this one.
 """
+
 import importlib.machinery
 import importlib.util
 import os
@@ -13,13 +14,18 @@ import sys
 if os.environ.get("PDO_SGLANG_TRACE_DIR"):
     try:
         from engine.sglang import autoinstall
+
         autoinstall.when_sglang_imported(os.environ["PDO_SGLANG_TRACE_DIR"])
-    except Exception as exc:   # noqa: BLE001 - never stop the server from starting
-        print(f"pdo: the SGLang adapter was not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - never stop the server from starting
+        print(
+            f"pdo: the SGLang adapter was not installed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here]
+)
 if _spec is not None and _spec.loader is not None:
     _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)

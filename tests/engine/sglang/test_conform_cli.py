@@ -1,4 +1,5 @@
 """`pdo conform sglang`: exit codes, JSON shape, replayable fuzzing, and the project without SGLang."""
+
 from __future__ import annotations
 
 import json
@@ -27,11 +28,18 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _pdo_as_if(version, *args):
-    return subprocess.run([sys.executable, "-c", _AS_IF.format(v=version), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _AS_IF.format(v=version), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("version, says", [(None, "not installed"), ("0.5.22", "not a version the adapter knows")])
+@pytest.mark.parametrize(
+    "version, says", [(None, "not installed"), ("0.5.22", "not a version the adapter knows")]
+)
 def test_missing_or_other_sglang_exits_2_with_one_line(version, says):
     out = _pdo_as_if(version, "conform", "sglang")
     assert out.returncode == 2
@@ -55,27 +63,63 @@ needs_sglang = pytest.mark.skipif(_skip is not None, reason=_skip or "")
 
 
 def _pdo(*args):
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @needs_sglang
 def test_json_fuzz_and_replay(tmp_path):
-    out = _pdo("conform", "sglang", "--scenario", "decode-rooms-grow/overlap", "--fuzz", "2", "--json",
-               "--trace-dir", str(tmp_path))
+    out = _pdo(
+        "conform",
+        "sglang",
+        "--scenario",
+        "decode-rooms-grow/overlap",
+        "--fuzz",
+        "2",
+        "--json",
+        "--trace-dir",
+        str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     results = json.loads(out.stdout)
     assert [r["schedule"] for r in results] == [None, 0, 1]
     for r in results:
-        assert {"scenario", "sglang_version", "sglang_functions", "trace", "outcome", "rules"} <= set(r)
+        assert {
+            "scenario",
+            "sglang_version",
+            "sglang_functions",
+            "trace",
+            "outcome",
+            "rules",
+        } <= set(r)
         assert r["sglang_version"] == "0.5.23" and r["outcome"] == "conforms"
-        assert any(f.endswith("DecodePreallocQueue._resolve_pending_reqs") for f in r["sglang_functions"])
+        assert any(
+            f.endswith("DecodePreallocQueue._resolve_pending_reqs") for f in r["sglang_functions"]
+        )
 
     def steps(path):
-        return [(e["ev"], e["thread"], e.get("rooms")) for e in map(json.loads, open(path).read().splitlines()[1:])]
+        return [
+            (e["ev"], e["thread"], e.get("rooms"))
+            for e in map(json.loads, open(path).read().splitlines()[1:])
+        ]
+
     first = steps(results[2]["trace"])
-    again = _pdo("conform", "sglang", "--scenario", "decode-rooms-grow/overlap", "--fuzz-seed", "1", "--json",
-                 "--trace-dir", str(tmp_path / "replay"))
+    again = _pdo(
+        "conform",
+        "sglang",
+        "--scenario",
+        "decode-rooms-grow/overlap",
+        "--fuzz-seed",
+        "1",
+        "--json",
+        "--trace-dir",
+        str(tmp_path / "replay"),
+    )
     assert steps(json.loads(again.stdout)[0]["trace"]) == first
 
 
@@ -84,8 +128,13 @@ def test_unknown_mutant_is_bad_input_and_list_names_every_mutant():
     assert _pdo("conform", "sglang", "--mutant", "nope").returncode == 2
     out = _pdo("conform", "sglang", "--list")
     assert out.returncode == 0
-    for name in ("double-prefetch", "no-cancel-on-release", "prefill-sample-before-process", "decode-arrivals/normal",
-                 "prefill-chunked/normal"):
+    for name in (
+        "double-prefetch",
+        "no-cancel-on-release",
+        "prefill-sample-before-process",
+        "decode-arrivals/normal",
+        "prefill-chunked/normal",
+    ):
         assert name in out.stdout
 
 

@@ -1,5 +1,6 @@
 """SGLang 0.5.23's real decode code under the adapter: every scenario meets its expectation, the
 real-code mutants are flagged, and the hooks change nothing SGLang does."""
+
 from __future__ import annotations
 
 import json
@@ -41,35 +42,48 @@ def test_every_scenario_runs_in_both_loops(scenario_runs):
 @pytest.mark.parametrize("name", list(decode_scenarios.SCRIPTS))
 def test_scenario_meets_its_expectation(sgl, scenario_runs, tmp_path, name):
     for mode in ("normal", "overlap"):
-        result = driver.run_scenario(sgl, f"{name}/{mode}", scenario_runs[f"{name}/{mode}"], str(tmp_path))
+        result = driver.run_scenario(
+            sgl, f"{name}/{mode}", scenario_runs[f"{name}/{mode}"], str(tmp_path)
+        )
         assert result["error"] is None
         assert driver.met(result), result
-        assert "sglang.srt.disaggregation.decode.DecodePreallocQueue.prefetch_prefill_dp_rank_queries" in \
-            result["sglang_functions"]
-        assert f"sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_{mode}_disagg_decode" \
+        assert (
+            "sglang.srt.disaggregation.decode.DecodePreallocQueue.prefetch_prefill_dp_rank_queries"
             in result["sglang_functions"]
+        )
+        assert (
+            f"sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_{mode}_disagg_decode"
+            in result["sglang_functions"]
+        )
 
 
 def test_the_finding_is_the_recorded_one(sgl, scenario_runs, tmp_path):
-    result = driver.run_scenario(sgl, "decode-release-pending/normal",
-                                  scenario_runs["decode-release-pending/normal"], str(tmp_path))
+    result = driver.run_scenario(
+        sgl,
+        "decode-release-pending/normal",
+        scenario_runs["decode-release-pending/normal"],
+        str(tmp_path),
+    )
     assert result["outcome"] == "finding" and set(result["rules"]) == {"D-request-ends"}
 
 
 @pytest.mark.parametrize("name", sorted(mutants.DECODE_MUTANTS))
 def test_real_code_mutant(sgl, scenario_runs, tmp_path, name):
     mutant = mutants.DECODE_MUTANTS[name]
-    outcomes = [driver.run_scenario(sgl, s, scenario_runs[s], str(tmp_path), mutant)["outcome"]
-                for s in mutant.scenarios]
+    outcomes = [
+        driver.run_scenario(sgl, s, scenario_runs[s], str(tmp_path), mutant)["outcome"]
+        for s in mutant.scenarios
+    ]
     if name in UNREACHABLE:
-        assert outcomes == ["missed"] * len(outcomes)   # if this fails, a scenario can show it now
+        assert outcomes == ["missed"] * len(outcomes)  # if this fails, a scenario can show it now
     else:
         assert "flagged" in outcomes
 
 
 def test_prefetch_mode_queries_over_the_wire(sgl, scenario_runs, tmp_path):
-    result = driver.run_scenario(sgl, "decode-arrivals/overlap", scenario_runs["decode-arrivals/overlap"],
-                                  str(tmp_path))
+    result = driver.run_scenario(
+        sgl, "decode-arrivals/overlap", scenario_runs["decode-arrivals/overlap"], str(tmp_path)
+    )
     events = [json.loads(line) for line in open(result["trace"])][1:]
     sources = {e["source"] for e in events if e["ev"] == "resolve"}
     assert {"sync", "prefetched", "prefix"} <= sources
@@ -88,7 +102,7 @@ def _observed_run(sgl, script, mode, path):
     ranks = {d.req.rid: d.kv_receiver.rank for d in harness.queue.pending_reqs}
     order = [rid for rid, _ in sorted(harness.initialised.items(), key=lambda kv: (kv[1], kv[0]))]
     counts = dict(server.counters)
-    counts.pop("query_dp_ranks")   # the same race: an early answer can save the next query
+    counts.pop("query_dp_ranks")  # the same race: an early answer can save the next query
     return order, ranks, counts
 
 

@@ -1,5 +1,6 @@
 """The adapter inside a real SGLang process tree: `python -m engine.sglang.launch` installs the hooks
 in the child processes SGLang starts, one trace per process, flushed as it goes."""
+
 from __future__ import annotations
 
 import json
@@ -22,14 +23,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def test_spawned_scheduler_process_is_traced(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "engine.sglang.launch", "--trace-dir", str(tmp_path),
-                          "--module", "tests.engine.sglang.child_server", "--", "overlap"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.sglang.launch",
+            "--trace-dir",
+            str(tmp_path),
+            "--module",
+            "tests.engine.sglang.child_server",
+            "--",
+            "overlap",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     traces = sorted(tmp_path.glob("sglang-*.jsonl"))
-    assert len(traces) == 1   # the scheduler child; the launcher never imported SGLang
+    assert len(traces) == 1  # the scheduler child; the launcher never imported SGLang
     header = json.loads(traces[0].read_text().splitlines()[0])
-    assert header["role"] == "decode" and header["mode"] == "overlap" and header["engine"] == "sglang"
+    assert (
+        header["role"] == "decode" and header["mode"] == "overlap" and header["engine"] == "sglang"
+    )
     [result] = check_files([str(traces[0])])
     assert result.ok and result.events > 20
 
@@ -43,6 +60,11 @@ def test_traced_env_keeps_the_users_pythonpath(tmp_path):
 
 def test_an_untraced_process_imports_nothing(tmp_path):
     env = launch.traced_env(str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", "import sys; print('sglang' in sys.modules)"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; print('sglang' in sys.modules)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "False" and not list(tmp_path.iterdir())

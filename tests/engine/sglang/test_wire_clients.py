@@ -171,7 +171,7 @@ def test_sglang_receiver_reads_the_allocation_policy_from_pdo(conn):
             rx.bootstrap_room, rx.conclude_state = 42, None
             rx.kv_mgr = types.SimpleNamespace(
                 prefill_info_table=decode.prefill_info_table,
-                record_failure=lambda room, why: failures.append((room, why)),
+                record_failure=lambda room, why, failures=failures: failures.append((room, why)),
                 update_status=lambda room, status: None,
             )
             with sglang_context(
@@ -255,8 +255,12 @@ def test_pdo_client_against_sglang_server(conn, payloads):
             for reg in regs[:-1]:
                 bootstrap_client.register_prefill_rank(srv.url, reg)
             assert bootstrap_client.get_prefill_info(srv.url) is None
-            assert bootstrap_client.get_prefill_rank_info(srv.url, dp_rank=0, tp_rank=0) is None  # 503
-            bootstrap_client.register_prefill_rank(srv.addr, regs[-1])  # SGLang's bare host:port works too
+            assert (
+                bootstrap_client.get_prefill_rank_info(srv.url, dp_rank=0, tp_rank=0) is None
+            )  # 503
+            bootstrap_client.register_prefill_rank(
+                srv.addr, regs[-1]
+            )  # SGLang's bare host:port works too
             info = bootstrap_client.get_prefill_info(srv.url)
             ranks = [
                 bootstrap_client.get_prefill_rank_info(
@@ -281,7 +285,9 @@ def test_pdo_client_errors_against_sglang_server(conn):
     and then raises; a bad room query likewise."""
     with sglang_server(conn) as s:
         with pytest.raises(bootstrap_client.BootstrapError) as e:
-            bootstrap_client.register_prefill_rank(s.url, {"attn_tp_size": 1}, retries=2, backoff_s=0.001)
+            bootstrap_client.register_prefill_rank(
+                s.url, {"attn_tp_size": 1}, retries=2, backoff_s=0.001
+            )
         assert e.value.status == 500
         with pytest.raises(bootstrap_client.BootstrapQueryError) as e:
             bootstrap_client.query_prefill_dp_ranks(s.url, ["x"], retries=1, backoff_s=0.001)

@@ -274,9 +274,7 @@ DIFFERENCES = {
         "reason",
     ),
     "non_integer_query": Diff(
-        400,
-        500,
-        "GET /route with a non-integer coordinate: int() raises in SGLang's handler",
+        400, 500, "GET /route with a non-integer coordinate: int() raises in SGLang's handler"
     ),
     "string_integers": Diff(
         400,
