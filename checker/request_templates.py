@@ -176,6 +176,39 @@ class PageCount(Template):
                     )
 
 
+@TEMPLATES.register("page_aligned")
+class PageAligned(Template):
+    """Sends in the chunk-range form (with `start`): each starts on a page boundary; a send followed
+    by another for the same request covers whole pages (only the last may end in a partial page)."""
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.events = tuple(rule["events"])
+        self.previous: dict[str, dict] = {}  # rid -> its latest send with `start`
+
+    def on_chunk(self, evs):
+        ps = self.ctx.page_size
+        for e in evs:
+            if not isinstance(e.get("start"), int) or not isinstance(e.get("tokens"), int):
+                continue
+            self.checks += 1
+            if e["start"] % ps:
+                self.fail(
+                    f"{e['ev']} for {e['rid']} starts at token {e['start']}, not on a page "
+                    f"boundary (page_size {ps})",
+                    e["seq"],
+                )
+            before = self.previous.get(e["rid"])
+            if before is not None and before["tokens"] % ps:
+                self.fail(
+                    f"{before['ev']} for {e['rid']} covers {before['tokens']} tokens, not whole "
+                    f"pages (page_size {ps}), and is not the request's last send",
+                    before["seq"],
+                    e["seq"],
+                )
+            self.previous[e["rid"]] = e
+
+
 @TEMPLATES.register("in_span")
 class InSpan(Template):
     def __init__(self, rule, ctx):

@@ -49,6 +49,7 @@ PARAMS: dict[str, dict[str, str]] = {
         "counter?": "events",
     },
     "page_count": {"events": "events"},
+    "page_aligned": {"events": "events"},
     "in_span": {"ev": "event", "span": "span"},
     "each_in_span": {"ev": "event", "span": "span"},
     "chunk_sent": {"sends": "events", "done": "event", "started": "event", "release": "event"},

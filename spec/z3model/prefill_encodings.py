@@ -341,6 +341,25 @@ def enc_page_count(rule, universe):
 
 # each_in_span: for every batch N and every rid its admit lists, some ev for rid falls strictly
 # between a begin(N) and a later end(N), on the begin's thread.
+# page_aligned: a send with `start` starts on a page boundary; one followed by another send for the
+# same request covers whole pages.
+@ENCODERS.register("page_aligned")
+def enc_page_aligned(rule, universe):
+    ps = universe.page_size
+    sends = [
+        e
+        for name in rule["events"]
+        for e in universe.named(name)
+        if isinstance(e.f.get("start"), int) and "tokens" in e.f
+    ]
+    for x in sends:
+        yield implies(x.exists, x.f["start"] % ps == 0), [x]
+        for y in sends:
+            if y is not x and y.rid == x.rid:
+                whole = x.f["tokens"] % ps == 0
+                yield implies(conj(x.exists, y.exists, lt(x, y)), whole), [x, y]
+
+
 @ENCODERS.register("each_in_span")
 def enc_each_in_span(rule, universe):
     begin, end = rule["span"]

@@ -127,9 +127,22 @@ VIOLATIONS = {
     "P-release-once": ("normal", _delete("release", rid="c")),
     "P-release-after-done": ("ahead", _before("release", None, "process_begin", 1, rid="a")),
     "P-page-count": ("normal", _set("kv_send", rid="a", pages=0)),
+    "P-page-aligned": ("normal", _set("kv_send", rid="a", start=1)),
     "P-send-after-forward": ("overlap", _before("kv_send", None, "process_begin", 2, rid="c")),
     "P-send-each-chunk": ("ahead", _delete("kv_send", rid="a", nth=1)),
 }
+
+
+def test_only_a_requests_last_send_may_end_in_a_partial_page(tmp_path):
+    """P-page-aligned's second half: a's first chunk (32 tokens) sent as 30 breaks it, naming that
+    send; a's last send (8 tokens, a partial page) does not."""
+    events = canonical("normal")
+    first = find(events, "kv_send", None, "a")
+    events[first].update(tokens=30)
+    r = check_file(write(tmp_path / "v.jsonl", "normal", events))
+    hits = [v for v in r.violations if v.rule.id == "P-page-aligned"]
+    assert len(hits) == 1 and hits[0].seqs[0] == first + 1, hits  # write() numbers seq from 1
+    assert "not the request's last send" in hits[0].message
 
 
 def test_every_rule_has_a_violation_case():
