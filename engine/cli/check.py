@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from checker import refine
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
 
@@ -15,6 +16,12 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--engine", choices=["linear", "z3"], default="linear", help="checker (default: linear)"
+    )
+    p.add_argument(
+        "--model",
+        action="store_true",
+        help="also check that each prefill trace is a schedule of the loop model of its mode "
+        "(spec/z3model/): exit 1 names the step where engine and model drift apart",
     )
     p.add_argument(
         "--perfetto",
@@ -38,8 +45,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     results = check_files(args.traces)
     if args.perfetto:
         export(args.traces[0], args.perfetto, violations=violations_of(results[0]))
+    models = [_check_model(path) for path in args.traces] if args.model else []
     if args.json:
-        print(json.dumps([json_report(r) for r in results], indent=1))
+        out = [json_report(r) for r in results]
+        for report, model in zip(out, models):
+            report["model"] = refine.json_report(model)
+        print(json.dumps(out, indent=1))
     else:
         print("\n".join(text_report(r) for r in results))
-    return 0 if all(r.ok for r in results) else 1
+        for model in models:
+            print(refine.text(model))
+    if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
+        return 1
+    return 3 if any(not m.judged for m in models) else 0
+
+
+def _check_model(path: str):
+    return refine.check_model(path)

@@ -65,7 +65,7 @@ from .queries import (
     verdict,
 )
 from .solver import Answer, Model, position
-from .traces import TraceUniverse, fits_engine, workload_of
+from .traces import Refinement, TraceUniverse, fits_engine, refinement, workload_of
 from .universe import (
     FWD,
     MODES,
@@ -133,6 +133,8 @@ __all__ = [
     "engine_model",
     "eq",
     "fits_engine",
+    "refinement",
+    "Refinement",
     "frame",
     "implies",
     "is_term",

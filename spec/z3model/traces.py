@@ -6,11 +6,13 @@ schedule of the loop model.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import z3
 
-from .logic import conj
+from .logic import as_z3, conj
 from .prefill_universe import Chunk, Workload
 from .solver import Answer, Model
 from .universe import THREAD_IDS, Ev, Universe
@@ -166,3 +168,70 @@ def fits_engine(mode: str, header: dict, events: list[dict], timeout_ms: int = 6
     if len(by_key) != len(events):
         return Answer("unsat", 0.0, reason="two trace events map to one model event")
     return model.check(model.engine_ids, conj(*bind))
+
+
+MAX_SHRINK = 60  # event bindings in an unsat core small enough to shrink one by one
+
+
+@dataclass
+class Refinement:
+    """Whether a trace is a schedule of the loop model, and when not, what breaks: the engine
+    groups (E:...) and the trace events whose places the model cannot give them together."""
+
+    status: str  # "sat" (the model admits the trace) | "unsat" | "unknown"
+    seconds: float
+    groups: list = field(default_factory=list)
+    seqs: list = field(default_factory=list)
+    missing: list = field(default_factory=list)  # model events the trace lacks, by model key
+    reason: str = ""
+
+
+def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60000) -> Refinement:
+    """fits_engine with each trace event's binding behind its own literal, so that an unsat core
+    names the events (and engine groups) that the loop model cannot reconcile; the core's events
+    are then shrunk by deletion while the budget lasts."""
+    t0 = time.perf_counter()
+    model = Model(
+        mode,
+        workload=workload_of(events),
+        page_size=header.get("page_size", 16),
+        timeout_ms=timeout_ms,
+    )
+    keys = _trace_keys(events)
+    by_key = {k: i for i, k in enumerate(keys, 1)}
+    if len(by_key) != len(events):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        return Refinement("unsat", 0.0, reason=f"two trace events map to one model event {dup}")
+    known = {e.key for e in model.universe.events}
+    stray = [i for i, k in enumerate(keys, 1) if k not in known]
+    if stray:
+        first = events[stray[0] - 1]
+        why = f"{first['ev']} has no place in the loop model of {mode}"
+        return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], stray[:1], why)
+    lits = {}
+    for e in model.universe.events:
+        seq = by_key.get(e.key)
+        present = seq is not None
+        bind = [e.exists == present if e.exists is not True else present]
+        if present:
+            bind += [e.pos == seq * 1000, e.thread == THREAD_IDS[events[seq - 1]["thread"]]]
+        lit = z3.Bool(f"[seq {seq}]" if present else f"[absent {e.key}]")
+        model.solver.add(z3.Implies(lit, as_z3(conj(*bind))))
+        lits[lit] = seq if present else e.key
+    engine = [model.lit[n] for n in model.engine_ids]
+    result = model.solver.check(*engine, *lits)
+    if result == z3.sat:
+        return Refinement("sat", time.perf_counter() - t0)
+    if result != z3.sat and result != z3.unsat:
+        return Refinement("unknown", time.perf_counter() - t0, reason=model.solver.reason_unknown())
+    core = {str(c) for c in model.solver.unsat_core()}
+    groups = [n for n in model.engine_ids if str(model.lit[n]) in core]
+    kept = [lit for lit in lits if str(lit) in core]
+    if len(kept) <= MAX_SHRINK:  # deletion: drop each binding the conflict does not need
+        for lit in list(kept):
+            trial = [x for x in kept if x is not lit]
+            if model.solver.check(*engine, *trial) == z3.unsat:
+                kept = trial
+    seqs = sorted(lits[lit] for lit in kept if isinstance(lits[lit], int))
+    missing = [lits[lit] for lit in kept if not isinstance(lits[lit], int)]
+    return Refinement("unsat", time.perf_counter() - t0, groups, seqs, missing)

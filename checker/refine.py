@@ -1,0 +1,75 @@
+"""The engine against its own model: is a prefill trace a schedule of spec/z3model's loop model of
+its mode (`pdo check --model`)? When it is not, the report names the engine groups (E:...) and the
+trace events the model cannot place together: the step where the engine's loop and the model
+drifted apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.z3model import ENGINE_GROUPS, Refinement, refinement
+
+from .trace_io import iter_events
+
+
+@dataclass
+class ModelCheck:
+    path: str
+    header: dict
+    events: list
+    answer: Refinement | None  # None: the role has no loop model to check against
+
+    @property
+    def ok(self) -> bool:
+        return self.answer is not None and self.answer.status == "sat"
+
+    @property
+    def judged(self) -> bool:
+        return self.answer is not None and self.answer.status in ("sat", "unsat")
+
+
+def check_model(path: str, timeout_ms: int = 60000) -> ModelCheck:
+    header: dict = {}
+    events = [e for _, e in iter_events(path, header_out=header)]
+    if header.get("role") != "prefill":
+        return ModelCheck(path, header, events, None)
+    events = [dict(e, seq=i) for i, e in enumerate(events, 1)]
+    return ModelCheck(path, header, events, refinement(header["mode"], header, events, timeout_ms))
+
+
+def _event(e: dict) -> str:
+    where = f" batch {e['batch']}" if "batch" in e else ""
+    who = f" {e['rid']}" if "rid" in e else ""
+    return f"seq {e['seq']} {e['ev']}{where}{who} ({e['thread']})"
+
+
+def text(check: ModelCheck) -> str:
+    head = f"{check.path} ({check.header.get('role')}, mode={check.header.get('mode')})"
+    a = check.answer
+    if a is None:
+        return f"NOT CHECKED {head}: no loop model of this role to refine against (prefill only)"
+    if a.status == "sat":
+        return f"REFINES {head}: a schedule of the loop model ({len(check.events)} events, {a.seconds:.1f} s)"
+    if a.status == "unknown":
+        return f"UNKNOWN {head}: z3 gave no answer ({a.reason})"
+    lines = [f"DRIFT {head}: the loop model of {check.header['mode']} does not admit this trace"]
+    lines += [f"  {g}: {ENGINE_GROUPS.get(g, '')}" for g in a.groups]
+    if a.reason:
+        lines.append(f"  {a.reason}")
+    lines += [f"  {_event(check.events[s - 1])}" for s in a.seqs]
+    lines += [f"  missing from the trace: {key}" for key in a.missing]
+    return "\n".join(lines)
+
+
+def json_report(check: ModelCheck) -> dict:
+    a = check.answer
+    return {
+        "path": check.path,
+        "role": check.header.get("role"),
+        "mode": check.header.get("mode"),
+        "status": "not-checked" if a is None else a.status,
+        "groups": [] if a is None else a.groups,
+        "events": [] if a is None else [check.events[s - 1] for s in a.seqs],
+        "missing": [] if a is None else [list(k) for k in a.missing],
+        "seconds": None if a is None else round(a.seconds, 3),
+    }

@@ -1,0 +1,82 @@
+"""The engine against its own model (`pdo check --model`): every engine trace is a schedule of the
+loop model of its mode, and a loop whose code drifts from the model is named at the step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from checker.refine import check_model
+from engine.prefill import loops
+from tests.helpers import run_mode
+
+MODES = ("normal", "overlap", "thread", "ahead")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_engine_traces_refine_the_loop_model(mode, tmp_path):
+    path = tmp_path / f"{mode}.jsonl"
+    run_mode(mode, trace_path=str(path))
+    check = check_model(str(path))
+    assert check.ok, (check.answer.groups, check.answer.seqs, check.answer.reason)
+
+
+def test_pd_prefill_rank_traces_refine_the_loop_model(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--pd", "--dp", "2", "--mode", "ahead"]
+        + ["--requests", "4", "--trace", str(tmp_path / "pd.jsonl"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    traces = json.loads(out.stdout)["traces"]
+    checks = [check_model(p) for p in traces]
+    prefill = [c for c in checks if c.header["role"] == "prefill"]
+    assert len(prefill) == 2 and all(c.ok for c in prefill)
+    assert [c.judged for c in checks if c.header["role"] == "decode"] == [False]
+
+
+def _war_barrier_after_processing(s):
+    """The normal loop with two calls swapped: result processing before the WAR barrier."""
+    while not s.finished_all:
+        batch = loops._loop_top(s)
+        if batch:
+            result = s.run_batch(batch, sample_inline=True)
+            s.process_batch_result(batch, result)
+            s.apply_war_barrier(batch, result)
+        s.process_inflight_queue()
+        if not batch:
+            s.idle_wait()
+
+
+def test_a_reordered_loop_is_named_at_the_step(tmp_path, monkeypatch):
+    monkeypatch.setitem(loops.LOOPS, "normal", _war_barrier_after_processing)
+    path = tmp_path / "drift.jsonl"
+    run_mode("normal", trace_path=str(path))
+    check = check_model(str(path))
+    assert check.judged and not check.ok
+    named = {(check.events[s - 1]["ev"]) for s in check.answer.seqs}
+    assert "E:program-order" in check.answer.groups
+    assert "war_barrier" in named and named & {"process_begin", "process_end", "kv_send"}, named
+
+
+def test_pdo_check_model_exit_codes_and_json(tmp_path):
+    good = tmp_path / "good.jsonl"
+    run_mode("ahead", trace_path=str(good), inject=())
+    bad = tmp_path / "bad.jsonl"
+    run_mode("ahead", trace_path=str(bad), inject=("two-forwards",))
+
+    def pdo(*args):
+        argv = [sys.executable, "-m", "engine.cli", "check", "--model", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+    ok = pdo(str(good))
+    assert ok.returncode == 0 and "REFINES" in ok.stdout, ok.stdout + ok.stderr
+    drift = pdo("--json", str(bad))
+    assert drift.returncode == 1
+    (report,) = json.loads(drift.stdout)
+    assert report["model"]["status"] == "unsat" and report["model"]["events"]
