@@ -18,7 +18,7 @@ from __future__ import annotations
 from .casefile import load_case, save_case
 from .cases import Case, PDCase, draw_pd_case, pct_steps, pd_draws
 from .controller import Controller, ManagedThread, StepLimit
-from .pressure import CampaignStats, pressure_draws, with_pressure
+from .pressure import CampaignStats, pressure_bounds, pressure_draws, with_pressure
 from .runs import CLIENT_ABORT, Outcome, run_case, run_pd_case, run_prefill_case
 from .search import dfs_schedules, find_bug
 from .shrink import shrink
@@ -46,6 +46,7 @@ __all__ = [
     "make_strategy",
     "pct_steps",
     "pd_draws",
+    "pressure_bounds",
     "pressure_draws",
     "run_case",
     "run_pd_case",

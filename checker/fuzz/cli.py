@@ -22,6 +22,7 @@ from . import (
     find_bug,
     load_case,
     pd_draws,
+    pressure_bounds,
     pressure_draws,
     run_case,
     save_case,
@@ -187,6 +188,8 @@ def _campaign_result(a, idx, out, label: str, stats: CampaignStats, what: str) -
 def _campaign(a) -> int:
     """Fuzz one prefill case, or PD cases drawn per schedule; on a failure, save and shrink it."""
     prog = Progress(a.schedules, a.progress or sys.stderr.isatty())
+    if (a.num_pages is not None and a.num_pages < 2) or (a.slots is not None and a.slots < 1):
+        return _error("--num-pages must be at least 2 (page 0 is reserved), --slots at least 1")
     stats = CampaignStats(pd=a.pd)
     if a.pd:
         if a.strategy == "dfs":
@@ -203,6 +206,12 @@ def _campaign(a) -> int:
         label, what = "pd", "PD cases"
     else:
         case, draw = _prefill_draw(a, _case_from_args(a))
+        low = pressure_bounds(case)[0]
+        if a.num_pages is not None and a.num_pages < low:
+            return _error(
+                f"--num-pages {a.num_pages}: the largest request needs {low - 1} pages "
+                f"(plus the reserved page 0); a smaller pool can never finish"
+            )
         idx, out = find_bug(
             case,
             a.strategy,

@@ -119,3 +119,17 @@ def test_an_eviction_bug_is_found_only_under_pressure(monkeypatch):
     idx, out, _ = _campaign(CASE, schedules=20)
     assert idx is not None, "a lock-ignoring eviction survived pressured cases"
     assert any(f.startswith(("output", "leak", "engine")) for f in out.failures), out.failures
+
+
+@pytest.mark.parametrize(
+    "argv,what",
+    [
+        (["--num-pages", "3"], "the largest request needs"),
+        (["--num-pages", "1"], "--num-pages must be at least 2"),
+        (["--pd", "--slots", "0"], "--slots at least 1"),
+    ],
+)
+def test_pdo_fuzz_refuses_pools_that_can_never_finish(capsys, argv, what):
+    assert main(["fuzz", "--schedules", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert what in err and len(err.splitlines()) == 1
