@@ -47,9 +47,12 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._free = list(range(num_pages - 1, 0, -1))  # page 0 reserved
+        # allocations that found too few free pages (the caller evicts, postpones or waits)
+        self.failed_allocs = 0
 
     def alloc(self, n: int) -> list[int] | None:
         if n > len(self._free):
+            self.failed_allocs += 1
             return None
         out = self._free[-n:][::-1] if n else []
         del self._free[len(self._free) - n :]
@@ -101,6 +104,9 @@ class PrefixCache:
         self.nodes: OrderedDict[bytes, _Node] = OrderedDict()  # LRU order: oldest first
         self.hits = 0
         self.lookups = 0
+        # memory pressure, for the run summary: evict() calls and the pages they freed
+        self.evict_calls = 0
+        self.evicted_pages = 0
 
     def _keys(self, tokens: list[int], n_pages: int):
         h = b""
@@ -157,6 +163,7 @@ class PrefixCache:
 
     def evict(self, n_pages: int) -> int:
         """Free up to n_pages pages of unlocked leaves, LRU first. Returns pages freed."""
+        self.evict_calls += 1
         freed = 0
         progress = True
         while freed < n_pages and progress:
@@ -171,6 +178,7 @@ class PrefixCache:
                     self.pool.free([node.page])
                     freed += 1
                     progress = True
+        self.evicted_pages += freed
         return freed
 
     @property

@@ -224,6 +224,7 @@ def _run(
         prefetch=dc.prefetch,
         registration_errors=roles.registration_errors,
         prefill_leaks=[s.leak_report() for s in roles.prefills],
+        prefill_memory=[s.memory_stats() for s in roles.prefills],
         unclaimed_rooms=sorted(r for server in roles.servers.values() for r in server.unclaimed()),
         traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p],
     )
@@ -434,6 +435,7 @@ def summarize(decode: DecodeScheduler, wall: float) -> dict:
             "mean_lead_ms": 1e3 * sum(leads) / len(leads) if leads else 0.0,
         },
         "decode_leaks": decode.leak_report(),
+        "decode_memory_waits": decode.stats["memory_waits"],
     }
 
 

@@ -77,6 +77,7 @@ def run_prefill(
         "forward": sched.model.impl_for(sched.backend),
         "device": str(sched.device),
         "leaks": leaks,
+        "memory": sched.memory_stats(),
         "events": tracer.count if tracer.enabled else 0,
         "error": repr(error) if error else None,
     }

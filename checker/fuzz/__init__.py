@@ -7,7 +7,8 @@ Strategies: `random` (uniform random walk), `pct` (probabilistic concurrency tes
 priorities with d-1 priority-change points), `dfs` (bounded exhaustive search over preemptions).
 
 The modules: controller (the schedule-controlling thread scheduler), strategies (how schedules are
-drawn), cases (prefill and PD cases, and their seeded draw), runs (running and judging one case),
+drawn), cases (prefill and PD cases, and their seeded draw), pressure (pools
+drawn near the working set, the campaign's memory statistics), runs (running and judging one case),
 search (campaigns and the bounded search), shrink, casefile (failing cases on disk), and cli
 (`pdo fuzz`, not imported here).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from .casefile import load_case, save_case
 from .cases import Case, PDCase, draw_pd_case, pct_steps, pd_draws
 from .controller import Controller, ManagedThread, StepLimit
+from .pressure import CampaignStats, pressure_bounds, pressure_draws, with_pressure
 from .runs import CLIENT_ABORT, Outcome, run_case, run_pd_case, run_prefill_case
 from .search import dfs_schedules, find_bug
 from .shrink import shrink
@@ -24,6 +26,7 @@ from .strategies import PCT, Default, Indices, RandomWalk, Replay, ScheduleDiver
 
 __all__ = [
     "CLIENT_ABORT",
+    "CampaignStats",
     "PCT",
     "Case",
     "Controller",
@@ -43,9 +46,12 @@ __all__ = [
     "make_strategy",
     "pct_steps",
     "pd_draws",
+    "pressure_bounds",
+    "pressure_draws",
     "run_case",
     "run_pd_case",
     "run_prefill_case",
     "save_case",
     "shrink",
+    "with_pressure",
 ]

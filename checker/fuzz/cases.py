@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 
+from .pressure import with_pressure
+
 
 @dataclass
 class Case:
@@ -24,6 +26,7 @@ class Case:
     chunk_size: int = 16
     max_batch_tokens: int = 24
     num_pages: int = 64
+    max_slots: int = 16
     workload_seed: int = 0
     arrival: str = "burst"
 
@@ -38,7 +41,7 @@ class Case:
             max_batch_tokens=self.max_batch_tokens,
             num_pages=self.num_pages,
             max_batch_reqs=8,
-            max_slots=16,
+            max_slots=self.max_slots,
             inject=frozenset(self.inject),
         )
         workload = WorkloadConfig(
@@ -87,6 +90,7 @@ class PDCase(Case):
     failure_rate: float = 0.0
     fault_seed: int = 0
     prefill_delay_ms: float = 0.0  # prefill ranks register late: decode sees 503 until then
+    decode_pages: int = 256  # the decode's KV pool (page 0 reserved)
 
     def configs(self):
         cfg, workload = super().configs()
@@ -98,7 +102,7 @@ class PDCase(Case):
             prefetch=self.prefetch,
             polling_interval=self.polling_interval,
             max_slots=self.decode_slots,
-            num_pages=256,
+            num_pages=self.decode_pages,
             max_running=8,
             query_retries=0,
             query_timeout_s=0.02,
@@ -140,7 +144,8 @@ def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
         prefill_delay_ms=rng.choice([0.0, 0.0, 1.0]),
     )
     knobs.update(fixed)
-    return PDCase(**knobs)
+    # drawn last, so the knobs above stay what they were for every seed
+    return with_pressure(PDCase(**knobs), rng, fixed)
 
 
 def pd_draws(seed: int, **fixed):

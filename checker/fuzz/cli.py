@@ -3,15 +3,32 @@ table."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import random
 import statistics
 import sys
 import time
 
 from engine.inject import DECODE_MUTANTS, MUTANTS
 
-from . import Case, PDCase, Replay, find_bug, load_case, pd_draws, run_case, save_case, shrink
+from . import (
+    CampaignStats,
+    Case,
+    PDCase,
+    Replay,
+    find_bug,
+    load_case,
+    pd_draws,
+    pressure_bounds,
+    pressure_draws,
+    run_case,
+    save_case,
+    shrink,
+    with_pressure,
+)
 
 # The workload each prefill mutant is hunted with: small enough for hundreds of schedules a minute,
 # rich enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
@@ -51,9 +68,22 @@ def _case_from_args(a) -> Case:
     )
 
 
+def _pool_fixed(a, pd: bool = False) -> dict:
+    """The pool sizes the command line fixes (else drawn per schedule near the working set)."""
+    fixed = {}
+    if a.num_pages is not None:
+        fixed["num_pages"] = a.num_pages
+        if pd:
+            fixed["decode_pages"] = a.num_pages
+    if a.slots is not None:
+        fixed["max_slots"] = a.slots
+    return fixed
+
+
 def _pd_fixed(a) -> dict:
     """What the command line fixes in PD draws (everything else is drawn per schedule)."""
     fixed = {"inject": tuple(a.inject or ())}
+    fixed.update(_pool_fixed(a, pd=True))
     if a.mode:
         fixed["mode"] = a.mode
     return fixed
@@ -119,9 +149,48 @@ def _report_failure(a, idx: int, out, label: str) -> int:
     return 1
 
 
+def _prefill_draw(a, case: Case):
+    """(case, draw) of a prefill campaign: the workload from the command line, the pools drawn near
+    its working set per schedule (dfs: once, it runs one case), unless --num-pages/--slots fix them."""
+    fixed = _pool_fixed(a)
+    case = dataclasses.replace(case, **fixed)
+    if a.strategy == "dfs":
+        return with_pressure(case, random.Random(a.seed), fixed), None
+    return case, pressure_draws(case, a.seed, fixed)
+
+
+def _campaign_result(a, idx, out, label: str, stats: CampaignStats, what: str) -> int:
+    """The campaign's report: no violation or the failure (saved, shrunk), then the memory
+    statistics line; with --json one object (the failure's text report goes to stderr)."""
+    if idx is None:
+        if not a.json:
+            print(
+                f"pdo fuzz: {what} strategy={a.strategy} inject={list(a.inject or ()) or '-'}: "
+                f"{a.schedules} schedules, {out} events, no violation"
+            )
+        code = 0
+    else:
+        with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
+            code = _report_failure(a, idx, out, label)
+    if a.json:
+        report = {
+            "violation": idx is not None,
+            "failures": out.failures if idx is not None else [],
+            "events": out if idx is None else None,
+            "memory": stats.as_dict(),
+        }
+        print(json.dumps(report))
+    else:
+        print(f"  {stats.line()}")
+    return code
+
+
 def _campaign(a) -> int:
     """Fuzz one prefill case, or PD cases drawn per schedule; on a failure, save and shrink it."""
     prog = Progress(a.schedules, a.progress or sys.stderr.isatty())
+    if (a.num_pages is not None and a.num_pages < 2) or (a.slots is not None and a.slots < 1):
+        return _error("--num-pages must be at least 2 (page 0 is reserved), --slots at least 1")
+    stats = CampaignStats(pd=a.pd)
     if a.pd:
         if a.strategy == "dfs":
             return _error("--pd draws a new case per schedule; use --strategy pct or random")
@@ -132,20 +201,28 @@ def _campaign(a) -> int:
             seed=a.seed,
             on_progress=prog,
             draw=pd_draws(a.seed, **_pd_fixed(a)),
+            stats=stats,
         )
-        label = "pd"
+        label, what = "pd", "PD cases"
     else:
-        case = _case_from_args(a)
-        idx, out = find_bug(case, a.strategy, schedules=a.schedules, seed=a.seed, on_progress=prog)
-        label = case.mode
-    if idx is None:
-        what = "PD cases" if a.pd else f"mode={case.mode}"
-        print(
-            f"pdo fuzz: {what} strategy={a.strategy} inject={list(a.inject or ()) or '-'}: "
-            f"{a.schedules} schedules, {out} events, no violation"
+        case, draw = _prefill_draw(a, _case_from_args(a))
+        low = pressure_bounds(case)[0]
+        if a.num_pages is not None and a.num_pages < low:
+            return _error(
+                f"--num-pages {a.num_pages}: the largest request needs {low - 1} pages "
+                f"(plus the reserved page 0); a smaller pool can never finish"
+            )
+        idx, out = find_bug(
+            case,
+            a.strategy,
+            schedules=a.schedules,
+            seed=a.seed,
+            on_progress=prog,
+            draw=draw,
+            stats=stats,
         )
-        return 0
-    return _report_failure(a, idx, out, label)
+        label, what = case.mode, f"mode={case.mode}"
+    return _campaign_result(a, idx, out, label, stats, what)
 
 
 def cmd_fuzz(a) -> int:
@@ -247,6 +324,19 @@ def register(sub) -> None:
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--hit", type=float, default=0.8)
     p.add_argument("--workload-seed", type=int, default=0)
+    p.add_argument(
+        "--num-pages",
+        type=int,
+        default=None,
+        help="KV pool pages (every pool of a PD case); default: drawn per schedule near the "
+        "working set",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="prefill request slots; default: drawn per schedule, 1 to requests+1",
+    )
     p.add_argument(
         "--replay", metavar="FILE", help="replay a saved case (.case.json or .shrunk.json)"
     )

@@ -20,6 +20,7 @@ from spec import load_rules
 
 from .cases import PDCase
 from .controller import Controller
+from .pressure import pd_run_stats, prefill_run_stats
 
 CLIENT_ABORT = "client went away"
 # failures are listed by kind, in this order (a rule violation first: it names the bug)
@@ -39,6 +40,8 @@ class Outcome:
     trace: list[dict] = field(repr=False, default_factory=list)
     header: dict = field(repr=False, default_factory=dict)
     case: object = field(repr=False, default=None)
+    # the run's memory counters (checker/fuzz/pressure.py), summed into the campaign statistics
+    stats: dict = field(repr=False, default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -148,7 +151,13 @@ def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcom
         os.unlink(path)
     _sorted_failures(failures)
     return Outcome(
-        failures, list(ctl.choices), len(tracer.events), tracer.events, tracer.header, case=case
+        failures,
+        list(ctl.choices),
+        len(tracer.events),
+        tracer.events,
+        tracer.header,
+        case=case,
+        stats=prefill_run_stats(summary),
     )
 
 
@@ -336,4 +345,5 @@ def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Out
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
     _sorted_failures(failures)
-    return Outcome(failures, list(ctl.choices), len(trace), trace, {}, case=case)
+    stats = pd_run_stats(summary) if summary is not None else {}
+    return Outcome(failures, list(ctl.choices), len(trace), trace, {}, case=case, stats=stats)

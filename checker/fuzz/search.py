@@ -55,10 +55,13 @@ def _drawn_runs(case, strategy: str, *, schedules: int, seed: int, draw):
         yield run_case(c, make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c)))
 
 
-def find_bug(case, strategy: str, *, schedules: int, seed: int, on_progress=None, draw=None):
+def find_bug(
+    case, strategy: str, *, schedules: int, seed: int, on_progress=None, draw=None, stats=None
+):
     """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or
     (None, events checked). `draw(i)`, if given, makes a fresh case for schedule i (the outcome
-    carries it as `.case`)."""
+    carries it as `.case`); `stats` (a CampaignStats), if given, sums every run's memory
+    counters."""
     if strategy == "dfs":
         runs = (out for _, out in dfs_schedules(case, limit=schedules))
     else:
@@ -66,6 +69,8 @@ def find_bug(case, strategy: str, *, schedules: int, seed: int, on_progress=None
     events = 0
     for i, out in enumerate(runs):
         events += out.events
+        if stats is not None:
+            stats.add(out)
         if on_progress:
             on_progress(i + 1, events, out.failed)
         if out.failed:

@@ -129,6 +129,13 @@ def print_summary(s: dict, as_json: bool, prog: str) -> int:
             "  outputs vs single-process reference: "
             + ("identical" if not s["mismatches"] else f"MISMATCH for {', '.join(s['mismatches'])}")
         )
+    mem = s.get("prefill_memory") or []
+    print(
+        f"  memory: prefill evicted {sum(m['evicted_pages'] for m in mem)} page(s), "
+        f"failed allocations {sum(m['failed_allocs'] for m in mem)}, "
+        f"postponed chunks {sum(m['postponed_chunks'] for m in mem)}; "
+        f"decode waits for memory {s.get('decode_memory_waits', 0)}"
+    )
     for rid, err in list(s["aborted"].items())[:5]:
         print(f"  aborted {rid}: {err}")
     leaks = {

@@ -42,12 +42,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"cached {s['cached_tokens']}), wall {s['wall_s'] * 1e3:.1f} ms, "
         f"uncached input {s['uncached_tok_per_s']:.0f} tok/s"
     )
+    print(memory_line(s["memory"]))
     print(
         f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
         f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
         + (f"; trace: {args.trace} ({s['events']} events)" if args.trace else "")
     )
     return code
+
+
+def memory_line(m: dict) -> str:
+    """The run's memory pressure in one line (the counters of PrefillScheduler.memory_stats)."""
+    return (
+        f"  memory: evicted {m['evicted_pages']} page(s) in {m['evict_calls']} eviction(s), "
+        f"failed allocations {m['failed_allocs']} (slots {m['failed_slot_allocs']}, "
+        f"pages {m['failed_page_allocs']}), postponed requests {m['postponed_requests']}, "
+        f"postponed chunks {m['postponed_chunks']}, admitted after waiting {m['retried_ok']}"
+    )
 
 
 def pd_only_flags_given(run_parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

@@ -119,7 +119,10 @@ class DecodeScheduler:
         self._poll = 0
         self._next_bid = 0
         self.t0 = sync.now()
-        self.stats = dict(batches=0, decode_tokens=0, discarded_chunks=0, kv_pages=0)
+        # memory_waits: receiver inits that found no free slot or too few pages (the request waits)
+        self.stats = dict(
+            batches=0, decode_tokens=0, discarded_chunks=0, kv_pages=0, memory_waits=0
+        )
 
     # ---- loop-top steps ------------------------------------------------------------------------
     def iter_begin(self) -> None:
@@ -175,6 +178,7 @@ class DecodeScheduler:
             )
             return "failed"
         if self.req_to_token.available == 0 or self.pool.available < n_pages:
+            self.stats["memory_waits"] += 1
             return "no_memory"
         r.slot = self.req_to_token.alloc()
         r.pages = self.pool.alloc(n_pages)

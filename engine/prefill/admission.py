@@ -35,6 +35,7 @@ class Admission:
             if len(picked) >= cfg.max_batch_reqs or budget < ps:
                 break
             if req.slot is None and not self._prepare(req):
+                self._postpone(req, "slot")
                 break  # out of slots: keep FIFO order, try again next round
             take = min(req.remaining, cfg.chunk_size, budget)
             last = take == req.remaining
@@ -43,7 +44,11 @@ class Admission:
                 if take == 0:
                     break
             if not self._alloc_pages(req, req.filled + take):
+                self._postpone(req, "pages")
                 break
+            if req.rid in self.postponed:
+                self.postponed.discard(req.rid)
+                self.stats["retried_ok"] += 1
             if req in self.waiting:
                 self.waiting.remove(req)
             picked.append((req, req.filled, take, last))
@@ -61,6 +66,29 @@ class Admission:
         if not picked:
             return None
         return self._build_batch(picked)
+
+    def _postpone(self, req: Req, lacking: str) -> None:
+        """Count an admission cut short for lack of a slot or pages: the request (its first chunk)
+        or the chunked request's next chunk waits for the next round."""
+        self.stats["failed_slot_allocs" if lacking == "slot" else "failed_page_allocs"] += 1
+        chunk = req.slot is not None and req.filled > req.prefix_len
+        self.stats["postponed_chunks" if chunk else "postponed_requests"] += 1
+        self.postponed.add(req.rid)
+
+    def memory_stats(self) -> dict:
+        """How often the run met memory pressure: evictions from the prefix cache, allocations that
+        failed (and so postponed a request or a chunk), and postponed ones admitted later."""
+        st = self.stats
+        return {
+            "evicted_pages": self.cache.evicted_pages,
+            "evict_calls": self.cache.evict_calls,
+            "failed_allocs": st["failed_slot_allocs"] + st["failed_page_allocs"],
+            "failed_slot_allocs": st["failed_slot_allocs"],
+            "failed_page_allocs": st["failed_page_allocs"],
+            "postponed_requests": st["postponed_requests"],
+            "postponed_chunks": st["postponed_chunks"],
+            "retried_ok": st["retried_ok"],
+        }
 
     def _prepare(self, req: Req) -> bool:
         """First admission of a request: prefix-cache match, a req_to_token slot."""

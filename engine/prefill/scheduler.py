@@ -96,6 +96,14 @@ class PrefillScheduler(Admission):
         self._next_bid = 0
         self.t0 = sync.now()
         self.stats = dict(batches=0, tokens=0, uncached_tokens=0, cached_tokens=0)
+        self.stats.update(
+            failed_slot_allocs=0,
+            failed_page_allocs=0,
+            postponed_requests=0,
+            postponed_chunks=0,
+            retried_ok=0,
+        )
+        self.postponed: set[str] = set()  # rids whose admission was cut for lack of memory
 
     def _build_model_and_memory(self, model) -> None:
         cfg = self.cfg

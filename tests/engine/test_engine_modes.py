@@ -77,6 +77,9 @@ def test_small_pool_forces_eviction_without_leaks():
     assert summary["_error"] is None
     assert summary["finished"] == 20
     assert not any(summary["leaks"].values())
+    mem = summary["memory"]
+    assert mem["evicted_pages"] > 0 and mem["evict_calls"] > 0
+    assert mem["failed_page_allocs"] > 0 and mem["retried_ok"] > 0
 
 
 def _spans(events, begin, end):
@@ -251,6 +254,26 @@ def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
     )
     assert summary["_error"] is None, summary["_error"]
     assert summary["finished"] == 3 and not any(summary["leaks"].values())
+
+
+@pytest.mark.parametrize("mode", ["overlap", "thread", "ahead"])
+def test_a_chunk_that_cannot_get_pages_is_counted_and_admitted_later(mode):
+    """41 usable pages for prompts of 34, 28 and 29 tokens (page size 1): the second request's next
+    chunk waits for the first one's pages; the counters say so, and the run still finishes."""
+    summary, _ = run_mode(
+        mode,
+        page_size=1,
+        chunk_size=4,
+        max_batch_tokens=6,
+        num_pages=42,
+        workload=WorkloadConfig(
+            requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0
+        ),
+    )
+    assert summary["_error"] is None, summary["_error"]
+    assert summary["finished"] == 3 and not any(summary["leaks"].values())
+    mem = summary["memory"]
+    assert mem["postponed_chunks"] > 0 and mem["failed_page_allocs"] > 0 and mem["retried_ok"] > 0
 
 
 def test_scripted_and_eager_forward_agree(monkeypatch):
