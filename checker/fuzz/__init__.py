@@ -18,7 +18,7 @@ from .casefile import load_case, save_case
 from .cases import Case, PDCase, draw_pd_case, pct_steps, pd_draws
 from .controller import Controller, ManagedThread, StepLimit
 from .runs import CLIENT_ABORT, Outcome, run_case, run_pd_case, run_prefill_case
-from .search import dfs_schedules, find_bug
+from .search import WorkerPool, campaign, dfs_schedules, find_bug, run_drawn
 from .shrink import shrink
 from .strategies import PCT, Default, Indices, RandomWalk, Replay, ScheduleDiverged, make_strategy
 
@@ -36,6 +36,8 @@ __all__ = [
     "Replay",
     "ScheduleDiverged",
     "StepLimit",
+    "WorkerPool",
+    "campaign",
     "dfs_schedules",
     "draw_pd_case",
     "find_bug",
@@ -44,6 +46,7 @@ __all__ = [
     "pct_steps",
     "pd_draws",
     "run_case",
+    "run_drawn",
     "run_pd_case",
     "run_prefill_case",
     "save_case",

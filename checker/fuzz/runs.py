@@ -7,6 +7,8 @@ and with it this harness, at every start-up.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -43,6 +45,21 @@ class Outcome:
     trace: list[dict] = field(repr=False, default_factory=list)
     header: dict = field(repr=False, default_factory=dict)
     case: object = field(repr=False, default=None)
+    _digest: str | None = field(repr=False, default=None)
+
+    @property
+    def digest(self) -> str:
+        """A hash of the schedule and the trace's events without `t_ns`: equal for two runs that
+        took the same steps and logged the same events."""
+        if self._digest is None:
+            events = [{k: v for k, v in e.items() if k != "t_ns"} for e in self.trace]
+            blob = json.dumps([self.schedule, events], sort_keys=True, default=str)
+            self._digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return self._digest
+
+    def slim(self) -> Outcome:
+        """The outcome without its trace (the digest kept): what a worker process sends back."""
+        return dataclasses.replace(self, trace=[], header={}, _digest=self.digest)
 
     @property
     def failed(self) -> bool:
