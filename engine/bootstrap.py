@@ -27,7 +27,8 @@ the fault settings, engine/cli/bootstrap.py the `pdo bootstrap` command.
 In-process (``start_inproc()``, URL ``inproc://<name>``): the same handlers called
 directly by engine/bootstrap_client.py, no socket; injected latency is a
 ``sync.sleep`` in the caller (virtual time under a schedule controller). Used by
-controlled schedule fuzzing of PD runs (docs/fuzzing.md).
+controlled schedule fuzzing of PD runs (docs/fuzzing.md). Under a controller the server belongs to
+that run: only the threads of the same controller reach it, and its room TTL reads virtual time.
 """
 
 from __future__ import annotations
@@ -76,13 +77,18 @@ async def _json_object(request: web.Request) -> dict:
 
 # ---- in-process serving ----------------------------------------------------------------------
 
-_INPROC: dict[str, BootstrapServer] = {}
+# (name, owner) -> server; owner: the controller of the run that started it (sync.owner()), None
+# outside control. A thread left over from an earlier controlled run has another owner (None), so
+# it cannot reach a later run's server of the same name, and the URL (which the trace records)
+# stays `inproc://bootstrap` in every run.
+_INPROC: dict[tuple[str, object], BootstrapServer] = {}
 _INPROC_LOCK = threading.Lock()
 
 
 def inproc_server(name: str) -> BootstrapServer | None:
+    """The in-process server `name` of the calling thread's run (its controller, or none)."""
     with _INPROC_LOCK:
-        return _INPROC.get(name)
+        return _INPROC.get((name, sync.owner()))
 
 
 class InProcResponse:
@@ -139,7 +145,8 @@ class BootstrapServer(BootstrapState):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_error: BaseException | None = None
-        self._inproc: str | None = None  # name under which start_inproc() registered this server
+        # (name, owner) under which start_inproc() registered this server
+        self._inproc: tuple[str, object] | None = None
         self._state_lock = threading.Lock()  # in-process calls come from many threads
 
     # ---- lifecycle -------------------------------------------------------
@@ -167,13 +174,16 @@ class BootstrapServer(BootstrapState):
         schedule controller). For controlled, replayable runs (checker/fuzz/); docs/fuzzing.md."""
         if self._thread is not None or self._inproc is not None:
             raise RuntimeError("bootstrap server already started")
+        key = (name, sync.owner())
         with _INPROC_LOCK:
-            if name in _INPROC:
+            if key in _INPROC:
                 raise RuntimeError(
                     f"an in-process bootstrap server named {name!r} is already running"
                 )
-            _INPROC[name] = self
-        self._inproc = name
+            _INPROC[key] = self
+        self._inproc = key
+        if key[1] is not None:  # under a controller: the room TTL in virtual time, as every wait
+            self.use_clock(sync.now)
         return self
 
     def handle_inproc(
@@ -277,7 +287,7 @@ class BootstrapServer(BootstrapState):
     @property
     def url(self) -> str:
         if self._inproc is not None:
-            return f"inproc://{self._inproc}"
+            return f"inproc://{self._inproc[0]}"
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host, self._host)
         if ":" in host:
             host = f"[{host}]"

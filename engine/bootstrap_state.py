@@ -233,7 +233,8 @@ class BootstrapState:
         # As SGLang (SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL, 120 s), forget
         # room -> dp_rank entries after a while so the table stays bounded; None keeps them.
         self._room_ttl_s = room_ttl_s
-        self._last_prune = time.monotonic()
+        self._clock = time.monotonic
+        self._last_prune = self._clock()
 
         self._topology: dict[str, Any] | None = None  # from the first registered rank
         # (dp, cp, tp, pp) -> endpoint
@@ -318,6 +319,13 @@ class BootstrapState:
         for room in [r for r, (_, t) in self._rooms.items() if t < cutoff]:
             del self._rooms[room]
 
+    def use_clock(self, clock) -> None:
+        """Read the room TTL's clock from `clock` (sync.now for a server in-process under a
+        controller: time there is virtual, and the wall clock would make a schedule's verdict
+        depend on how fast it ran)."""
+        self._clock = clock
+        self._last_prune = clock()
+
     def _do_register_dp_rank(self, data: dict) -> web.Response:
         room = int_field(data, "bootstrap_room", minimum=0)
         dp_rank = int_field(data, "dp_rank", minimum=0)
@@ -325,7 +333,7 @@ class BootstrapState:
             raise bad_request(
                 f"dp_rank {dp_rank} out of range for dp_size {self._topology['dp_size']}"
             )
-        now = time.monotonic()
+        now = self._clock()
         self._prune_rooms(now)
         self._rooms[room] = (dp_rank, now)
         return web.Response(text="OK")
@@ -341,9 +349,7 @@ class BootstrapState:
                 raise bad_request(
                     f"field 'bootstrap_rooms' must hold integers, got {type(room).__name__}"
                 )
-        expired_before = (
-            -math.inf if self._room_ttl_s is None else time.monotonic() - self._room_ttl_s
-        )
+        expired_before = -math.inf if self._room_ttl_s is None else self._clock() - self._room_ttl_s
         result = {}
         for room in rooms:
             entry = self._rooms.get(room)

@@ -58,6 +58,12 @@ def _managed():
     return c if c is not None and c.manages_current() else None
 
 
+def owner():
+    """The controller that manages the calling thread, or None: what scopes per-run state (the
+    in-process bootstrap server) to one controlled run."""
+    return _managed()
+
+
 def q_get(q, label: str):
     """queue.get that parks under control (works for Queue and SimpleQueue)."""
     c = _managed()

@@ -20,7 +20,7 @@ from .cases import Case, PDCase, draw_pd_case, pct_steps, pd_draws
 from .controller import Controller, ManagedThread, StepLimit
 from .pressure import CampaignStats, pressure_bounds, pressure_draws, with_pressure
 from .runs import CLIENT_ABORT, Outcome, run_case, run_pd_case, run_prefill_case
-from .search import dfs_schedules, find_bug
+from .search import WorkerPool, campaign, dfs_schedules, find_bug, run_drawn
 from .shrink import shrink
 from .strategies import PCT, Default, Indices, RandomWalk, Replay, ScheduleDiverged, make_strategy
 
@@ -39,6 +39,8 @@ __all__ = [
     "Replay",
     "ScheduleDiverged",
     "StepLimit",
+    "WorkerPool",
+    "campaign",
     "dfs_schedules",
     "draw_pd_case",
     "find_bug",
@@ -49,6 +51,7 @@ __all__ = [
     "pressure_bounds",
     "pressure_draws",
     "run_case",
+    "run_drawn",
     "run_pd_case",
     "run_prefill_case",
     "save_case",

@@ -148,10 +148,22 @@ def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
     return with_pressure(PDCase(**knobs), rng, fixed)
 
 
-def pd_draws(seed: int, **fixed):
+@dataclass(frozen=True)
+class PDDraws:
     """The case draw for PD campaigns: schedule i of seed s runs
-    draw_pd_case(Random(s * 100003 + i))."""
-    return lambda i: draw_pd_case(random.Random(seed * 100_003 + i), **fixed)
+    draw_pd_case(Random(s * 100003 + i), **fixed). A value, not a closure, so that a campaign's
+    worker processes (`pdo fuzz --jobs`) draw exactly the cases one process would."""
+
+    seed: int
+    fixed: tuple = ()  # (name, value) pairs given to draw_pd_case
+
+    def __call__(self, i: int) -> PDCase:
+        return draw_pd_case(random.Random(self.seed * 100_003 + i), **dict(self.fixed))
+
+
+def pd_draws(seed: int, **fixed) -> PDDraws:
+    """The case draw for PD campaigns (see PDDraws)."""
+    return PDDraws(seed, tuple(sorted(fixed.items())))
 
 
 def pct_steps(case) -> int:

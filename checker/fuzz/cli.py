@@ -19,6 +19,7 @@ from . import (
     Case,
     PDCase,
     Replay,
+    WorkerPool,
     find_bug,
     load_case,
     pd_draws,
@@ -185,8 +186,18 @@ def _campaign_result(a, idx, out, label: str, stats: CampaignStats, what: str) -
     return code
 
 
+def _pool(a):
+    """The worker processes of --jobs N (none for 1): the same verdicts as one process."""
+    return WorkerPool(a.jobs) if a.jobs > 1 else contextlib.nullcontext()
+
+
 def _campaign(a) -> int:
     """Fuzz one prefill case, or PD cases drawn per schedule; on a failure, save and shrink it."""
+    with _pool(a) as pool:
+        return _campaign_in(a, pool)
+
+
+def _campaign_in(a, pool) -> int:
     prog = Progress(a.schedules, a.progress or sys.stderr.isatty())
     if (a.num_pages is not None and a.num_pages < 2) or (a.slots is not None and a.slots < 1):
         return _error("--num-pages must be at least 2 (page 0 is reserved), --slots at least 1")
@@ -202,6 +213,7 @@ def _campaign(a) -> int:
             on_progress=prog,
             draw=pd_draws(a.seed, **_pd_fixed(a)),
             stats=stats,
+            pool=pool,
         )
         label, what = "pd", "PD cases"
     else:
@@ -220,6 +232,7 @@ def _campaign(a) -> int:
             on_progress=prog,
             draw=draw,
             stats=stats,
+            pool=pool,
         )
         label, what = case.mode, f"mode={case.mode}"
     return _campaign_result(a, idx, out, label, stats, what)
@@ -233,6 +246,10 @@ def cmd_fuzz(a) -> int:
         return _error(f"unknown mutant(s) {', '.join(unknown)} (see --list-mutants)")
     if a.inject and not a.mutants and any(m in DECODE_MUTANTS for m in a.inject):
         a.pd = True  # a decode mutant needs the decode side: PD cases
+    if a.jobs < 1:
+        return _error(f"--jobs must be at least 1, got {a.jobs}")
+    if a.jobs > 1 and a.strategy == "dfs":
+        return _error("--strategy dfs is one sequential search; --jobs needs pct or random")
     if a.replay:
         return _replay(a)
     if a.mutants:
@@ -240,18 +257,23 @@ def cmd_fuzz(a) -> int:
     return _campaign(a)
 
 
-def mutant_row(name: str, *, strategy: str, seeds, budget: int) -> dict:
+def mutant_row(name: str, *, strategy: str, seeds, budget: int, pool=None) -> dict:
     """Schedules to first kill of `name`, as a median over seeds. A prefill mutant is hunted on one
     fixed prefill case; a decode mutant on PD cases drawn afresh for every schedule."""
     kills, killed_by, failures, t0 = [], None, [], time.perf_counter()
     for seed in seeds:
         if name in DECODE_MUTANTS:
             idx, out = find_bug(
-                None, strategy, schedules=budget, seed=seed, draw=pd_draws(seed, inject=(name,))
+                None,
+                strategy,
+                schedules=budget,
+                seed=seed,
+                draw=pd_draws(seed, inject=(name,)),
+                pool=pool,
             )
         else:
             case = Case(mode=MUTANT_MODE[name], inject=(name,), requests=6, hit=0.8)
-            idx, out = find_bug(case, strategy, schedules=budget, seed=seed)
+            idx, out = find_bug(case, strategy, schedules=budget, seed=seed, pool=pool)
         if idx is not None:
             kills.append(idx + 1)
             killed_by = killed_by or out.killed_by
@@ -276,10 +298,15 @@ def _mutant_table(a) -> int:
         return _error(
             "--strategy dfs runs one fixed prefill case; decode mutants need pct or random"
         )
+    with _pool(a) as pool:
+        return _mutant_table_in(a, names, pool)
+
+
+def _mutant_table_in(a, names, pool) -> int:
     seeds = range(a.seed, a.seed + a.seeds)
     rows = []
     for name in names:
-        row = mutant_row(name, strategy=a.strategy, seeds=seeds, budget=a.schedules)
+        row = mutant_row(name, strategy=a.strategy, seeds=seeds, budget=a.schedules, pool=pool)
         rows.append(row)
         if not a.json:
             verdict = "killed" if row["killed"] else "SURVIVED"
@@ -321,6 +348,12 @@ def register(sub) -> None:
     p.add_argument("--strategy", choices=["pct", "random", "dfs"], default="pct")
     p.add_argument("--schedules", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="run the schedules in N worker processes (same verdicts and replay command as 1)",
+    )
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--hit", type=float, default=0.8)
     p.add_argument("--workload-seed", type=int, default=0)

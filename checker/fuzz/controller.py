@@ -40,6 +40,8 @@ class Controller:
         self.aborted = False
         self._local = threading.local()
         self._exited: set[str] = set()
+        # every thread this controller started, to wait for after uninstall (join_all)
+        self._spawned: list[threading.Thread] = []
 
     # installation -----------------------------------------------------------------------------
     def install(self, name: str = "scheduler") -> Controller:
@@ -58,6 +60,15 @@ class Controller:
             self.cv.notify_all()
         sync.CONTROLLER = None
         threading.current_thread().name = self._installer_name
+
+    def join_all(self, timeout: float) -> list[str]:
+        """After uninstall: wait up to `timeout` seconds in all for every thread this controller
+        started; the schedule names of those still alive. A survivor would run on into the next
+        schedule in this process, so the caller reports it as a failure of this one."""
+        deadline = time.monotonic() + timeout
+        for t in self._spawned:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [t.pdo_key for t in self._spawned if t.is_alive()]
 
     def manages_current(self) -> bool:
         return getattr(self._local, "name", None) in self.threads
@@ -99,6 +110,7 @@ class Controller:
 
         thread = threading.Thread(target=run, name=base, daemon=True)
         thread.pdo_key = name
+        self._spawned.append(thread)
         thread.start()
         with self.cv:  # handshake: the new thread is parked before its parent goes on
             while not state.ready:

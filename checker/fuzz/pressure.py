@@ -60,10 +60,22 @@ def with_pressure(case, rng: random.Random, fixed=()):
     return dataclasses.replace(case, **knobs)
 
 
-def pressure_draws(case, seed: int, fixed=()):
+@dataclasses.dataclass(frozen=True)
+class PressureDraws:
     """The case draw of a prefill campaign: schedule i of seed s runs `case` with pools drawn by
-    Random(s * 100003 + i)."""
-    return lambda i: with_pressure(case, random.Random(seed * 100_003 + i), fixed)
+    Random(s * 100003 + i). A value, not a closure, so that `pdo fuzz --jobs` workers draw the same
+    cases."""
+
+    case: object
+    seed: int
+    fixed: tuple = ()  # the pool knobs the command line fixed
+
+    def __call__(self, i: int):
+        return with_pressure(self.case, random.Random(self.seed * 100_003 + i), self.fixed)
+
+
+def pressure_draws(case, seed: int, fixed=()) -> PressureDraws:
+    return PressureDraws(case, seed, tuple(fixed))
 
 
 # ---- campaign statistics -------------------------------------------------------------------------

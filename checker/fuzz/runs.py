@@ -7,6 +7,8 @@ and with it this harness, at every start-up.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from checker.linear import check_file, check_files
+from engine import sync
 from engine.decode.request import DecodeReq
 from engine.trace import Tracer
 from spec import load_rules
@@ -30,6 +33,9 @@ _REF_CACHE: dict = {}
 _GEN_CACHE: dict = {}
 _MODELS: dict = {}
 _RULES: list = []
+# After uninstall, how long (wall seconds, all threads together) a run's threads get to exit
+# before a survivor is reported: only a thread stuck outside the controller takes that long.
+JOIN_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -42,6 +48,21 @@ class Outcome:
     case: object = field(repr=False, default=None)
     # the run's memory counters (checker/fuzz/pressure.py), summed into the campaign statistics
     stats: dict = field(repr=False, default_factory=dict)
+    _digest: str | None = field(repr=False, default=None)
+
+    @property
+    def digest(self) -> str:
+        """A hash of the schedule and the trace's events without `t_ns`: equal for two runs that
+        took the same steps and logged the same events."""
+        if self._digest is None:
+            events = [{k: v for k, v in e.items() if k != "t_ns"} for e in self.trace]
+            blob = json.dumps([self.schedule, events], sort_keys=True, default=str)
+            self._digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return self._digest
+
+    def slim(self) -> Outcome:
+        """The outcome without its trace (the digest kept): what a worker process sends back."""
+        return dataclasses.replace(self, trace=[], header={}, _digest=self.digest)
 
     @property
     def failed(self) -> bool:
@@ -60,11 +81,21 @@ def _sorted_failures(failures: list[str]) -> None:
     )
 
 
-def _run_failures(ctl: Controller, error) -> list[str]:
-    """The failures of the run itself: the schedule (deadlock, step limit) and an engine error."""
+def _uninstall(ctl: Controller) -> list[str]:
+    """Uninstall `ctl` and wait for every thread it started: one still alive (after an abort, a
+    thread blocked outside the controller) is a failure of this schedule, never left to run into
+    the next one."""
+    ctl.uninstall()
+    return [f"schedule: thread {n} did not exit" for n in ctl.join_all(JOIN_TIMEOUT_S)]
+
+
+def _run_failures(ctl: Controller, error, survivors=()) -> list[str]:
+    """The failures of the run itself: the schedule (deadlock, step limit, threads that did not
+    exit) and an engine error."""
     failures = []
     if ctl.error is not None:
         failures.append(f"schedule: {ctl.error}")
+    failures += survivors
     if error is not None:
         failures.append(f"engine error: {error!r}"[:300])
     return failures
@@ -139,16 +170,26 @@ def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcom
     ctl.install("scheduler")
     try:
         summary = run_prefill(cfg, workload, tracer=tracer, keep_scheduler=True)
+        # Still under control: the worker, streams and transfer thread were told to stop; let them
+        # exit as scheduled steps, so none runs on uncontrolled after uninstall. (A saved schedule
+        # shorter than this replays these steps non-preemptively.)
+        sync.quiesce("prefill.quiesce")
     finally:
-        ctl.uninstall()
-    failures = _run_failures(ctl, summary["_error"])
-    path = trace_path or tempfile.mkstemp(suffix=".jsonl", prefix="pdo-fuzz-")[1]
-    tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
-    failures += _rule_failures([check_file(path)])
+        survivors = _uninstall(ctl)
+    failures = _run_failures(ctl, summary["_error"], survivors)
+    if trace_path is None:
+        fd, path = tempfile.mkstemp(suffix=".jsonl", prefix="pdo-fuzz-")
+        os.close(fd)
+    else:
+        path = trace_path
+    try:
+        tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
+        failures += _rule_failures([check_file(path)])
+    finally:
+        if trace_path is None:
+            os.unlink(path)
     failures += _prefill_output_failures(cfg, summary)
     failures += _leak_failure({k: v for k, v in summary["leaks"].items() if v})
-    if trace_path is None:
-        os.unlink(path)
     _sorted_failures(failures)
     return Outcome(
         failures,
@@ -254,7 +295,7 @@ def _unserved_requests(case: PDCase) -> list:
 
 def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, stem: str):
     """engine/pd.py's run_pd under `ctl`, with the case's hooks and bootstrap faults: (summary or
-    None, the exception it raised or None)."""
+    None, the exception it raised or None, the failures of threads that did not exit)."""
     from engine.pd import run_pd  # lazy: imports torch
 
     def faults(server):
@@ -267,25 +308,28 @@ def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, ste
 
     ctl.install("main")
     try:
-        summary = run_pd(
-            cfg,
-            workload,
-            decode_cfg,
-            dp=case.dp,
-            trace_path=stem,
-            hooks=_pd_hooks(case),
-            extra_decode_reqs=extra,
-            prefill_delay_s=case.prefill_delay_ms / 1000.0,
-            verify=False,
-            server_hook=faults,
-            bootstrap="inproc",
-            model=_model(cfg),
+        summary, error = (
+            run_pd(
+                cfg,
+                workload,
+                decode_cfg,
+                dp=case.dp,
+                trace_path=stem,
+                hooks=_pd_hooks(case),
+                extra_decode_reqs=extra,
+                prefill_delay_s=case.prefill_delay_ms / 1000.0,
+                verify=False,
+                server_hook=faults,
+                bootstrap="inproc",
+                model=_model(cfg),
+            ),
+            None,
         )
-        return summary, None
     except Exception as exc:  # noqa: BLE001 - judged by the caller
-        return None, exc
+        summary, error = None, exc
     finally:
-        ctl.uninstall()
+        survivors = _uninstall(ctl)
+    return summary, error, survivors
 
 
 def _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary) -> list[str]:
@@ -334,8 +378,8 @@ def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Out
     tmp = None if trace_path else tempfile.mkdtemp(prefix="pdo-fuzz-pd-")
     stem = trace_path or os.path.join(tmp, "t.jsonl")
     ctl = Controller(strategy, max_steps=60_000)
-    summary, error = _run_pd(case, ctl, cfg, workload, decode_cfg, extra, stem)
-    failures = _run_failures(ctl, error)
+    summary, error, survivors = _run_pd(case, ctl, cfg, workload, decode_cfg, extra, stem)
+    failures = _run_failures(ctl, error, survivors)
     trace = []
     if summary is not None:
         failures += _rule_failures(check_files(summary["traces"], rules=_rules()))

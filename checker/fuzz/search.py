@@ -3,6 +3,10 @@ exhaustive search over preemptions (`dfs_schedules`)."""
 
 from __future__ import annotations
 
+import collections
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 from .cases import Case, pct_steps
 from .runs import run_case
 from .strategies import Replay, make_strategy
@@ -48,24 +52,79 @@ def dfs_schedules(case: Case, *, preemption_bound: int = 2, limit: int = 100):
                     stack.append(branch)
 
 
-def _drawn_runs(case, strategy: str, *, schedules: int, seed: int, draw):
-    """The outcomes of `schedules` schedules drawn by `strategy`, seeded per schedule."""
-    for i in range(schedules):
-        c = draw(i) if draw is not None else case
-        yield run_case(c, make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c)))
+def run_drawn(case, strategy: str, seed: int, i: int, draw=None):
+    """Schedule i of a campaign: its case (`draw(i)`, or `case`) under `strategy` seeded from
+    (campaign seed, i) alone, so that it is the same run in any process, in any order."""
+    c = draw(i) if draw is not None else case
+    return run_case(c, make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c)))
+
+
+def _run_drawn_slim(case, strategy: str, seed: int, i: int, draw):
+    """run_drawn in a worker process: the outcome without its trace (pickled back)."""
+    return run_drawn(case, strategy, seed, i, draw).slim()
+
+
+class WorkerPool:
+    """The processes of `pdo fuzz --jobs N`: spawned (a fork would copy the parent's threads and
+    torch's state), each one runs whole schedules. A context manager."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        ctx = multiprocessing.get_context("spawn")
+        self._ex = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+
+    def submit(self, fn, *args):
+        return self._ex.submit(fn, *args)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
+
+def campaign(case, strategy: str, *, schedules: int, seed: int, draw=None, pool=None):
+    """The outcomes of `schedules` drawn schedules, yielded in schedule-index order. With `pool`
+    (WorkerPool) the schedules run in its processes, a window of them ahead of the one yielded;
+    the outcomes are those of one process (each schedule depends on (seed, index) only), without
+    their traces. Closing the generator early cancels what has not started."""
+    if pool is None:
+        for i in range(schedules):
+            yield run_drawn(case, strategy, seed, i, draw)
+        return
+    window = 2 * pool.jobs
+    pending: collections.deque = collections.deque()
+    nxt = 0
+    try:
+        while nxt < schedules or pending:
+            while nxt < schedules and len(pending) < window:
+                pending.append(pool.submit(_run_drawn_slim, case, strategy, seed, nxt, draw))
+                nxt += 1
+            yield pending.popleft().result()
+    finally:
+        for fut in pending:
+            fut.cancel()
 
 
 def find_bug(
-    case, strategy: str, *, schedules: int, seed: int, on_progress=None, draw=None, stats=None
+    case,
+    strategy: str,
+    *,
+    schedules: int,
+    seed: int,
+    on_progress=None,
+    draw=None,
+    pool=None,
+    stats=None,
 ):
     """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or
     (None, events checked). `draw(i)`, if given, makes a fresh case for schedule i (the outcome
-    carries it as `.case`); `stats` (a CampaignStats), if given, sums every run's memory
-    counters."""
+    carries it as `.case`). `pool`: run them in worker processes (campaign); the answer is the
+    same. `stats` (a CampaignStats), if given, sums every run's memory counters."""
     if strategy == "dfs":
         runs = (out for _, out in dfs_schedules(case, limit=schedules))
     else:
-        runs = _drawn_runs(case, strategy, schedules=schedules, seed=seed, draw=draw)
+        runs = campaign(case, strategy, schedules=schedules, seed=seed, draw=draw, pool=pool)
     events = 0
     for i, out in enumerate(runs):
         events += out.events
@@ -74,5 +133,6 @@ def find_bug(
         if on_progress:
             on_progress(i + 1, events, out.failed)
         if out.failed:
+            runs.close()
             return i, out
     return None, events
