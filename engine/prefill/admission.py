@@ -67,6 +67,8 @@ class Admission:
         if self.req_to_token.available == 0:
             return False
         nodes = self.cache.match(req.prompt, len(req.prompt) - 1)
+        if self.probe is not None:  # verification only (engine/oracle.py)
+            self.probe.prefix_matched(self.pool, req, [n.page for n in nodes])
         self.cache.lock(nodes)
         req.prefix_nodes = nodes
         req.pages = [n.page for n in nodes]
