@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import device_ops
+from .reference import intra_op_threads
 from .reference_prefill import reference_prefill
 
 _REF_CACHE: dict = {}
@@ -77,12 +79,12 @@ class OutputProbe:
         self.prefix_reads: list[tuple[str, list[int], torch.Tensor, torch.Tensor]] = []
         self.store_kv: dict[str, torch.Tensor] = {}
 
-    def prefix_matched(self, pool, req, pages: list[int]) -> None:
-        """Called by admission right after the match, before anything else can write the pages."""
-        if not pages:
-            return
-        idx = pool.token_indices(pages, 0, len(pages) * pool.page_size).long().to(pool.k.device)
-        self.prefix_reads.append((req.rid, list(pages), pool.k[:, idx], pool.v[:, idx]))
+    def prefix_matched(self, pool, req, pages: list[int], idx) -> None:
+        """Called by admission at the match, before anything else can write the pages, with their
+        pool token indices: their K and V copied in one call (engine/device_ops.py: each torch call
+        from the scheduler thread can wait for the GIL)."""
+        k, v = device_ops.ops()["gather_kv"](pool.k, pool.v, idx.to(pool.k.device))
+        self.prefix_reads.append((req.rid, list(pages), k, v))
 
     def store_entry(self, rid: str, kv) -> None:
         """Called by AttentionStore.retire with the entry's [2, layers, tokens, Hkv, D] copy."""
@@ -174,7 +176,9 @@ def prefix_pages(cfg, reqs, probe: OutputProbe) -> list[Mismatch]:
 
 def judge(cfg, reqs, receiver, probe: OutputProbe) -> Verdict:
     """Every output of a finished prefill run against the reference."""
-    with torch.inference_mode():
+    # one intra-op thread: the reference's ops are tiny, and more threads than free cores only
+    # oversubscribe them (engine/reference.py)
+    with torch.inference_mode(), intra_op_threads(1):
         # prefix pages first: a page wrong when matched makes what is computed from it wrong too
         # (the suffix's KV, the first token, what the receiver got), so the first one names the cause
         mismatches = prefix_pages(cfg, reqs, probe)
