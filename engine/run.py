@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import torch
 
-from . import inject
+from . import inject, oracle
 from .config import EngineConfig, check_dispatch
 from .model import TinyLlama, default_forward_impl
 from .prefill.loops import LOOPS
@@ -28,8 +28,11 @@ def run_prefill(
     tracer=None,
     keep_scheduler: bool = False,
     model=None,
+    verify: bool = False,
 ) -> dict:
-    """`model`: weights to reuse (`shared_model`), else built from cfg's preset and seed."""
+    """`model`: weights to reuse (`shared_model`), else built from cfg's preset and seed. `verify`:
+    judge every output against the reference (engine/oracle.py) after the run, into
+    summary["verify"]."""
     check_dispatch(cfg)
     inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
@@ -47,7 +50,8 @@ def run_prefill(
     else:
         tracer.header.update(header)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
-    sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model)
+    probe = oracle.OutputProbe() if verify else None
+    sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model, probe=probe)
     prev_name = threading.current_thread().name
     threading.current_thread().name = "scheduler"
     t0 = time.perf_counter()
@@ -81,6 +85,8 @@ def run_prefill(
         "events": tracer.count if tracer.enabled else 0,
         "error": repr(error) if error else None,
     }
+    if probe is not None:
+        summary["verify"] = oracle.judge(cfg, reqs, sched.receiver, probe).as_dict()
     if trace_path:
         tracer.write(
             trace_path, extra_header={"host": platform.node(), "config": _jsonable(asdict(cfg))}

@@ -145,6 +145,8 @@ class AttentionStore:
         self.pending: list[tuple] = []
         self.store: dict[str, tuple[int, int]] = {}  # rid -> (tokens, bytes)
         self.staged_batches = 0
+        # Verification only (engine/oracle.py): called with each entry's KV as it is retired.
+        self.on_entry = None
 
     def stage(self, reqs, ready_event) -> None:
         if not reqs:
@@ -200,6 +202,8 @@ class AttentionStore:
                         part.numel() * part.element_size() if part is not None else 0,
                     )
                     off += tokens
+                    if self.on_entry is not None:
+                        self.on_entry(rid, part)
                 n += 1
             else:
                 keep.append((done, spans, holder))

@@ -2,17 +2,45 @@
 
 from __future__ import annotations
 
+import torch
+
 from engine.config import EngineConfig
+from engine.model import TinyLlama
+from engine.reference import reference_generate
 from engine.reference_prefill import reference_prefill as reference  # noqa: F401 - re-exported
 from engine.run import run_prefill
-from engine.workload import WorkloadConfig
+from engine.workload import WorkloadConfig, make_workload
 
 
-def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, **cfg_kw):
+def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=False, **cfg_kw):
     # A small token budget makes admission FIFO-paced (about one request per batch), so the first
     # request of each prefix group is released before its followers are admitted: cache hits
     # do not depend on timing.
     cfg_kw.setdefault("max_batch_tokens", 128)
     cfg = EngineConfig(mode=mode, inject=frozenset(inject), **cfg_kw)
     wc = workload or WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3)
-    return run_prefill(cfg, wc, trace_path=trace_path, keep_scheduler=True), cfg
+    return run_prefill(cfg, wc, trace_path=trace_path, keep_scheduler=True, verify=verify), cfg
+
+
+_GEN: dict = {}
+
+
+def assert_tokens_match_reference(s, cfg: EngineConfig, wc: WorkloadConfig) -> None:
+    """Every token each finished request of a PD run generated equals the single-process reference's
+    (engine/reference.py), position by position: judged here, apart from run_pd's own comparison."""
+    reqs = {r.rid: r for r in make_workload(wc, cfg.model_config.vocab_size)}
+    model = _GEN.setdefault(("model", cfg.model, cfg.seed, cfg.dtype), None)
+    for rid, toks in s["outputs"].items():
+        r = reqs[rid]
+        bias = tuple(sorted((r.logit_bias or {}).items()))
+        key = (cfg.model, cfg.seed, cfg.dtype, tuple(r.prompt), bias, r.max_new_tokens)
+        if key not in _GEN:
+            if model is None:
+                model = _GEN[("model", cfg.model, cfg.seed, cfg.dtype)] = TinyLlama(
+                    cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype)
+                )
+            _GEN[key] = reference_generate(cfg, [r], model=model)[rid]
+        ref = _GEN[key]
+        assert len(toks) == r.max_new_tokens, f"{rid}: {len(toks)} tokens, not {r.max_new_tokens}"
+        bad = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), None)
+        assert bad is None, f"{rid} token {bad}: {toks[bad]} != reference {ref[bad]}"

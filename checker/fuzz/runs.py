@@ -29,7 +29,6 @@ CLIENT_ABORT = "client went away"
 # failures are listed by kind, in this order (a rule violation first: it names the bug)
 _FAILURE_ORDER = ("rule", "output", "leak", "engine", "schedule")
 
-_REF_CACHE: dict = {}
 _GEN_CACHE: dict = {}
 _MODELS: dict = {}
 _RULES: list = []
@@ -118,45 +117,11 @@ def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
 
 
 # ---- one prefill case ----------------------------------------------------------------------------
-def _reference(cfg, req):
-    key = (
-        cfg.model,
-        cfg.seed,
-        cfg.dtype,
-        tuple(req.prompt),
-        tuple(sorted((req.logit_bias or {}).items())),
-    )
-    if key not in _REF_CACHE:
-        from engine.reference_prefill import reference_prefill  # lazy: imports torch
-
-        _REF_CACHE[key] = reference_prefill(cfg, req.prompt, req.logit_bias)
-    return _REF_CACHE[key]
-
-
-def _prefill_output_failures(cfg, summary) -> list[str]:
-    """Each request's first token and the KV its receiver got, against the reference; judged on
-    every run, a rule violation or not."""
-    import torch  # lazy: see the module docstring
-
-    failures = []
-    receiver = summary["_scheduler"].receiver
-    for req in summary["_requests"]:
-        first, k_ref, v_ref = _reference(cfg, req)
-        if req.output_token != first:
-            failures.append(
-                f"output: {req.rid} first token {req.output_token} != reference {first}"
-            )
-            continue
-        room = receiver.rooms.get(req.bootstrap_room)
-        if room is None or room["meta"] is None:
-            failures.append(f"output: {req.rid} KV never fully received")
-            continue
-        k, v = receiver.kv(req.bootstrap_room)
-        if k.shape != k_ref.shape or not (
-            torch.allclose(k, k_ref, atol=1e-3) and torch.allclose(v, v_ref, atol=1e-3)
-        ):
-            failures.append(f"output: {req.rid} received KV differs from the reference")
-    return failures
+def _prefill_output_failures(summary) -> list[str]:
+    """Every output against the reference (engine/oracle.py: first tokens, the KV the receiver got,
+    AttentionStore entries, the prefix-cache pages requests matched); judged on every run, a rule
+    violation or not."""
+    return [f"output: {m}" for m in summary["verify"]["mismatches"]]
 
 
 def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
@@ -169,7 +134,7 @@ def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcom
     ctl = Controller(strategy)
     ctl.install("scheduler")
     try:
-        summary = run_prefill(cfg, workload, tracer=tracer, keep_scheduler=True)
+        summary = run_prefill(cfg, workload, tracer=tracer, keep_scheduler=True, verify=True)
         # Still under control: the worker, streams and transfer thread were told to stop; let them
         # exit as scheduled steps, so none runs on uncontrolled after uninstall. (A saved schedule
         # shorter than this replays these steps non-preemptively.)
@@ -188,7 +153,7 @@ def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcom
     finally:
         if trace_path is None:
             os.unlink(path)
-    failures += _prefill_output_failures(cfg, summary)
+    failures += _prefill_output_failures(summary)
     failures += _leak_failure({k: v for k, v in summary["leaks"].items() if v})
     _sorted_failures(failures)
     return Outcome(

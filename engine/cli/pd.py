@@ -54,10 +54,15 @@ def add_pd_args(p: argparse.ArgumentParser, *, launch: bool = False) -> None:
         help="decode's wait in request intake per iteration (models recv_requests' TP broadcast)",
     )
     g.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per request")
+    if launch:  # `pdo run` has its own, for both of its runs (engine/cli/run.py)
+        add_no_verify(g)
+
+
+def add_no_verify(g) -> None:
     g.add_argument(
         "--no-verify",
         action="store_true",
-        help="skip the comparison with the single-process reference",
+        help="skip the comparison of the outputs with the single-process reference",
     )
 
 

@@ -7,7 +7,7 @@ import functools
 import json
 
 from .flags import add_engine_args, build_configs
-from .pd import add_pd_args, cmd_run_pd
+from .pd import add_no_verify, add_pd_args, cmd_run_pd
 
 _UNSET = object()
 
@@ -18,6 +18,7 @@ def register(sub) -> None:
     add_pd_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_no_verify(p)
     p.set_defaults(fn=cmd_run, refuse=functools.partial(refuse_pd_only_flags, p))
 
 
@@ -27,9 +28,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..run import run_prefill  # lazy: start-up time (torch)
 
     cfg, workload = build_configs(args)
-    s = run_prefill(cfg, workload, trace_path=args.trace)
+    s = run_prefill(cfg, workload, trace_path=args.trace, verify=not args.no_verify)
     leaks = s["leaks"]
-    code = 0 if not any(leaks.values()) else 1
+    verdict = s.get("verify")
+    code = 0 if not any(leaks.values()) and not (verdict and verdict["mismatches"]) else 1
     if args.json:
         print(json.dumps(s))
         return code
@@ -47,6 +49,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"  leaks: slots={leaks['slots_in_use']} pages={leaks['pages_unaccounted']} "
         f"locked={leaks['locked_cache_pages']} inflight={leaks['inflight']}"
         + (f"; trace: {args.trace} ({s['events']} events)" if args.trace else "")
+    )
+    print(
+        "  " + (verdict["line"] if verdict else "outputs vs reference: not verified (--no-verify)")
     )
     return code
 

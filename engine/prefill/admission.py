@@ -102,9 +102,12 @@ class Admission:
         req.prefix_sent = req.prefix_len == 0
         req.slot = self.req_to_token.alloc()
         if req.pages:
-            self.req_to_token.table[req.slot, : req.prefix_len] = self.pool.token_indices(
-                req.pages, 0, req.prefix_len
-            ).to(self.device)
+            idx = self.pool.token_indices(req.pages, 0, req.prefix_len)
+            self.req_to_token.table[req.slot, : req.prefix_len] = idx.to(self.device)
+            if (
+                self.probe is not None
+            ):  # verification only (engine/oracle.py): the matched pages' KV
+                self.probe.prefix_matched(self.pool, req, req.pages, idx)
         self.log.alloc(req.rid, req, req.slot)
         self.stats["cached_tokens"] += req.prefix_len
         return True

@@ -58,6 +58,7 @@ class PrefillScheduler(Admission):
         receiver=None,
         model=None,
         on_ingest=None,
+        probe=None,
     ):
         self.cfg = cfg
         self.tr = tracer or NullTracer()
@@ -81,6 +82,11 @@ class PrefillScheduler(Admission):
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
+        # An engine/oracle.py OutputProbe when outputs are verified: admission reports each prefix
+        # match to it, the AttentionStore each entry.
+        self.probe = probe
+        if probe is not None:
+            self.astore.on_entry = probe.store_entry
         # PD: called for each request at intake, where a DP rank registers the room it serves with the
         # bootstrap server (SGLang does it when the request's KV sender is created).
         self.on_ingest = on_ingest

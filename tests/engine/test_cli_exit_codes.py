@@ -100,7 +100,7 @@ def test_run_pd_with_a_failed_summary_exits_1(monkeypatch, capsys, pd_summary, h
             "--decode-mode, --no-prefetch only apply with --pd",
         ),
         (["--max-new-tokens=3"], "--max-new-tokens only applies"),
-        (["--no-verify", "--router", "random"], "--router, --no-verify only apply"),
+        (["--no-prefetch", "--router", "random"], "--router, --no-prefetch only apply"),
         (
             ["--bootstrap-url", "http://127.0.0.1:1", "--bootstrap-latency-ms", "5"],
             "--bootstrap-url, --bootstrap-latency-ms",

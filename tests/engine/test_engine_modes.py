@@ -31,8 +31,12 @@ from tests.helpers import reference, run_mode
 @pytest.mark.parametrize("mode", MODES)
 def test_tokens_and_kv_match_reference(mode, tmp_path):
     trace = tmp_path / f"{mode}.jsonl"
-    summary, cfg = run_mode(mode, trace_path=str(trace))
+    summary, cfg = run_mode(mode, trace_path=str(trace), verify=True)
     assert summary["_error"] is None, summary["_error"]
+    # the content oracle (engine/oracle.py) on every output, beside the direct checks below
+    verdict = summary["verify"]
+    assert verdict["mismatches"] == [], verdict["mismatches"]
+    assert verdict["requests"] == verdict["store_entries"] == 12 and verdict["cached_pages"] > 0
     sched = summary["_scheduler"]
     assert summary["finished"] == summary["requests"] == 12
     assert summary["cached_tokens"] > 0, "workload should exercise the prefix cache"

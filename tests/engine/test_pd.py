@@ -16,6 +16,7 @@ from engine.config import MODES, EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.pd import run_pd
 from engine.workload import WorkloadConfig
+from tests.helpers import assert_tokens_match_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = dict(requests=8, prompt_len=(20, 100), hit=0.6, max_new_tokens=6, seed=5)
@@ -40,14 +41,16 @@ def assert_traces_pass(paths):
 @pytest.mark.parametrize("loop", ["normal", "overlap"])
 @pytest.mark.parametrize("mode", MODES)
 def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
+    cfg, wc = EngineConfig(mode=mode), WorkloadConfig(**WORKLOAD)
     s = run_pd(
-        EngineConfig(mode=mode),
-        WorkloadConfig(**WORKLOAD),
+        cfg,
+        wc,
         DecodeConfig(loop=loop, prefetch=prefetch),
         dp=2,
         trace_path=str(tmp_path / "t.jsonl"),
     )
     assert_clean(s)
+    assert_tokens_match_reference(s, cfg, wc)
     assert s["decode_tokens"] == WORKLOAD["requests"] * (WORKLOAD["max_new_tokens"] - 1)
     if not prefetch:  # with prefetch on, which path a room takes depends on timing (tests/engine/test_pd_faults.py
         assert set(s["resolve"]["by_source"]) <= {"sync"}  # forces the prefetched and prefix paths)
@@ -64,8 +67,9 @@ def test_random_router_three_ranks_long_outputs_and_a_full_decode_batch(tmp_path
         arrival="poisson",
         rate=400,
     )
+    cfg = EngineConfig(mode="ahead", max_batch_tokens=128)
     s = run_pd(
-        EngineConfig(mode="ahead", max_batch_tokens=128),
+        cfg,
         wc,
         DecodeConfig(max_running=4),
         dp=3,
@@ -73,6 +77,7 @@ def test_random_router_three_ranks_long_outputs_and_a_full_decode_batch(tmp_path
         trace_path=str(tmp_path / "t.jsonl"),
     )
     assert_clean(s)
+    assert_tokens_match_reference(s, cfg, wc)
     assert_traces_pass(s["traces"])
 
 
@@ -223,15 +228,16 @@ def test_inproc_bootstrap_answers_like_http():
 
 
 def test_embedded_pd_over_the_inproc_bootstrap_matches_reference(tmp_path):
+    cfg, wc = EngineConfig(mode="ahead"), WorkloadConfig(**WORKLOAD)
     s = run_pd(
-        EngineConfig(mode="ahead"),
-        WorkloadConfig(**WORKLOAD),
-        DecodeConfig(),
-        dp=2,
-        trace_path=str(tmp_path / "t.jsonl"),
-        bootstrap="inproc",
+        cfg, wc, DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl"), bootstrap="inproc"
     )
     assert_clean(s)
+    assert_tokens_match_reference(s, cfg, wc)
+    rid = next(iter(s["outputs"]))
+    s["outputs"][rid][-1] += 1  # a token past the first one wrong: named by position
+    with pytest.raises(AssertionError, match=f"{rid} token {WORKLOAD['max_new_tokens'] - 1}:"):
+        assert_tokens_match_reference(s, cfg, wc)
     assert_traces_pass(s["traces"])
 
 

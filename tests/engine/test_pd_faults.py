@@ -17,6 +17,7 @@ from engine.decode.config import DecodeConfig
 from engine.decode.request import DecodeReq
 from engine.pd import PDError, run_pd
 from engine.workload import WorkloadConfig
+from tests.helpers import assert_tokens_match_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,15 +29,18 @@ def extras(n, start=5000):
 
 def pd(tmp_path, *, inject=(), extra=0, requests=6, mode="overlap", **kw):
     kw.setdefault("dc", DecodeConfig(bootstrap_timeout_s=0.6))
+    cfg = EngineConfig(mode=mode, inject=frozenset(inject))
+    wc = WorkloadConfig(requests=requests, prompt_len=(16, 64), max_new_tokens=4, seed=7)
     s = run_pd(
-        EngineConfig(mode=mode, inject=frozenset(inject)),
-        WorkloadConfig(requests=requests, prompt_len=(16, 64), max_new_tokens=4, seed=7),
+        cfg,
+        wc,
         kw.pop("dc"),
         dp=2,
         trace_path=str(tmp_path / "t.jsonl"),
         extra_decode_reqs=extras(extra),
         **kw,
     )
+    assert_tokens_match_reference(s, cfg, wc)
     return s, check_files(s["traces"])
 
 
