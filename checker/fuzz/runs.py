@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from checker.linear import check_file, check_files
+from checker.refine import check_model
 from engine import sync
 from engine.decode.request import DecodeReq
 from engine.trace import Tracer
@@ -35,6 +36,11 @@ _RULES: list = []
 # After uninstall, how long (wall seconds, all threads together) a run's threads get to exit
 # before a survivor is reported: only a thread stuck outside the controller takes that long.
 JOIN_TIMEOUT_S = 10.0
+# Refinement (the third judge) costs a z3 query per trace, more than the run itself on small cases:
+# a campaign judges it on every MODEL_EVERY-th schedule (by index, so any process judges the same
+# ones); replays, shrinking and exhaustive search judge it on every run.
+MODEL_EVERY = 8
+MODEL_TIMEOUT_MS = 20_000
 
 
 @dataclass
@@ -109,11 +115,25 @@ def _rule_failures(results) -> list[str]:
     return [f"rule {rid}" for rid in rule_ids]
 
 
-def run_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
-    """Run one controlled schedule of `case` (a prefill Case or a PDCase) and judge it."""
+def _model_failures(paths) -> list[str]:
+    """The third judge: each prefill trace a schedule of the loop model of its mode
+    (checker/refine.py); a drift names the engine group and the events the model cannot place."""
+    failures = []
+    for path in paths:
+        check = check_model(path, timeout_ms=MODEL_TIMEOUT_MS)
+        if check.judged and not check.ok:
+            a = check.answer
+            where = ", ".join(f"{check.events[s - 1]['ev']}@{s}" for s in a.seqs[:4]) or a.reason
+            failures.append(f"model {'+'.join(a.groups) or 'E:emits'}: {where}")
+    return failures
+
+
+def run_case(case, strategy, *, trace_path: str | None = None, model: bool = True) -> Outcome:
+    """Run one controlled schedule of `case` (a prefill Case or a PDCase) and judge it; `model`:
+    also judge refinement of the loop model (the campaigns do on every MODEL_EVERY-th schedule)."""
     if isinstance(case, PDCase):
-        return run_pd_case(case, strategy, trace_path=trace_path)
-    return run_prefill_case(case, strategy, trace_path=trace_path)
+        return run_pd_case(case, strategy, trace_path=trace_path, model=model)
+    return run_prefill_case(case, strategy, trace_path=trace_path, model=model)
 
 
 # ---- one prefill case ----------------------------------------------------------------------------
@@ -124,7 +144,9 @@ def _prefill_output_failures(summary) -> list[str]:
     return [f"output: {m}" for m in summary["verify"]["mismatches"]]
 
 
-def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcome:
+def run_prefill_case(
+    case, strategy, *, trace_path: str | None = None, model: bool = True
+) -> Outcome:
     """Run one controlled schedule of a prefill case and judge it: the trace against its rules, each
     request's output against the reference, and leaks."""
     from engine.run import run_prefill  # lazy: imports torch
@@ -150,6 +172,8 @@ def run_prefill_case(case, strategy, *, trace_path: str | None = None) -> Outcom
     try:
         tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
         failures += _rule_failures([check_file(path)])
+        if model:
+            failures += _model_failures([path])
     finally:
         if trace_path is None:
             os.unlink(path)
@@ -333,7 +357,9 @@ def _read_traces(paths) -> list[dict]:
     return trace
 
 
-def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Outcome:
+def run_pd_case(
+    case: PDCase, strategy, *, trace_path: str | None = None, model: bool = True
+) -> Outcome:
     """Run one controlled schedule of a PD case and judge it: every trace (decode, each prefill
     rank) against its rules plus the cross rules, every finished request's tokens against the
     reference, every abort (only the documented ones, `_expected_abort`), and leaks on both
@@ -348,6 +374,8 @@ def run_pd_case(case: PDCase, strategy, *, trace_path: str | None = None) -> Out
     trace = []
     if summary is not None:
         failures += _rule_failures(check_files(summary["traces"], rules=_rules()))
+        if model:
+            failures += _model_failures(summary["traces"])
         failures += _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary)
         failures += _leak_failure(_pd_leaks(summary))
         trace = _read_traces(summary["traces"])

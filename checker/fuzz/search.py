@@ -8,7 +8,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 from .cases import Case, pct_steps
-from .runs import run_case
+from .runs import MODEL_EVERY, run_case
 from .strategies import Replay, make_strategy
 
 
@@ -56,7 +56,8 @@ def run_drawn(case, strategy: str, seed: int, i: int, draw=None):
     """Schedule i of a campaign: its case (`draw(i)`, or `case`) under `strategy` seeded from
     (campaign seed, i) alone, so that it is the same run in any process, in any order."""
     c = draw(i) if draw is not None else case
-    return run_case(c, make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c)))
+    strategy = make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c))
+    return run_case(c, strategy, model=i % MODEL_EVERY == 0)
 
 
 def _run_drawn_slim(case, strategy: str, seed: int, i: int, draw):

@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+from checker.fuzz.cases import Case
+from checker.fuzz.runs import run_case
+from checker.fuzz.strategies import make_strategy
 from checker.refine import check_model
 from engine.prefill import loops
 from tests.helpers import run_mode
@@ -80,3 +83,13 @@ def test_pdo_check_model_exit_codes_and_json(tmp_path):
     assert drift.returncode == 1
     (report,) = json.loads(drift.stdout)
     assert report["model"]["status"] == "unsat" and report["model"]["events"]
+
+
+def test_the_fuzz_judge_flags_a_drifted_loop(monkeypatch):
+    """Refinement is the fuzz loop's third judge: the swapped normal loop fails as `model ...`."""
+    case = Case(mode="normal", requests=3)
+    clean = run_case(case, make_strategy("pct", 0, steps=400))
+    assert not any(f.startswith("model") for f in clean.failures), clean.failures
+    monkeypatch.setitem(loops.LOOPS, "normal", _war_barrier_after_processing)
+    drifted = run_case(case, make_strategy("pct", 0, steps=400))
+    assert any(f.startswith("model E:program-order") for f in drifted.failures), drifted.failures
