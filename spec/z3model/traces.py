@@ -191,6 +191,13 @@ def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60
     names the events (and engine groups) that the loop model cannot reconcile; the core's events
     are then shrunk by deletion while the budget lasts."""
     t0 = time.perf_counter()
+    if not any(e["ev"] == "admit" for e in events):
+        # a rank that admitted nothing (no requests routed to it, or a run cut short): the loop
+        # model has no batch to place its events in
+        status = "sat" if not events else "unknown"
+        return Refinement(
+            status, 0.0, reason="no admitted batch: nothing for the loop model to place"
+        )
     model = Model(
         mode,
         workload=workload_of(events),

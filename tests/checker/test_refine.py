@@ -93,3 +93,20 @@ def test_the_fuzz_judge_flags_a_drifted_loop(monkeypatch):
     monkeypatch.setitem(loops.LOOPS, "normal", _war_barrier_after_processing)
     drifted = run_case(case, make_strategy("pct", 0, steps=400))
     assert any(f.startswith("model E:program-order") for f in drifted.failures), drifted.failures
+
+
+def test_a_trace_without_batches_is_not_judged(tmp_path):
+    """A prefill rank that admitted nothing has nothing for the model to place: not judged, no
+    error."""
+    path = tmp_path / "idle.jsonl"
+    header = {
+        "format": "pdo-trace",
+        "version": 1,
+        "role": "prefill",
+        "mode": "ahead",
+        "page_size": 4,
+    }
+    event = {"seq": 1, "t_ns": 1, "thread": "scheduler", "ev": "alloc", "rid": "r0", "obj": "o1"}
+    path.write_text(json.dumps(header) + "\n" + json.dumps({**event, "slot": 0}) + "\n")
+    check = check_model(str(path))
+    assert check.answer.status == "unknown" and not check.judged
