@@ -57,7 +57,7 @@ def run_drawn(case, strategy: str, seed: int, i: int, draw=None):
     (campaign seed, i) alone, so that it is the same run in any process, in any order."""
     c = draw(i) if draw is not None else case
     strategy = make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c))
-    return run_case(c, strategy, model=i % MODEL_EVERY == 0)
+    return run_case(c, strategy, model=MODEL_EVERY > 0 and i % MODEL_EVERY == 0)
 
 
 def _run_drawn_slim(case, strategy: str, seed: int, i: int, draw):

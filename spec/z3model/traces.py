@@ -171,6 +171,8 @@ def fits_engine(mode: str, header: dict, events: list[dict], timeout_ms: int = 6
 
 
 MAX_SHRINK = 60  # event bindings in an unsat core small enough to shrink one by one
+SHRINK_BUDGET_S = 3.0  # the whole deletion pass; what is left unshrunk is still a conflict
+SHRINK_QUERY_MS = 500  # one deletion query (an unknown keeps the binding)
 
 
 @dataclass
@@ -235,7 +237,11 @@ def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60
     groups = [n for n in model.engine_ids if str(model.lit[n]) in core]
     kept = [lit for lit in lits if str(lit) in core]
     if len(kept) <= MAX_SHRINK:  # deletion: drop each binding the conflict does not need
+        deadline = time.perf_counter() + SHRINK_BUDGET_S
+        model.solver.set(timeout=SHRINK_QUERY_MS)
         for lit in list(kept):
+            if time.perf_counter() > deadline:
+                break
             trial = [x for x in kept if x is not lit]
             if model.solver.check(*engine, *trial) == z3.unsat:
                 kept = trial

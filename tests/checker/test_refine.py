@@ -88,10 +88,10 @@ def test_pdo_check_model_exit_codes_and_json(tmp_path):
 def test_the_fuzz_judge_flags_a_drifted_loop(monkeypatch):
     """Refinement is the fuzz loop's third judge: the swapped normal loop fails as `model ...`."""
     case = Case(mode="normal", requests=3)
-    clean = run_case(case, make_strategy("pct", 0, steps=400))
+    clean = run_case(case, make_strategy("pct", 0, steps=400), model=True)
     assert not any(f.startswith("model") for f in clean.failures), clean.failures
     monkeypatch.setitem(loops.LOOPS, "normal", _war_barrier_after_processing)
-    drifted = run_case(case, make_strategy("pct", 0, steps=400))
+    drifted = run_case(case, make_strategy("pct", 0, steps=400), model=True)
     assert any(f.startswith("model E:program-order") for f in drifted.failures), drifted.failures
 
 
