@@ -13,6 +13,7 @@ import contextlib
 
 import torch
 
+from . import sync
 from .attention import DecodeMeta, ExtendMeta, TorchAttention
 from .config import EngineConfig
 from .memory import KVPool
@@ -29,7 +30,8 @@ def reference_generate(
     model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=dev)
     backend = TorchAttention()
     out = {}
-    with torch.inference_mode(), intra_op_threads(1):
+    # off the schedule: the reference is the judge, not a part of the run a fuzz schedule steps
+    with torch.inference_mode(), intra_op_threads(1), sync.off_schedule():
         for r in requests:
             out[r.rid] = _generate(model, backend, mc, r, dtype, dev)
     return out

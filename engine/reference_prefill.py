@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from . import sync
 from .attention import ExtendMeta, TorchAttention
 from .config import EngineConfig
 from .memory import KVPool, ReqToTokenPool
@@ -44,16 +45,17 @@ def reference_prefill(cfg: EngineConfig, prompt: list[int], logit_bias=None):
         host_prefix=[0],
         host_extend=[n],
     )
-    logits = model.forward(
-        torch.tensor(prompt, dtype=torch.int32),
-        torch.arange(n, dtype=torch.int32),
-        loc,
-        pool,
-        TorchAttention(),
-        meta,
-        torch.tensor([n - 1]),
-        impl="eager",
-    )
+    with sync.off_schedule():  # the judge is not a part of the run a fuzz schedule steps
+        logits = model.forward(
+            torch.tensor(prompt, dtype=torch.int32),
+            torch.arange(n, dtype=torch.int32),
+            loc,
+            pool,
+            TorchAttention(),
+            meta,
+            torch.tensor([n - 1]),
+            impl="eager",
+        )
     bias = torch.zeros(mc.vocab_size)
     for tok, b in (logit_bias or {}).items():
         bias[tok] = b

@@ -40,13 +40,33 @@ def controlled() -> bool:
     return CONTROLLER is not None
 
 
+_off = threading.local()
+
+
+@contextlib.contextmanager
+def off_schedule():
+    """The calling thread's schedule points do nothing inside: for work that is not part of the
+    system under test (an oracle's reference forward), whose points would otherwise be steps of the
+    schedule, and so differ between a run that computes a reference and one that finds it cached."""
+    before = getattr(_off, "on", False)
+    _off.on = True
+    try:
+        yield
+    finally:
+        _off.on = before
+
+
 def points_active() -> bool:
     """Whether a schedule point can do anything (a controller, or jitter): when not, code may skip
     the points between steps (the scripted forward runs all its layers in one call)."""
+    if getattr(_off, "on", False):
+        return False
     return CONTROLLER is not None or bool(JITTER_US)
 
 
 def point(label: str) -> None:
+    if getattr(_off, "on", False):
+        return
     if CONTROLLER is not None:
         CONTROLLER.point(label)
     elif JITTER_US:

@@ -104,8 +104,9 @@ def _list_mutants() -> int:
 
 
 def _replay(a) -> int:
-    case, schedule, _ = load_case(a.replay)
-    out = run_case(case, Replay(schedule, strict=False), trace_path=a.trace)
+    case, schedule, saved = load_case(a.replay)
+    model = bool(saved.get("model", False))  # the judges of the run that saved it
+    out = run_case(case, Replay(schedule, strict=False), trace_path=a.trace, model=model)
     print(f"replayed {a.replay}: {len(out.schedule)} steps, {out.events} events")
     if a.trace and isinstance(case, PDCase):
         stem = a.trace[:-6] if a.trace.endswith(".jsonl") else a.trace
@@ -131,10 +132,16 @@ def _report_failure(a, idx: int, out, label: str) -> int:
         strategy=a.strategy,
         seed=a.seed,
         index=idx,
+        model=out.model,
     )
     small, sched, small_out = shrink(case, out.schedule, out.failures)
     save_case(
-        stem + ".shrunk.json", small, sched, small_out.failures, shrunk_from=stem + ".case.json"
+        stem + ".shrunk.json",
+        small,
+        sched,
+        small_out.failures,
+        shrunk_from=stem + ".case.json",
+        model=small_out.model,
     )
     run_case(small, Replay(sched, strict=False), trace_path=stem + ".trace.jsonl")
     print(f"pdo fuzz: failure after {idx + 1} schedule(s) ({a.strategy}, seed {a.seed}):")

@@ -186,7 +186,11 @@ class Controller:
         if len(self.choices) >= self.max_steps:
             self._abort(StepLimit(f"more than {self.max_steps} schedule steps"))
             return
-        pick = self.strategy.choose(enabled, self.running, len(self.choices))
+        try:
+            pick = self.strategy.choose(enabled, self.running, len(self.choices))
+        except Exception as exc:  # a strategy that cannot go on (a replay that diverged) ends the
+            self._abort(exc)  # run for every thread; raised in one, it would strand the others
+            return
         self.choices.append(pick)
         self.running = pick
         self.cv.notify_all()

@@ -38,8 +38,8 @@ _RULES: list = []
 JOIN_TIMEOUT_S = 10.0
 # Refinement (the third judge) costs a z3 query per trace, more than the run itself on small cases:
 # a campaign judges it on every MODEL_EVERY-th schedule (by index, so any process judges the same
-# ones); replays, shrinking and exhaustive search judge it on every run.
-MODEL_EVERY = 0  # off in campaigns for now: a drifted trace can make z3 run long (docs/fuzzing.md)
+# ones); a replay judges it when the run that saved the case did.
+MODEL_EVERY = 8
 MODEL_TIMEOUT_MS = 20_000
 
 
@@ -53,6 +53,7 @@ class Outcome:
     case: object = field(repr=False, default=None)
     # the run's memory counters (checker/fuzz/pressure.py), summed into the campaign statistics
     stats: dict = field(repr=False, default_factory=dict)
+    model: bool = False  # whether refinement was judged (a saved case replays with the same judges)
     _digest: str | None = field(repr=False, default=None)
 
     @property
@@ -117,14 +118,16 @@ def _rule_failures(results) -> list[str]:
 
 def _model_failures(paths) -> list[str]:
     """The third judge: each prefill trace a schedule of the loop model of its mode
-    (checker/refine.py); a drift names the engine group and the events the model cannot place."""
+    (checker/refine.py); a drift names the engine groups the conflict needs, a verdict that is the
+    same in every process (the events of the conflict are one of several: `pdo check --model`
+    on the trace shows them)."""
     failures = []
     for path in paths:
         check = check_model(path, timeout_ms=MODEL_TIMEOUT_MS)
         if check.judged and not check.ok:
             a = check.answer
-            where = ", ".join(f"{check.events[s - 1]['ev']}@{s}" for s in a.seqs[:4]) or a.reason
-            failures.append(f"model {'+'.join(a.groups) or 'E:emits'}: {where}")
+            reason = f": {a.reason}" if a.reason else ""
+            failures.append(f"model {'+'.join(a.groups) or 'E:emits'}{reason}")
     return failures
 
 
@@ -188,6 +191,7 @@ def run_prefill_case(
         tracer.header,
         case=case,
         stats=prefill_run_stats(summary),
+        model=model,
     )
 
 
@@ -383,4 +387,6 @@ def run_pd_case(
         shutil.rmtree(tmp, ignore_errors=True)
     _sorted_failures(failures)
     stats = pd_run_stats(summary) if summary is not None else {}
-    return Outcome(failures, list(ctl.choices), len(trace), trace, {}, case=case, stats=stats)
+    return Outcome(
+        failures, list(ctl.choices), len(trace), trace, {}, case=case, stats=stats, model=model
+    )

@@ -170,6 +170,19 @@ def fits_engine(mode: str, header: dict, events: list[dict], timeout_ms: int = 6
     return model.check(model.engine_ids, conj(*bind))
 
 
+def _needed_groups(model, bindings) -> list[str]:
+    """The engine groups the conflict needs, by deletion in the model's fixed group order over the
+    whole trace: each answer is the solver's verdict, not its choice of core, so the groups a drift
+    is reported with are the same in every process (an unsat core depends on what else the z3
+    context has seen)."""
+    names = list(model.engine_ids)
+    for name in list(names):
+        trial = [model.lit[n] for n in names if n != name]
+        if model.solver.check(*trial, *bindings) == z3.unsat:
+            names.remove(name)
+    return names
+
+
 MAX_SHRINK = 60  # event bindings in an unsat core small enough to shrink one by one
 SHRINK_BUDGET_S = 3.0  # the whole deletion pass; what is left unshrunk is still a conflict
 SHRINK_QUERY_MS = 500  # one deletion query (an unknown keeps the binding)
@@ -233,8 +246,12 @@ def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60
         return Refinement("sat", time.perf_counter() - t0)
     if result != z3.sat and result != z3.unsat:
         return Refinement("unknown", time.perf_counter() - t0, reason=model.solver.reason_unknown())
+    names = _needed_groups(model, list(lits))
+    engine = [model.lit[n] for n in names]
+    if model.solver.check(*engine, *lits) != z3.unsat:
+        return Refinement("unknown", time.perf_counter() - t0, reason="the conflict did not recur")
     core = {str(c) for c in model.solver.unsat_core()}
-    groups = [n for n in model.engine_ids if str(model.lit[n]) in core]
+    groups = [n for n in names if str(model.lit[n]) in core]
     kept = [lit for lit in lits if str(lit) in core]
     if len(kept) <= MAX_SHRINK:  # deletion: drop each binding the conflict does not need
         deadline = time.perf_counter() + SHRINK_BUDGET_S

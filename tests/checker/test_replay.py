@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from checker.fuzz import Case, Controller, Default, run_case
+from checker.fuzz import Case, Controller, Default, Replay, run_case
 from checker.fuzz import runs as fuzz_runs
 from engine import bootstrap_client, sync
 from engine.bootstrap import BootstrapServer
@@ -31,16 +31,21 @@ _CAMPAIGNS = """
 import json, sys
 from checker.fuzz import Case, campaign, pd_draws, save_case
 warm, case_path, setup = sys.argv[1] == "warm", sys.argv[2], json.loads(sys.argv[3])
-if warm:  # other campaigns first, in this process: a clean prefill case, then a PD case
-    list(campaign(Case(mode="overlap", requests=3), "random", schedules=2, seed=5))
-    list(campaign(None, "pct", schedules=1, seed=3, draw=pd_draws(3)))
 knobs = setup["prefill"]
 case = Case(**{**knobs, "inject": tuple(knobs["inject"])})
+if warm:  # other campaigns first, in this process: a clean prefill case, a PD case, and this very
+    # case under another seed (whatever it leaves cached, the reference outputs, must not steer)
+    list(campaign(Case(mode="overlap", requests=3), "random", schedules=2, seed=5))
+    list(campaign(None, "pct", schedules=1, seed=3, draw=pd_draws(3)))
+    list(campaign(case, "random", schedules=1, seed=7))
 rows = {"prefill": [], "pd": []}
 for i, out in enumerate(campaign(case, "pct", schedules=setup["prefill_schedules"], seed=0)):
     rows["prefill"].append([out.failures, out.digest])
     if out.failed and not rows.get("saved"):
-        save_case(case_path, out.case, out.schedule, out.failures, strategy="pct", seed=0, index=i)
+        save_case(
+            case_path, out.case, out.schedule, out.failures, strategy="pct", seed=0, index=i,
+            model=out.model,
+        )
         rows["saved"] = out.failures
 draw = pd_draws(0, inject=(setup["pd_inject"],))
 for out in campaign(None, "pct", schedules=setup["pd_schedules"], seed=0, draw=draw):
@@ -93,6 +98,14 @@ def test_jobs_2_gives_the_verdicts_and_replay_command_of_jobs_1(tmp_path, capsys
 def test_bad_jobs_is_a_one_line_error(capsys):
     assert main(["fuzz", "--jobs", "0"]) == 2
     assert capsys.readouterr().err.strip() == "pdo fuzz: error: --jobs must be at least 1, got 0"
+
+
+def test_a_replay_that_diverges_ends_the_run_with_a_failure():
+    """A strategy that cannot go on (a saved schedule naming a thread that is not enabled) ends
+    the run for every thread, reported as the run's failure; raised in one thread, it would leave
+    the others parked for ever."""
+    out = run_case(Case(mode="thread", requests=2), Replay(["scheduler", "nobody"]))
+    assert out.failures and "nobody is not enabled" in out.failures[0], out.failures
 
 
 # ---- no thread outlives its schedule -------------------------------------------------------------
