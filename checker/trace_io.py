@@ -10,7 +10,7 @@ import json
 
 from spec import load_events, modes_of
 
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)  # an event with `since = N` (spec/events.toml) needs version >= N
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
 PRIVATE_PREFIX = "x."
@@ -167,6 +167,14 @@ def _validate_slow(
     if spec is None:
         if e["ev"].startswith(PRIVATE_PREFIX):  # an engine's own event: the base keys only
             return
+        since = load_events().get(role, {}).get(e["ev"], {}).get("since")
+        if since is not None:
+            raise TraceFormatError(
+                path,
+                line_no,
+                f"field 'ev': event {e['ev']!r} is new in version {since} of the format; "
+                f"the header says an older version",
+            )
         raise TraceFormatError(
             path,
             line_no,
@@ -262,18 +270,21 @@ def _chunk_slow(
         yield n, e
 
 
-_TABLES: dict = {}  # role -> (the vocabulary they were built from, fields per event, validators)
+_TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, fields, validators)
 
 
-def _role_tables(role: str) -> tuple[dict, dict, dict]:
-    """(required fields, optional fields, fast validator) per event kind of `role`."""
+def _role_tables(role: str, version: int) -> tuple[dict, dict, dict]:
+    """(required fields, optional fields, fast validator) per event kind of `role` in `version` of
+    the format (an event is in every version from its `since`, 1 when absent)."""
     vocab = load_events()
-    hit = _TABLES.get(role)
+    hit = _TABLES.get((role, version))
     if hit is None or hit[0] is not vocab:
-        kinds = vocab.get(role, {})
+        kinds = {
+            ev: spec for ev, spec in vocab.get(role, {}).items() if spec.get("since", 1) <= version
+        }
         fields_of = {ev: spec.get("fields", {}) for ev, spec in kinds.items()}
         optional_of = {ev: spec.get("optional", {}) for ev, spec in kinds.items()}
-        hit = _TABLES[role] = (
+        hit = _TABLES[(role, version)] = (
             vocab,
             fields_of,
             optional_of,
@@ -290,7 +301,7 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
         if header_out is not None:
             header_out.update(header)
         role = header["role"]
-        fields_of, optional_of, valid = _role_tables(role)
+        fields_of, optional_of, valid = _role_tables(role, header["version"])
         last_seq = -1  # seq may start at 0 or 1 (or anywhere above): it only has to increase
         line_no = 2
         admitted: set = set()

@@ -39,7 +39,7 @@ from time import monotonic_ns as _monotonic_ns
 from . import sync
 
 FORMAT = "pdo-trace"
-VERSION = 1
+VERSION = 2
 
 
 class Tracer:
