@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spec import load_events
 from spec.z3model import ENGINE_GROUPS, Refinement, refinement
 
 from .trace_io import iter_events
@@ -33,14 +34,22 @@ def check_model(path: str, timeout_ms: int = 60000) -> ModelCheck:
     events = [e for _, e in iter_events(path, header_out=header)]
     if header.get("role") != "prefill":
         return ModelCheck(path, header, events, None)
-    events = [dict(e, seq=i) for i, e in enumerate(events, 1)]
+    # the loop model places the events it emits; the completions it does not model (spec/events.toml
+    # loop_model = false) are the delivery rules' to judge
+    unmodelled = {
+        ev for ev, spec in load_events()["prefill"].items() if not spec.get("loop_model", True)
+    }
+    events = [
+        dict(e, seq=i, trace_seq=e["seq"])
+        for i, e in enumerate((e for e in events if e["ev"] not in unmodelled), 1)
+    ]
     return ModelCheck(path, header, events, refinement(header["mode"], header, events, timeout_ms))
 
 
 def _event(e: dict) -> str:
     where = f" batch {e['batch']}" if "batch" in e else ""
     who = f" {e['rid']}" if "rid" in e else ""
-    return f"seq {e['seq']} {e['ev']}{where}{who} ({e['thread']})"
+    return f"seq {e['trace_seq']} {e['ev']}{where}{who} ({e['thread']})"
 
 
 def text(check: ModelCheck) -> str:

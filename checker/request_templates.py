@@ -360,3 +360,68 @@ class ChunkSent(Template):
     def finish(self):
         for rid in list(self.chunks):
             self._unsent(rid, None)
+
+
+@TEMPLATES.register("delivered")
+class Delivered(Template):
+    """A consumer comes after the completion it needs (spec/z3model/delivery_encodings.py encodes the
+    same): without `sends`, some `done` of the rid before each `consumer`; with `sends`, the `done`
+    of each of the rid's sends before the consumer (the same `start` where the send carries one),
+    every send completed by the end, and no completion without an earlier send."""
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.done, self.consumer = rule["done"], rule["consumer"]
+        self.sends = tuple(rule.get("sends") or ())
+        self.events = (self.done, self.consumer, *self.sends)
+        self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
+        self.completed: dict = {}  # rid -> {start: seq of the first completion}
+
+    def on(self, e):
+        ev, rid = e["ev"], e["rid"]
+        if ev == self.done:
+            self._done(e, rid)
+        elif ev == self.consumer:
+            self._consumer(e, rid)
+        else:
+            start = e.get("start") if isinstance(e.get("start"), int) else None
+            self.sent.setdefault(rid, {}).setdefault(start, e["seq"])
+
+    def _done(self, e, rid):
+        self.completed.setdefault(rid, {}).setdefault(e.get("start"), e["seq"])
+        if not self.sends:
+            return
+        self.checks += 1
+        sent = self.sent.get(rid, {})
+        if e["start"] not in sent and None not in sent:
+            self.fail(
+                f"{event_label(e)} completes a send of {rid} at token {e['start']} "
+                "that was never made",
+                e["seq"],
+            )
+
+    def _consumer(self, e, rid):
+        self.checks += 1
+        done = self.completed.get(rid, {})
+        if not self.sends:
+            if not done:
+                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e["seq"])
+            return
+        for start, seq in self.sent.get(rid, {}).items():
+            if (start not in done) if start is not None else not done:
+                at = f" at token {start}" if start is not None else ""
+                self.fail(
+                    f"{event_label(e)} for {rid} while its send{at} was not yet delivered "
+                    f"(no {self.done} before it)",
+                    seq,
+                    e["seq"],
+                )
+
+    def finish(self):
+        for rid, sent in self.sent.items():
+            done = self.completed.get(rid, {})
+            for start, seq in sent.items():
+                self.checks += 1
+                if (start not in done) if start is not None else not done:
+                    at = f" at token {start}" if start is not None else ""
+                    self.fail(f"{rid}'s send{at} was never delivered ({self.done})", seq)

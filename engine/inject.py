@@ -16,6 +16,8 @@ MUTANTS = {
     "floor-page-count": "the sender rounds the tail page count down",
     "free-slot-before-forward-done": "a finished request's slot and pages are freed while a forward still reads them",
     "send-before-forward-done": "a chunk's KV is sent before the forward that writes it has finished",
+    "release-before-delivery": "a request is released once its last chunk is handed to the sender, before the transfer delivered it",
+    "retire-before-copy": "an AttentionStore entry is written from its staging buffer before the copy into it completed",
 }
 
 # The rule(s) of spec/rules.toml that must flag each prefill mutant on a real engine trace (any one
@@ -31,6 +33,8 @@ MUTANT_RULES: dict[str, tuple[str, ...]] = {
     "floor-page-count": ("P-page-count",),
     "free-slot-before-forward-done": ("P-release-after-done",),
     "send-before-forward-done": ("P-scheduler-thread", "P-send-after-forward"),
+    "release-before-delivery": ("P-release-after-delivery",),
+    "retire-before-copy": ("P-store-after-copy",),
 }
 
 _active: frozenset = frozenset()

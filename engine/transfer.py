@@ -61,6 +61,9 @@ class TransferEngine:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
         self._gather = device_ops.ops()["gather_kv"] if pool.k.device.type == "cpu" else None
+        # called on this thread with (req, start, tokens) once a chunk's KV is in the receiver's
+        # hands: the trace's kv_delivered, what the release of the request's pages must follow
+        self.on_delivered = None
         self._thread = sync.start_thread(self._run, "transfer")
 
     def _run(self):
@@ -68,7 +71,7 @@ class TransferEngine:
             item = sync.q_get(self._q, "transfer.idle")
             if item is None:
                 return
-            sender, idx, start, pages, ready, last, meta = item
+            sender, req, idx, start, pages, ready, last, meta = item
             try:
                 if ready is not None:
                     ready.synchronize()  # the forward that wrote these pages has finished
@@ -78,6 +81,8 @@ class TransferEngine:
                     i = idx.long()
                     k, v = _pinned_copy(self.pool.k[:, i]), _pinned_copy(self.pool.v[:, i])
                 self.receiver.deliver(KVChunk(sender.room, start, k, v, pages, last, meta))
+                if self.on_delivered is not None:
+                    self.on_delivered(req, start, len(idx))
             except BaseException as exc:
                 self.error = exc
             finally:
@@ -107,7 +112,11 @@ class KVSender:
         self._lock = threading.Lock()
         self.sent_last = False
 
-    def send(self, req, end: int, ready_event, *, last: bool, meta=None) -> tuple[int, int]:
+    def send(
+        self, req, end: int, ready_event, *, last: bool, meta=None, announce=None
+    ) -> tuple[int, int]:
+        """Hand positions [start_send_idx, end) to the transfer thread; `announce(tokens, pages)` is
+        called before the hand-off, so the send is logged before its delivery can be."""
         start = req.start_send_idx
         tokens = end - start
         pages = pages_for(tokens, self.ps)
@@ -118,7 +127,9 @@ class KVSender:
         idx = self.engine.pool.token_indices(page_ids, 0, len(page_ids) * self.ps)[:tokens]
         with self._lock:
             self._pending += 1
-        self.engine.enqueue(self, idx, start, pages, ready_event, last, meta or {})
+        if announce is not None:
+            announce(tokens, pages)
+        self.engine.enqueue(self, req, idx, start, pages, ready_event, last, meta or {})
         req.start_send_idx = end
         if last:
             self.sent_last = True
@@ -147,6 +158,11 @@ class AttentionStore:
         self.staged_batches = 0
         # Verification only (engine/oracle.py): called with each entry's KV as it is retired.
         self.on_entry = None
+        # Trace hooks: on_copied(rids) when a staging copy has completed (on the copy stream where
+        # the stream runs on a host thread; where the host first sees its event done on CUDA), and
+        # on_retired(rid) as each entry is written from it, which must come after.
+        self.on_copied = None
+        self.on_retired = None
 
     def stage(self, reqs, ready_event) -> None:
         if not reqs:
@@ -157,15 +173,15 @@ class AttentionStore:
             spans.append((r.rid, len(r.prompt)))
             idx.append(ti)
         idx = torch.cat(idx).to(self.pool.k.device)
-        holder = {}
-
         pinned = self.pool.k.device.type == "cuda"
+        holder = {"on_stream": not pinned}  # a host-thread stream logs its copy's completion
 
         if not pinned:  # CPU: the gather is the host copy; one call (engine/device_ops.py)
             stage_kv = device_ops.ops()["stage_kv"]
 
             def gather():
                 holder["kv"] = stage_kv(self.pool.k, self.pool.v, idx)
+                self._copied(spans)
         else:
 
             def gather():  # one gather for all requests, then one device-to-host copy (async on CUDA)
@@ -182,6 +198,10 @@ class AttentionStore:
         self.pending.append((done, spans, holder))
         self.staged_batches += 1
 
+    def _copied(self, spans) -> None:
+        if self.on_copied is not None:
+            self.on_copied([rid for rid, _ in spans])
+
     def drain(self) -> None:
         """Shutdown: wait for every pending write and retire it."""
         for done, _, _ in self.pending:
@@ -192,7 +212,10 @@ class AttentionStore:
         """Completes finished writes; returns how many were retired."""
         keep, n = [], 0
         for done, spans, holder in self.pending:
-            if done.query():
+            if done.query() or inject.on("retire-before-copy"):  # MUTANT: no wait for the copy
+                if not holder["on_stream"] and not holder.get("copied"):  # first seen done here
+                    holder["copied"] = True
+                    self._copied(spans)
                 kv = holder.get("kv")
                 off = 0
                 for rid, tokens in spans:
@@ -202,6 +225,8 @@ class AttentionStore:
                         part.numel() * part.element_size() if part is not None else 0,
                     )
                     off += tokens
+                    if self.on_retired is not None:
+                        self.on_retired(rid)
                     if self.on_entry is not None:
                         self.on_entry(rid, part)
                 n += 1

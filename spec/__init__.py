@@ -53,6 +53,7 @@ PARAMS: dict[str, dict[str, str]] = {
     "in_span": {"ev": "event", "span": "span"},
     "each_in_span": {"ev": "event", "span": "span"},
     "chunk_sent": {"sends": "events", "done": "event", "started": "event", "release": "event"},
+    "delivered": {"done": "event", "consumer": "event", "sends?": "events"},
     # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
     "prefetch_top": {"thread?": "thread"},
     **{
@@ -97,9 +98,16 @@ class Rule:
     # header field -> value for which the rule does not apply (a loop variant its mode does not name:
     # SGLang's overlap loop with sampling inside the forward, `sampling = "inline"`)
     unless: tuple = ()
+    # derived from the events the rule names (spec/events.toml): the first format version that has
+    # them all (an older trace lacks them, and the rule does not apply to it), and whether the loop
+    # model emits them all (if not, the rule is judged on traces only, never proved)
+    since: int = 1
+    loop_model: bool = True
 
     def applies(self, mode: str | None, header: dict | None = None) -> bool:
         if header is not None and any(header.get(k) == v for k, v in self.unless):
+            return False
+        if header is not None and header.get("version", 1) < self.since:
             return False
         return mode is None or mode in self.modes or "any" in self.modes
 
@@ -157,6 +165,10 @@ def _build_rules(files: list[str]) -> list[Rule]:
             if base["kind"] not in KINDS:
                 raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
             _check_params(fname, base["id"], base["kind"], raw, role, tuple(base["modes"]))
+            named = [
+                _load("events.toml").get(r, {}).get(ev, {})
+                for r, ev in _events_named(base["kind"], raw, role)
+            ]
             rules.append(
                 Rule(
                     base["id"],
@@ -167,12 +179,31 @@ def _build_rules(files: list[str]) -> list[Rule]:
                     raw,
                     role,
                     tuple(sorted(unless.items())),
+                    max((e.get("since", 1) for e in named), default=1),
+                    all(e.get("loop_model", True) for e in named),
                 )
             )
     ids = [r.id for r in rules]
     if len(ids) != len(set(ids)):
         raise ValueError("duplicate rule ids in spec/")
     return rules
+
+
+def _events_named(kind: str, params: dict, role: str) -> list[tuple[str, str]]:
+    """(role, event) for each event a rule's parameters name (a cross rule's, in either role)."""
+    names = []
+    for key, typ in PARAMS[kind].items():
+        v = params.get(key.rstrip("?"))
+        if v is None:
+            continue
+        if typ == "event":
+            names.append(v)
+        elif typ in ("events", "span"):
+            names += v
+        elif typ == "steps":
+            names += [x for x, _ in v]
+    roles = ("prefill", "decode") if role == "cross" else (role,)
+    return [(r, ev) for ev in names for r in roles]
 
 
 def modes_of(role: str) -> tuple[str, ...]:

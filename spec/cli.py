@@ -279,6 +279,11 @@ def prove_mode(
     )
     if model.not_encoded:
         say(f"   rules of kinds without an encoding (not used): {', '.join(model.not_encoded)}")
+    if model.not_modelled:
+        say(
+            "   rules about events the loop model does not emit (judged on traces only): "
+            + ", ".join(model.not_modelled)
+        )
     counts = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
     checks = _decode_vacuity(model, k) if role == "decode" else _prefill_vacuity(model, mode)
     _say_vacuity(checks, counts, say)

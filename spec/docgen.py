@@ -182,12 +182,20 @@ def _rules_by_property(prefill: list, minimal: dict) -> list[str]:
         ]
         if any(cells):
             out.append(f"| {name} | " + " | ".join(cells) + " |")
-    unused = [r.id for r in prefill if not any(r.id in pr.core for pr in minimal.values())]
+    unused = [
+        r.id
+        for r in prefill
+        if r.loop_model and not any(r.id in pr.core for pr in minimal.values())
+    ]
+    traces_only = [r.id for r in prefill if not r.loop_model]
     return out + [
         "",
         "Rules in no minimal set (they guard the traces, not these properties): "
         + ", ".join(unused)
         + ".",
+        "",
+        "Rules about events the loop model does not emit, judged on traces only (not in the "
+        "model): " + ", ".join(traces_only) + ".",
         "",
     ]
 
@@ -272,6 +280,14 @@ def _rules_section(rules: list) -> list[str]:
             f"- kind: `{r.kind}`" + (f" ({params})" if params else ""),
             f"- role: {r.role}; modes: {', '.join(r.modes)}",
             f"- z3 encoding: {encoded}",
+            *(
+                []
+                if r.loop_model
+                else [
+                    f"- format version {r.since}; judged on traces only: the loop model does not "
+                    "emit its events"
+                ]
+            ),
             f"- design: {r.design}",
             "",
         ]

@@ -37,10 +37,18 @@ def _admit(n):
 
 
 def _prefix(n, thread):
-    return [
-        E(thread, "prefix_send", batch=n, rid=r, obj=REQS[r][0], tokens=16, pages=1, start=0)
-        for r in PREFIX.get(n, [])
-    ]
+    out = []
+    for r in PREFIX.get(n, []):
+        out.append(
+            E(thread, "prefix_send", batch=n, rid=r, obj=REQS[r][0], tokens=16, pages=1, start=0)
+        )
+        out.append(_delivered(r, 0, 16))
+    return out
+
+
+def _delivered(rid, start, tokens):
+    """The transfer thread's completion of a send (format version 2)."""
+    return E("transfer", "kv_delivered", rid=rid, obj=REQS[rid][0], start=start, tokens=tokens)
 
 
 def _run_batch(n, thread, *, early_send=True, stage=True):
@@ -69,9 +77,12 @@ def _process(n):
                 start=start,
             )
         )
+        out.append(_delivered(rid, start, take))
     out.append(E("scheduler", "process_end", batch=n))
     for rid, _, _, last in BATCHES[n]:
-        if last:
+        if last:  # its AttentionStore copy completes, its entry is retired, then it is released
+            out.append(E("stream:copy", "store_copied", rid=rid))
+            out.append(E("scheduler", "store_entry", rid=rid))
             out.append(E("scheduler", "release", rid=rid, obj=REQS[rid][0], slot=REQS[rid][1]))
     return out
 
@@ -134,7 +145,7 @@ def write(path, mode: str, events: list[dict], page_size: int = 16) -> str:
             json.dumps(
                 {
                     "format": "pdo-trace",
-                    "version": 1,
+                    "version": 2,
                     "role": "prefill",
                     "mode": mode,
                     "page_size": page_size,

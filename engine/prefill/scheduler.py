@@ -41,6 +41,10 @@ EVENTS: dict[str, tuple[str, ...]] = dict(
     kv_send=("rid", "obj", "tokens", "pages", "start"),
     process_end=("batch",),
     release=("rid", "obj", "slot"),
+    # completions of asynchronous copies (format version 2), each logged where it has happened
+    kv_delivered=("rid", "obj", "start", "tokens"),
+    store_copied=("rid",),
+    store_entry=("rid",),
 )
 
 
@@ -82,6 +86,11 @@ class PrefillScheduler(Admission):
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
+        self.transfer.on_delivered = lambda req, start, tokens: self.log.kv_delivered(
+            req.rid, req, start, tokens
+        )
+        self.astore.on_copied = self._log_copied
+        self.astore.on_retired = self.log.store_entry
         # An engine/oracle.py OutputProbe when outputs are verified: admission reports each prefix
         # match to it, the AttentionStore each entry.
         self.probe = probe
@@ -289,8 +298,16 @@ class PrefillScheduler(Admission):
         if req.prefix_sent:
             return
         req.prefix_sent = True
-        tokens, pages = req.sender.send(req, req.prefix_len, None, last=False)
-        self.log.prefix_send(batch.bid, req.rid, req, tokens, pages, req.prefix_len - tokens)
+        end = req.prefix_len
+        req.sender.send(
+            req,
+            end,
+            None,
+            last=False,
+            announce=lambda tokens, pages: self.log.prefix_send(
+                batch.bid, req.rid, req, tokens, pages, end - tokens
+            ),
+        )
 
     # ---- deferred sampling ---------------------------------------------------------------------
     def launch_batch_sample_if_needed(self, batch: ScheduleBatch, result: ForwardResult) -> None:
@@ -338,14 +355,30 @@ class PrefillScheduler(Admission):
         self.log.process_end(batch.bid)
 
     def _send(self, req: Req, end: int, ready, *, last: bool, meta=None) -> None:
-        tokens, pages = req.sender.send(req, end, ready, last=last, meta=meta)
-        self.log.kv_send(req.rid, req, tokens, pages, end - tokens)
+        req.sender.send(
+            req,
+            end,
+            ready,
+            last=last,
+            meta=meta,
+            announce=lambda tokens, pages: self.log.kv_send(
+                req.rid, req, tokens, pages, end - tokens
+            ),
+        )
+
+    def _log_copied(self, rids) -> None:
+        for rid in rids:
+            self.log.store_copied(rid)
 
     def process_inflight_queue(self) -> None:
         """Release requests whose KV transfer and AttentionStore staging have completed."""
         still = []
         for req in self.inflight:
-            if req.sender.poll() and (req.as_event is None or req.as_event.query()):
+            # MUTANT: released once the last chunk is handed to the sender, not once delivered
+            sent = (
+                req.sender.sent_last if inject.on("release-before-delivery") else req.sender.poll()
+            )
+            if sent and (req.as_event is None or req.as_event.query()):
                 if not req.released:
                     self._release(req)
                 req.finished = True

@@ -28,7 +28,7 @@ This package re-exports the names other code uses, so `from spec.z3model import 
 from __future__ import annotations
 
 from .. import LOOP_MODES, load_events, load_rules
-from . import decode_encodings, prefill_encodings, receiver_encodings  # noqa: F401  (fill ENCODERS)
+from . import decode_encodings, delivery_encodings, prefill_encodings, receiver_encodings  # noqa: F401  (fill ENCODERS)
 from .decode_loops import (
     DECODE_ENGINE_GROUPS,
     DECODE_MODES,

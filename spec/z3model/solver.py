@@ -75,7 +75,9 @@ class Model:
         unknown = set(drop) - {r.id for r in all_rules}
         if unknown:
             raise ValueError(f"no rule {', '.join(sorted(unknown))} applies to mode {mode}")
-        self.rules = [r for r in all_rules if r.id not in drop]
+        # rules that read events the loop model does not emit (spec/events.toml loop_model = false)
+        self.not_modelled = [r.id for r in all_rules if not r.loop_model]
+        self.rules = [r for r in all_rules if r.id not in drop and r.loop_model]
         self.not_encoded = [r.id for r in self.rules if r.kind not in ENCODERS]
         if role == "decode":
             engine = decode_engine(self.universe)

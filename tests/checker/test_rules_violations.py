@@ -130,6 +130,14 @@ VIOLATIONS = {
     "P-page-aligned": ("normal", _set("kv_send", rid="a", start=1)),
     "P-send-after-forward": ("overlap", _before("kv_send", None, "process_begin", 2, rid="c")),
     "P-send-each-chunk": ("ahead", _delete("kv_send", rid="a", nth=1)),
+    "P-release-after-delivery": (
+        "thread",
+        _before("release", None, "kv_delivered", None, rid="c", trid="c"),
+    ),
+    "P-store-after-copy": (
+        "overlap",
+        _before("store_entry", None, "store_copied", None, rid="b", trid="b"),
+    ),
 }
 
 

@@ -192,7 +192,8 @@ def test_plot_writes_png(traces, tmp_path, capsys):
         assert main(["trace", "plot", str(path), "-o", str(png), "--batches", "1:3"]) == 0
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-    assert "2 lanes" in capsys.readouterr().out
+    # scheduler and forward, plus the transfer thread and copy stream with their completions
+    assert "4 lanes" in capsys.readouterr().out
     assert (
         main(
             [
