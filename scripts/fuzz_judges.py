@@ -1,8 +1,10 @@
 """Which judge (rule, content oracle, refinement, leak, engine error) flags the schedule that killed
 each registered mutant in `pdo fuzz --mutants`' hunts; prints the table of docs/fuzzing.md.
 
-Run: .venv/bin/python scripts/fuzz_judges.py
+Run: .venv/bin/python scripts/fuzz_judges.py [MUTANT ...]   (default: every registered mutant)
 """
+
+import sys
 
 from checker.fuzz.cli import mutant_row
 from engine.inject import DECODE_MUTANTS, MUTANTS
@@ -27,7 +29,7 @@ print(
     "| mutant | side | killed | median schedules to kill | judges that flag the killing schedule (seeds of 5) |"
 )
 print("|---|---|---|---|---|")
-for name in list(MUTANTS) + list(DECODE_MUTANTS):
+for name in sys.argv[1:] or list(MUTANTS) + list(DECODE_MUTANTS):
     row = mutant_row(name, strategy="pct", seeds=range(5), budget=60)
     counts = {}
     for fails in row["failures"]:
