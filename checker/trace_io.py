@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from spec import load_events, modes_of
+from spec.errors import BadInput
 
 SUPPORTED_VERSIONS = (1, 2)  # an event with `since = N` (spec/events.toml) needs version >= N
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
@@ -17,7 +18,7 @@ PRIVATE_PREFIX = "x."
 _TYPES = {"int": int, "str": str}
 
 
-class TraceFormatError(Exception):
+class TraceFormatError(BadInput):
     def __init__(self, path: str, line: int, reason: str):
         super().__init__(f"{path}:{line}: {reason}")
         self.path, self.line, self.reason = path, line, reason

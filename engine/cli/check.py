@@ -8,6 +8,7 @@ import json
 from checker import refine
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
+from spec.errors import BadInput
 
 
 def register(sub) -> None:
@@ -38,7 +39,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         return main_check(args.traces, json_out=args.json)
     if args.perfetto and len(args.traces) != 1:
-        raise ValueError("--perfetto takes exactly one trace")
+        raise BadInput("--perfetto takes exactly one trace")
     from checker.linear import check_files  # lazy: start-up time (numpy)
 
     # decode traces are also checked against the prefill traces given

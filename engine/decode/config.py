@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 DECODE_LOOPS = ("normal", "overlap")
 
 
@@ -35,13 +37,13 @@ class DecodeConfig:
 
     def __post_init__(self):
         if self.loop not in DECODE_LOOPS:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown decode loop {self.loop!r}; choose one of {', '.join(DECODE_LOOPS)}"
             )
         if self.polling_interval < 1:
-            raise ValueError("polling_interval must be >= 1")
+            raise ConfigError("polling_interval must be >= 1")
         if self.max_running < 1:
-            raise ValueError("max_running must be >= 1")
+            raise ConfigError("max_running must be >= 1")
 
 
 ROUTERS = ("round_robin", "random")
