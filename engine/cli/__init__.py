@@ -65,7 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for _name, add in COMMANDS.items():
         add(sub)
+    for p in walk_parsers(parser):  # every sub-command's --help names the exit codes
+        if p is not parser:
+            p.epilog = f"{p.epilog}\n\n{EXIT_CODES_HELP}" if p.epilog else EXIT_CODES_HELP
     return parser
+
+
+def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Yield `parser` and every sub-command parser below it (`pdo bench prefill`, `pdo spec
+    prove`, ...); each carries its command words as `pdo_path`."""
+    parser.pdo_path = path
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from walk_parsers(sub, (*path, name))
 
 
 def main(argv: list[str] | None = None) -> int:
