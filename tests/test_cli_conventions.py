@@ -88,11 +88,21 @@ def test_an_internal_error_is_one_line_exit_70(tmp_path, monkeypatch):
 
 
 def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
-    """A ValueError from inside pdo is a bug (70); a BadInput is the user's (2)."""
+    """A ValueError from inside pdo is a bug (70); a BadInput is the user's (2); a PD run that
+    failed is 1, one that cannot start as configured 2."""
+    from engine.decode.config import PDError, PDStartupError
     from spec.errors import BadInput
 
     path = write(tmp_path / "t.jsonl", "ahead", canonical("ahead"))
-    for exc, want in ((ValueError("inside"), 70), (TypeError("x"), 70), (BadInput("f: no"), 2)):
+    cases = [
+        (ValueError("inside"), 70),
+        (TypeError("x"), 70),
+        (RecursionError("deep"), 70),
+        (BadInput("f: no"), 2),
+        (PDError("decode failed"), 1),
+        (PDStartupError("not reachable"), 2),
+    ]
+    for exc, want in cases:
 
         def raise_it(args, exc=exc):
             raise exc

@@ -78,7 +78,7 @@ def _edit_object(data: bytes, rng: random.Random, edit, header: bool = False) ->
         return data
     try:
         obj = json.loads(lines[i])
-    except ValueError:
+    except (ValueError, RecursionError):  # a line an earlier mutation already broke
         return data
     if not isinstance(obj, dict) or not obj:
         return data

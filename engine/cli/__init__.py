@@ -103,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except KeyboardInterrupt:
         return exits.INTERRUPTED
-    except PDError as exc:  # a role of a PD run failed or timed out: the run failed
-        print(f"pdo {args.cmd}: error: {_one_line(exc)}", file=sys.stderr)
-        return exits.FAILED
     except BAD_INPUT_TYPES as exc:  # one line, never a traceback, for what the user can cause
         print(f"pdo {args.cmd}: error: {exc}", file=sys.stderr)
         return exits.BAD_INPUT
+    except PDError as exc:  # a role of a PD run failed or timed out: the run failed
+        print(f"pdo {args.cmd}: error: {_one_line(exc)}", file=sys.stderr)
+        return exits.FAILED
     except Exception as exc:
         debug = args.debug or os.environ.get("PDO_DEBUG", "").strip() not in ("", "0")
         if debug:

@@ -194,7 +194,7 @@ def _read_url(boot: subprocess.Popen, *, timeout_s: float) -> str:
             err = _last_line(boot)
         except subprocess.TimeoutExpired:
             err = f"no answer within {timeout_s:g} s"
-        raise PDError(f"bootstrap server did not start: {err}")
+        raise BadInput(f"bootstrap server did not start: {err}")
     return line.strip().rsplit(" ", 1)[1]
 
 

@@ -50,4 +50,8 @@ ROUTERS = ("round_robin", "random")
 
 
 class PDError(RuntimeError):
-    """A PD run that cannot start or did not finish; the CLI prints it on one line."""
+    """A PD run that cannot start or did not finish; the CLI prints it on one line (exit 1)."""
+
+
+class PDStartupError(PDError, ConfigError):
+    """A PD run that cannot start as configured (a bootstrap URL nothing answers): bad input, 2."""
