@@ -105,7 +105,7 @@ step "4. bench trace-overhead" 150 "${pdo[@]}" bench trace-overhead "${dev[@]}" 
     "${to_reps[@]}" --json-out "$out/trace-overhead.json"
 step "3b. bench prefill, GPU-sized batches" 200 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" \
     "${reps_big[@]}" --json-out "$out/bench-prefill-big.json" --png "$out/bench-prefill-big.png"
-step "5. Triton kernels vs SDPA" 150 "$py" -m triton_kernels.bench "${kernels[@]}" --json "$out/kernels.json"
+step "5. Triton kernels vs SDPA" 150 "$py" -m triton_kernels.bench "${kernels[@]}" --json-out "$out/kernels.json"
 
 echo "== done ($(date -u +%H:%M:%S)): $failed step(s) failed; results in $out" | tee -a "$log"
 exit $((failed > 0))

@@ -82,8 +82,9 @@ def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
                 yield from walk_parsers(sub, (*path, name))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
+    """`pdo argv...`; `parser` is build_parser()'s, for a caller that runs many commands."""
+    parser = parser or build_parser()
     if argv is None:
         argv = sys.argv[1:]
         # `pdo check t.jsonl | head` ends quietly, like any Unix tool

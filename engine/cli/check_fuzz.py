@@ -21,13 +21,13 @@ from . import exits
 VERDICTS = {exits.OK, exits.FAILED, exits.BAD_INPUT, exits.INCOMPLETE}
 
 
-def check_once(path: str, extra: list[str]) -> tuple[int, str]:
+def check_once(path: str, extra: list[str], parser=None) -> tuple[int, str]:
     """`pdo check [extra] path` in this process: (exit code, what it wrote on stderr)."""
     from . import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["check", *extra, path])
+        rc = main(["check", *extra, path], parser=parser)
     return rc, err.getvalue()
 
 
@@ -54,6 +54,9 @@ def campaign(
     """`cases` mutants of the seed traces, each checked once (every `json_every`-th with --json,
     every `z3_every`-th with --engine z3). Returns counts by exit code, the problems found (case,
     mutations, what was wrong) and the wall time."""
+    from . import build_parser
+
+    parser = build_parser()  # built once: building it costs more than checking a small trace
     t0 = time.perf_counter()
     counts: Counter[int] = Counter()
     problems = []
@@ -69,7 +72,7 @@ def campaign(
             extra.append("--json")
         if z3_every and case % z3_every == z3_every - 1:
             extra += ["--engine", "z3"]
-        rc, err = check_once(path, extra)
+        rc, err = check_once(path, extra, parser)
         counts[rc] += 1
         why = problem(rc, err, path)
         if why:
