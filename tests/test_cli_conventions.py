@@ -173,7 +173,9 @@ def test_both_decoding_paths_agree(tmp_path, monkeypatch):
 def test_obj_may_be_an_integer_and_int_and_string_differ(tmp_path):
     events = canonical("ahead")
     as_int = [{**e, "obj": 1000 + ord(e["obj"][-1])} if "obj" in e else e for e in events]
-    assert main(["check", write(tmp_path / "int.jsonl", "ahead", as_int)]) == exits.OK
+    path = write(tmp_path / "int.jsonl", "ahead", as_int)
+    assert main(["check", path]) == exits.OK
+    assert main(["check", "--engine", "z3", path]) == exits.OK
     # the same trace with one chunk_dec naming "1097" (a string): a different object
     k = next(i for i, e in enumerate(as_int) if e["ev"] == "chunk_dec")
     mixed = [*as_int[:k], {**as_int[k], "obj": str(as_int[k]["obj"])}, *as_int[k + 1 :]]
