@@ -13,9 +13,10 @@ import tempfile
 
 from checker.trace_io import iter_events
 from engine.bench.progress import Progress
-from engine.bench.record import machine, now, write_json
+from engine.bench.record import add_json_arguments, machine, now, write_json
 from engine.bench.registry import BENCH, BenchCommand
 from engine.config import EngineConfig
+from spec.errors import BadInput
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,7 +67,7 @@ def make_big_trace(
         if tmp is not None:
             os.unlink(tmp.name)
     if not evs:
-        raise ValueError(f"{base}: no events to repeat")
+        raise BadInput(f"{base}: no events to repeat")
     batches = max((e["batch"] for e in evs if "batch" in e), default=-1) + 1
     span = evs[-1]["t_ns"] - evs[0]["t_ns"] + 1000
     copies = -(-events // len(evs))
@@ -226,9 +227,9 @@ def cmd_checker(a) -> int:
         memory=not a.no_memory,
         progress=Progress(True if a.progress else None),
     )
-    if a.json != "-":
+    if not a.json:
         print(format_checker(res))
-    write_json(a.json, res)
+    write_json(a, res)
     return 0
 
 
@@ -239,7 +240,7 @@ def add_checker_arguments(c) -> None:
     c.add_argument("--keep", metavar="FILE", help="write the generated trace here and keep it")
     c.add_argument("--reps", type=int, default=None, help="measurements (best is reported)")
     c.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
-    c.add_argument("--json", metavar="FILE")
+    add_json_arguments(c)
     c.add_argument("--progress", action="store_true")
 
 

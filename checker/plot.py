@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from spec.errors import BadInput
+
 from .perfetto import load
 
 COLORS = {
@@ -42,7 +44,7 @@ def _window(path: str, tl, spans, batches: str | None, time_ms: str | None) -> t
             if s.batch is not None and (a is None or s.batch >= a) and (b is None or s.batch <= b)
         ]
         if not sel:
-            raise ValueError(f"{path}: no spans of batches {batches}")
+            raise BadInput(f"{path}: no spans of batches {batches}")
         lo_ns, hi_ns = min(s.t0 for s in sel), max(s.t1 for s in sel)
     if time_ms:
         a, b = _parse_range(time_ms)
@@ -136,7 +138,7 @@ def plot(
 
     header, tl, spans, events = load(path)
     if tl.t_first is None:
-        raise ValueError(f"{path}: the trace has no events to draw")
+        raise BadInput(f"{path}: the trace has no events to draw")
     t0 = tl.t_first
     lo_ns, hi_ns = _window(path, tl, spans, batches, time_ms)
     order = _lane_order(tl.threads)

@@ -7,8 +7,11 @@ and exits 2.
 from __future__ import annotations
 
 import json
+import math
+import re
 
 from spec import load_events, modes_of
+from spec.errors import BadInput
 
 SUPPORTED_VERSIONS = (1, 2)  # an event with `since = N` (spec/events.toml) needs version >= N
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
@@ -17,7 +20,7 @@ PRIVATE_PREFIX = "x."
 _TYPES = {"int": int, "str": str}
 
 
-class TraceFormatError(Exception):
+class TraceFormatError(BadInput):
     def __init__(self, path: str, line: int, reason: str):
         super().__init__(f"{path}:{line}: {reason}")
         self.path, self.line, self.reason = path, line, reason
@@ -38,7 +41,94 @@ def _check_type(value, typ: str) -> bool:
         return value is None or (isinstance(value, int) and not isinstance(value, bool))
     if typ == "int":
         return isinstance(value, int) and not isinstance(value, bool)
+    if typ == "int|str":  # an identity (`obj`): Python's id() or a name; 5 and "5" differ
+        return type(value) is str or type(value) is int
     return isinstance(value, _TYPES[typ])
+
+
+# Values the checker cannot represent are bad input wherever they are in a line, on both paths:
+# integers outside signed 64 bits (numpy, z3 and the rules' arithmetic hold int64), numbers that
+# are not finite (NaN, Infinity, 1e400), strings with a lone surrogate (not Unicode: they cannot be
+# printed), and nesting deeper than MAX_DEPTH.
+INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_DEPTH = 64
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not INT64[0] <= value <= INT64[1]:
+        raise ValueError(
+            f"integer {text[:24]}{'...' if len(text) > 24 else ''} is outside signed 64 bits"
+        )
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:24]} is not finite")
+    return value
+
+
+def _strict_loads(text):
+    """Standard json, made to refuse what orjson refuses and what the checker cannot hold; raises
+    ValueError with the reason (json.JSONDecodeError for syntax)."""
+    try:
+        value = json.loads(
+            text, parse_constant=_reject_constant, parse_int=_int64, parse_float=_finite
+        )
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    reason = _bad_value(value, 0)
+    if reason:
+        raise ValueError(reason)
+    return value
+
+
+def _bad_value(v, depth: int) -> str | None:
+    """Why a decoded value cannot be checked, or None."""
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    t = type(v)
+    if t is int:
+        return None if INT64[0] <= v <= INT64[1] else "integer outside signed 64 bits"
+    if t is float:
+        return None if math.isfinite(v) else "number is not finite"
+    if t is str:
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return "string is not valid Unicode (a lone surrogate)"
+        return None
+    if t is list:
+        return next((r for x in v if (r := _bad_value(x, depth + 1))), None)
+    if t is dict:
+        return next(
+            (
+                r
+                for k, x in v.items()
+                if (r := _bad_value(k, depth + 1) or _bad_value(x, depth + 1))
+            ),
+            None,
+        )
+    return None
+
+
+# A chunk that may hold such a value goes to the exact path: a 19-digit number from 9e18 up or a
+# longer one (orjson reads integers up to 2^64 - 1, and larger ones as floats), a \uD800-\uDBFF
+# escape (the standard library accepts a lone one), NaN or Infinity (the same), and a line with
+# more than MAX_DEPTH brackets (orjson nests to 1024).
+_SUSPECT = re.compile(rb"9\d{18}|\d{20}|\\u[dD][89abAB]|NaN|Infinity")
+
+
+def _suspect(raw: list) -> bool:
+    if _SUSPECT.search(b"".join(raw)):
+        return True
+    return any(line.count(b"[") + line.count(b"{") > MAX_DEPTH for line in raw)
 
 
 def read_header(path: str, f) -> dict:
@@ -52,9 +142,11 @@ def read_header(path: str, f) -> dict:
         except UnicodeDecodeError as e:
             raise TraceFormatError(path, 1, f"not UTF-8 text ({e.reason})") from None
     try:
-        header = json.loads(first)
+        header = _strict_loads(first)
     except json.JSONDecodeError as e:
         raise TraceFormatError(path, 1, f"header is not JSON ({e.msg})") from None
+    except ValueError as e:
+        raise TraceFormatError(path, 1, f"header: {e}") from None
     if not isinstance(header, dict) or header.get("format") != "pdo-trace":
         raise TraceFormatError(path, 1, "field 'format': expected \"pdo-trace\"")
     version = header.get("version")
@@ -201,8 +293,8 @@ def _decode_fast(raw: list) -> list | None:
             return None
     lines = [line if line.endswith(b"\n") else line + b"\n" for line in raw if not line.isspace()]
     try:
-        events = json.loads(b"[" + b",".join(lines) + b"]")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        events = _strict_loads(b"[" + b",".join(lines) + b"]")
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError and the value checks too
         return None
     return events if len(events) == len(lines) else None
 
@@ -262,9 +354,11 @@ def _chunk_slow(
         if not text.strip():
             continue
         try:
-            e = json.loads(text)
+            e = _strict_loads(text)
         except json.JSONDecodeError as exc:
             raise TraceFormatError(path, n, f"not JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # a value the checker cannot represent
+            raise TraceFormatError(path, n, f"not a checkable value ({exc})") from None
         _validate_slow(path, n, e, last_seq, fields_of, role, optional_of)
         last_seq = e["seq"]
         yield n, e
@@ -310,7 +404,7 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
             if not raw:
                 _check_consecutive(path, admitted)  # both roles relate batch N to N±1 by id
                 return
-            events = _decode_fast(raw)
+            events = None if _suspect(raw) else _decode_fast(raw)
             if events is not None and _validate_fast(events, valid, last_seq):
                 nums = (
                     [n for n, line in enumerate(raw, line_no) if not line.isspace()]

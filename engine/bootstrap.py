@@ -13,7 +13,11 @@ the differences kept on purpose):
   POST /register_dp_rank      {"bootstrap_room", "dp_rank"}         -> 200 "OK"
   POST /query_dp_ranks        {"bootstrap_rooms": [...]}            -> 200 {"<room>": rank}
   GET|HEAD /health                                                  -> 200 "OK"
-  GET|POST /_faults, GET /_stats   test/benchmark admin (never delayed or failed)
+  GET|POST /_faults, GET /_stats   TEST-ONLY admin (never delayed or failed): off unless
+                              test_routes=True (`pdo bootstrap --test-routes`), and then they
+                              answer loopback clients only (403 to others) unless
+                              test_routes_from_anywhere=True; off, they are 404 as in SGLang.
+                              POST /_faults can make every query_dp_ranks fail: never expose it.
 
 GET /route takes either SGLang's current coordinates (prefill_dp_rank,
 prefill_cp_rank, target_tp_rank, target_pp_rank) or the older ones
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import ipaddress
 import json
 import random
 import signal
@@ -133,8 +138,12 @@ class BootstrapServer(BootstrapState):
         seed: int = 0,
         expected_ranks: int | None = None,
         room_ttl_s: float | None = 120.0,
+        test_routes: bool = False,
+        test_routes_from_anywhere: bool = False,
     ):
         super().__init__(expected_ranks, room_ttl_s)
+        self._test_routes = test_routes
+        self._test_routes_from_anywhere = test_routes_from_anywhere
         self._host = host
         self._port = port
         self._faults = Faults(latency_s, latency_scope, failure_rate, failure_status).validated()
@@ -354,10 +363,15 @@ class BootstrapServer(BootstrapState):
         app.router.add_post("/register_dp_rank", self._register_dp_rank)
         app.router.add_post("/query_dp_ranks", self._query_dp_ranks)
         app.router.add_get("/health", self._health)  # HEAD too, as SGLang (load-balancer probes)
-        app.router.add_get("/_faults", self._faults_get, allow_head=False)
-        app.router.add_post("/_faults", self._faults_post)
-        app.router.add_get("/_stats", self._stats, allow_head=False)
+        if self._test_routes:  # test-only: off by default, so absent (404) as in SGLang
+            app.router.add_get("/_faults", self._faults_get, allow_head=False)
+            app.router.add_post("/_faults", self._faults_post)
+            app.router.add_get("/_stats", self._stats, allow_head=False)
         return app
+
+    def _refuse_admin(self, request: web.Request) -> None:
+        if not admin_client_allowed(request.remote, self._test_routes_from_anywhere):
+            raise web.HTTPForbidden(text="test routes answer loopback clients only")
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
@@ -388,9 +402,11 @@ class BootstrapServer(BootstrapState):
         return self._do_query_dp_ranks(await _json_object(request))
 
     async def _faults_get(self, request: web.Request) -> web.Response:
+        self._refuse_admin(request)
         return web.json_response(dataclasses.asdict(self._faults))
 
     async def _faults_post(self, request: web.Request) -> web.Response:
+        self._refuse_admin(request)
         data = await _json_object(request)
         allowed = {f.name for f in dataclasses.fields(Faults)} | {"seed"}
         unknown = sorted(set(data) - allowed)
@@ -405,7 +421,20 @@ class BootstrapServer(BootstrapState):
         return web.json_response(dataclasses.asdict(faults))
 
     async def _stats(self, request: web.Request) -> web.Response:
+        self._refuse_admin(request)
         return web.json_response(self._stats_body())
+
+
+def admin_client_allowed(peer: str | None, from_anywhere: bool = False) -> bool:
+    """Whether a client at address `peer` (aiohttp's request.remote) may use the test routes:
+    loopback only, unless the server was told to answer any client. An address that does not
+    parse (a Unix socket, none) is refused."""
+    if from_anywhere:
+        return True
+    try:
+        return ipaddress.ip_address((peer or "").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .errors import ConfigError
+
 LATENCY_SCOPES = ("all", "query_dp_ranks")
 FAILURE_STATUSES = (500, 503)
 MAX_LATENCY_S = 3600.0  # bounds asyncio.sleep; more is a typo, not a test
@@ -24,11 +26,11 @@ class Faults:
             or not isinstance(self.latency_s, (int, float))
             or not 0 <= self.latency_s <= MAX_LATENCY_S
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"latency_s must be a number in [0, {MAX_LATENCY_S}], got {self.latency_s!r}"
             )
         if self.latency_scope not in LATENCY_SCOPES:
-            raise ValueError(
+            raise ConfigError(
                 f"latency_scope must be one of {LATENCY_SCOPES}, got {self.latency_scope!r}"
             )
         if (
@@ -36,9 +38,9 @@ class Faults:
             or not isinstance(self.failure_rate, (int, float))
             or not 0.0 <= self.failure_rate <= 1.0
         ):
-            raise ValueError(f"failure_rate must be a number in [0, 1], got {self.failure_rate!r}")
+            raise ConfigError(f"failure_rate must be a number in [0, 1], got {self.failure_rate!r}")
         if type(self.failure_status) is not int or self.failure_status not in FAILURE_STATUSES:
-            raise ValueError(
+            raise ConfigError(
                 f"failure_status must be one of {FAILURE_STATUSES}, got {self.failure_status!r}"
             )
         return self

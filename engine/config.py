@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .errors import ConfigError
+
 MODES = ("normal", "overlap", "thread", "ahead")
 THREAD_MODES = ("thread", "ahead")
 
@@ -80,15 +82,15 @@ class EngineConfig:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+            raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.model not in MODEL_PRESETS:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}"
             )
         if self.forward not in ("auto", "script", "eager"):
-            raise ValueError(f"unknown forward {self.forward!r}; choose auto, script or eager")
+            raise ConfigError(f"unknown forward {self.forward!r}; choose auto, script or eager")
         if self.page_size < 1 or self.chunk_size < self.page_size:
-            raise ValueError("page_size must be >= 1 and chunk_size >= page_size")
+            raise ConfigError("page_size must be >= 1 and chunk_size >= page_size")
         # Non-final chunks end on a page boundary so that every KV send covers whole pages except the
         # request's very last one (SGLang aligns the chunked-prefill size to the page size likewise).
         self.chunk_size -= self.chunk_size % self.page_size
@@ -123,16 +125,16 @@ def check_dispatch(cfg: EngineConfig) -> None:
     if cfg.mode == "normal":
         return
     if cfg.disaggregation_mode != "prefill":
-        raise ValueError(
+        raise ConfigError(
             f"mode {cfg.mode!r} needs a disaggregated prefill instance "
             f"(disaggregation_mode=prefill), got {cfg.disaggregation_mode!r}"
         )
     if cfg.pp_size != 1:
-        raise ValueError(
+        raise ConfigError(
             f"mode {cfg.mode!r} needs pipeline parallel size 1, got {cfg.pp_size} "
             "(PP>1 has its own loop in SGLang)"
         )
     if not cfg.enable_overlap:
-        raise ValueError(
+        raise ConfigError(
             f"mode {cfg.mode!r} needs overlap scheduling enabled; use --mode normal instead"
         )

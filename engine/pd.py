@@ -20,7 +20,7 @@ import torch
 from . import bootstrap_client, inject, sync
 from .bootstrap import BootstrapServer
 from .config import EngineConfig, check_dispatch
-from .decode.config import ROUTERS, DecodeConfig, PDError  # noqa: F401  (PDError re-exported)
+from .decode.config import ROUTERS, DecodeConfig, PDError, PDStartupError  # noqa: F401  (PDError re-exported)
 from .decode.loops import LOOPS as DECODE_LOOPS
 from .decode.request import DecodeReq
 from .decode.scheduler import DecodeScheduler
@@ -153,7 +153,7 @@ def run_pd(
         bootstrap_url = server.url
     try:
         if not bootstrap_client.health(bootstrap_url, timeout=2.0):
-            raise PDError(
+            raise PDStartupError(
                 f"bootstrap server at {bootstrap_url} is not reachable: start it first (pdo bootstrap)"
             )
         if server_hook:

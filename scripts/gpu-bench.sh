@@ -100,12 +100,12 @@ if [[ $failed -eq 0 ]]; then   # all checked and passed: not needed back (a fail
     rm -f "$out"/tiny-*.jsonl "$out"/large-ahead.jsonl "$out"/pd.*.jsonl
 fi
 step "3. bench prefill" 300 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" "${reps[@]}" \
-    --json "$out/bench-prefill.json" --png "$out/bench-prefill.png"
+    --json-out "$out/bench-prefill.json" --png "$out/bench-prefill.png"
 step "4. bench trace-overhead" 150 "${pdo[@]}" bench trace-overhead "${dev[@]}" "${large[@]}" "${attn[@]}" \
-    "${to_reps[@]}" --json "$out/trace-overhead.json"
+    "${to_reps[@]}" --json-out "$out/trace-overhead.json"
 step "3b. bench prefill, GPU-sized batches" 200 "${pdo[@]}" bench prefill "${dev[@]}" "${large[@]}" "${attn[@]}" \
-    "${reps_big[@]}" --json "$out/bench-prefill-big.json" --png "$out/bench-prefill-big.png"
-step "5. Triton kernels vs SDPA" 150 "$py" -m triton_kernels.bench "${kernels[@]}" --json "$out/kernels.json"
+    "${reps_big[@]}" --json-out "$out/bench-prefill-big.json" --png "$out/bench-prefill-big.png"
+step "5. Triton kernels vs SDPA" 150 "$py" -m triton_kernels.bench "${kernels[@]}" --json-out "$out/kernels.json"
 
 echo "== done ($(date -u +%H:%M:%S)): $failed step(s) failed; results in $out" | tee -a "$log"
 exit $((failed > 0))

@@ -19,6 +19,7 @@ import time
 
 from . import docgen
 from . import z3model as zm
+from .errors import BadInput
 from .tables import mode_table_lines, steady_lines
 
 
@@ -125,7 +126,9 @@ def cmd_table(args) -> int:
     for line in steady_lines(rows):
         _say(line)
     _say(f"\ntotal {time.perf_counter() - t0:.2f} s")
-    return 1 if bad or answer.status != "sat" else 0
+    if bad or answer.status == "unsat":
+        return 1
+    return 3 if answer.status != "sat" else 0  # z3 gave no answer: no verdict
 
 
 # ---- prove
@@ -311,7 +314,7 @@ def cmd_prove(args) -> int:
     ]
     bad = [m for m in (args.mode or []) if args.role == "decode" and m not in zm.DECODE_MODES]
     if bad:
-        raise ValueError(f"decode modes are {', '.join(zm.DECODE_MODES)}, not {', '.join(bad)}")
+        raise BadInput(f"decode modes are {', '.join(zm.DECODE_MODES)}, not {', '.join(bad)}")
     for role, mode in runs:
         drop = [
             r

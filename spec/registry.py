@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from .errors import UnknownName
+
 Entry = TypeVar("Entry")
 
 
@@ -28,7 +30,7 @@ class Registry(Generic[Entry]):
 
     def __getitem__(self, name: str) -> Entry:
         if name not in self._entries:
-            raise KeyError(f"unknown {self.kind} {name!r} (known: {', '.join(self._entries)})")
+            raise UnknownName(f"unknown {self.kind} {name!r} (known: {', '.join(self._entries)})")
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:

@@ -1,6 +1,6 @@
 """Benchmark the Triton kernels against torch SDPA (and flashinfer / flash_attn when importable).
 
-    python -m triton_kernels.bench [--smoke] [--json FILE]
+    python -m triton_kernels.bench [--smoke] [--json] [--json-out FILE]
 
 Cases (bf16, head_dim 128, 32 query / 8 KV heads):
   extend_dense  causal prefill without prefix, seq 1k..16k, batch sized to ~16k tokens per launch
@@ -437,13 +437,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny shapes, CPU/interpreter friendly"
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    # pdo's convention: --json prints on stdout (no table), --json-out writes a file
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     result = run(args.smoke)
-    _print_table(result)
     if args.json:
-        with open(args.json, "w") as f:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_table(result)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
     return result
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from spec.errors import BadInput
+
 from .cases import Case, PDCase
 
 
@@ -36,4 +38,4 @@ def load_case(path: str):
             saved = json.load(f)
         return _case_of(saved["case"]), list(saved["schedule"]), saved
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a pdo fuzz case file ({exc})") from None
+        raise BadInput(f"{path}: not a pdo fuzz case file ({exc})") from None

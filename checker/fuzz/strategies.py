@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+from spec.errors import BadInput
+
 
 class Default:
     """Non-preemptive: keep the running thread while it is enabled, else the first by name."""
@@ -97,4 +99,4 @@ def make_strategy(name: str, seed: int, *, depth: int = 3, steps: int = 400):
         return RandomWalk(seed)
     if name == "pct":
         return PCT(seed, depth=depth, steps=steps)
-    raise ValueError(f"unknown strategy {name!r}; choose pct, random or dfs")
+    raise BadInput(f"unknown strategy {name!r}; choose pct, random or dfs")

@@ -17,7 +17,6 @@ registered by an earlier run is known to a later one. Per arm, over all its runs
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -25,8 +24,11 @@ import subprocess
 import sys
 import threading
 
+from spec.errors import BadInput
+
 from ..config import EngineConfig
 from ..decode.config import DecodeConfig
+from .record import add_json_arguments, write_json
 from .registry import BENCH, BenchCommand
 from .stats import pct
 
@@ -71,15 +73,13 @@ def add_decode_arguments(q) -> None:
         "17.35 ms rounded down)",
     )
     q.add_argument("--latency-scope", choices=["all", "query_dp_ranks"], default="all")
-    q.add_argument(
-        "--json", action="store_true", help="print the results as JSON instead of the table"
-    )
+    add_json_arguments(q)
 
 
 def cmd_decode(a) -> int:
     lat = [float(x) for x in a.latencies.split(",") if x.strip()]
     if not lat or any(x < 0 for x in lat) or a.reps < 1 or a.requests < 1:
-        raise ValueError("--latencies must be non-negative numbers, --reps and --requests >= 1")
+        raise BadInput("--latencies must be non-negative numbers, --reps and --requests >= 1")
     lo, _, hi = a.prompt_len.partition(":")
     res = bench_decode(
         latencies_ms=lat,
@@ -97,7 +97,9 @@ def cmd_decode(a) -> int:
         latency_scope=a.latency_scope,
         progress=not a.json,
     )
-    print(json.dumps(res, indent=1) if a.json else markdown(res))
+    if not a.json:
+        print(markdown(res))
+    write_json(a, res)
     return 0 if res["ok"] else 1
 
 

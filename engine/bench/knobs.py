@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from spec.errors import BadInput
+
 from .progress import Progress
 
 
@@ -12,7 +14,7 @@ def floats(s: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in s.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {s!r}") from None
+        raise BadInput(f"expected comma-separated numbers, got {s!r}") from None
 
 
 def add_engine_knobs(p) -> None:
@@ -67,7 +69,7 @@ def engine_workload(a, default_launch: float) -> tuple[dict, dict]:
     lo, _, hi = a.prompt_len.partition(":")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
+        raise BadInput(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
     dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     # The emulated launch cost stands in for eager launches on the CPU device; a GPU has real ones.
     if a.launch_cost_us is not None:

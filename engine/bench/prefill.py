@@ -8,12 +8,14 @@ from __future__ import annotations
 import sys
 import time
 
+from spec.errors import BadInput
+
 from ..config import MODES, EngineConfig
 from ..trace import Tracer
 from .knobs import add_engine_knobs, apply_switch_interval, engine_workload, floats, progress_of
 from .prefill_chart import format_prefill_table, plot_prefill
 from .progress import Progress
-from .record import machine, now, write_json
+from .record import add_json_arguments, machine, now, write_json
 from .registry import BENCH, BenchCommand
 from .stats import ci95, median, pct
 from .trace_metrics import trace_metrics
@@ -242,7 +244,7 @@ def _print_prefill(res: dict, gil_free_device_ms: float | None) -> None:
 
 def cmd_prefill(a) -> int:
     if a.requests is not None and a.requests < 1:
-        raise ValueError("--requests must be >= 1")
+        raise BadInput("--requests must be >= 1")
     base = QUICK if a.quick else FULL
     reps = a.reps or base["reps"]
     requests = a.requests or base["requests"]
@@ -250,7 +252,7 @@ def cmd_prefill(a) -> int:
     modes = [m.strip() for m in a.modes.split(",")] if a.modes else list(MODES)
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ValueError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+        raise BadInput(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
     engine, workload = engine_workload(a, DEFAULT_LAUNCH_COST_US)
     switch = apply_switch_interval(a)
     res = bench_prefill(
@@ -266,12 +268,12 @@ def cmd_prefill(a) -> int:
     res["switch_interval_us"] = switch
     from_pdo = sys.argv and sys.argv[0].endswith("pdo")
     res["command"] = "pdo " + " ".join(sys.argv[1:]) if from_pdo else None
-    if a.json != "-":
+    if not a.json:
         _print_prefill(res, a.gil_free_device)
-    write_json(a.json, res)
+    write_json(a, res)
     if a.png:
         plot_prefill(res, a.png)
-        if a.json != "-":
+        if not a.json:
             print(f"chart: {a.png}")
     return 0
 
@@ -302,9 +304,7 @@ def add_prefill_arguments(q) -> None:
         help="what-if: replace the model's forward by a GIL-free wait of MS ms per full "
         "batch (as a GPU's); not the engine's own numbers",
     )
-    q.add_argument(
-        "--json", metavar="FILE", help="write the results as JSON ('-': stdout, no table)"
-    )
+    add_json_arguments(q)
     q.add_argument(
         "--png", metavar="FILE", help="write a chart (ratios vs thread, overlap efficiency)"
     )

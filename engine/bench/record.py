@@ -1,5 +1,6 @@
 """What every benchmark result records and how it is written: the machine it ran on, the local
-time, and the JSON output (`--json FILE`, or `-` for stdout)."""
+time, and the JSON output: `--json` prints it on stdout instead of the table (as every `pdo`
+sub-command's `--json`), `--json-out FILE` also writes it to a file."""
 
 from __future__ import annotations
 
@@ -38,12 +39,18 @@ def now() -> str:
     return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def write_json(path: str | None, res: dict) -> None:
-    if not path:
-        return
+def add_json_arguments(p) -> None:
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout (no table)"
+    )
+    p.add_argument("--json-out", metavar="FILE", help="also write the results as JSON to FILE")
+
+
+def write_json(a, res: dict) -> None:
+    """Print `res` for --json and write it for --json-out FILE (both may be given)."""
     text = json.dumps(res, indent=1, default=str)
-    if path == "-":
-        print(text)
-    else:
-        with open(path, "w") as f:
+    if getattr(a, "json_out", None):
+        with open(a.json_out, "w") as f:
             f.write(text + "\n")
+    if getattr(a, "json", False):
+        print(text)

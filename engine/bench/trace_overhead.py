@@ -13,7 +13,7 @@ from ..config import MODES, EngineConfig
 from ..trace import NullTracer, Tracer
 from .knobs import add_engine_knobs, apply_switch_interval, engine_workload, progress_of
 from .progress import Progress
-from .record import machine, now, write_json
+from .record import add_json_arguments, machine, now, write_json
 from .registry import BENCH, BenchCommand
 from .stats import ci95, geo_ci95, median, quantile_ratio
 from .what_if import gil_free_device, print_what_if
@@ -315,10 +315,10 @@ def cmd_trace_overhead(a) -> int:
         progress=progress_of(a),
         gil_free_device_ms=a.gil_free_device,
     )
-    if a.json != "-":
+    if not a.json:
         print_what_if(a.gil_free_device)
         print(format_trace_overhead(res))
-    write_json(a.json, res)
+    write_json(a, res)
     return 0
 
 
@@ -343,7 +343,7 @@ def add_trace_overhead_arguments(t) -> None:
         default=None,
         help="what-if, as for prefill: the forward a GIL-free wait of MS ms per full batch",
     )
-    t.add_argument("--json", metavar="FILE")
+    add_json_arguments(t)
     t.add_argument("--progress", action="store_true")
 
 

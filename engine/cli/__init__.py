@@ -1,12 +1,18 @@
 """`pdo`: the command-line entry point. One registry of sub-commands (COMMANDS), each entry the
-function that adds its parser(s) to `pdo`'s sub-parsers and sets `fn` on them. Errors print one line
-and exit 2; never a traceback for bad input."""
+function that adds its parser(s) to `pdo`'s sub-parsers and sets `fn` on them.
+
+Exit codes (engine/cli/exits.py, README "Exit codes"): bad input -- a BadInput (spec/errors.py),
+a TraceFormatError, an engine ConfigError, an OSError (a file that cannot be opened), an argparse
+error -- prints one line and exits 2; any other exception is a bug in pdo: one line saying so, exit
+70, and the traceback only with `pdo --debug` (or PDO_DEBUG=1)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 
 import checker.fuzz.cli
@@ -14,10 +20,20 @@ import checker.trace_cli
 import engine.bench.cli
 import engine.sglang.conform
 import spec.cli
-from checker.trace_io import TraceFormatError
+from engine.decode.config import PDError
+from engine.errors import ConfigError
+from spec.errors import BadInput
 from spec.registry import Registry
 
-from . import bootstrap, check, launch, run
+from . import bootstrap, check, exits, launch, run
+
+# The bad input classes, named explicitly: anything else escaping a sub-command is a bug in pdo.
+BAD_INPUT_TYPES = (BadInput, ConfigError, OSError)
+
+EXIT_CODES_HELP = (
+    "exit codes: 0 pass, 1 violation or failed run, 2 bad input, 3 no verdict (incomplete), "
+    "70 internal error (a bug in pdo); README.md, 'Exit codes'"
+)
 
 COMMANDS: Registry[Callable[[argparse._SubParsersAction], None]] = Registry("pdo sub-command")
 
@@ -36,16 +52,39 @@ COMMANDS.register("conform")(engine.sglang.conform.register)  # imports SGLang o
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="pdo", description="pd-overlap: run the instrumented engine, check its traces."
+        prog="pdo",
+        description="pd-overlap: run the instrumented engine, check its traces.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="on an internal error (exit 70), print the traceback (also PDO_DEBUG=1)",
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     for _name, add in COMMANDS.items():
         add(sub)
+    for p in walk_parsers(parser):  # every sub-command's --help names the exit codes
+        if p is not parser:
+            p.epilog = f"{p.epilog}\n\n{EXIT_CODES_HELP}" if p.epilog else EXIT_CODES_HELP
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Yield `parser` and every sub-command parser below it (`pdo bench prefill`, `pdo spec
+    prove`, ...); each carries its command words as `pdo_path`."""
+    parser.pdo_path = path
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from walk_parsers(sub, (*path, name))
+
+
+def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
+    """`pdo argv...`; `parser` is build_parser()'s, for a caller that runs many commands."""
+    parser = parser or build_parser()
     if argv is None:
         argv = sys.argv[1:]
         # `pdo check t.jsonl | head` ends quietly, like any Unix tool
@@ -56,17 +95,32 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, "error", parser.error)(f"unrecognized arguments: {' '.join(unrecognized)}")
     # A sub-command may refuse a command line that parses (`pdo run`: PD-only flags without --pd).
     refuse = getattr(args, "refuse", None)
-    reason = refuse(args, argv[1:]) if refuse is not None else None
+    rest = argv[argv.index(args.cmd) + 1 :] if args.cmd in argv else argv[1:]
+    reason = refuse(args, rest) if refuse is not None else None
     if reason:
         print(f"pdo {args.cmd}: error: {reason}", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     try:
         return args.fn(args)
     except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # one line, never a traceback, for anything the user can cause
-        expected = (TraceFormatError, ValueError, OSError)
-        if isinstance(exc, expected) or type(exc).__name__.endswith("Error"):
-            print(f"pdo {args.cmd}: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+        return exits.INTERRUPTED
+    except BAD_INPUT_TYPES as exc:  # one line, never a traceback, for what the user can cause
+        print(f"pdo {args.cmd}: error: {exc}", file=sys.stderr)
+        return exits.BAD_INPUT
+    except PDError as exc:  # a role of a PD run failed or timed out: the run failed
+        print(f"pdo {args.cmd}: error: {_one_line(exc)}", file=sys.stderr)
+        return exits.FAILED
+    except Exception as exc:
+        debug = args.debug or os.environ.get("PDO_DEBUG", "").strip() not in ("", "0")
+        if debug:
+            traceback.print_exc()
+        print(
+            f"pdo {args.cmd}: internal error (a bug in pdo, please report it): "
+            f"{type(exc).__name__}: {_one_line(exc)}" + ("" if debug else " (--debug: traceback)"),
+            file=sys.stderr,
+        )
+        return exits.INTERNAL
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -36,6 +36,18 @@ def register(sub) -> None:
         default=120.0,
         help="forget a room's dp_rank after this long; 0 keeps them (default: 120, as SGLang)",
     )
+    p.add_argument(
+        "--test-routes",
+        action="store_true",
+        help="TEST-ONLY: serve GET/POST /_faults and GET /_stats (fault injection, counters), "
+        "to loopback clients only; never on a reachable server (any caller can make every "
+        "query fail)",
+    )
+    p.add_argument(
+        "--test-routes-from-anywhere",
+        action="store_true",
+        help="TEST-ONLY: with --test-routes, answer them to clients on any address",
+    )
     # Unrecognized arguments are reported with this usage, not pdo's.
     p.set_defaults(fn=cmd_bootstrap, error=p.error)
 
@@ -54,5 +66,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         seed=args.seed,
         expected_ranks=args.expected_ranks,
         room_ttl_s=args.room_ttl_s or None,
+        test_routes=args.test_routes or args.test_routes_from_anywhere,
+        test_routes_from_anywhere=args.test_routes_from_anywhere,
     )
     return 0

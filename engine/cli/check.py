@@ -8,12 +8,15 @@ import json
 from checker import refine
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
+from spec.errors import BadInput
+
+from . import exits
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
     p.add_argument("traces", nargs="+", metavar="TRACE")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the reports as one JSON array")
     p.add_argument(
         "--engine", choices=["linear", "z3"], default="linear", help="checker (default: linear)"
     )
@@ -38,7 +41,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         return main_check(args.traces, json_out=args.json)
     if args.perfetto and len(args.traces) != 1:
-        raise ValueError("--perfetto takes exactly one trace")
+        raise BadInput("--perfetto takes exactly one trace")
     from checker.linear import check_files  # lazy: start-up time (numpy)
 
     # decode traces are also checked against the prefill traces given
@@ -56,8 +59,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         for model in models:
             print(refine.text(model))
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
-        return 1
-    return 3 if any(not m.judged for m in models) else 0
+        return exits.FAILED
+    return exits.INCOMPLETE if any(not m.judged for m in models) else exits.OK
 
 
 def _check_model(path: str):

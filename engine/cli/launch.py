@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from spec.errors import BadInput
+
 from ..config import check_dispatch
 from ..decode.config import ROUTERS, PDError
 from .flags import add_engine_args
@@ -77,9 +79,7 @@ def launch(
     """Run every role as a process; returns the decode's summary extended like run_pd's."""
     check_dispatch(cfg)
     if dp < 1 or router not in ROUTERS:  # before anything starts (no torch in the parent yet)
-        raise ValueError(
-            f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}"
-        )
+        raise BadInput(f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}")
     out = Path(out_dir)
     spec = out / "spec.json"
     spec.write_text(
@@ -194,7 +194,7 @@ def _read_url(boot: subprocess.Popen, *, timeout_s: float) -> str:
             err = _last_line(boot)
         except subprocess.TimeoutExpired:
             err = f"no answer within {timeout_s:g} s"
-        raise PDError(f"bootstrap server did not start: {err}")
+        raise BadInput(f"bootstrap server did not start: {err}")
     return line.strip().rsplit(" ", 1)[1]
 
 

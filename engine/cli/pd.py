@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from spec.errors import BadInput
+
 from ..decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
 from .flags import build_configs
 
@@ -69,11 +71,11 @@ def add_no_verify(g) -> None:
 def configs_from_args(args: argparse.Namespace):
     """(EngineConfig, WorkloadConfig, DecodeConfig, run_pd's keyword options) from the flags."""
     if args.dp < 1:
-        raise ValueError(f"--dp must be >= 1, got {args.dp}")
+        raise BadInput(f"--dp must be >= 1, got {args.dp}")
     if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        raise BadInput(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.bootstrap_latency_ms < 0:
-        raise ValueError(f"--bootstrap-latency-ms must be >= 0, got {args.bootstrap_latency_ms}")
+        raise BadInput(f"--bootstrap-latency-ms must be >= 0, got {args.bootstrap_latency_ms}")
     cfg, workload = build_configs(args)
     workload.max_new_tokens = args.max_new_tokens
     decode = DecodeConfig(

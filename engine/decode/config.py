@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 DECODE_LOOPS = ("normal", "overlap")
 
 
@@ -35,17 +37,21 @@ class DecodeConfig:
 
     def __post_init__(self):
         if self.loop not in DECODE_LOOPS:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown decode loop {self.loop!r}; choose one of {', '.join(DECODE_LOOPS)}"
             )
         if self.polling_interval < 1:
-            raise ValueError("polling_interval must be >= 1")
+            raise ConfigError("polling_interval must be >= 1")
         if self.max_running < 1:
-            raise ValueError("max_running must be >= 1")
+            raise ConfigError("max_running must be >= 1")
 
 
 ROUTERS = ("round_robin", "random")
 
 
 class PDError(RuntimeError):
-    """A PD run that cannot start or did not finish; the CLI prints it on one line."""
+    """A PD run that cannot start or did not finish; the CLI prints it on one line (exit 1)."""
+
+
+class PDStartupError(PDError, ConfigError):
+    """A PD run that cannot start as configured (a bootstrap URL nothing answers): bad input, 2."""

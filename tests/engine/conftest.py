@@ -11,7 +11,8 @@ from tests.engine.bootstrap_fixtures import rank
 
 @pytest.fixture
 def server():
-    with BootstrapServer() as s:
+    """With the test-only admin routes (/_faults, /_stats) on, as the fault tests use them."""
+    with BootstrapServer(test_routes=True) as s:
         yield s
 
 

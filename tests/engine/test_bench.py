@@ -55,7 +55,7 @@ def test_bench_prefill_tiny_json_and_chart(tmp_path, capsys):
                 "6",
                 "--hits",
                 "0.8",
-                "--json",
+                "--json-out",
                 str(out),
                 "--png",
                 str(png),

@@ -64,7 +64,7 @@ def test_admin_endpoint_rejects_bad_faults(server):
 
 @pytest.mark.parametrize("failure_status", [500, 503])
 def test_failure_rate_one_exhausts_retries(failure_status):
-    with BootstrapServer(failure_rate=1.0, failure_status=failure_status) as s:
+    with BootstrapServer(failure_rate=1.0, failure_status=failure_status, test_routes=True) as s:
         bootstrap_client.register_dp_rank(s.url, 1, 0)  # only query_dp_ranks is failed
         with pytest.raises(BootstrapQueryError) as e:
             bootstrap_client.query_prefill_dp_ranks(s.url, [1], retries=3, backoff_s=0.01)
@@ -182,6 +182,7 @@ def test_serve_forever_in_subprocess():
             "-m",
             "engine.cli",
             "bootstrap",
+            "--test-routes",
             "--port",
             "0",
             "--latency-ms",
@@ -275,7 +276,7 @@ _bodies = (
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    with BootstrapServer() as s:
+    with BootstrapServer(test_routes=True) as s:
         yield s
 
 
@@ -303,3 +304,39 @@ def test_fuzzed_bodies_never_get_5xx(fuzz_server, endpoint, body):
     assert r.status_code in (200, 400, 409), (r.status_code, r.text)
     assert "\n" not in r.text.strip()
     fuzz_server.set_faults(latency_s=0.0, failure_rate=0.0)
+
+
+def test_test_routes_off_by_default():
+    """`pdo bootstrap` without --test-routes: no client can change the faults or read counters."""
+    with BootstrapServer() as s:
+        assert (
+            requests.post(f"{s.url}/_faults", json={"failure_rate": 1}, timeout=T).status_code
+            == 404
+        )
+        assert requests.get(f"{s.url}/_stats", timeout=T).status_code == 404
+        assert requests.get(f"{s.url}/_faults", timeout=T).status_code == 404
+        assert s.faults.failure_rate == 0.0
+        assert bootstrap_client.query_prefill_dp_ranks(s.url, [1]) == {}
+
+
+def test_test_routes_on_answer_loopback():
+    with BootstrapServer(test_routes=True) as s:
+        r = requests.post(f"{s.url}/_faults", json={"failure_rate": 0.5}, timeout=T)
+        assert r.status_code == 200 and s.faults.failure_rate == 0.5
+        assert requests.get(f"{s.url}/_stats", timeout=T).status_code == 200
+
+
+def test_test_routes_refuse_a_non_loopback_client(monkeypatch):
+    """The predicate that decides, on fake peers; then the server refuses with 403 when it says no."""
+    from engine import bootstrap
+
+    allowed = bootstrap.admin_client_allowed
+    assert allowed("127.0.0.1") and allowed("::1") and allowed("127.8.9.1")
+    assert not allowed("10.0.0.7") and not allowed("192.168.1.2") and not allowed("2001:db8::1")
+    assert not allowed(None) and not allowed("") and not allowed("not-an-address")
+    assert allowed("10.0.0.7", from_anywhere=True)
+    with BootstrapServer(test_routes=True) as s:
+        monkeypatch.setattr(bootstrap, "admin_client_allowed", lambda peer, anywhere=False: False)
+        r = requests.post(f"{s.url}/_faults", json={"failure_rate": 1}, timeout=T)
+        assert r.status_code == 403 and s.faults.failure_rate == 0.0
+        assert requests.get(f"{s.url}/_stats", timeout=T).status_code == 403

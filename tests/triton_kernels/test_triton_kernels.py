@@ -350,7 +350,7 @@ def test_bench_smoke(tmp_path):
     from triton_kernels.bench import main
 
     path = tmp_path / "bench.json"
-    main(["--smoke", "--json", str(path)])
+    main(["--smoke", "--json-out", str(path)])
     result = json.loads(path.read_text())
     cases = {row["case"] for row in result["rows"]}
     assert {"extend_dense", "extend_paged", "decode", "write_kv"} <= cases

@@ -75,6 +75,7 @@ def sglang_server(conn):
 
 @contextlib.contextmanager
 def pdo_server(**options):
+    options.setdefault("test_routes", True)  # the admin-endpoint difference is kept on purpose
     with BootstrapServer("127.0.0.1", 0, **options) as s:
         yield types.SimpleNamespace(url=s.url, port=s.port, addr=f"127.0.0.1:{s.port}", server=s)
 
