@@ -1,0 +1,108 @@
+"""Happens-before clocks for the trace: a vector clock per thread, carried by every hand-off.
+
+A trace shows one interleaving. To tell which other interleavings were equally possible (what
+`pdo check --predict` searches), each event carries the vector clock of its thread (`vc`,
+docs/trace-format.md): its own component counts the thread's trace events, and every hand-off joins
+the sender's clock into the receiver's. The hand-offs are the blocking primitives of engine/sync.py
+(queue put/get, event set/wait, thread start/join, futures) and the CPU streams' event
+record/wait/query in engine/device.py. Event e happened before f exactly when
+`e.vc[own(e)] <= f.vc[own(e)]`.
+
+A channel (`send`/`recv`) is the accumulated clock of everything sent through one object. A receiver
+joins all of it, also what was sent after the item it took: that only adds orders, so a reordering
+predicted from these clocks is one the engine really allows (the analysis can miss some, never
+invent one).
+
+Off by default (`pdo run --hb`, or PDO_HB=1): when off every hook is one attribute test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+
+ON = os.environ.get("PDO_HB", "").strip().lower() in ("1", "true", "yes", "on")
+
+_local = threading.local()
+_lock = threading.Lock()
+_by_id: dict[int, dict] = {}  # channels of objects without a __dict__ (SimpleQueue)
+_tags = itertools.count(1)
+
+
+def enable(on: bool = True) -> None:
+    global ON
+    ON = on
+
+
+def new_tag() -> str:
+    """The prefix of one tracer's threads in the clocks: two processes' roles run in one Python
+    process (`pdo run --pd`), each with a thread named `scheduler`, and their components must differ."""
+    return f"t{next(_tags)}/"
+
+
+def _clock() -> dict:
+    try:
+        return _local.c
+    except AttributeError:
+        c = _local.c = {}
+        return c
+
+
+def tick(key: str) -> dict:
+    """Count one trace event of the calling thread (component `key`) and return its clock."""
+    c = _clock()
+    c[key] = c.get(key, 0) + 1
+    return dict(c)
+
+
+def snapshot() -> dict:
+    return dict(_clock())
+
+
+def adopt(clock: dict) -> None:
+    """The calling thread starts from `clock` (a thread started by the owner of that clock)."""
+    _join(_clock(), clock)
+
+
+def _join(into: dict, other: dict) -> None:
+    for k, v in other.items():
+        if into.get(k, 0) < v:
+            into[k] = v
+
+
+def _channel(obj) -> dict:
+    try:
+        return obj.__dict__.setdefault("_pdo_hb", {})
+    except AttributeError:
+        return _by_id.setdefault(id(obj), {})
+
+
+def send(obj) -> None:
+    """What the calling thread did so far happens before whatever a `recv` on `obj` does next."""
+    if obj is None:
+        return
+    c = _clock()
+    with _lock:
+        _join(_channel(obj), c)
+
+
+def recv(obj) -> None:
+    if obj is None:
+        return
+    with _lock:
+        ch = dict(_channel(obj))
+    _join(_clock(), ch)
+
+
+def carried(fn, clock: dict, out):
+    """`fn` run on another thread (a pool's): it starts from `clock` and sends its end to `out`."""
+
+    def run(*args, **kwargs):
+        adopt(clock)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            send(out)
+
+    return run
