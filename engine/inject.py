@@ -16,6 +16,7 @@ MUTANTS = {
     "floor-page-count": "the sender rounds the tail page count down",
     "free-slot-before-forward-done": "a finished request's slot and pages are freed while a forward still reads them",
     "send-before-forward-done": "a chunk's KV is sent before the forward that writes it has finished",
+    "copy-after-handoff": "the worker hands the result back before it makes batch.copy(), so collect races the copy",
 }
 
 # The rule(s) of spec/rules.toml that must flag each prefill mutant on a real engine trace (any one
@@ -31,6 +32,7 @@ MUTANT_RULES: dict[str, tuple[str, ...]] = {
     "floor-page-count": ("P-page-count",),
     "free-slot-before-forward-done": ("P-release-after-done",),
     "send-before-forward-done": ("P-scheduler-thread", "P-send-after-forward"),
+    "copy-after-handoff": ("P-worker-copy",),
 }
 
 _active: frozenset = frozenset()

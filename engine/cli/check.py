@@ -9,6 +9,8 @@ from checker import refine
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
 
+from . import exits
+
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
@@ -28,6 +30,12 @@ def register(sub) -> None:
         metavar="OUT",
         help="also write the trace as Chrome trace-event "
         "JSON, violations highlighted (ui.perfetto.dev)",
+    )
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="also search the reorderings the trace's happens-before clocks allow (pdo run --hb) "
+        "for a rule violation: exit 1 names the two events that would swap",
     )
     p.set_defaults(fn=cmd_check)
 
@@ -55,9 +63,26 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("\n".join(text_report(r) for r in results))
         for model in models:
             print(refine.text(model))
+    if args.predict and not _predict(args.traces, args.json):
+        return exits.FAILED
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
         return 1
     return 3 if any(not m.judged for m in models) else 0
+
+
+def _predict(paths: list[str], json_out: bool) -> bool:
+    """The predictive analysis of each trace (checker/predict.py); whether none predicts a violation."""
+    from checker import predict  # lazy: start-up time (numpy, through the linear checker)
+
+    try:
+        results = [predict.predict_file(p) for p in paths]
+    except predict.NoClocks as exc:
+        raise ValueError(str(exc)) from None
+    if json_out:
+        print(json.dumps([predict.json_report(r) for r in results], indent=1))
+    else:
+        print("\n".join(predict.text_report(r) for r in results))
+    return all(r.ok for r in results)
 
 
 def _check_model(path: str):
