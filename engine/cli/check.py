@@ -37,6 +37,12 @@ def register(sub) -> None:
         help="also search the reorderings the trace's happens-before clocks allow (pdo run --hb) "
         "for a rule violation: exit 1 names the two events that would swap",
     )
+    p.add_argument(
+        "--confirm",
+        action="store_true",
+        help="with --predict: rerun each predicted reordering under the fuzz controller and say "
+        "whether the engine really breaks the rule",
+    )
     p.set_defaults(fn=cmd_check)
 
 
@@ -63,14 +69,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("\n".join(text_report(r) for r in results))
         for model in models:
             print(refine.text(model))
-    if args.predict and not _predict(args.traces, args.json):
+    if args.predict and not _predict(args.traces, args.json, args.confirm):
         return exits.FAILED
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
         return 1
     return 3 if any(not m.judged for m in models) else 0
 
 
-def _predict(paths: list[str], json_out: bool) -> bool:
+def _predict(paths: list[str], json_out: bool, confirm: bool) -> bool:
     """The predictive analysis of each trace (checker/predict.py); whether none predicts a violation."""
     from checker import predict  # lazy: start-up time (numpy, through the linear checker)
 
@@ -82,6 +88,12 @@ def _predict(paths: list[str], json_out: bool) -> bool:
         print(json.dumps([predict.json_report(r) for r in results], indent=1))
     else:
         print("\n".join(predict.text_report(r) for r in results))
+    if confirm:
+        from checker.fuzz.confirm import confirm as run_confirm  # lazy: start-up time (torch)
+
+        for r in results:
+            for p in r.predictions:
+                print(run_confirm(r.path, r.header, p).line)
     return all(r.ok for r in results)
 
 

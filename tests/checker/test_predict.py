@@ -102,3 +102,33 @@ def test_check_predict_exit_codes(tmp_path, clocks, capsys):
     with pytest.raises(NoClocks):
         predict_file(bare)
     assert pdo(["check", "--predict", bare]) == 2
+
+
+def _drop_edges(src, dst, thread="scheduler", other="forward"):
+    """The trace with every `thread` event's clock blind to `other` (as if no hand-off joined them)."""
+    lines = open(src).read().splitlines()
+    head = json.loads(lines[0])
+    key = head["hb"] + other
+    with open(dst, "w") as f:
+        f.write(lines[0] + "\n")
+        for line in lines[1:]:
+            e = json.loads(line)
+            if e["thread"] == thread:
+                e["vc"].pop(key, None)
+            f.write(json.dumps(e) + "\n")
+    return str(dst)
+
+
+def test_confirm_reaches_a_real_race_and_not_a_missing_edge(tmp_path, clocks):
+    from checker.fuzz.confirm import confirm
+
+    path = _trace(tmp_path, "ahead", inject=("copy-after-handoff",), name="m")
+    r = predict_file(path)
+    p = next(p for p in r.predictions if p.rule.id == "P-worker-copy")
+    assert confirm(path, r.header, p).confirmed
+    # the clean engine with its forward-to-scheduler edges hidden: predicted, never reached
+    cut = _drop_edges(_trace(tmp_path, "ahead", name="c"), tmp_path / "cut.jsonl")
+    r = predict_file(cut)
+    assert r.predictions
+    c = confirm(cut, r.header, r.predictions[0])
+    assert not c.confirmed and "NOT CONFIRMED" in c.line
