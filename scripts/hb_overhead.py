@@ -43,7 +43,9 @@ def main() -> None:
         ratio_all.append(row["trace+hb"] / row["off"])
     for k in arms:
         print(f"{k:9s} median wall {statistics.median(wall[k]) * 1e3:8.1f} ms")
-    print(f"trace+hb / trace: median ratio {statistics.median(ratio_hb):.4f} over {a.rounds} rounds")
+    print(
+        f"trace+hb / trace: median ratio {statistics.median(ratio_hb):.4f} over {a.rounds} rounds"
+    )
     print(f"trace+hb / off:   median ratio {statistics.median(ratio_all):.4f}")
 
 
