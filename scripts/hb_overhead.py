@@ -3,6 +3,7 @@ clocks (`pdo run --hb`), in interleaved rounds (the arms rotate who goes first, 
 machine hits all alike); prints the medians and the median per-round ratios.
 
     PYTHONPATH=. .venv/bin/python scripts/hb_overhead.py --rounds 20 --mode ahead --requests 120
+    PYTHONPATH=. .venv/bin/python scripts/hb_overhead.py --emit --rounds 6   # one declared event
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import statistics
 
 from engine import hb
+from engine.bench.trace_overhead import emit_cost_ns
 from engine.config import EngineConfig
 from engine.run import run_prefill, shared_model
 from engine.trace import NullTracer, Tracer
@@ -22,7 +24,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--mode", default="ahead")
     ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--emit", action="store_true", help="the cost of one declared event instead")
     a = ap.parse_args()
+    if a.emit:
+        ns: dict = {False: [], True: []}
+        for r in range(a.rounds):
+            for on in (False, True) if r % 2 == 0 else (True, False):
+                hb.enable(on)
+                ns[on].append(emit_cost_ns(50_000)["declared_ns"])
+        hb.enable(False)
+        for on in (False, True):
+            print(f"{'with' if on else 'without'} clocks: {statistics.median(ns[on]):.0f} ns/event")
+        return
     cfg = EngineConfig(mode=a.mode)
     wc = WorkloadConfig(requests=a.requests, seed=0)
     arms = ("off", "trace", "trace+hb")
