@@ -66,18 +66,23 @@ class Clocks:
                 f"{path}: header has no 'hb' field: no happens-before clocks (write it with pdo run --hb)"
             )
         self.events = events
-        self.keys, self.own = [], []
+        self.keys, self.own, self.vcs = [], [], []
+        last: dict = {}  # thread -> the clock of its previous event
         for e in events:
-            vc = e.get("vc")
-            k = tag + e["thread"]
+            vc, th = e.get("vc"), e["thread"]
+            k = tag + th
+            if isinstance(vc, int) and not isinstance(vc, bool) and th in last:
+                vc = {**last[th], k: vc}  # only the count: the rest as at the previous event
             if not isinstance(vc, dict) or not isinstance(vc.get(k), int):
                 raise NoClocks(f"{path}: event seq {e['seq']}: field 'vc': no clock of its thread")
+            last[th] = vc
             self.keys.append(k)
             self.own.append(vc[k])
+            self.vcs.append(vc)
 
     def before(self, i: int, j: int) -> bool:
         """Event i happened before event j (i != j)."""
-        return self.own[i] <= self.events[j]["vc"].get(self.keys[i], 0)
+        return self.own[i] <= self.vcs[j].get(self.keys[i], 0)
 
     def reorder(self, i: int, j: int) -> tuple[list[dict], int]:
         """The trace with event j and what happened before it since i moved ahead of i (i < j, i not

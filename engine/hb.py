@@ -37,7 +37,11 @@ def enable(on: bool = True) -> None:
 
 def new_tag() -> str:
     """The prefix of one tracer's threads in the clocks: two processes' roles run in one Python
-    process (`pdo run --pd`), each with a thread named `scheduler`, and their components must differ."""
+    process (`pdo run --pd`), each with a thread named `scheduler`, and their components must differ.
+    The calling thread starts a new run: its clock starts afresh (a process that runs the engine
+    many times, a test session or a benchmark, would otherwise copy every earlier run's components
+    into each event)."""
+    _local.c, _local.dirty = {}, True
     return f"t{next(_tags)}/"
 
 
@@ -46,14 +50,21 @@ def _clock() -> dict:
         return _local.c
     except AttributeError:
         c = _local.c = {}
+        _local.dirty = True
         return c
 
 
-def tick(key: str) -> dict:
-    """Count one trace event of the calling thread (component `key`) and return its clock."""
+def tick(key: str):
+    """Count one trace event of the calling thread (component `key`) and return what its `vc` field
+    holds: the whole clock after a join (or at the thread's first event), else only the count, the
+    other components being those of the thread's previous event. An int is not a container, so most
+    events add nothing for the garbage collector to track (engine/trace.py says why that matters)."""
     c = _clock()
-    c[key] = c.get(key, 0) + 1
-    return dict(c)
+    n = c[key] = c.get(key, 0) + 1
+    if _local.dirty:
+        _local.dirty = False
+        return dict(c)
+    return n
 
 
 def snapshot() -> dict:
@@ -63,6 +74,7 @@ def snapshot() -> dict:
 def adopt(clock: dict) -> None:
     """The calling thread starts from `clock` (a thread started by the owner of that clock)."""
     _join(_clock(), clock)
+    _local.dirty = True
 
 
 def _join(into: dict, other: dict) -> None:
@@ -92,7 +104,10 @@ def recv(obj) -> None:
         return
     with _lock:
         ch = dict(_channel(obj))
-    _join(_clock(), ch)
+    c = _clock()
+    if any(c.get(k, 0) < v for k, v in ch.items()):
+        _join(c, ch)
+        _local.dirty = True
 
 
 def carried(fn, clock: dict, out):

@@ -113,7 +113,7 @@ def _drop_edges(src, dst, thread="scheduler", other="forward"):
         f.write(lines[0] + "\n")
         for line in lines[1:]:
             e = json.loads(line)
-            if e["thread"] == thread:
+            if e["thread"] == thread and isinstance(e["vc"], dict):  # an int inherits the cut
                 e["vc"].pop(key, None)
             f.write(json.dumps(e) + "\n")
     return str(dst)
