@@ -25,9 +25,9 @@ import threading
 ON = os.environ.get("PDO_HB", "").strip().lower() in ("1", "true", "yes", "on")
 
 _local = threading.local()
-_lock = threading.Lock()
 _by_id: dict[int, dict] = {}  # channels of objects without a __dict__ (SimpleQueue)
 _tags = itertools.count(1)
+_senders = itertools.count(1)  # a channel's key per thread (an ident can be reused)
 
 
 def enable(on: bool = True) -> None:
@@ -41,6 +41,7 @@ def new_tag() -> str:
     The calling thread starts a new run: its clock starts afresh (a process that runs the engine
     many times, a test session or a benchmark, would otherwise copy every earlier run's components
     into each event)."""
+    _clock()
     _local.c, _local.dirty = {}, True
     return f"t{next(_tags)}/"
 
@@ -50,7 +51,7 @@ def _clock() -> dict:
         return _local.c
     except AttributeError:
         c = _local.c = {}
-        _local.dirty = True
+        _local.dirty, _local.sender = True, next(_senders)
         return c
 
 
@@ -91,23 +92,24 @@ def _channel(obj) -> dict:
 
 
 def send(obj) -> None:
-    """What the calling thread did so far happens before whatever a `recv` on `obj` does next."""
-    if obj is None:
-        return
-    c = _clock()
-    with _lock:
-        _join(_channel(obj), c)
+    """What the calling thread did so far happens before whatever a `recv` on `obj` does next.
+
+    A channel keeps each sender thread's latest clock (one dict item set, atomic under the GIL):
+    a thread's clock only grows, so its latest covers its earlier ones, and no lock is taken (a
+    thread blocked on a lock whose holder waits for the GIL can stall a whole switch interval)."""
+    if obj is not None:
+        c = _clock()
+        _channel(obj)[_local.sender] = dict(c)
 
 
 def recv(obj) -> None:
     if obj is None:
         return
-    with _lock:
-        ch = dict(_channel(obj))
     c = _clock()
-    if any(c.get(k, 0) < v for k, v in ch.items()):
-        _join(c, ch)
-        _local.dirty = True
+    for clock in list(_channel(obj).values()):
+        if any(c.get(k, 0) < v for k, v in clock.items()):
+            _join(c, clock)
+            _local.dirty = True
 
 
 def carried(fn, clock: dict, out):
