@@ -60,41 +60,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.perfetto:
         export(args.traces[0], args.perfetto, violations=violations_of(results[0]))
     models = [_check_model(path) for path in args.traces] if args.model else []
+    predicted = _predict(args.traces, args.confirm) if args.predict else []
     if args.json:
         out = [json_report(r) for r in results]
         for report, model in zip(out, models):
             report["model"] = refine.json_report(model)
+        for report, (prediction, _) in zip(out, predicted):
+            report["predict"] = prediction
         print(json.dumps(out, indent=1))
     else:
         print("\n".join(text_report(r) for r in results))
         for model in models:
             print(refine.text(model))
-    if args.predict and not _predict(args.traces, args.json, args.confirm):
+        for _, text in predicted:
+            print(text)
+    if any(not p["ok"] for p, _ in predicted):
         return exits.FAILED
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
         return 1
     return 3 if any(not m.judged for m in models) else 0
 
 
-def _predict(paths: list[str], json_out: bool, confirm: bool) -> bool:
-    """The predictive analysis of each trace (checker/predict.py); whether none predicts a violation."""
+def _predict(paths: list[str], confirm: bool) -> list[tuple[dict, str]]:
+    """The predictive analysis of each trace (checker/predict.py), as (JSON report, text); with
+    `confirm`, each prediction replayed under the fuzz controller."""
     from checker import predict  # lazy: start-up time (numpy, through the linear checker)
 
     try:
         results = [predict.predict_file(p) for p in paths]
     except predict.NoClocks as exc:
         raise ValueError(str(exc)) from None
-    if json_out:
-        print(json.dumps([predict.json_report(r) for r in results], indent=1))
-    else:
-        print("\n".join(predict.text_report(r) for r in results))
-    if confirm:
-        from checker.fuzz.confirm import confirm as run_confirm  # lazy: start-up time (torch)
+    out = []
+    for r in results:
+        report, text = predict.json_report(r), predict.text_report(r)
+        if confirm and r.predictions:
+            from checker.fuzz.confirm import confirm as replay  # lazy: start-up time (torch)
 
-        for r in results:
-            for p in r.predictions:
-                print(run_confirm(r.path, r.header, p).line)
-    return all(r.ok for r in results)
+            done = [replay(r.path, r.header, p) for p in r.predictions]
+            for item, c in zip(report["predictions"], done):
+                item["confirmed"], item["confirm"] = c.confirmed, c.line
+            text += "\n" + "\n".join(c.line for c in done)
+        out.append((report, text))
+    return out
 
 
 def _check_model(path: str):

@@ -97,6 +97,9 @@ def test_check_predict_exit_codes(tmp_path, clocks, capsys):
     cut = _write(tmp_path / "cut.jsonl", _with_clocks(canonical("thread"), drop_collect_edge=True))
     assert pdo(["check", "--predict", cut]) == 1
     assert "PREDICTED P-worker-copy" in capsys.readouterr().out
+    assert pdo(["check", "--predict", "--json", cut]) == 1
+    report = json.loads(capsys.readouterr().out)[0]["predict"]
+    assert not report["ok"] and "P-worker-copy" in {p["rule"] for p in report["predictions"]}
     hb.enable(False)
     bare = _trace(tmp_path, "thread", name="bare")
     with pytest.raises(NoClocks):
