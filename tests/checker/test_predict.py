@@ -7,10 +7,14 @@ import json
 
 import pytest
 
+from checker.fuzz.confirm import confirm
 from checker.linear import check_file
 from checker.predict import NoClocks, predict_file
 from engine import hb
 from engine.cli import main as pdo
+from engine.config import EngineConfig
+from engine.decode.config import DecodeConfig
+from engine.pd import run_pd
 from engine.workload import WorkloadConfig
 from tests.helpers import run_mode
 from tests.trace_fixtures import canonical
@@ -123,8 +127,6 @@ def _drop_edges(src, dst, thread="scheduler", other="forward"):
 
 
 def test_confirm_reaches_a_real_race_and_not_a_missing_edge(tmp_path, clocks):
-    from checker.fuzz.confirm import confirm
-
     path = _trace(tmp_path, "ahead", inject=("copy-after-handoff",), name="m")
     r = predict_file(path)
     p = next(p for p in r.predictions if p.rule.id == "P-worker-copy")
@@ -135,3 +137,15 @@ def test_confirm_reaches_a_real_race_and_not_a_missing_edge(tmp_path, clocks):
     assert r.predictions
     c = confirm(cut, r.header, r.predictions[0])
     assert not c.confirmed and "NOT CONFIRMED" in c.line
+
+
+def test_a_clean_pd_run_predicts_nothing(tmp_path, clocks):
+    wc = WorkloadConfig(requests=8, prompt_len=(20, 80), hit=0.5, seed=2, max_new_tokens=3)
+    s = run_pd(
+        EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl")
+    )
+    assert len(s["traces"]) == 3
+    for path in s["traces"]:
+        assert check_file(path).ok
+        r = predict_file(path)
+        assert r.header.get("hb") and r.ok, [(p.rule.id, p.message) for p in r.predictions]
