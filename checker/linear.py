@@ -131,3 +131,16 @@ def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:
     trace)."""
     rules = rules or load_rules()
     return [check_file(p, rules=rules) for p in paths] + check_cross(list(paths), rules)
+
+
+def check_events(header: dict, events: list[dict], rules: list[Rule]) -> list[Violation]:
+    """`rules` (those of the header's role and mode) on events already read, in list order: what
+    `pdo check --predict` runs on a reordering of a trace."""
+    role, mode = header["role"], header.get("mode")
+    rules = [r for r in rules if r.role == role and r.applies(mode, header)]
+    ctx = Ctx(header, header.get("page_size", 1))
+    active = _instantiate(rules, ctx, None)
+    _stream((events,), active, ctx, _batched_events(role))
+    for t in active:
+        t.finish()
+    return [v for t in active for v in t.violations]

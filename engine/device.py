@@ -20,7 +20,7 @@ import threading
 
 import torch
 
-from . import sync
+from . import hb, sync
 
 # Intra-op threads of each CPU stream thread (torch.set_num_threads is per thread with OpenMP). The
 # emulated device's ops are tiny (<= 256 rows; attention per request), and with 2 OpenMP threads
@@ -39,11 +39,14 @@ class CpuEvent:
     def record(self, stream: "CpuStream") -> "CpuEvent":
         self._recorded = True
         self._done.clear()
-        stream._q.put(self)  # the stream sets it when it gets there
+        stream._put(self)  # the stream sets it when it gets there
         return self
 
     def query(self) -> bool:
-        return (not self._recorded) or self._done.is_set()
+        done = (not self._recorded) or self._done.is_set()
+        if done and hb.ON:
+            hb.recv(self._done)
+        return done
 
     def synchronize(self) -> None:
         if self._recorded:
@@ -74,7 +77,7 @@ class CpuStream:
             if item is None:
                 return
             if isinstance(item, CpuEvent):
-                item._done.set()  # events complete even after a failure, so no waiter hangs
+                sync.ev_set(item._done)  # events complete even after a failure, so no waiter hangs
             elif isinstance(item, _Wait):
                 sync.ev_wait(item.event._done, "stream.wait_event")
             elif self._error is None:
@@ -84,12 +87,17 @@ class CpuStream:
                 except BaseException as exc:  # surfaced on the host at the next check()
                     self._error = exc
 
+    def _put(self, item) -> None:
+        if hb.ON:  # what the launching thread did happens before the stream runs the item
+            hb.send(self._q)
+        self._q.put(item)
+
     def launch(self, fn, *args) -> None:
-        self._q.put((lambda: fn(*args)) if args else fn)
+        self._put((lambda: fn(*args)) if args else fn)
 
     def wait_event(self, event: CpuEvent) -> None:
         if event._recorded:
-            self._q.put(_Wait(event))
+            self._put(_Wait(event))
 
     def record_event(self) -> CpuEvent:
         return CpuEvent().record(self)
@@ -103,7 +111,7 @@ class CpuStream:
             raise RuntimeError(f"stream {self.name} failed: {self._error!r}") from self._error
 
     def close(self) -> None:
-        self._q.put(None)
+        self._put(None)
         if not sync.controlled():
             self._thread.join(timeout=10)
 

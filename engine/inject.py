@@ -18,6 +18,7 @@ MUTANTS = {
     "send-before-forward-done": "a chunk's KV is sent before the forward that writes it has finished",
     "release-before-delivery": "a request is released once its last chunk is handed to the sender, before the transfer delivered it",
     "retire-before-copy": "an AttentionStore entry is written from its staging buffer before the copy into it completed",
+    "copy-after-handoff": "the worker hands the result back before it makes batch.copy(), so collect races the copy",
 }
 
 # The rule(s) of spec/rules.toml that must flag each prefill mutant on a real engine trace (any one
@@ -35,6 +36,7 @@ MUTANT_RULES: dict[str, tuple[str, ...]] = {
     "send-before-forward-done": ("P-scheduler-thread", "P-send-after-forward"),
     "release-before-delivery": ("P-release-after-delivery",),
     "retire-before-copy": ("P-store-after-copy",),
+    "copy-after-handoff": ("P-worker-copy",),
 }
 
 _active: frozenset = frozenset()

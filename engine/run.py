@@ -89,7 +89,12 @@ def run_prefill(
         summary["verify"] = oracle.judge(cfg, reqs, sched.receiver, probe).as_dict()
     if trace_path:
         tracer.write(
-            trace_path, extra_header={"host": platform.node(), "config": _jsonable(asdict(cfg))}
+            trace_path,
+            extra_header={
+                "host": platform.node(),
+                "config": _jsonable(asdict(cfg)),
+                "workload": _jsonable(asdict(wc)),
+            },
         )
     if keep_scheduler:
         summary["_scheduler"] = sched

@@ -17,7 +17,10 @@ import queue
 import random
 import threading
 import time
+import types
 from concurrent.futures import Future, ThreadPoolExecutor
+
+from . import hb
 
 CONTROLLER = None  # set by checker.fuzz.Controller.install()
 
@@ -86,6 +89,14 @@ def owner():
 
 def q_get(q, label: str):
     """queue.get that parks under control (works for Queue and SimpleQueue)."""
+    item = _q_get(q, label)
+    if hb.ON:  # the item's put happened before; this get makes room for a later put
+        hb.recv(q)
+        hb.send(getattr(q, "not_full", None))
+    return item
+
+
+def _q_get(q, label: str):
     c = _managed()
     if c is not None:
         c.point(label) if not q.empty() else c.block_until(lambda: not q.empty(), label)
@@ -96,11 +107,18 @@ def q_get(q, label: str):
 
 def q_get_timeout(q, timeout: float, label: str):
     if _managed() is None:
-        return q.get(timeout=timeout)
+        item = q.get(timeout=timeout)
+        if hb.ON:
+            hb.recv(q)
+            hb.send(getattr(q, "not_full", None))
+        return item
     return q_get(q, label)
 
 
 def q_put(q, item, label: str) -> None:
+    if hb.ON:
+        hb.recv(getattr(q, "not_full", None))
+        hb.send(q)
     c = _managed()
     if c is not None:
         full = getattr(q, "full", lambda: False)
@@ -115,8 +133,19 @@ def ev_wait(ev: threading.Event, label: str) -> None:
     if c is not None and not ev.is_set():
         c.block_until(ev.is_set, label)
         if not c.aborted:
+            if hb.ON:
+                hb.recv(ev)
             return
     ev.wait()
+    if hb.ON:
+        hb.recv(ev)
+
+
+def ev_set(ev: threading.Event) -> None:
+    """Event.set whose waiters (ev_wait) happen after what the setter did."""
+    if hb.ON:
+        hb.send(ev)
+    ev.set()
 
 
 def now() -> float:  # noqa: D103 - virtual under control
@@ -141,6 +170,17 @@ def uniform(a: float, b: float) -> float:
 def start_thread(target, name: str, *, group: str | None = None) -> threading.Thread:
     """Start a daemon thread; under control it is registered before it runs. `group` (default: the
     parent's) prefixes its name in the schedule (`decode/stream:forward`), never in the trace."""
+    end = None
+    if hb.ON:  # the child starts after what its parent did; a join waits for the child's end
+        end = types.SimpleNamespace()
+        target = hb.carried(target, hb.snapshot(), end)
+    t = _start_thread(target, name, group)
+    if end is not None:
+        t.pdo_hb_end = end
+    return t
+
+
+def _start_thread(target, name: str, group: str | None) -> threading.Thread:
     if CONTROLLER is None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
@@ -170,8 +210,12 @@ def join(t: threading.Thread, label: str, timeout: float | None = None) -> None:
     if c is not None and key is not None:
         c.block_until(lambda: c.exited(key), label)
         if not c.aborted:
+            if hb.ON:
+                hb.recv(getattr(t, "pdo_hb_end", None))
             return
     t.join(timeout)
+    if hb.ON and not t.is_alive():
+        hb.recv(getattr(t, "pdo_hb_end", None))
 
 
 def finished(t: threading.Thread) -> bool:
@@ -193,7 +237,11 @@ def result(fut, label: str):
     c = _managed()
     if c is not None and not fut.done():
         c.block_until(fut.done, label)
-    return fut.result()
+    try:
+        return fut.result()
+    finally:
+        if hb.ON:
+            hb.recv(getattr(fut, "pdo_hb_end", None))
 
 
 class Executor:
@@ -221,6 +269,9 @@ class Executor:
 
     def submit(self, fn, *args):
         fut = Future()
+        if hb.ON:
+            fut.pdo_hb_end = types.SimpleNamespace()
+            fn = hb.carried(fn, hb.snapshot(), fut.pdo_hb_end)
         self._q.put((fut, fn, args))
         return fut
 
@@ -240,5 +291,16 @@ class Executor:
 def executor(workers: int, prefix: str):
     """A thread pool: concurrent.futures' uncontrolled, managed workers under a controller."""
     if CONTROLLER is None:
-        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+        pool = _HbPool if hb.ON else ThreadPoolExecutor
+        return pool(max_workers=workers, thread_name_prefix=prefix)
     return Executor(workers, prefix)
+
+
+class _HbPool(ThreadPoolExecutor):
+    """concurrent.futures' pool whose calls start from the submitter's clock (engine/hb.py)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        end = types.SimpleNamespace()
+        fut = super().submit(hb.carried(fn, hb.snapshot(), end), *args, **kwargs)
+        fut.pdo_hb_end = end
+        return fut

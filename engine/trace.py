@@ -36,7 +36,7 @@ import threading
 import types
 from time import monotonic_ns as _monotonic_ns
 
-from . import sync
+from . import hb, sync
 
 FORMAT = "pdo-trace"
 VERSION = 2
@@ -47,6 +47,9 @@ class Tracer:
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
+        self._hb = hb.new_tag() if hb.ON else None  # each event's `vc` (engine/hb.py)
+        if self._hb is not None:
+            self.header["hb"] = self._hb
         self._raw: list = []  # t_ns, thread, ev, fields, t_ns, ...: event i at 4*i, seq i + 1
         self._extend = self._raw.extend
         self._thread = threading.local()  # .name: the thread's name, read at its first event
@@ -67,6 +70,8 @@ class Tracer:
         except AttributeError:  # this thread's first event (current_thread().name is not free)
             thread = self._thread.name = threading.current_thread().name
         sync.point(ev)
+        if self._hb is not None:
+            fields["vc"] = hb.tick(self._hb + thread)
         self._extend((_monotonic_ns(), thread, ev, fields))  # this tuple is freed at once
 
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
@@ -80,6 +85,8 @@ class Tracer:
 
     def _logger(self, kind: "_Kind"):
         ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
+        if self._hb is not None:
+            return self._hb_logger(kind)
 
         def log(*values):
             if len(values) != n:
@@ -93,6 +100,24 @@ class Tracer:
             ):  # sync.point, without its call when idle
                 sync.point(ev)
             ext((now(), thread, kind, values))
+
+        return log
+
+    def _hb_logger(self, kind: "_Kind"):
+        """A declared event that also keeps its thread's vector clock, as a last field `vc`."""
+        ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
+        tag, tick, with_vc = self._hb, hb.tick, _Kind(kind.ev, (*kind.names, "vc"))
+
+        def log(*values):
+            if len(values) != n:
+                raise _arity(kind, values)
+            try:
+                thread = local.name
+            except AttributeError:
+                thread = local.name = threading.current_thread().name
+            if sync.CONTROLLER is not None or sync.JITTER_US:
+                sync.point(ev)
+            ext((now(), thread, with_vc, (*values, tick(tag + thread))))
 
         return log
 

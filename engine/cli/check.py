@@ -12,6 +12,8 @@ from spec.errors import BadInput
 
 from . import exits
 
+from . import exits
+
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
@@ -32,6 +34,18 @@ def register(sub) -> None:
         help="also write the trace as Chrome trace-event "
         "JSON, violations highlighted (ui.perfetto.dev)",
     )
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="also search the reorderings the trace's happens-before clocks allow (pdo run --hb) "
+        "for a rule violation: exit 1 names the two events that would swap",
+    )
+    p.add_argument(
+        "--confirm",
+        action="store_true",
+        help="with --predict: rerun each predicted reordering under the fuzz controller and say "
+        "whether the engine really breaks the rule",
+    )
     p.set_defaults(fn=cmd_check)
 
 
@@ -49,18 +63,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.perfetto:
         export(args.traces[0], args.perfetto, violations=violations_of(results[0]))
     models = [_check_model(path) for path in args.traces] if args.model else []
+    predicted = _predict(args.traces, args.confirm) if args.predict else []
     if args.json:
         out = [json_report(r) for r in results]
         for report, model in zip(out, models):
             report["model"] = refine.json_report(model)
+        for report, (prediction, _) in zip(out, predicted):
+            report["predict"] = prediction
         print(json.dumps(out, indent=1))
     else:
         print("\n".join(text_report(r) for r in results))
         for model in models:
             print(refine.text(model))
+        for _, text in predicted:
+            print(text)
+    if any(not p["ok"] for p, _ in predicted):
+        return exits.FAILED
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
         return exits.FAILED
     return exits.INCOMPLETE if any(not m.judged for m in models) else exits.OK
+
+
+def _predict(paths: list[str], confirm: bool) -> list[tuple[dict, str]]:
+    """The predictive analysis of each trace (checker/predict.py), as (JSON report, text); with
+    `confirm`, each prediction replayed under the fuzz controller."""
+    from checker import predict  # lazy: start-up time (numpy, through the linear checker)
+
+    try:
+        results = [predict.predict_file(p) for p in paths]
+    except predict.NoClocks as exc:
+        raise ValueError(str(exc)) from None
+    out = []
+    for r in results:
+        report, text = predict.json_report(r), predict.text_report(r)
+        if confirm and r.predictions:
+            from checker.fuzz.confirm import confirm as replay  # lazy: start-up time (torch)
+
+            done = [replay(r.path, r.header, p) for p in r.predictions]
+            for item, c in zip(report["predictions"], done):
+                item["confirmed"], item["confirm"] = c.confirmed, c.line
+            text += "\n" + "\n".join(c.line for c in done)
+        out.append((report, text))
+    return out
 
 
 def _check_model(path: str):

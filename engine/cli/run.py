@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 
+from .. import hb
 from .flags import add_engine_args, build_configs
 from .pd import add_no_verify, add_pd_args, cmd_run_pd
 
@@ -18,11 +20,19 @@ def register(sub) -> None:
     add_pd_args(p)
     p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--hb",
+        action="store_true",
+        help="write each event's happens-before vector clock (`vc`), for `pdo check --predict`",
+    )
     add_no_verify(p)
     p.set_defaults(fn=cmd_run, refuse=functools.partial(refuse_pd_only_flags, p))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.hb:
+        os.environ["PDO_HB"] = "1"  # role processes of `pdo run --pd` inherit it
+        hb.enable()
     if args.pd:
         return cmd_run_pd(args)
     from ..run import run_prefill  # lazy: start-up time (torch)

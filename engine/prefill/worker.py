@@ -39,6 +39,11 @@ class ForwardWorker:
             try:
                 result = self.sched.run_batch(batch, early_send_prefix=early_send_prefix)
                 self.sched.apply_war_barrier(batch, result)
+                if inject.on("copy-after-handoff"):  # MUTANT: copy-after-handoff
+                    sync.q_put(self.out_q, Inflight(batch, result), "worker.out_q")
+                    batch.copy()
+                    self.sched.log.batch_copy(batch.bid)
+                    continue
                 copy = batch.copy()
                 self.sched.log.batch_copy(batch.bid)
                 sync.q_put(self.out_q, Inflight(copy, result), "worker.out_q")

@@ -61,7 +61,7 @@ def test_unmutated_pd_engine_survives(strategy):
 
 
 def test_the_registry_covers_prefill_and_decode_mutants():
-    assert set(ALL_MUTANTS) == set(MUTANTS) | set(DECODE_MUTANTS) and len(ALL_MUTANTS) == 16
+    assert set(ALL_MUTANTS) == set(MUTANTS) | set(DECODE_MUTANTS) and len(ALL_MUTANTS) == 19
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(DECODE_MUTANTS))
@@ -258,7 +258,7 @@ def test_pdo_fuzz_cli_lists_decode_mutants_and_fuzzes_pd(tmp_path, capsys):
     rc, out = run("--list-mutants")
     assert (
         rc == 0
-        and len(out.out.splitlines()) == 16
+        and len(out.out.splitlines()) == 19
         and "no-stale-cancel" in out.out
         and "decode" in out.out
     )

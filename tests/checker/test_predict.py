@@ -1,0 +1,151 @@
+"""Predictive analysis (checker/predict.py): from one passing trace with happens-before clocks, the
+rule violations another allowed interleaving would show."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checker.fuzz.confirm import confirm
+from checker.linear import check_file
+from checker.predict import NoClocks, predict_file
+from engine import hb
+from engine.cli import main as pdo
+from engine.config import EngineConfig
+from engine.decode.config import DecodeConfig
+from engine.pd import run_pd
+from engine.workload import WorkloadConfig
+from tests.helpers import run_mode
+from tests.trace_fixtures import canonical
+
+WL = WorkloadConfig(requests=8, prompt_len=(20, 150), hit=0.5, seed=1)
+
+
+@pytest.fixture
+def clocks():
+    hb.enable(True)
+    yield
+    hb.enable(False)
+
+
+def _trace(tmp_path, mode, inject=(), name="t"):
+    path = str(tmp_path / f"{name}.jsonl")
+    run_mode(mode, trace_path=path, inject=inject, workload=WL)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["normal", "overlap", "thread", "ahead"])
+def test_a_clean_trace_predicts_nothing(tmp_path, clocks, mode):
+    path = _trace(tmp_path, mode)
+    assert check_file(path).ok
+    r = predict_file(path)
+    assert r.ok, [(p.rule.id, p.message) for p in r.predictions]
+
+
+def test_a_mutant_hidden_in_a_passing_trace_is_predicted(tmp_path, clocks):
+    # copy-after-handoff: the worker logs batch_copy after handing the result back; the scheduler
+    # usually wakes after it, so the trace passes, but nothing orders the two
+    passing = 0
+    for seed in range(2):
+        path = _trace(tmp_path, "ahead", inject=("copy-after-handoff",), name=f"m{seed}")
+        passing += check_file(path).ok
+        r = predict_file(path)
+        assert "P-worker-copy" in {p.rule.id for p in r.predictions}
+    assert passing >= 1
+
+
+def _with_clocks(events, *, drop_collect_edge=False):
+    """A hand-built thread-mode trace with the clocks the engine's hand-offs give: submit(N) before
+    fwd_begin(N) (the input queue), batch_copy(N) before collect(N) (the output queue)."""
+    clock = {"scheduler": {}, "forward": {}}
+    sent = {}
+    for e in events:
+        c = clock[e["thread"]]
+        if e["ev"] == "fwd_begin":
+            for k, v in sent[("submit", e["batch"])].items():
+                c[k] = max(c.get(k, 0), v)
+        if e["ev"] == "collect" and not drop_collect_edge:
+            for k, v in sent[("batch_copy", e["batch"])].items():
+                c[k] = max(c.get(k, 0), v)
+        c[e["thread"]] = c.get(e["thread"], 0) + 1
+        e["vc"] = dict(c)
+        if "batch" in e:
+            sent[(e["ev"], e["batch"])] = dict(c)
+    return events
+
+
+def _write(path, events):
+    head = {"format": "pdo-trace", "version": 2, "role": "prefill", "mode": "thread"}
+    with open(path, "w") as f:
+        f.write(json.dumps({**head, "page_size": 16, "hb": ""}) + "\n")
+        for i, e in enumerate(events, 1):
+            f.write(json.dumps({"seq": i, "t_ns": 1000 * i, **e}) + "\n")
+    return str(path)
+
+
+def test_a_missing_hb_edge_is_predicted(tmp_path):
+    full = _write(tmp_path / "full.jsonl", _with_clocks(canonical("thread")))
+    cut = _write(tmp_path / "cut.jsonl", _with_clocks(canonical("thread"), drop_collect_edge=True))
+    assert check_file(full).ok and check_file(cut).ok
+    assert predict_file(full).ok
+    found = {p.rule.id: p for p in predict_file(cut).predictions}
+    assert "P-worker-copy" in found
+    p = found["P-worker-copy"]
+    assert (p.first["ev"], p.second["ev"]) == ("batch_copy", "collect")
+
+
+def test_check_predict_exit_codes(tmp_path, clocks, capsys):
+    clean = _trace(tmp_path, "thread")
+    assert pdo(["check", "--predict", clean]) == 0
+    cut = _write(tmp_path / "cut.jsonl", _with_clocks(canonical("thread"), drop_collect_edge=True))
+    assert pdo(["check", "--predict", cut]) == 1
+    assert "PREDICTED P-worker-copy" in capsys.readouterr().out
+    assert pdo(["check", "--predict", "--json", cut]) == 1
+    report = json.loads(capsys.readouterr().out)[0]["predict"]
+    assert not report["ok"] and "P-worker-copy" in {p["rule"] for p in report["predictions"]}
+    hb.enable(False)
+    bare = _trace(tmp_path, "thread", name="bare")
+    with pytest.raises(NoClocks):
+        predict_file(bare)
+    assert pdo(["check", "--predict", bare]) == 2
+
+
+def _drop_edges(src, dst, thread="scheduler", other="forward"):
+    """The trace with every `thread` event's clock blind to `other` (as if no hand-off joined them)."""
+    lines = open(src).read().splitlines()
+    head = json.loads(lines[0])
+    key = head["hb"] + other
+    with open(dst, "w") as f:
+        f.write(lines[0] + "\n")
+        for line in lines[1:]:
+            e = json.loads(line)
+            if e["thread"] == thread and isinstance(e["vc"], dict):  # an int inherits the cut
+                e["vc"].pop(key, None)
+            f.write(json.dumps(e) + "\n")
+    return str(dst)
+
+
+def test_confirm_reaches_a_real_race_and_not_a_missing_edge(tmp_path, clocks):
+    path = _trace(tmp_path, "ahead", inject=("copy-after-handoff",), name="m")
+    r = predict_file(path)
+    p = next(p for p in r.predictions if p.rule.id == "P-worker-copy")
+    assert confirm(path, r.header, p).confirmed
+    # the clean engine with its forward-to-scheduler edges hidden: predicted, never reached
+    cut = _drop_edges(_trace(tmp_path, "ahead", name="c"), tmp_path / "cut.jsonl")
+    r = predict_file(cut)
+    assert r.predictions
+    c = confirm(cut, r.header, r.predictions[0])
+    assert not c.confirmed and "NOT CONFIRMED" in c.line
+
+
+def test_a_clean_pd_run_predicts_nothing(tmp_path, clocks):
+    wc = WorkloadConfig(requests=8, prompt_len=(20, 80), hit=0.5, seed=2, max_new_tokens=3)
+    s = run_pd(
+        EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl")
+    )
+    assert len(s["traces"]) == 3
+    for path in s["traces"]:
+        assert check_file(path).ok
+        r = predict_file(path)
+        assert r.header.get("hb") and r.ok, [(p.rule.id, p.message) for p in r.predictions]
