@@ -10,7 +10,7 @@ import os
 import pytest
 
 from spec.z3model import PROPERTIES, Model, neg
-from spec.z3model.transition import System
+from spec.z3model.transition import System, _iteration, worker_slots
 from spec.z3model.unbounded import TABLE, confirm, prove_all, prove_mode, reach
 
 # The transition system restricted to K batches against the bounded model, where both are quick;
@@ -85,3 +85,14 @@ def test_z3_finds_the_bad_move_of_a_mutant():
     broken = System("ahead", ("no-war-barrier",))
     states, _, _ = reach(broken, ["war-device"])
     assert confirm(broken, list(states), ["war-device"])["war-device"] == "sat"
+
+
+@pytest.mark.parametrize("mode", ["normal", "overlap", "thread", "ahead"])
+def test_segments_repeat(mode):
+    """The premise of the finite state: an iteration of batch N >= 2 (and a last batch N >= 2,
+    and the worker's iteration) reads the same, relative to N, whatever N and K are."""
+    for steady in (False, True):
+        assert _iteration(mode, 4, 2, steady, ()) == _iteration(mode, 6, 4, steady, ())
+        assert _iteration(mode, 3, 2, steady, ()) == _iteration(mode, 6, 5, steady, ())
+    if mode in ("thread", "ahead"):
+        assert worker_slots(mode, (), 1) == worker_slots(mode, (), 3)
