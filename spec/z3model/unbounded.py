@@ -267,9 +267,12 @@ def run(modes=MODES_ALL, props=None, mutants=(), as_json=False, say=print) -> di
                     say("      " + line)
     counts = {s: sum(r.status == s for r in results) for s in ("PROVED", "REFUTED", "UNKNOWN")}
     total = time.perf_counter() - t0
+    note = "the decode prefetch loop has no transition system yet: `pdo spec prove --role decode`"
     if as_json:
-        say(json.dumps({"results": [r.as_dict() for r in results], "seconds": round(total, 3)}))
+        results_json = [r.as_dict() for r in results]
+        say(json.dumps({"results": results_json, "not_covered": note, "seconds": round(total, 3)}))
     else:
+        say(f"not covered: {note}")
         say(
             f"pdo spec prove --unbounded: {counts['PROVED']} proved, {counts['REFUTED']} "
             f"refuted, {counts['UNKNOWN']} unknown; {total:.2f} s"
