@@ -202,7 +202,7 @@ only where war-host is. Leaving the encoding's domain (a counter more than two b
 event out of batch order) makes the mode's verdicts UNKNOWN. `tests/spec/test_unbounded.py` checks
 that the transition system restricted to K batches gives the bounded model's engine-alone answers
 (K = 2..6 with PDO_SLOW=1), that the mutants are refuted, and that this table is current. The
-decode prefetch loop has no transition system yet (its proofs above are bounded). Time: the
+decode prefetch loop has no transition system yet (its proofs below are bounded). Time: the
 mode's one search (`{command}`, {seconds} s in all).
 """
 
