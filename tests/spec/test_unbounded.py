@@ -96,3 +96,15 @@ def test_segments_repeat(mode):
         assert _iteration(mode, 3, 2, steady, ()) == _iteration(mode, 6, 5, steady, ())
     if mode in ("thread", "ahead"):
         assert worker_slots(mode, (), 1) == worker_slots(mode, (), 3)
+
+
+def test_cli_exit_codes_and_json(capsys):
+    from engine.cli import main as pdo
+    from engine.cli.exits import FAILED, OK
+
+    assert pdo(["spec", "prove", "--unbounded", "--mode", "normal", "--json"]) == OK
+    data = json.loads(capsys.readouterr().out)
+    assert {r["verdict"] for r in data["results"]} == {"PROVED"} and len(data["results"]) == 7
+    argv = ["spec", "prove", "--unbounded", "--mode", "ahead", "--inject", "no-war-barrier"]
+    assert pdo(argv) == FAILED
+    assert "REFUTED" in capsys.readouterr().out
