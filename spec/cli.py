@@ -17,10 +17,13 @@ import json
 import sys
 import time
 
+from engine.cli.exits import FAILED, INCOMPLETE, OK
+
 from . import docgen
 from . import z3model as zm
 from .errors import BadInput
 from .tables import mode_table_lines, steady_lines
+from .z3model import unbounded
 
 
 def register(subparsers) -> None:
@@ -76,6 +79,13 @@ def register(subparsers) -> None:
     prove.add_argument(
         "--hidden", action="store_true", help="timelines also show queue and device points"
     )
+    prove.add_argument(
+        "--unbounded",
+        action="store_true",
+        help="prefill: prove every property for every K (transition systems; docs/spec.md)",
+    )
+    if not any("--json" in a.option_strings for a in prove._actions):
+        prove.add_argument("--json", action="store_true", help="print JSON on stdout")
     prove.set_defaults(fn=cmd_prove)
     docs = sub.add_parser("docs", help="write docs/spec.md from spec/")
     docs.add_argument("--out", default=None, help="default: docs/spec.md")
@@ -303,6 +313,15 @@ def prove_mode(
 
 
 def cmd_prove(args) -> int:
+    if args.unbounded:
+        counts = unbounded.run(
+            modes=args.mode or zm.MODES,
+            props=args.property,
+            mutants=args.inject,
+            as_json=args.json,
+            say=_say,
+        )
+        return FAILED if counts["REFUTED"] else INCOMPLETE if counts["UNKNOWN"] else OK
     t0 = time.perf_counter()
     total = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
     roles = ("prefill", "decode") if args.role == "all" else (args.role,)

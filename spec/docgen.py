@@ -5,12 +5,14 @@ test can require the committed file to equal what `generate()` writes."""
 from __future__ import annotations
 
 import gc
+import json
 import pathlib
 import random
 
 from . import abstract, load_rules
 from . import z3model as zm
 from .tables import mode_table_lines, steady_lines
+from .z3model.unbounded import TABLE
 
 DEFAULT = pathlib.Path(__file__).resolve().parents[1] / "docs" / "spec.md"
 K_DOCS = 3  # batches for the proofs shown here (`pdo spec prove --batches K` for more)
@@ -125,6 +127,7 @@ def _generate() -> str:
     out = _lines(INTRO)
     out += _modes_section()
     out += _properties_section(prefill)
+    out += _unbounded_section()
     out += _decode_section()
     out += _engine_section()
     out += _rules_section(rules)
@@ -167,6 +170,53 @@ def _properties_section(prefill: list) -> list[str]:
                 out.append(f"| {mode} | {pr.status} from {pr.basis} | {', '.join(pr.core)} |")
         out.append("")
     return out + _rules_by_property(prefill, minimal)
+
+
+UNBOUNDED_INTRO = """\
+## Every K: the prefill properties as transition systems
+
+The proofs above are for K = {k} batches (`pdo spec prove --batches K`), and one that holds for K
+may fail for K + 1. `pdo spec prove --unbounded` proves them for every K. `spec/z3model/transition.py`
+runs the loop model's own step definitions (`ITERATIONS[mode]`, `_worker_iteration`,
+`_last_iterations` of `spec/z3model/prefill_loops.py`) on small universes and keeps, per loop
+iteration, the program slots with each event named by its class and its batch relative to the
+iteration's batch N. The canonical workload repeats, so a few segments (first batch, second, any
+later, the last, the final drain; a steady and a drained variant each) are the scheduler's program
+for every K; the worker repeats one segment. The state is relative to N: the next slot of each
+thread, the worker's batch minus N, per event class the next batch minus N (queue points included),
+min(N, 2), and how many more staging writes than forwards the device ran. It is finite, so
+`spec/z3model/unbounded.py` computes the reachable states breadth first: that set is closed under
+every move (the strongest inductive invariant), and a property holds for every K when no move from
+it is bad. A bad move gives the shortest counterexample, printed as a schedule. `confirm` asks z3
+the same on the moves built as z3 terms (R ∧ T ⟹ R', no bad move from R; about 4 s for normal).
+
+Kept: program order per thread and its steady / drained branches, the queue capacities (E:queues),
+the staging wait, stream order and the WAR barrier's wait (E:streams), the mutants of
+`--inject`. Dropped: allocs and releases as events (no-free-in-flight is checked in every state
+where the scheduler is inside a window, where the bounded model lets a release fall); Req objects,
+slots, digests and page counts: dec-on-real-request reads only those and is reported structural
+(E:req-identity), snapshot-isolation is checked as its ordering half (snapshot(N) before
+run_batch(N)). The device part assumes war-host (a staging write waits for the forwards of every
+earlier batch) and drops the host's enqueue order, an over-approximation: war-device is PROVED
+only where war-host is. Leaving the encoding's domain (a counter more than two batches from N, an
+event out of batch order) makes the mode's verdicts UNKNOWN. `tests/spec/test_unbounded.py` checks
+that the transition system restricted to K batches gives the bounded model's engine-alone answers
+(K = 2..6 with PDO_SLOW=1), that the mutants are refuted, and that this table is current. The
+decode prefetch loop has no transition system yet (its proofs below are bounded). Time: the
+mode's one search (`{command}`, {seconds} s in all).
+"""
+
+
+def _unbounded_section() -> list[str]:
+    data = json.loads(TABLE.read_text(encoding="utf-8"))
+    out = _lines(UNBOUNDED_INTRO, k=K_DOCS, command=data["command"], seconds=data["seconds"])
+    out += ["", "| property | mode | verdict | invariant | time |", "|---|---|---|---|---|"]
+    for r in data["rows"]:
+        out.append(
+            f"| {r['property']} | {r['mode']} | {r['verdict']} for every K | {r['how']} "
+            f"| {r['seconds']:.2f} s |"
+        )
+    return out + [""]
 
 
 def _rules_by_property(prefill: list, minimal: dict) -> list[str]:

@@ -20,6 +20,8 @@ The modules, in the order they build on each other:
   answers `pdo spec` prints.
 - traces: a concrete trace as a universe, its workload, and whether it is a schedule of the loop
   model.
+- transition, unbounded: the prefill loops as finite transition systems read off the loop model's
+  step definitions, and the properties proved on them for every K (`pdo spec prove --unbounded`).
 
 This package re-exports the names other code uses, so `from spec.z3model import X` and
 `spec.z3model.X` keep working.
