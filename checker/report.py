@@ -53,10 +53,16 @@ def text_report(result) -> str:
     h = result.header
     name = f"{result.path} ({h.get('role')}, mode={h.get('mode', '-')})"
     if result.ok:
-        lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
+        if result.truncated is not None:
+            lines = [
+                f"INCOMPLETE {name}: truncated at line {result.truncated}; {result.events} events, "
+                f"{len(result.rules)} rules judged, none broken"
+            ]
+        else:
+            lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
         for rule, checks in result.rules:
             lines.append(f"  {rule.id:32s} {checks:7d} checks")
-        lines += ignored_note(result.ignored)
+        lines += ignored_note(result.ignored) + _truncation_note(result)
         return "\n".join(lines)
     by_rule: dict[str, int] = {}
     for v in result.violations:
@@ -64,7 +70,10 @@ def text_report(result) -> str:
     lines = [
         f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
         "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items()),
-    ] + ignored_note(result.ignored)
+    ]
+    if result.truncated is not None:
+        lines.append(f"  truncated at line {result.truncated}")
+    lines += ignored_note(result.ignored) + _truncation_note(result)
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
     picked = sorted(firsts.values())[:MAX_SHOWN]
@@ -97,10 +106,24 @@ def text_report(result) -> str:
     return "\n".join(lines)
 
 
+def _truncation_note(result) -> list[str]:
+    """What a truncated trace could not decide, and the watchdog's stalls."""
+    lines = []
+    if result.truncated is not None:
+        lines.append(
+            f"  not judged (need the end of the run): {', '.join(result.not_judged) or 'none'}"
+        )
+    if result.stalls:
+        lines.append(f"  note: {result.stalls} stall event(s) of the watchdog")
+    return lines
+
+
 def json_report(result) -> dict:
     return {
         "path": result.path,
         "ok": result.ok,
+        "truncated": result.truncated,
+        "not_judged": result.not_judged,
         "events": result.events,
         "ignored": result.ignored,
         "header": {k: result.header.get(k) for k in ("role", "mode", "version", "page_size")},

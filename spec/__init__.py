@@ -97,6 +97,9 @@ class Rule:
     # header field -> value for which the rule does not apply (a loop variant its mode does not name:
     # SGLang's overlap loop with sampling inside the forward, `sampling = "inline"`)
     unless: tuple = ()
+    # judged only on a whole trace: a prefix of a correct run can break it (an absence, a count at
+    # the end); a truncated trace lists it as not judged (docs/trace-format.md)
+    needs_end: bool = False
 
     def applies(self, mode: str | None, header: dict | None = None) -> bool:
         if header is not None and any(header.get(k) == v for k, v in self.unless):
@@ -150,6 +153,9 @@ def _build_rules(files: list[str]) -> list[Rule]:
             base = {k: raw.pop(k) for k in ("id", "statement", "modes", "design", "kind")}
             role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
             unless = raw.pop("unless", {})
+            needs_end = raw.pop("needs_end", False)
+            if type(needs_end) is not bool:
+                raise ValueError(f"{fname}: rule {base['id']}: 'needs_end' must be true or false")
             if not isinstance(unless, dict) or not all(isinstance(k, str) for k in unless):
                 raise ValueError(
                     f"{fname}: rule {base['id']}: 'unless' must be a table of header fields"
@@ -167,6 +173,7 @@ def _build_rules(files: list[str]) -> list[Rule]:
                     raw,
                     role,
                     tuple(sorted(unless.items())),
+                    needs_end,
                 )
             )
     ids = [r.id for r in rules]

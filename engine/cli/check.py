@@ -9,6 +9,8 @@ from checker import refine
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
 
+from .exits import FAILED, INCOMPLETE, OK
+
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
@@ -56,8 +58,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         for model in models:
             print(refine.text(model))
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
-        return 1
-    return 3 if any(not m.judged for m in models) else 0
+        return FAILED
+    if any(not r.complete for r in results) or any(not m.judged for m in models):
+        return INCOMPLETE  # a truncated trace, or a model not judged: never a pass
+    return OK
 
 
 def _check_model(path: str):

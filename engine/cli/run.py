@@ -6,7 +6,7 @@ import argparse
 import functools
 import json
 
-from .flags import add_engine_args, build_configs
+from .flags import add_engine_args, add_flight_args, build_configs, exit_on_sigterm, watchdog_of
 from .pd import add_no_verify, add_pd_args, cmd_run_pd
 
 _UNSET = object()
@@ -19,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_no_verify(p)
+    add_flight_args(p)
     p.set_defaults(fn=cmd_run, refuse=functools.partial(refuse_pd_only_flags, p))
 
 
@@ -28,7 +29,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..run import run_prefill  # lazy: start-up time (torch)
 
     cfg, workload = build_configs(args)
-    s = run_prefill(cfg, workload, trace_path=args.trace, verify=not args.no_verify)
+    exit_on_sigterm()
+    s = run_prefill(
+        cfg,
+        workload,
+        trace_path=args.trace,
+        verify=not args.no_verify,
+        watchdog=watchdog_of(args),
+        flush_ms=args.trace_flush_ms,
+    )
     leaks = s["leaks"]
     verdict = s.get("verify")
     code = 0 if not any(leaks.values()) and not (verdict and verdict["mismatches"]) else 1
