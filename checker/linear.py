@@ -129,6 +129,8 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
     violations = [v for t in active for v in t.violations]
     result = Result(path, header, n, [(t.rule, t.checks) for t in active], violations, ignored)
     result.stalls = status.get("stalls", 0)
+    end = status.get("end")
+    result.end_reason = end["reason"] if end else None
     if cut is not None:
         result.truncated, result.not_judged = cut, skipped
     return result

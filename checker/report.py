@@ -53,9 +53,10 @@ def text_report(result) -> str:
     h = result.header
     name = f"{result.path} ({h.get('role')}, mode={h.get('mode', '-')})"
     if result.ok:
-        if result.truncated is not None:
+        if getattr(result, "truncated", None) is not None:
             lines = [
-                f"INCOMPLETE {name}: truncated at line {result.truncated}; {result.events} events, "
+                f"INCOMPLETE {name}: truncated at line {getattr(result, 'truncated', None)}{_why(result)}; "
+                f"{result.events} events, "
                 f"{len(result.rules)} rules judged, none broken"
             ]
         else:
@@ -71,8 +72,8 @@ def text_report(result) -> str:
         f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
         "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items()),
     ]
-    if result.truncated is not None:
-        lines.append(f"  truncated at line {result.truncated}")
+    if getattr(result, "truncated", None) is not None:
+        lines.append(f"  truncated at line {getattr(result, 'truncated', None)}{_why(result)}")
     lines += ignored_note(result.ignored) + _truncation_note(result)
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
@@ -106,15 +107,23 @@ def text_report(result) -> str:
     return "\n".join(lines)
 
 
+def _why(result) -> str:
+    return (
+        f" (the run ended by {getattr(result, 'end_reason', None)})"
+        if getattr(result, "end_reason", None)
+        else ""
+    )
+
+
 def _truncation_note(result) -> list[str]:
     """What a truncated trace could not decide, and the watchdog's stalls."""
     lines = []
-    if result.truncated is not None:
+    if getattr(result, "truncated", None) is not None:
         lines.append(
-            f"  not judged (need the end of the run): {', '.join(result.not_judged) or 'none'}"
+            f"  not judged (need the end of the run): {', '.join(getattr(result, 'not_judged', [])) or 'none'}"
         )
-    if result.stalls:
-        lines.append(f"  note: {result.stalls} stall event(s) of the watchdog")
+    if getattr(result, "stalls", 0):
+        lines.append(f"  note: {getattr(result, 'stalls', 0)} stall event(s) of the watchdog")
     return lines
 
 
@@ -122,8 +131,9 @@ def json_report(result) -> dict:
     return {
         "path": result.path,
         "ok": result.ok,
-        "truncated": result.truncated,
-        "not_judged": result.not_judged,
+        "truncated": getattr(result, "truncated", None),
+        "not_judged": getattr(result, "not_judged", []),
+        "end_reason": getattr(result, "end_reason", None),
         "events": result.events,
         "ignored": result.ignored,
         "header": {k: result.header.get(k) for k in ("role", "mode", "version", "page_size")},

@@ -42,6 +42,7 @@ class Result:
     # the rules a truncated trace cannot decide (`needs_end` in spec/): ids
     not_judged: list = field(default_factory=list)
     stalls: int = 0  # the watchdog's stall markers in the trace
+    end_reason: str | None = None  # its trace_end's reason (None: no trace_end)
 
     @property
     def ok(self) -> bool:

@@ -403,13 +403,17 @@ def _line_of(raw: list, first: int, seq: int) -> int:
 
 
 def truncation(status: dict) -> int | None:
-    """The line at which a version-2 trace was cut (its first missing or incomplete line), or None
-    for a whole trace (and for every version-1 trace, which has no trace_end)."""
-    if status.get("version", 1) < 2 or (status.get("end") and status.get("cut_line") is None):
+    """The line at which a version-2 trace stops short of its run's end, or None for a whole trace
+    (and for every version-1 trace, which has no trace_end): the first missing or cut line, or the
+    trace_end line of a run that did not end normally (an exception, a signal, the watchdog)."""
+    if status.get("version", 1) < 2:
         return None
     if status.get("cut_line") is not None:
         return status["cut_line"]
-    return status.get("last_line", 1) + 1
+    end = status.get("end")
+    if end is None:
+        return status.get("last_line", 1) + 1
+    return None if end.get("reason") == "normal" else status["end_line"]
 
 
 def _check_consecutive(path: str, admitted: set) -> None:
