@@ -272,6 +272,11 @@ def _rules_section(rules: list) -> list[str]:
             f"- kind: `{r.kind}`" + (f" ({params})" if params else ""),
             f"- role: {r.role}; modes: {', '.join(r.modes)}",
             f"- z3 encoding: {encoded}",
+            *(
+                ["- needs the end of the run: not judged on a truncated trace"]
+                if r.needs_end
+                else []
+            ),
             f"- design: {r.design}",
             "",
         ]
