@@ -21,6 +21,7 @@ the run is over, engine/trace.py `write`), so a schedule's steps do not depend o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -147,3 +148,17 @@ class StreamWriter:
 
 
 _NEVER = 1 << 62
+
+
+@contextlib.contextmanager
+def ends_trace(tracer):
+    """A streamed trace's `trace_end` on the way out of an exception: reason signal for SIGINT or
+    a signal handler's SystemExit, exception for anything else (a normal end closes it itself)."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        tracer.close("signal")
+        raise
+    except BaseException:
+        tracer.close("exception")
+        raise
