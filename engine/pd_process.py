@@ -30,6 +30,7 @@ from .prefill.scheduler import PrefillScheduler
 from .run import frozen_gc
 from .trace import Tracer
 from .trace_writer import ends_trace
+from .watchdog import Watchdog
 from .workload import WorkloadConfig, make_workload
 
 
@@ -46,6 +47,21 @@ def _load(spec_path: str):
         spec["dp"],
         spec["router"],
     )
+
+
+def _flight(spec_path: str) -> dict:
+    """The flight recorder's settings of `pdo launch` (engine/cli/launch.py)."""
+    f = json.loads(Path(spec_path).read_text()).get("flight", {})
+    ms = f.get("flush_ms")
+    return {"watchdog": f.get("watchdog"), "stream": {"flush_ms": ms} if ms else {}}
+
+
+def _watchdog(tracer, sched, flight: dict, gone: list):
+    """The role's watchdog, or None: pending is every request not done nor `gone` (a prefill's
+    requests yet to arrive, a decode's aborted ones)."""
+    if not flight["watchdog"]:
+        return None
+    return Watchdog(tracer, lambda: sched.total - len(sched.done) - len(gone), **flight["watchdog"])
 
 
 def prefill_main(args: argparse.Namespace) -> int:
@@ -80,7 +96,8 @@ def prefill_main(args: argparse.Namespace) -> int:
         }
     )
     out = Path(args.out)
-    tracer.stream(str(out / f"prefill{args.rank}.jsonl"))  # the flight recorder: as it runs
+    flight = _flight(args.spec)
+    tracer.stream(str(out / f"prefill{args.rank}.jsonl"), **flight["stream"])  # as it runs
     errors: list[str] = []
     with ends_trace(tracer):
         sched = PrefillScheduler(
@@ -90,11 +107,14 @@ def prefill_main(args: argparse.Namespace) -> int:
             receiver=server,
             on_ingest=registrar(args.bootstrap, args.rank, errors, dp),
         )
+        dog = _watchdog(tracer, sched, flight, sched.arrivals)
         threading.current_thread().name = "scheduler"
         try:
             with frozen_gc(cfg.freeze_gc):
                 PREFILL_LOOPS[cfg.mode](sched)
         finally:
+            if dog is not None:
+                dog.stop()
             sched.close()
         # Stay until decode has pulled every room (or said goodbye): the KV lives here until then.
         rooms = [r.bootstrap_room for r in mine]
@@ -137,14 +157,18 @@ def decode_main(args: argparse.Namespace) -> int:
         }
     )
     out = Path(args.out)
-    tracer.stream(str(out / "decode.jsonl"))  # the flight recorder: as it runs
+    flight = _flight(args.spec)
+    tracer.stream(str(out / "decode.jsonl"), **flight["stream"])  # the flight recorder: as it runs
     sched = DecodeScheduler(cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer)
+    dog = _watchdog(tracer, sched, flight, sched.aborted)
     threading.current_thread().name = "scheduler"
     t0 = time.monotonic()
     try:
         with ends_trace(tracer), frozen_gc(cfg.freeze_gc):
             DECODE_LOOPS[dc.loop](sched)
     finally:
+        if dog is not None:
+            dog.stop()
         wall = time.monotonic() - t0
         for rank in range(dp):
             try:
