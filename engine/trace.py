@@ -215,9 +215,10 @@ class Tracer:
     def close(self, reason: str = "normal") -> None:
         """End a streamed trace: the rest of the events, then `trace_end` with `reason` (normal,
         exception, signal, watchdog, exit). Once: a later call does nothing."""
-        if self.end_reason is not None or self._path is None:
-            return
-        self.end_reason = reason
+        with self._read_lock:  # the watchdog's thread and the run's end may both close
+            if self.end_reason is not None or self._path is None:
+                return
+            self.end_reason = reason
         atexit.unregister(self.close)
         if self._writer is None:  # under a controller: the file at once
             self.write(self._path, reason=reason)

@@ -17,7 +17,7 @@ import pytest
 
 from checker.linear import check_file
 from engine.cli import main as pdo
-from engine.cli.exits import FAILED, INCOMPLETE, OK
+from engine.cli.exits import BAD_INPUT, FAILED, INCOMPLETE, OK
 from engine.cli.flags import exit_on_sigterm
 from engine.config import EngineConfig
 from engine.prefill.scheduler import PrefillScheduler
@@ -233,3 +233,15 @@ def test_the_writer_waits_for_a_late_digest_and_never_drops(tmp_path):
     lines = _lines(path)
     assert lines[1]["digest"] == "d1" and [e["seq"] for e in lines[1:]] == list(range(1, 203))
     assert lines[-1] == {**lines[-1], "ev": "trace_end", "events": 201, "reason": "normal"}
+
+
+def test_an_event_after_trace_end_is_malformed(tmp_path, capsys):
+    path, _ = _run(tmp_path, requests=4, mode="normal")
+    lines = path.read_text().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    last = json.loads(lines[-2]) | {"seq": len(lines) + 5}
+    bad.write_text("".join(lines) + json.dumps(last) + "\n")
+    assert pdo(["check", str(bad)]) == BAD_INPUT
+    assert f"bad.jsonl:{len(lines)}: field 'ev': trace_end is not the last event" in (
+        capsys.readouterr().err
+    )
