@@ -20,7 +20,7 @@ from spec import Rule, load_events, load_rules
 from . import batch_templates, decode_templates, receiver_templates, request_templates  # noqa: F401
 from .cross_templates import check_cross
 from .streaming import CROSS_TEMPLATES, TEMPLATES, Ctx, Dense, Result, Template, Violation
-from .trace_io import iter_chunks
+from .trace_io import iter_chunks, truncation
 
 __all__ = [
     "CROSS_TEMPLATES",
@@ -112,17 +112,28 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
 def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | None) -> Result:
     header: dict = {}
     ignored: dict = {}
-    chunks = iter_chunks(path, header_out=header, ignored=ignored)
+    status: dict = {}
+    chunks = iter_chunks(path, header_out=header, ignored=ignored, status=status)
     first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
     ctx = Ctx(header, header.get("page_size", 1))
     active = _instantiate(rules, ctx, extra_templates)
     n = _stream(itertools.chain((first,), chunks), active, ctx, _batched_events(role))
+    cut = truncation(status)
+    if cut is not None:  # a prefix of the run: the rules that need its end say nothing
+        skipped = [t.rule.id for t in active if t.rule.needs_end]
+        active = [t for t in active if not t.rule.needs_end]
     for t in active:
         t.finish()
     violations = [v for t in active for v in t.violations]
-    return Result(path, header, n, [(t.rule, t.checks) for t in active], violations, ignored)
+    result = Result(path, header, n, [(t.rule, t.checks) for t in active], violations, ignored)
+    result.stalls = status.get("stalls", 0)
+    end = status.get("end")
+    result.end_reason = end["reason"] if end else None
+    if cut is not None:
+        result.truncated, result.not_judged = cut, skipped
+    return result
 
 
 def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:
@@ -130,7 +141,16 @@ def check_files(paths, *, rules: list[Rule] | None = None) -> list[Result]:
     of its DP ranks given alongside it (the cross-process rules, one extra Result per decode
     trace)."""
     rules = rules or load_rules()
-    return [check_file(p, rules=rules) for p in paths] + check_cross(list(paths), rules)
+    results = [check_file(p, rules=rules) for p in paths]
+    cross = check_cross(list(paths), rules)
+    cut = next((r.truncated for r in results if r.truncated is not None), None)
+    if cut is not None:  # the cross rules read the truncated trace too
+        for r in cross:
+            r.truncated = cut
+            r.not_judged = sorted({rule.id for rule, _ in r.rules if rule.needs_end})
+            r.rules = [(rule, c) for rule, c in r.rules if not rule.needs_end]
+            r.violations = [v for v in r.violations if not v.rule.needs_end]
+    return results + cross
 
 
 def check_events(header: dict, events: list[dict], rules: list[Rule]) -> list[Violation]:

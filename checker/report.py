@@ -53,10 +53,17 @@ def text_report(result) -> str:
     h = result.header
     name = f"{result.path} ({h.get('role')}, mode={h.get('mode', '-')})"
     if result.ok:
-        lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
+        if getattr(result, "truncated", None) is not None:
+            lines = [
+                f"INCOMPLETE {name}: truncated at line {getattr(result, 'truncated', None)}{_why(result)}; "
+                f"{result.events} events, "
+                f"{len(result.rules)} rules judged, none broken"
+            ]
+        else:
+            lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
         for rule, checks in result.rules:
             lines.append(f"  {rule.id:32s} {checks:7d} checks")
-        lines += ignored_note(result.ignored)
+        lines += ignored_note(result.ignored) + _truncation_note(result)
         return "\n".join(lines)
     by_rule: dict[str, int] = {}
     for v in result.violations:
@@ -64,7 +71,10 @@ def text_report(result) -> str:
     lines = [
         f"FAIL {name}: {len(result.violations)} violation(s) of {len(by_rule)} rule(s), {result.events} events",
         "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items()),
-    ] + ignored_note(result.ignored)
+    ]
+    if getattr(result, "truncated", None) is not None:
+        lines.append(f"  truncated at line {getattr(result, 'truncated', None)}{_why(result)}")
+    lines += ignored_note(result.ignored) + _truncation_note(result)
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
     picked = sorted(firsts.values())[:MAX_SHOWN]
@@ -97,10 +107,33 @@ def text_report(result) -> str:
     return "\n".join(lines)
 
 
+def _why(result) -> str:
+    return (
+        f" (the run ended by {getattr(result, 'end_reason', None)})"
+        if getattr(result, "end_reason", None)
+        else ""
+    )
+
+
+def _truncation_note(result) -> list[str]:
+    """What a truncated trace could not decide, and the watchdog's stalls."""
+    lines = []
+    if getattr(result, "truncated", None) is not None:
+        lines.append(
+            f"  not judged (need the end of the run): {', '.join(getattr(result, 'not_judged', [])) or 'none'}"
+        )
+    if getattr(result, "stalls", 0):
+        lines.append(f"  note: {getattr(result, 'stalls', 0)} stall event(s) of the watchdog")
+    return lines
+
+
 def json_report(result) -> dict:
     return {
         "path": result.path,
         "ok": result.ok,
+        "truncated": getattr(result, "truncated", None),
+        "not_judged": getattr(result, "not_judged", []),
+        "end_reason": getattr(result, "end_reason", None),
         "events": result.events,
         "ignored": result.ignored,
         "header": {k: result.header.get(k) for k in ("role", "mode", "version", "page_size")},

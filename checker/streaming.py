@@ -37,10 +37,21 @@ class Result:
     violations: list[Violation]
     # events of kinds no rule knows, skipped: ev -> count
     ignored: dict = field(default_factory=dict)
+    # a version-2 trace without its trace_end: the line it was cut at (checker/trace_io.py)
+    truncated: int | None = None
+    # the rules a truncated trace cannot decide (`needs_end` in spec/): ids
+    not_judged: list = field(default_factory=list)
+    stalls: int = 0  # the watchdog's stall markers in the trace
+    end_reason: str | None = None  # its trace_end's reason (None: no trace_end)
 
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def complete(self) -> bool:
+        """A verdict on every rule: the trace is whole (a truncated one passes nothing)."""
+        return self.truncated is None
 
 
 @dataclass

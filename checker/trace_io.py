@@ -18,6 +18,10 @@ SUPPORTED_VERSIONS = (1, 2)  # an event with `since = N` (spec/events.toml) need
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
 PRIVATE_PREFIX = "x."
 _TYPES = {"int": int, "str": str}
+# Events about the trace itself, not the run (version 2): no rule sees them. `trace_end` is the last
+# line of a whole trace; a version-2 trace without it is truncated (the run was killed, or is still
+# going).
+MARKERS = ("trace_end", "stall")
 
 
 class TraceFormatError(BadInput):
@@ -387,9 +391,17 @@ def _role_tables(role: str, version: int) -> tuple[dict, dict, dict]:
     return hit[1], hit[2], hit[3]
 
 
-def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict | None = None):
+def _chunks(
+    path: str,
+    header_out: dict | None,
+    with_lines: bool,
+    ignored: dict | None = None,
+    status: dict | None = None,
+):
     """Yield (line numbers or None, events) per chunk of the file, every event validated; events of
-    an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`)."""
+    an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`), and so are the
+    markers (MARKERS), which `status` gets instead (`end_status`)."""
+    status = {} if status is None else status
     with open(path, "rb") as f:
         header = read_header(path, f)
         if header_out is not None:
@@ -399,11 +411,23 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
         last_seq = -1  # seq may start at 0 or 1 (or anywhere above): it only has to increase
         line_no = 2
         admitted: set = set()
+        version = header["version"]
+        status.update(version=version, end=None, cut_line=None, last_line=1, stalls=0)
         while True:
             raw = f.readlines(_CHUNK_BYTES)
             if not raw:
                 _check_consecutive(path, admitted)  # both roles relate batch N to N±1 by id
                 return
+            if version >= 2 and not raw[-1].endswith(b"\n") and _cut(raw[-1]):
+                # the file's last line, cut mid-line (a killed writer): truncation, not bad JSON
+                status["cut_line"] = line_no + len(raw) - 1
+                raw = raw[:-1]
+                if not raw:
+                    continue
+            if status["end"] is not None:
+                raise TraceFormatError(
+                    path, status["end_line"], "field 'ev': trace_end is not the last event"
+                )
             events = None if _suspect(raw) else _decode_fast(raw)
             if events is not None and _validate_fast(events, valid, last_seq):
                 nums = (
@@ -416,13 +440,74 @@ def _chunks(path: str, header_out: dict | None, with_lines: bool, ignored: dict 
                     _chunk_slow(path, line_no, raw, last_seq, fields_of, role, optional_of)
                 )
                 nums, events = [n for n, _ in pairs], [e for _, e in pairs]
-            line_no += len(raw)
+            status["last_line"] = line_no + len(raw) - 1
             if events:
                 last_seq = events[-1]["seq"]
+                if version >= 2:
+                    events, nums = _take_markers(path, events, nums, status, line_no, raw)
+            line_no += len(raw)
+            if events:
                 events, nums = _drop_unknown(events, nums, valid, ignored)
                 admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
             if events:
                 yield nums, events
+
+
+def _cut(line: bytes) -> bool:
+    """A last line without its newline that is not one JSON value: written in part."""
+    if line.isspace():
+        return False
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
+
+
+def _take_markers(path: str, events: list, nums: list | None, status: dict, first: int, raw):
+    """The chunk's events without the markers, which go to `status`: `end` (the trace_end event)
+    and its line, `stalls` (how many)."""
+    marks = [i for i, e in enumerate(events) if e["ev"] in MARKERS]
+    if not marks:
+        return events, nums
+    for i in marks:
+        e = events[i]
+        if status["end"] is not None:  # a marker after trace_end
+            raise TraceFormatError(
+                path, status["end_line"], "field 'ev': trace_end is not the last event"
+            )
+        if e["ev"] == "trace_end":
+            status["end"] = e
+            line = nums[i] if nums is not None else _line_of(raw, first, e["seq"])
+            status["end_line"] = line
+            if i != len(events) - 1:
+                raise TraceFormatError(path, line, "field 'ev': trace_end is not the last event")
+        else:
+            status["stalls"] += 1
+    keep = [i for i, e in enumerate(events) if e["ev"] not in MARKERS]
+    return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
+
+
+def _line_of(raw: list, first: int, seq: int) -> int:
+    """The line number of the event with `seq` in a chunk (only on the rare marker path)."""
+    for n, line in enumerate(raw, first):
+        if line.strip() and json.loads(line).get("seq") == seq:
+            return n
+    return first
+
+
+def truncation(status: dict) -> int | None:
+    """The line at which a version-2 trace stops short of its run's end, or None for a whole trace
+    (and for every version-1 trace, which has no trace_end): the first missing or cut line, or the
+    trace_end line of a run that did not end normally (an exception, a signal, the watchdog)."""
+    if status.get("version", 1) < 2:
+        return None
+    if status.get("cut_line") is not None:
+        return status["cut_line"]
+    end = status.get("end")
+    if end is None:
+        return status.get("last_line", 1) + 1
+    return None if end.get("reason") == "normal" else status["end_line"]
 
 
 def _check_consecutive(path: str, admitted: set) -> None:
@@ -455,11 +540,18 @@ def _check_consecutive(path: str, admitted: set) -> None:
     )
 
 
-def iter_chunks(path: str, *, header_out: dict | None = None, ignored: dict | None = None):
+def iter_chunks(
+    path: str,
+    *,
+    header_out: dict | None = None,
+    ignored: dict | None = None,
+    status: dict | None = None,
+):
     """Yield lists of validated events, in file order (the checker's fast path: no per-event
     generator step). Memory is one chunk, whatever the file size. An engine's own events
-    (`x.<name>`) are skipped, counted by kind in `ignored`."""
-    for _, events in _chunks(path, header_out, False, ignored):
+    (`x.<name>`) are skipped, counted by kind in `ignored`; the markers (trace_end, stall) go to
+    `status` (`truncation(status)` once read)."""
+    for _, events in _chunks(path, header_out, False, ignored, status):
         yield events
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -28,6 +29,8 @@ from .prefill.loops import LOOPS as PREFILL_LOOPS
 from .prefill.scheduler import PrefillScheduler
 from .run import frozen_gc
 from .trace import Tracer
+from .trace_writer import ends_trace
+from .watchdog import Watchdog
 from .workload import WorkloadConfig, make_workload
 
 
@@ -44,6 +47,21 @@ def _load(spec_path: str):
         spec["dp"],
         spec["router"],
     )
+
+
+def _flight(spec_path: str) -> dict:
+    """The flight recorder's settings of `pdo launch` (engine/cli/launch.py)."""
+    f = json.loads(Path(spec_path).read_text()).get("flight", {})
+    ms = f.get("flush_ms")
+    return {"watchdog": f.get("watchdog"), "stream": {"flush_ms": ms} if ms else {}}
+
+
+def _watchdog(tracer, sched, flight: dict, gone: list):
+    """The role's watchdog, or None: pending is every request not done nor `gone` (a prefill's
+    requests yet to arrive, a decode's aborted ones)."""
+    if not flight["watchdog"]:
+        return None
+    return Watchdog(tracer, lambda: sched.total - len(sched.done) - len(gone), **flight["watchdog"])
 
 
 def prefill_main(args: argparse.Namespace) -> int:
@@ -77,27 +95,33 @@ def prefill_main(args: argparse.Namespace) -> int:
             "dp_rank": args.rank,
         }
     )
-    errors: list[str] = []
-    sched = PrefillScheduler(
-        cfg,
-        mine,
-        tracer=tracer,
-        receiver=server,
-        on_ingest=registrar(args.bootstrap, args.rank, errors, dp),
-    )
-    threading.current_thread().name = "scheduler"
-    try:
-        with frozen_gc(cfg.freeze_gc):
-            PREFILL_LOOPS[cfg.mode](sched)
-    finally:
-        sched.close()
-    # Stay until decode has pulled every room (or said goodbye): the KV lives here until then.
-    rooms = [r.bootstrap_room for r in mine]
-    deadline = time.monotonic() + dc.kv_timeout_s + 30
-    while not server.settled(rooms) and not server.byes and time.monotonic() < deadline:
-        time.sleep(0.01)
     out = Path(args.out)
-    tracer.write(str(out / f"prefill{args.rank}.jsonl"))
+    flight = _flight(args.spec)
+    tracer.stream(str(out / f"prefill{args.rank}.jsonl"), **flight["stream"])  # as it runs
+    errors: list[str] = []
+    with ends_trace(tracer):
+        sched = PrefillScheduler(
+            cfg,
+            mine,
+            tracer=tracer,
+            receiver=server,
+            on_ingest=registrar(args.bootstrap, args.rank, errors, dp),
+        )
+        dog = _watchdog(tracer, sched, flight, sched.arrivals)
+        threading.current_thread().name = "scheduler"
+        try:
+            with frozen_gc(cfg.freeze_gc):
+                PREFILL_LOOPS[cfg.mode](sched)
+        finally:
+            if dog is not None:
+                dog.stop()
+            sched.close()
+        # Stay until decode has pulled every room (or said goodbye): the KV lives here until then.
+        rooms = [r.bootstrap_room for r in mine]
+        deadline = time.monotonic() + dc.kv_timeout_s + 30
+        while not server.settled(rooms) and not server.byes and time.monotonic() < deadline:
+            time.sleep(0.01)
+    tracer.close("normal")
     (out / f"prefill{args.rank}.json").write_text(
         json.dumps(
             {
@@ -132,13 +156,19 @@ def decode_main(args: argparse.Namespace) -> int:
             "polling_interval": dc.polling_interval,
         }
     )
+    out = Path(args.out)
+    flight = _flight(args.spec)
+    tracer.stream(str(out / "decode.jsonl"), **flight["stream"])  # the flight recorder: as it runs
     sched = DecodeScheduler(cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer)
+    dog = _watchdog(tracer, sched, flight, sched.aborted)
     threading.current_thread().name = "scheduler"
     t0 = time.monotonic()
     try:
-        with frozen_gc(cfg.freeze_gc):
+        with ends_trace(tracer), frozen_gc(cfg.freeze_gc):
             DECODE_LOOPS[dc.loop](sched)
     finally:
+        if dog is not None:
+            dog.stop()
         wall = time.monotonic() - t0
         for rank in range(dp):
             try:
@@ -148,8 +178,7 @@ def decode_main(args: argparse.Namespace) -> int:
         sched.close()
         time.sleep(0.05)  # let the byes leave before the sockets close
         client.close()
-    out = Path(args.out)
-    tracer.write(str(out / "decode.jsonl"))
+    tracer.close("normal")
     (out / "decode.json").write_text(json.dumps(summarize(sched, wall)))
     return 0
 
@@ -164,6 +193,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--rank", type=int, default=0)
     args = p.parse_args(argv)
+    # SIGTERM (the parent stopping its children) ends the role through its exception paths, so
+    # that its trace ends with trace_end reason signal
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         # a role process runs several threads already (see engine/reference.py)
         torch.set_num_threads(1)

@@ -17,6 +17,7 @@ from .model import TinyLlama, default_forward_impl
 from .prefill.loops import LOOPS
 from .prefill.scheduler import PrefillScheduler
 from .trace import NullTracer, Tracer
+from .watchdog import Watchdog
 from .workload import WorkloadConfig, make_workload
 
 
@@ -29,10 +30,14 @@ def run_prefill(
     keep_scheduler: bool = False,
     model=None,
     verify: bool = False,
+    watchdog: dict | None = None,
+    flush_ms: float | None = None,
 ) -> dict:
     """`model`: weights to reuse (`shared_model`), else built from cfg's preset and seed. `verify`:
     judge every output against the reference (engine/oracle.py) after the run, into
-    summary["verify"]."""
+    summary["verify"]. With `trace_path` the trace streams to its file as the run goes on and ends
+    with `trace_end` whatever ends the run (engine/trace_writer.py). `watchdog`: the keyword
+    arguments of engine/watchdog.py's Watchdog (seconds, on_stall), or None for none."""
     check_dispatch(cfg)
     inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
@@ -49,23 +54,50 @@ def run_prefill(
         tracer = Tracer(header) if trace_path else NullTracer(header)
     else:
         tracer.header.update(header)
+    if trace_path:
+        tracer.stream(
+            trace_path,
+            extra_header={
+                "host": platform.node(),
+                "config": _jsonable(asdict(cfg)),
+                "workload": _jsonable(asdict(wc)),
+            },
+            **({"flush_ms": flush_ms} if flush_ms else {}),
+        )
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     probe = oracle.OutputProbe() if verify else None
-    sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model, probe=probe)
+    try:
+        sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model, probe=probe)
+    except BaseException:
+        tracer.close("exception")
+        raise
+    dog = None
+    if watchdog and tracer.enabled:  # it watches the events: nothing to watch without a trace
+        dog = Watchdog(tracer, lambda: _pending(sched), **watchdog)
     prev_name = threading.current_thread().name
     threading.current_thread().name = "scheduler"
     t0 = time.perf_counter()
     error = None
+    ended = "normal"
     try:
         with frozen_gc(cfg.freeze_gc):
             LOOPS[cfg.mode](sched)
     except Exception as exc:  # summarised for the CLI; tests re-raise through `error`
-        error = exc
+        error, ended = exc, "exception"
+    except BaseException:  # KeyboardInterrupt, or SystemExit from a signal handler (engine/cli)
+        ended = "signal"
+        raise
     finally:
         wall = time.perf_counter() - t0
         threading.current_thread().name = prev_name
-        sched.close()
-        inject.set_active(())
+        if dog is not None:
+            dog.stop()
+        try:
+            sched.close()
+        finally:
+            inject.set_active(())
+            if ended != "normal" and trace_path:
+                tracer.close(dog.reason if dog is not None and dog.fired else ended)
     leaks = sched.leak_report()
     summary = {
         "mode": cfg.mode,
@@ -88,14 +120,7 @@ def run_prefill(
     if probe is not None:
         summary["verify"] = oracle.judge(cfg, reqs, sched.receiver, probe).as_dict()
     if trace_path:
-        tracer.write(
-            trace_path,
-            extra_header={
-                "host": platform.node(),
-                "config": _jsonable(asdict(cfg)),
-                "workload": _jsonable(asdict(wc)),
-            },
-        )
+        tracer.close("normal")
     if keep_scheduler:
         summary["_scheduler"] = sched
         summary["_requests"] = reqs
@@ -143,3 +168,8 @@ def frozen_gc(on: bool = True):
 
 def _jsonable(d):
     return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}
+
+
+def _pending(sched) -> int:
+    """Requests arrived and not finished: work the engine owes (the watchdog's condition)."""
+    return sched.total - len(sched.done) - len(sched.arrivals)

@@ -25,18 +25,22 @@ on the engine's threads (a disabled tracer is a no-op method):
   field may likewise be a value computed late (an object with `trace_value()`:
   engine.digest.DigestStamp), resolved when read if nobody did before.
 
+With a file to stream to (`stream`), a writer thread writes the events as they come
+(engine/trace_writer.py); the one cost on the hot path is a length check against `_gate`.
+
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
 (checker/fuzz/) may block the calling thread there to choose which thread runs next.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import types
 from time import monotonic_ns as _monotonic_ns
 
-from . import hb, sync
+from . import hb, sync, trace_writer
 
 FORMAT = "pdo-trace"
 VERSION = 2
@@ -63,6 +67,12 @@ class Tracer:
         self.declared: dict[
             str, tuple[str, ...]
         ] = {}  # ev -> field names, of the events declared by events_for
+        # the length of _raw at which a logging thread calls the writer (trace_writer.StreamWriter)
+        self._gate = [trace_writer._NEVER]
+        self._writer: trace_writer.StreamWriter | None = None
+        self._file = None
+        self._path: str | None = None
+        self.end_reason: str | None = None  # set once the trace is closed (trace_end written)
 
     def emit(self, ev: str, **fields) -> None:
         try:
@@ -73,6 +83,8 @@ class Tracer:
         if self._hb is not None:
             fields["vc"] = hb.tick(self._hb + thread)
         self._extend((_monotonic_ns(), thread, ev, fields))  # this tuple is freed at once
+        if len(self._raw) >= self._gate[0]:
+            self._writer.full()
 
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
         """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
@@ -87,6 +99,7 @@ class Tracer:
         ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
         if self._hb is not None:
             return self._hb_logger(kind)
+        raw, gate = self._raw, self._gate
 
         def log(*values):
             if len(values) != n:
@@ -100,6 +113,8 @@ class Tracer:
             ):  # sync.point, without its call when idle
                 sync.point(ev)
             ext((now(), thread, kind, values))
+            if len(raw) >= gate[0]:
+                self._writer.full()
 
         return log
 
@@ -107,6 +122,7 @@ class Tracer:
         """A declared event that also keeps its thread's vector clock, as a last field `vc`."""
         ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
         tag, tick, with_vc = self._hb, hb.tick, _Kind(kind.ev, (*kind.names, "vc"))
+        raw, gate = self._raw, self._gate
 
         def log(*values):
             if len(values) != n:
@@ -118,6 +134,8 @@ class Tracer:
             if sync.CONTROLLER is not None or sync.JITTER_US:
                 sync.point(ev)
             ext((now(), thread, with_vc, (*values, tick(tag + thread))))
+            if len(raw) >= gate[0]:
+                self._writer.full()
 
         return log
 
@@ -168,7 +186,9 @@ class Tracer:
                     dicts.append(e)
             return dicts
 
-    def write(self, path: str, *, extra_header: dict | None = None) -> None:
+    def write(self, path: str, *, extra_header: dict | None = None, reason: str = "normal") -> None:
+        """The whole trace at once, ended by `trace_end` (a tracer that streams has its file already:
+        `close`)."""
         header = {**self.header, **(extra_header or {})}
         events = (
             self.events
@@ -177,6 +197,87 @@ class Tracer:
             f.write(json.dumps(header) + "\n")
             for e in events:
                 f.write(json.dumps(e, separators=(",", ":")) + "\n")
+            f.write(json.dumps(self._end(len(events), reason), separators=(",", ":")) + "\n")
+
+    def _end(self, n: int, reason: str) -> dict:
+        thread = threading.current_thread().name
+        return {"seq": n + 1, "t_ns": _monotonic_ns(), "thread": thread, "ev": "trace_end"} | {
+            "events": n,
+            "reason": reason,
+        }
+
+    def stream(
+        self,
+        path: str,
+        *,
+        extra_header: dict | None = None,
+        flush_ms: float = trace_writer.FLUSH_MS,
+        flush_events: int = trace_writer.FLUSH_EVENTS,
+        max_pending: int = trace_writer.MAX_PENDING,
+    ) -> None:
+        """Write the trace to `path` as the run goes on: the header now, the events by a writer
+        thread (engine/trace_writer.py), `trace_end` at `close`, which an exit that skips it
+        (an uncaught exception, sys.exit) still runs (atexit). Under a schedule controller nothing
+        streams: `close` writes the whole file then."""
+        self.header.update(extra_header or {})
+        self._path = path
+        if sync.CONTROLLER is not None:
+            return
+        self._file = open(path, "wb")
+        self._file.write(json.dumps(self.header).encode() + b"\n")
+        self._file.flush()
+        self._writer = trace_writer.StreamWriter(
+            self, self._file, flush_ms=flush_ms, flush_events=flush_events, max_pending=max_pending
+        )
+        atexit.register(self.close, "exit")
+
+    @property
+    def streaming(self) -> bool:
+        return self._writer is not None and self.end_reason is None
+
+    def flush(self) -> None:
+        """Write (and flush) every event logged so far, late digests resolved now."""
+        if self.streaming:
+            self._writer.drain(force=True)
+
+    def close(self, reason: str = "normal") -> None:
+        """End a streamed trace: the rest of the events, then `trace_end` with `reason` (normal,
+        exception, signal, watchdog, exit). Once: a later call does nothing."""
+        with self._read_lock:  # the watchdog's thread and the run's end may both close
+            if self.end_reason is not None or self._path is None:
+                return
+            self.end_reason = reason
+        atexit.unregister(self.close)
+        if self._writer is None:  # under a controller: the file at once
+            self.write(self._path, reason=reason)
+            return
+        self._writer.close()
+        n = self._writer.written
+        self._file.write(trace_writer.dumps(self._end(n, reason)) + b"\n")
+        self._file.close()
+
+    def _lines(self, start: int, stop: int, *, force: bool) -> tuple[list[bytes], int]:
+        """JSON lines of events [start, stop), and where they stopped: at the first event whose
+        digest is still to be computed by its own thread, unless `force` (then resolved here)."""
+        raw, named, name = self._raw, self._fields, self.obj
+        part = raw[4 * start : 4 * stop]
+        dumps, pending = trace_writer.dumps, trace_writer.pending
+        out = []
+        for s, t, th, ev, f in zip(
+            range(start + 1, stop + 1), part[0::4], part[1::4], part[2::4], part[3::4]
+        ):
+            ev, f = named(ev, f)
+            e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
+            o = e.get("obj")
+            if o is not None and not isinstance(o, str):
+                e["obj"] = name(o)
+            d = e.get("digest")
+            if d is not None and not isinstance(d, str):
+                if not force and pending(d):
+                    return out, s - 1
+                e["digest"] = d.trace_value()
+            out.append(dumps(e) + b"\n")
+        return out, stop
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
@@ -234,3 +335,6 @@ class NullTracer(Tracer):
 
     def obj(self, x) -> str:
         return ""
+
+    def stream(self, path: str, **_) -> None:  # nothing kept, nothing to write
+        pass

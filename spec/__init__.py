@@ -103,6 +103,9 @@ class Rule:
     # model emits them all (if not, the rule is judged on traces only, never proved)
     since: int = 1
     loop_model: bool = True
+    # judged only on a whole trace: a prefix of a correct run can break it (an absence, a count at
+    # the end); a truncated trace lists it as not judged (docs/trace-format.md)
+    needs_end: bool = False
 
     def applies(self, mode: str | None, header: dict | None = None) -> bool:
         if header is not None and any(header.get(k) == v for k, v in self.unless):
@@ -158,6 +161,9 @@ def _build_rules(files: list[str]) -> list[Rule]:
             base = {k: raw.pop(k) for k in ("id", "statement", "modes", "design", "kind")}
             role = raw.pop("role", "decode" if fname.startswith("decode") else "prefill")
             unless = raw.pop("unless", {})
+            needs_end = raw.pop("needs_end", False)
+            if type(needs_end) is not bool:
+                raise ValueError(f"{fname}: rule {base['id']}: 'needs_end' must be true or false")
             if not isinstance(unless, dict) or not all(isinstance(k, str) for k in unless):
                 raise ValueError(
                     f"{fname}: rule {base['id']}: 'unless' must be a table of header fields"
@@ -181,6 +187,7 @@ def _build_rules(files: list[str]) -> list[Rule]:
                     tuple(sorted(unless.items())),
                     max((e.get("since", 1) for e in named), default=1),
                     all(e.get("loop_model", True) for e in named),
+                    needs_end,
                 )
             )
     ids = [r.id for r in rules]

@@ -331,12 +331,19 @@ def _rules_section(rules: list) -> list[str]:
             f"- role: {r.role}; modes: {', '.join(r.modes)}",
             f"- z3 encoding: {encoded}",
             *(
-                []
-                if r.loop_model
-                else [
-                    f"- format version {r.since}; judged on traces only: the loop model does not "
-                    "emit its events"
-                ]
+                (
+                    []
+                    if r.loop_model
+                    else [
+                        f"- format version {r.since}; judged on traces only: the loop model does "
+                        "not emit its events"
+                    ]
+                )
+                + (
+                    ["- needs the end of the run: not judged on a truncated trace"]
+                    if r.needs_end
+                    else []
+                )
             ),
             f"- design: {r.design}",
             "",

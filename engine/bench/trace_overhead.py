@@ -135,13 +135,16 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress) -> list[dict]:
     from ..run import run_prefill, shared_model  # lazy: imports torch, slow for every pdo start
 
     pairs = []
+    # tracing on is what `pdo run --trace` does: the trace streamed to a file during the run
+    out = tempfile.mkdtemp(prefix="pdo-trace-overhead-")
     for rep in range(reps):
         row = {}
         order = ("off", "on") if rep % 2 == 0 else ("on", "off")  # alternate who goes first
         for which in order:
             tr = Tracer() if which == "on" else NullTracer()
+            path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
-            s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
+            s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg), trace_path=path)
             row[which] = {
                 "wall_s": s["wall_s"],
                 "cpu_s": time.process_time() - c0,

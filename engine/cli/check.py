@@ -12,8 +12,6 @@ from spec.errors import BadInput
 
 from . import exits
 
-from . import exits
-
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
@@ -81,7 +79,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return exits.FAILED
     if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
         return exits.FAILED
-    return exits.INCOMPLETE if any(not m.judged for m in models) else exits.OK
+    if any(not r.complete for r in results) or any(not m.judged for m in models):
+        return exits.INCOMPLETE  # a truncated trace, or a model not judged: never a pass
+    return exits.OK
 
 
 def _predict(paths: list[str], confirm: bool) -> list[tuple[dict, str]]:
@@ -92,7 +92,7 @@ def _predict(paths: list[str], confirm: bool) -> list[tuple[dict, str]]:
     try:
         results = [predict.predict_file(p) for p in paths]
     except predict.NoClocks as exc:
-        raise ValueError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     out = []
     for r in results:
         report, text = predict.json_report(r), predict.text_report(r)

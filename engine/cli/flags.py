@@ -92,3 +92,48 @@ def build_configs(args: argparse.Namespace):
         seed=args.workload_seed,
     )
     return cfg, workload
+
+
+def add_flight_args(p: argparse.ArgumentParser) -> None:
+    """The flight recorder's flags (docs/trace-format.md, "Truncated traces")."""
+    g = p.add_argument_group("flight recorder (with --trace)")
+    g.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="log a `stall` event (every thread's state and stack) when no event was logged for S "
+        "seconds while requests are pending (default: no watchdog)",
+    )
+    g.add_argument(
+        "--on-stall",
+        choices=["continue", "stop"],
+        default="continue",
+        help="after a stall: go on, or end the trace (reason watchdog) and exit 1",
+    )
+    g.add_argument(
+        "--trace-flush-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="write the streamed trace at least every MS ms (default 50): what a SIGKILL can lose",
+    )
+
+
+def watchdog_of(args: argparse.Namespace) -> dict | None:
+    if args.watchdog_s is None:
+        return None
+    if args.watchdog_s <= 0:
+        raise ValueError("--watchdog-s: expected a positive number of seconds")
+    return {"seconds": args.watchdog_s, "on_stall": args.on_stall}
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the run as SIGINT does, through its exception paths (the trace then ends with
+    `trace_end` reason signal), with the exit status of a SIGTERM."""
+    import signal
+
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)

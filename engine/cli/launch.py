@@ -26,7 +26,7 @@ from spec.errors import BadInput
 
 from ..config import check_dispatch
 from ..decode.config import ROUTERS, PDError
-from .flags import add_engine_args
+from .flags import add_engine_args, add_flight_args, watchdog_of
 from .pd import add_pd_args, configs_from_args, print_summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,11 +48,13 @@ def register(sub) -> None:
         "--timeout-s", type=float, default=120.0, help="give up (and stop every process) after this"
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_flight_args(p)
     p.set_defaults(fn=cmd_launch)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
     cfg, workload, decode, opts = configs_from_args(args)
+    opts["flight"] = {"watchdog": watchdog_of(args), "flush_ms": args.trace_flush_ms}
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
         s = launch(cfg, workload, decode, out_dir=args.trace_dir, timeout_s=args.timeout_s, **opts)
@@ -75,8 +77,11 @@ def launch(
     latency_scope: str = "all",
     timeout_s: float = 120.0,
     verify: bool = True,
+    flight: dict | None = None,
 ) -> dict:
-    """Run every role as a process; returns the decode's summary extended like run_pd's."""
+    """Run every role as a process; returns the decode's summary extended like run_pd's.
+    `flight`: each role's watchdog (engine/watchdog.py keyword arguments, or None) and trace flush
+    interval (ms, or None for the default)."""
     check_dispatch(cfg)
     if dp < 1 or router not in ROUTERS:  # before anything starts (no torch in the parent yet)
         raise BadInput(f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}")
@@ -90,6 +95,7 @@ def launch(
                 "dc": asdict(dc),
                 "dp": dp,
                 "router": router,
+                "flight": flight or {},
             }
         )
     )

@@ -8,7 +8,7 @@ import json
 import os
 
 from .. import hb
-from .flags import add_engine_args, build_configs
+from .flags import add_engine_args, add_flight_args, build_configs, exit_on_sigterm, watchdog_of
 from .pd import add_no_verify, add_pd_args, cmd_run_pd
 
 _UNSET = object()
@@ -26,6 +26,7 @@ def register(sub) -> None:
         help="write each event's happens-before vector clock (`vc`), for `pdo check --predict`",
     )
     add_no_verify(p)
+    add_flight_args(p)
     p.set_defaults(fn=cmd_run, refuse=functools.partial(refuse_pd_only_flags, p))
 
 
@@ -38,7 +39,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..run import run_prefill  # lazy: start-up time (torch)
 
     cfg, workload = build_configs(args)
-    s = run_prefill(cfg, workload, trace_path=args.trace, verify=not args.no_verify)
+    exit_on_sigterm()
+    s = run_prefill(
+        cfg,
+        workload,
+        trace_path=args.trace,
+        verify=not args.no_verify,
+        watchdog=watchdog_of(args),
+        flush_ms=args.trace_flush_ms,
+    )
     leaks = s["leaks"]
     verdict = s.get("verify")
     code = 0 if not any(leaks.values()) and not (verdict and verdict["mismatches"]) else 1
