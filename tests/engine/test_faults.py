@@ -6,6 +6,7 @@ traces, which pass `pdo check`; the run exits FAILED naming the fault. In one pr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ from engine.workload import WorkloadConfig
 from tests.helpers import assert_tokens_match_reference
 
 ROOT = Path(__file__).resolve().parents[2]
+# four processes per `pdo launch` case, about a minute each on a loaded machine: the decode and
+# bootstrap cases run with PDO_SLOW=1 (scripts/fault_table.py measures all of them)
+SLOW = pytest.mark.skipif(os.environ.get("PDO_SLOW") != "1", reason="PDO_SLOW=1 runs it")
 WC = WorkloadConfig(requests=8, prompt_len=(16, 64), max_new_tokens=4, seed=7)
 
 
@@ -120,8 +124,8 @@ def launch(tmp_path, kill: str, *flags: str) -> tuple[int, dict]:
     "kill, survivors",
     [
         ("prefill1@2", ["decode", "prefill0"]),  # mid-run: after two KV chunks
-        ("decode@3", ["prefill0", "prefill1"]),  # early: decode's third iteration
-        ("bootstrap@1", ["decode", "prefill0", "prefill1"]),  # at the first routing query
+        pytest.param("decode@3", ["prefill0", "prefill1"], marks=SLOW),
+        pytest.param("bootstrap@1", ["decode", "prefill0", "prefill1"], marks=SLOW),
     ],
 )
 def test_launch_kill_one_role(tmp_path, kill, survivors):
@@ -137,6 +141,8 @@ def test_launch_kill_one_role(tmp_path, kill, survivors):
     if role == "prefill1":
         assert_contained(s, 1)
     elif role == "decode":  # SGLang: the senders time out and free; nothing is known finished
-        assert s["decode_lost_by"] == [0, 1] and s["requests"] == WC.requests
+        # a rank whose rooms were all pulled before the kill ends as usual; the others lose it
+        assert set(s["decode_lost_by"]) <= {0, 1} and s["requests"] == WC.requests
+        assert s["outputs"] == {}
     else:  # the routing answer never came: nothing can be routed, all abort at the timeout
         assert len(s["aborted"]) == WC.requests
