@@ -245,7 +245,7 @@ def _run(
         ],
         faults=[]
         if killed is None
-        else [{"role": f"prefill{killed}", "status": -9, "error": roles.servers[killed].failed}],
+        else [{"role": f"prefill{killed}", "status": None, "error": roles.servers[killed].failed}],
     )
     if verify:
         done = [r for r in roles.decode_reqs if r.rid in summary["outputs"]]

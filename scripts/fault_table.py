@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,9 +20,9 @@ COMMON += [
     "--workload-seed",
     "7",
     "--decode-bootstrap-timeout-s",
-    "3",
+    "20",
     "--decode-kv-timeout-s",
-    "3",
+    "20",
 ]
 
 # (runner, --kill, moment in words)
@@ -79,7 +80,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             code, s = run(runner, kill, Path(tmp))
             reasons = sorted(
-                {why.split(":")[0].split(" after ")[0] for why in s["aborted"].values()}
+                {
+                    re.sub(r"room \d+", "room R", why.split(":")[0].split(" after ")[0])
+                    for why in s["aborted"].values()
+                }
             )
             leaks = [s["decode_leaks"], *s["prefill_leaks"]]
             print(

@@ -182,7 +182,14 @@ def fault_lines(s: dict) -> list[str]:
     """One line per fault: a process that died or failed, a prefill rank the decode lost."""
     lines = []
     for f in s.get("faults") or []:
-        how = f"killed by signal {-f['status']}" if f["status"] < 0 else f"exited {f['status']}"
+        status = f["status"]  # None: killed in process (pdo run --pd --kill)
+        how = (
+            "killed"
+            if status is None
+            else f"killed by signal {-status}"
+            if status < 0
+            else f"exited {status}"
+        )
         lines.append(f"  fault: {f['role']} {how}: {f['error']}")
     if s.get("decode_lost_by"):
         lines.append(

@@ -109,7 +109,7 @@ def launch(tmp_path, kill: str, *flags: str) -> tuple[int, dict]:
     p = subprocess.run(
         [sys.executable, "-m", "engine.cli", "launch", "--dp", "2", "--requests", "8"]
         + ["--prompt-len", "16:64", "--max-new-tokens", "4", "--workload-seed", "7"]
-        + ["--decode-bootstrap-timeout-s", "3", "--decode-kv-timeout-s", "3"]
+        + ["--decode-bootstrap-timeout-s", "20", "--decode-kv-timeout-s", "20"]
         + ["--trace-dir", str(out), "--json", "--kill", kill, "--timeout-s", "150", *flags],
         cwd=ROOT,
         capture_output=True,
