@@ -163,7 +163,7 @@ def summary_ok(s: dict) -> bool:
     )
 
 
-def prefetch_note(s: dict) -> str | None:
+def prefetch_note(s: dict, prog: str = "pdo run --pd") -> str | None:
     """Why the prefetch served no consumption point, when it was on and served none."""
     resolve = s["resolve"]
     if not s.get("prefetch") or not resolve["count"]:
@@ -171,11 +171,17 @@ def prefetch_note(s: dict) -> str | None:
     served = resolve["count"] - resolve["by_source"].get("sync", 0)
     if served:
         return None
-    return (
+    why = (
         f"prefetch served 0 of {resolve['count']} consumption points: no request stayed pending "
-        "across an iteration (every query was answered in the iteration that needed it); the "
-        f"production window appears with {PRODUCTION_WINDOW_FLAGS} (docs/decode.md)"
+        "across an iteration (every query was answered in the iteration that needed it); "
     )
+    if prog == "pdo launch":  # each process keeps its own clock, the ranks' runs ahead
+        return why + (
+            "here the prefill ranks start before the decode and have registered each room when "
+            f"the decode first asks; the window appears with pdo run --pd {PRODUCTION_WINDOW_FLAGS} "
+            "(docs/decode.md)"
+        )
+    return why + f"the production window appears with {PRODUCTION_WINDOW_FLAGS} (docs/decode.md)"
 
 
 def fault_lines(s: dict) -> list[str]:
@@ -207,7 +213,7 @@ def fault_lines(s: dict) -> list[str]:
 def print_summary(s: dict, as_json: bool, prog: str) -> int:
     code = OK if summary_ok(s) else FAILED
     if as_json:
-        print(json.dumps({**s, "prefetch_note": prefetch_note(s)}))
+        print(json.dumps({**s, "prefetch_note": prefetch_note(s, prog)}))
         return code
     resolve = s["resolve"]
     print(
@@ -221,7 +227,7 @@ def print_summary(s: dict, as_json: bool, prog: str) -> int:
         f"wait mean {resolve['mean_wait_ms']:.3f} ms p99 {resolve['p99_wait_ms']:.3f} ms, "
         f"prefetch lead {resolve['mean_lead_ms']:.3f} ms, errors {resolve['errors']}"
     )
-    note = prefetch_note(s)
+    note = prefetch_note(s, prog)
     if note:
         print(f"  {note}")
     for line in fault_lines(s):

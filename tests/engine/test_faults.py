@@ -15,7 +15,7 @@ import pytest
 
 from checker.linear import check_files
 from engine.cli.exits import FAILED
-from engine.cli.pd import print_summary
+from engine.cli.pd import PRODUCTION_WINDOW_FLAGS, prefetch_note, print_summary
 from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.decode.scheduler import DecodeScheduler
@@ -148,3 +148,13 @@ def test_launch_kill_one_role(tmp_path, kill, survivors):
         assert s["finished"] + len(s["aborted"]) == WC.requests
         routing = ("DP-rank query to", "still unknown to the bootstrap", "prefill parallel info")
         assert all(any(x in why for x in routing) for why in s["aborted"].values()), s["aborted"]
+
+
+def test_the_summary_says_why_no_consumption_point_was_prefetched():
+    none = {"prefetch": True, "resolve": {"count": 60, "by_source": {"sync": 60}}}
+    note = prefetch_note(none)
+    assert note.startswith("prefetch served 0 of 60") and PRODUCTION_WINDOW_FLAGS in note
+    assert "pdo run --pd" in prefetch_note(none, "pdo launch")
+    served = {"prefetch": True, "resolve": {"count": 5, "by_source": {"sync": 1, "prefix": 4}}}
+    assert prefetch_note(served) is None
+    assert prefetch_note({**none, "prefetch": False}) is None  # --no-prefetch: nothing to explain
