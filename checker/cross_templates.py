@@ -66,7 +66,11 @@ class CrossRank(Template):
             # A rank the parallel info decided (as SGLang does) was not a route the bootstrap
             # server answered: a room no prefill serves then fails its transfer and must abort
             # (D-request-ends).
-            if facts.complete and self.addr_of.get(e["room"]) not in self.local:
+            if (
+                facts.complete
+                and self.addr_of.get(e["room"]) not in self.local
+                and e["rank"] not in self.ctx.failed_ranks
+            ):
                 self.checks += 1
                 self.fail(
                     f"{e['rid']} (room {e['room']}) initialised with rank {e['rank']}, "
@@ -101,7 +105,7 @@ class CrossPages(Template):
             self.got[room][1] += e["pages"]
         elif room in self.init:
             rid, rank = self.init[room]
-            if rank not in self.ctx.facts.ranks_seen:
+            if rank not in self.ctx.facts.ranks_seen or rank in self.ctx.failed_ranks:
                 return
             self.checks += 1
             sent = self.ctx.facts.sent.get((rank, rid), [0, 0])
@@ -130,6 +134,17 @@ def cross_pairs(paths: list) -> tuple[dict, list, list]:
     return headers, prefills, decodes
 
 
+def failed_ranks(path: str) -> set:
+    """The prefill ranks the decode trace records as failed (`req_abort` with `failed_rank`):
+    their traces may be missing or cut short where the process died, so the cross-process rules
+    do not judge that rank's requests against them."""
+    return {
+        e["failed_rank"]
+        for _, e in iter_events(path)
+        if e["ev"] == "req_abort" and isinstance(e.get("failed_rank"), int)
+    }
+
+
 def _check_decode(
     path: str, header: dict, prefills: list, facts: PrefillFacts, rules: list
 ) -> Result:
@@ -137,6 +152,7 @@ def _check_decode(
     header = {**header, "role": "cross", "prefill_traces": prefills}
     ctx = Ctx(header, header.get("page_size", 1))
     ctx.facts = facts
+    ctx.failed_ranks = failed_ranks(path)
     mode = header.get("mode")
     mine = [r for r in rules if r.role == "cross" and r.applies(mode)]
     missing = sorted({r.kind for r in mine} - set(CROSS_TEMPLATES))

@@ -128,6 +128,7 @@ def run_pd(
     server_hook=None,
     bootstrap: str | None = None,
     model: TinyLlama | None = None,
+    kill: dict | None = None,
 ) -> dict:
     """Run all roles to completion and return a summary (outputs, aborts, waits, leaks, mismatches
     against the single-process reference when `verify`).
@@ -135,7 +136,9 @@ def run_pd(
     `bootstrap`: "http" (the aiohttp server on its own thread, the default) or "inproc" (the same
     server's handlers called in-process, `inproc://bootstrap`; the default under a schedule
     controller, where every role thread is a managed thread and the run replays exactly). `model`:
-    reuse a TinyLlama built for `cfg` (its weights are only read)."""
+    reuse a TinyLlama built for `cfg` (its weights are only read). `kill`: {"role": "prefill<i>",
+    "at": N}, rank i dies once it sent N KV chunks (0: before its loop starts): its KV server
+    fails, its loop stops, and decode aborts what it held (docs/faults.md)."""
     check_dispatch(cfg)
     torch.manual_seed(cfg.seed)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
@@ -176,6 +179,7 @@ def run_pd(
                     timeout_s,
                     verify,
                     model,
+                    kill,
                 )
         finally:
             inject.set_active(())
@@ -199,6 +203,7 @@ def _run(
     timeout_s,
     verify,
     model=None,
+    kill=None,
 ) -> dict:
     if model is None:
         model = TinyLlama(
@@ -208,10 +213,12 @@ def _run(
             device=torch.device(cfg.device),
         )
     roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model)
-    wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s)
+    killed = _arm_kill(roles, kill)
+    wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
     if trace_path:
-        for s, p in zip(roles.prefills, roles.prefill_paths):
-            s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
+        for i, (s, p) in enumerate(zip(roles.prefills, roles.prefill_paths)):
+            if i != killed:  # a dead process writes nothing (`pdo launch` alike)
+                s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
         roles.decode_tracer.write(
             roles.decode_path,
             extra_header={"config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)},
@@ -223,10 +230,22 @@ def _run(
         decode_mode=dc.loop,
         prefetch=dc.prefetch,
         registration_errors=roles.registration_errors,
-        prefill_leaks=[s.leak_report() for s in roles.prefills],
+        # a killed rank's memory went with it: its leaks are not counted
+        prefill_leaks=[
+            {} if i == killed else s.leak_report() for i, s in enumerate(roles.prefills)
+        ],
         prefill_memory=[s.memory_stats() for s in roles.prefills],
-        unclaimed_rooms=sorted(r for server in roles.servers.values() for r in server.unclaimed()),
-        traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p],
+        unclaimed_rooms=sorted(
+            r for i, server in roles.servers.items() if i != killed for r in server.unclaimed()
+        ),
+        traces=[
+            p
+            for i, p in enumerate([roles.decode_path, *roles.prefill_paths])
+            if p and i - 1 != killed
+        ],
+        faults=[]
+        if killed is None
+        else [{"role": f"prefill{killed}", "status": None, "error": roles.servers[killed].failed}],
     )
     if verify:
         done = [r for r in roles.decode_reqs if r.rid in summary["outputs"]]
@@ -321,7 +340,31 @@ def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, mo
     )
 
 
-def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s) -> float:
+def _arm_kill(roles: _Roles, kill: dict | None) -> int | None:
+    """Make the prefill rank `kill` names die at its moment; returns its rank (None: no fault)."""
+    if not kill:
+        return None
+    rank = int(kill["role"].removeprefix("prefill"))
+    server, sched, at = roles.servers[rank], roles.prefills[rank], kill["at"]
+    why = f"killed (--kill {kill['role']}@{at})"
+    if at == 0:  # dead once registered: _run_roles starts no loop for it
+        server.fail(why)
+        sched.stop()
+        return rank
+    deliver, sent = server.deliver, [0]
+
+    def deliver_then_die(chunk):
+        deliver(chunk)
+        sent[0] += 1
+        if sent[0] == at:
+            server.fail(why)
+            sched.stop()
+
+    server.deliver = deliver_then_die
+    return rank
+
+
+def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s, killed=None) -> float:
     """Every role's loop on its own thread until all end or timeout_s passes; the wall time.
     Raises PDError past the timeout or when a role failed."""
     errors: dict[str, BaseException] = {}
@@ -335,6 +378,8 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s) -> f
                 url, rank_info(i, dp, cfg.page_size, 1 + i), retries=2, backoff_s=0.05
             )
             s.t0 = t_start  # arrivals are relative to the common start
+            if i == killed and s.stopping:  # killed at once (--kill prefill<i>@0)
+                return
             PREFILL_LOOPS[cfg.mode](s)
         except BaseException as exc:
             errors[f"prefill{i}"] = exc
@@ -436,6 +481,10 @@ def summarize(decode: DecodeScheduler, wall: float) -> dict:
         },
         "decode_leaks": decode.leak_report(),
         "decode_memory_waits": decode.stats["memory_waits"],
+        "failed_ranks": [
+            {"rank": k, "reason": why, "aborted": decode.failed_aborts.get(k, 0)}
+            for k, why in sorted(decode.failed_ranks.items())
+        ],
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -23,7 +24,7 @@ from .config import EngineConfig
 from .decode.config import DecodeConfig, PDError
 from .decode.loops import LOOPS as DECODE_LOOPS
 from .decode.scheduler import DecodeScheduler
-from .decode.transport import KVTransportError, ZmqKVClient, ZmqKVServer
+from .decode.transport import HEARTBEAT_TIMEOUT_S, KVTransportError, ZmqKVClient, ZmqKVServer
 from .pd import decode_requests, rank_info, registrar, route, summarize
 from .prefill.loops import LOOPS as PREFILL_LOOPS
 from .prefill.scheduler import PrefillScheduler
@@ -64,12 +65,39 @@ def _watchdog(tracer, sched, flight: dict, gone: list):
     return Watchdog(tracer, lambda: sched.total - len(sched.done) - len(gone), **flight["watchdog"])
 
 
+def _kill_at(spec_path: str, role: str) -> int | None:
+    """The moment this process is to die by SIGKILL (`pdo launch --kill ROLE@N`), or None."""
+    kill = json.loads(Path(spec_path).read_text()).get("kill")
+    return kill["at"] if kill and kill["role"] == role else None
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _deliver_then_die(server: ZmqKVServer, after: int):
+    """The rank's KV delivery that kills the process once `after` chunks have gone out."""
+    deliver, sent = server.deliver, [0]
+
+    def wrapped(chunk):
+        deliver(chunk)
+        sent[0] += 1
+        if sent[0] >= after:
+            time.sleep(0.05)  # let the chunk leave the socket first
+            _die()
+
+    return wrapped
+
+
 def prefill_main(args: argparse.Namespace) -> int:
     cfg, wc, dc, dp, router = _load(args.spec)
     inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     mine = [r for r, k in zip(reqs, route(reqs, dp, router, wc.seed)) if k == args.rank]
     server = ZmqKVServer(args.rank)
+    kill = _kill_at(args.spec, f"prefill{args.rank}")
+    if kill:
+        server.deliver = _deliver_then_die(server, kill)
     try:
         bootstrap_client.register_prefill_rank(
             args.bootstrap,
@@ -82,6 +110,8 @@ def prefill_main(args: argparse.Namespace) -> int:
         raise PDError(
             f"prefill rank {args.rank} could not register with the bootstrap server: {exc}"
         ) from exc
+    if kill == 0:
+        _die()
     tracer = Tracer(
         {
             "role": "prefill",
@@ -116,10 +146,18 @@ def prefill_main(args: argparse.Namespace) -> int:
             if dog is not None:
                 dog.stop()
             sched.close()
-        # Stay until decode has pulled every room (or said goodbye): the KV lives here until then.
+        # Stay until decode has pulled every room (or said goodbye): the KV lives here until then. A
+        # decode that stops its heartbeat (or never came within its bootstrap timeout) is gone: the
+        # held KV is dropped and the rank ends.
         rooms = [r.bootstrap_room for r in mine]
-        deadline = time.monotonic() + dc.kv_timeout_s + 30
+        t_end = time.monotonic()
+        deadline = t_end + dc.kv_timeout_s + 30
+        lost = False
         while not server.settled(rooms) and not server.byes and time.monotonic() < deadline:
+            wait = HEARTBEAT_TIMEOUT_S if server.last_peer is not None else dc.bootstrap_timeout_s
+            if server.peer_lost(t_end, wait):
+                lost = True
+                break
             time.sleep(0.01)
     tracer.close("normal")
     (out / f"prefill{args.rank}.json").write_text(
@@ -128,6 +166,7 @@ def prefill_main(args: argparse.Namespace) -> int:
                 "leaks": sched.leak_report(),
                 "unclaimed": server.unclaimed(),
                 "registration_errors": errors,
+                "decode_lost": lost,
             }
         )
     )
@@ -159,7 +198,11 @@ def decode_main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     flight = _flight(args.spec)
     tracer.stream(str(out / "decode.jsonl"), **flight["stream"])  # the flight recorder: as it runs
-    sched = DecodeScheduler(cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer)
+    kill = _kill_at(args.spec, "decode")
+    hooks = {"iter": lambda s: s.iter >= kill and _die()} if kill is not None else None
+    sched = DecodeScheduler(
+        cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer, hooks=hooks
+    )
     dog = _watchdog(tracer, sched, flight, sched.aborted)
     threading.current_thread().name = "scheduler"
     t0 = time.monotonic()

@@ -5,8 +5,9 @@ The parent writes one spec file (every config), starts `pdo bootstrap --port 0` 
 starts the ranks (`python -m engine.pd_process prefill ...`, engine/pd_process.py) and the decode
 (`... decode ...`), waits, then compares the decode's outputs with the single-process reference.
 Every process rebuilds the seeded workload and the seeded router, so they agree on which rank
-serves which room without a router process. A child that fails ends the run with its one-line
-error; none is left running.
+serves which room without a router process. A child that dies (or fails) is a fault, not the end of
+the run: the others go on (the decode aborts what the dead rank held, docs/faults.md), every survivor
+writes its trace and summary, and the summary names the fault. None is left running.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from spec.errors import BadInput
 
+from .. import bootstrap_client
 from ..config import check_dispatch
 from ..decode.config import ROUTERS, PDError
 from .flags import add_engine_args, add_flight_args, watchdog_of
@@ -78,10 +80,12 @@ def launch(
     timeout_s: float = 120.0,
     verify: bool = True,
     flight: dict | None = None,
+    kill: dict | None = None,
 ) -> dict:
-    """Run every role as a process; returns the decode's summary extended like run_pd's.
-    `flight`: each role's watchdog (engine/watchdog.py keyword arguments, or None) and trace flush
-    interval (ms, or None for the default)."""
+    """Run every role as a process; returns the decode's summary extended like run_pd's, with
+    `faults` (each process that died or failed). `flight`: each role's watchdog (engine/watchdog.py
+    keyword arguments, or None) and trace flush interval (ms, or None for the default). `kill`:
+    {"role", "at"} (parse_kill)."""
     check_dispatch(cfg)
     if dp < 1 or router not in ROUTERS:  # before anything starts (no torch in the parent yet)
         raise BadInput(f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}")
@@ -96,24 +100,33 @@ def launch(
                 "dp": dp,
                 "router": router,
                 "flight": flight or {},
+                "kill": kill,
             }
         )
     )
     t0 = time.monotonic()
-    _run_processes(spec, out, dp, bootstrap_latency_ms, latency_scope, t0 + timeout_s)
+    faults = _run_processes(
+        spec, out, dp, bootstrap_latency_ms, latency_scope, t0 + timeout_s, kill
+    )
     wall = time.monotonic() - t0
-    s = json.loads((out / "decode.json").read_text())
-    pre = [json.loads((out / f"prefill{i}.json").read_text()) for i in range(dp)]
+    s = _read(out / "decode.json") or _lost_decode(wc.requests)
+    pre = [_read(out / f"prefill{i}.json") or {} for i in range(dp)]
     s.update(
         dp=dp,
         prefill_mode=cfg.mode,
         decode_mode=dc.loop,
         prefetch=dc.prefetch,
         launch_wall_s=wall,
-        prefill_leaks=[p["leaks"] for p in pre],
-        unclaimed_rooms=sorted(r for p in pre for r in p["unclaimed"]),
-        registration_errors=[e for p in pre for e in p["registration_errors"]],
-        traces=[str(out / "decode.jsonl")] + [str(out / f"prefill{i}.jsonl") for i in range(dp)],
+        prefill_leaks=[p.get("leaks", {}) for p in pre],
+        unclaimed_rooms=sorted(r for p in pre for r in p.get("unclaimed", [])),
+        registration_errors=[e for p in pre for e in p.get("registration_errors", [])],
+        traces=[
+            str(p)
+            for p in [out / "decode.jsonl", *(out / f"prefill{i}.jsonl" for i in range(dp))]
+            if p.exists()
+        ],
+        faults=faults,
+        decode_lost_by=[i for i, p in enumerate(pre) if p.get("decode_lost")],
     )
     if verify:
         from ..reference import reference_generate  # lazy: start-up time (torch)
@@ -125,11 +138,44 @@ def launch(
     return s
 
 
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _lost_decode(n: int) -> dict:
+    """The summary of a decode that died before writing its own: nothing is known finished."""
+    return {
+        "requests": n,
+        "finished": 0,
+        "outputs": {},
+        "aborted": {},
+        "wall_s": 0.0,
+        "decode_tok_per_s": 0.0,
+        "resolve": {
+            "count": 0,
+            "by_source": {},
+            "errors": 0,
+            "mean_wait_ms": 0.0,
+            "p99_wait_ms": 0.0,
+            "mean_lead_ms": 0.0,
+        },
+        "decode_leaks": {},
+        "failed_ranks": [],
+    }
+
+
 def _run_processes(
-    spec: Path, out: Path, dp: int, bootstrap_latency_ms: float, latency_scope: str, deadline: float
-) -> None:
-    """Start the bootstrap server, the prefill ranks and the decode; wait for them all; leave none
-    running."""
+    spec: Path,
+    out: Path,
+    dp: int,
+    bootstrap_latency_ms: float,
+    latency_scope: str,
+    deadline: float,
+    kill: dict | None = None,
+) -> list[dict]:
+    """Start the bootstrap server, the prefill ranks and the decode; wait for them all (a child
+    that dies does not stop the others); leave none running. Returns the faults: each child that
+    ended with a non-zero status, with its last error line."""
     procs: list[tuple[str, subprocess.Popen]] = []
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
@@ -147,6 +193,8 @@ def _run_processes(
                 latency_scope,
                 "--expected-ranks",
                 str(dp),
+                # `--kill bootstrap@N` counts the server's answers through its test-only stats route
+                *(["--test-routes"] if kill and kill["role"] == "bootstrap" else []),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -160,10 +208,18 @@ def _run_processes(
             procs.append((f"prefill{i}", _child(["prefill", "--rank", str(i), *common], env)))
         decode = _child(["decode", *common], env)
         procs.append(("decode", decode))
-        _wait(procs, decode, deadline)
-        for name, p in procs:
-            if name.startswith("prefill"):
-                _wait(procs, p, deadline)
+        killer = _bootstrap_killer(boot, url, kill)
+        while any(p.poll() is None for name, p in procs if name != "bootstrap"):
+            if time.monotonic() > deadline:
+                running = [n for n, p in procs if p.poll() is None]
+                raise PDError(f"run did not finish within the timeout ({running} still running)")
+            killer()
+            time.sleep(0.02)
+        return [
+            {"role": name, "status": p.returncode, "error": _last_line(p)}
+            for name, p in procs
+            if p.returncode not in (None, 0)
+        ]
     finally:
         for _, p in procs:
             if p.poll() is None:
@@ -213,16 +269,23 @@ def _last_line(p: subprocess.Popen) -> str:
     return lines[-1].strip() if lines else f"exited with status {p.returncode}"
 
 
-def _wait(procs, target: subprocess.Popen, deadline: float) -> None:
-    """Wait for `target`; any child that exits with an error first ends the run with its message."""
-    while target.poll() is None:
-        for name, p in procs:
-            if p.poll() not in (None, 0):
-                raise PDError(f"{name} failed: {_last_line(p)}")
-        if time.monotonic() > deadline:
-            running = [n for n, p in procs if p.poll() is None]
-            raise PDError(f"run did not finish within the timeout ({running} still running)")
-        time.sleep(0.02)
-    if target.returncode != 0:
-        name = next(n for n, p in procs if p is target)
-        raise PDError(f"{name} failed: {_last_line(target)}")
+def _bootstrap_killer(boot: subprocess.Popen, url: str, kill: dict | None):
+    """The step of the wait loop that SIGKILLs the bootstrap server once it has answered
+    kill["at"] query_dp_ranks (`--kill bootstrap@N`); nothing for another fault."""
+    if not kill or kill["role"] != "bootstrap":
+        return lambda: None
+
+    def step():
+        if boot.poll() is not None:
+            return
+        if kill["at"] > 0:
+            try:
+                counters = bootstrap_client.get_stats(url, timeout=1.0)["counters"]
+            except bootstrap_client.BootstrapError:
+                return
+            if counters.get("query_dp_ranks", 0) < kill["at"]:
+                return
+        boot.kill()
+        boot.wait()
+
+    return step

@@ -10,7 +10,15 @@ import json
 from spec.errors import BadInput
 
 from ..decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
+from .exits import FAILED, OK
 from .flags import build_configs
+
+# The run flags that open the window a prefetch can serve (docs/decode.md, "When the prefetch
+# serves"): requests that arrive while decode is busy, an intake wait between the loop top and the
+# consumption point, and a bootstrap round trip worth hiding, as `pdo bench decode` models them.
+PRODUCTION_WINDOW_FLAGS = (
+    "--arrival poisson --rate 10 --decode-recv-wait-us 17000 --bootstrap-latency-ms 2"
+)
 
 
 def add_pd_args(p: argparse.ArgumentParser, *, launch: bool = False) -> None:
@@ -56,6 +64,32 @@ def add_pd_args(p: argparse.ArgumentParser, *, launch: bool = False) -> None:
         help="decode's wait in request intake per iteration (models recv_requests' TP broadcast)",
     )
     g.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per request")
+    g.add_argument(
+        "--decode-bootstrap-timeout-s",
+        type=float,
+        default=DecodeConfig.bootstrap_timeout_s,
+        help="abort a request whose room the bootstrap server still does not know after this "
+        "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)",
+    )
+    g.add_argument(
+        "--decode-kv-timeout-s",
+        type=float,
+        default=DecodeConfig.kv_timeout_s,
+        help="abort a request whose KV is still incomplete this long after its receiver init",
+    )
+    g.add_argument(
+        "--kill",
+        metavar="ROLE@N",
+        help="fault: kill one role at a moment: prefillI@N once rank I sent N KV chunks (0: right "
+        "after it registered)"
+        + (
+            "; decode@N at decode iteration N; bootstrap@N once the server answered N "
+            "query_dp_ranks (SIGKILL)"
+            if launch
+            else ""
+        )
+        + " (docs/faults.md)",
+    )
     if launch:  # `pdo run` has its own, for both of its runs (engine/cli/run.py)
         add_no_verify(g)
 
@@ -66,6 +100,18 @@ def add_no_verify(g) -> None:
         action="store_true",
         help="skip the comparison of the outputs with the single-process reference",
     )
+
+
+def parse_kill(text: str | None, dp: int, *, launch: bool) -> dict | None:
+    """`--kill ROLE@N` as {"role": ROLE, "at": N}; ValueError naming the flag otherwise. In one
+    process (`pdo run --pd`) only a prefill rank can be killed."""
+    if not text:
+        return None
+    role, _, at = text.partition("@")
+    roles = [*(["bootstrap", "decode"] if launch else []), *(f"prefill{i}" for i in range(dp))]
+    if role not in roles or not at.isdigit():
+        raise ValueError(f"--kill: expected ROLE@N with ROLE one of {roles}, got {text!r}")
+    return {"role": role, "at": int(at)}
 
 
 def configs_from_args(args: argparse.Namespace):
@@ -84,6 +130,8 @@ def configs_from_args(args: argparse.Namespace):
         polling_interval=args.decode_polling_interval,
         recv_wait_us=args.decode_recv_wait_us,
         max_running=min(16, cfg.max_batch_reqs),
+        bootstrap_timeout_s=args.decode_bootstrap_timeout_s,
+        kv_timeout_s=args.decode_kv_timeout_s,
     )
     opts = dict(
         dp=args.dp,
@@ -91,6 +139,7 @@ def configs_from_args(args: argparse.Namespace):
         bootstrap_latency_ms=args.bootstrap_latency_ms,
         latency_scope=args.bootstrap_latency_scope,
         verify=not args.no_verify,
+        kill=parse_kill(args.kill, args.dp, launch=not hasattr(args, "pd")),
     )
     if getattr(args, "bootstrap_url", None):
         opts["bootstrap_url"] = args.bootstrap_url
@@ -109,15 +158,64 @@ def summary_ok(s: dict) -> bool:
     return not (
         s.get("mismatches")
         or s["aborted"]
+        or s.get("faults")
+        or s.get("failed_ranks")
         or any(s["decode_leaks"].values())
         or any(any(v.values()) for v in s["prefill_leaks"])
     )
 
 
+def prefetch_note(s: dict, prog: str = "pdo run --pd") -> str | None:
+    """Why the prefetch served no consumption point, when it was on and served none."""
+    resolve = s["resolve"]
+    if not s.get("prefetch") or not resolve["count"]:
+        return None
+    served = resolve["count"] - resolve["by_source"].get("sync", 0)
+    if served:
+        return None
+    why = (
+        f"prefetch served 0 of {resolve['count']} consumption points: no request stayed pending "
+        "across an iteration (every query was answered in the iteration that needed it); "
+    )
+    if prog == "pdo launch":  # each process keeps its own clock, the ranks' runs ahead
+        return why + (
+            "here the prefill ranks start before the decode and have registered each room when "
+            f"the decode first asks; the window appears with pdo run --pd {PRODUCTION_WINDOW_FLAGS} "
+            "(docs/decode.md)"
+        )
+    return why + f"the production window appears with {PRODUCTION_WINDOW_FLAGS} (docs/decode.md)"
+
+
+def fault_lines(s: dict) -> list[str]:
+    """One line per fault: a process that died or failed, a prefill rank the decode lost."""
+    lines = []
+    for f in s.get("faults") or []:
+        status = f["status"]  # None: killed in process (pdo run --pd --kill)
+        how = (
+            "killed"
+            if status is None
+            else f"killed by signal {-status}"
+            if status < 0
+            else f"exited {status}"
+        )
+        lines.append(f"  fault: {f['role']} {how}: {f['error']}")
+    if s.get("decode_lost_by"):
+        lines.append(
+            f"  fault: prefill rank(s) {s['decode_lost_by']} lost the decode (no heartbeat, or "
+            "none within its bootstrap timeout): held KV dropped, the ranks ended"
+        )
+    for f in s.get("failed_ranks") or []:
+        lines.append(
+            f"  fault: decode lost prefill rank {f['rank']} ({f['reason']}): "
+            f"{f['aborted']} request(s) aborted"
+        )
+    return lines
+
+
 def print_summary(s: dict, as_json: bool, prog: str) -> int:
-    code = 0 if summary_ok(s) else 1
+    code = OK if summary_ok(s) else FAILED
     if as_json:
-        print(json.dumps(s))
+        print(json.dumps({**s, "prefetch_note": prefetch_note(s, prog)}))
         return code
     resolve = s["resolve"]
     print(
@@ -131,6 +229,11 @@ def print_summary(s: dict, as_json: bool, prog: str) -> int:
         f"wait mean {resolve['mean_wait_ms']:.3f} ms p99 {resolve['p99_wait_ms']:.3f} ms, "
         f"prefetch lead {resolve['mean_lead_ms']:.3f} ms, errors {resolve['errors']}"
     )
+    note = prefetch_note(s, prog)
+    if note:
+        print(f"  {note}")
+    for line in fault_lines(s):
+        print(line)
     if "mismatches" in s:
         print(
             "  outputs vs single-process reference: "
@@ -146,7 +249,7 @@ def print_summary(s: dict, as_json: bool, prog: str) -> int:
     for rid, err in list(s["aborted"].items())[:5]:
         print(f"  aborted {rid}: {err}")
     leaks = {
-        "decode": s["decode_leaks"],
+        "decode": s["decode_leaks"],  # {} for a process that died before its summary
         **{f"prefill{i}": v for i, v in enumerate(s["prefill_leaks"])},
     }
     held = {role: {name: n for name, n in counts.items() if n} for role, counts in leaks.items()}

@@ -210,7 +210,13 @@ class DecodePreallocQueue:
                 self.sched.abort(
                     r,
                     f"room {r.room} still unknown to the bootstrap server after "
-                    f"{self.dc.bootstrap_timeout_s:g} s",
+                    f"{self.dc.bootstrap_timeout_s:g} s"
+                    + (
+                        f" (prefill rank {', '.join(map(str, sorted(self.sched.failed_ranks)))}"
+                        " failed)"
+                        if self.sched.failed_ranks
+                        else ""
+                    ),
                 )
 
     def _resolve_addr(self, addr: str, need: list[DecodeReq]) -> None:

@@ -115,6 +115,9 @@ class DecodeScheduler:
         self.done: list[DecodeReq] = []
         self.aborted: list[DecodeReq] = []
         self.iter = 0
+        # prefill ranks the transport reported failed, with why, and the requests each failure aborted
+        self.failed_ranks: dict[int, str] = {}
+        self.failed_aborts: dict[int, int] = {}
         self.stopping = False
         self._poll = 0
         self._next_bid = 0
@@ -187,6 +190,10 @@ class DecodeScheduler:
         self.log.alloc(r.rid, r, r.slot)
         self.log.receiver_init(r.room, r.prefill_dp_rank, r.rid)
         r.state, r.t_init = "transfer", now()
+        if r.prefill_dp_rank in self.failed_ranks:  # the routing stops at a dead rank
+            r.state = "pending"
+            self._abort_failed(r, r.prefill_dp_rank)
+            return "failed"
         try:
             self.client.pull(r.prefill_dp_rank, r.room)
         except KVTransportError as exc:
@@ -197,7 +204,27 @@ class DecodeScheduler:
             return "failed"
         return "ok"
 
+    def reap_failed_ranks(self) -> None:
+        """A prefill rank the transport reports failed (heartbeat lost, or the in-process rank
+        killed): abort its requests whose KV has not all arrived, pending or in transfer, as SGLang
+        aborts a receiver in KVPoll.Failed; their slots and pages are freed. Requests whose KV is
+        complete are local now and go on decoding."""
+        failed = getattr(self.client, "failed_ranks", dict)()
+        for rank, why in failed.items():
+            if rank in self.failed_ranks:
+                continue
+            self.failed_ranks[rank] = why
+            self.failed_aborts.setdefault(rank, 0)
+            pending = [r for r in self.prealloc.pending if r.prefill_dp_rank == rank]
+            for r in [r for r in self.transfer if r.prefill_dp_rank == rank] + pending:
+                self._abort_failed(r, rank)
+
+    def _abort_failed(self, r: DecodeReq, rank: int) -> None:
+        self.failed_aborts[rank] = self.failed_aborts.get(rank, 0) + 1
+        self.abort(r, f"prefill rank {rank} failed: {self.failed_ranks[rank]}", failed_rank=rank)
+
     def pop_transferred(self) -> None:
+        self.reap_failed_ranks()
         while True:
             try:
                 rank, chunk = self.client.inbox.get_nowait()
@@ -294,7 +321,7 @@ class DecodeScheduler:
         self.done.append(r)
         self.log.req_done(r.rid, r.room, len(r.output))
 
-    def abort(self, r: DecodeReq, reason: str) -> None:
+    def abort(self, r: DecodeReq, reason: str, failed_rank: int | None = None) -> None:
         """Abort from any state. A request inside an unprocessed decode batch is finished when that
         batch has been processed (its pages are still being read)."""
         if r.state in ("done", "aborted"):
@@ -304,10 +331,12 @@ class DecodeScheduler:
             return
         if r.state == "pending":
             self.prealloc.remove(r)
-            self._drop_unpulled(r)
+            if failed_rank is None:
+                self._drop_unpulled(r)
         elif r.state == "transfer":
             self.transfer.remove(r)
-            self.client.drop(r.prefill_dp_rank, r.room)
+            if failed_rank is None:  # a dead rank has nothing to drop
+                self.client.drop(r.prefill_dp_rank, r.room)
         elif r.state == "waiting":
             self.waiting.remove(r)
         elif r.state == "running":
@@ -317,7 +346,12 @@ class DecodeScheduler:
         self._free(r)
         r.state, r.error = "aborted", reason
         self.aborted.append(r)
-        self.log.req_abort(r.rid, r.room, reason)
+        if failed_rank is None:
+            self.log.req_abort(r.rid, r.room, reason)
+        else:  # the optional field names the failed rank (the cross-process rules exempt it)
+            self.tr.emit(
+                "req_abort", rid=r.rid, room=r.room, reason=reason, failed_rank=failed_rank
+            )
 
     def _drop_unpulled(self, r: DecodeReq) -> None:
         """A prefill rank keeps a room's KV until decode pulls or drops it: a request aborted before

@@ -29,6 +29,14 @@ from .. import bootstrap_client
 from ..transfer import KVChunk
 
 DROP_RETRY_S = 10.0  # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
+# The decode's heartbeat to each prefill rank it has connected to (SGLang's decode pings each prefill
+# instance: SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL, _MAX_FAILURE). A rank that has not answered
+# for HEARTBEAT_TIMEOUT_S is failed: its requests in transfer are aborted (KVPoll.Failed). Shorter
+# than SGLang's 5 s x 2 because every peer is on loopback.
+HEARTBEAT_INTERVAL_S = 0.1
+HEARTBEAT_TIMEOUT_S = 2.0
+PONG = b"pong"
+LEAVING = b"leaving"  # a prefill rank that ends cleanly says so: its silence then is no failure
 
 
 class KVTransportError(RuntimeError):
@@ -57,12 +65,21 @@ class InProcKVServer:
         self.endpoint = None
         self._lock = threading.Lock()
         self._rooms = _Rooms()
+        self.failed: str | None = None  # why this rank is gone (a fault of `pdo run --pd --kill`)
+
+    def fail(self, reason: str) -> None:
+        """The rank dies: nothing more reaches decode, and decode learns it (failed_ranks)."""
+        with self._lock:
+            self.failed = reason
+            self._rooms.subs.clear()
 
     def deliver(self, chunk: KVChunk) -> None:
         """Called on the prefill's transfer thread. Sinks are called under the lock: a room's chunks
         reach decode in send order even while a pull is flushing the buffered ones."""
         r = self._rooms
         with self._lock:
+            if self.failed:
+                return
             if chunk.last:
                 r.delivered.add(chunk.room)
             if chunk.room in r.done:
@@ -107,11 +124,16 @@ class InProcKVClient:
         server = self.servers.get(rank)
         if server is None:
             raise KVTransportError(f"no prefill DP rank {rank} (ranks: {sorted(self.servers)})")
+        if server.failed:
+            raise KVTransportError(f"prefill rank {rank} failed: {server.failed}")
         server.pull(room, lambda r, c: self.inbox.put((r, c)))
 
     def drop(self, rank: int, room: int) -> None:
         if rank in self.servers:
             self.servers[rank].drop(room)
+
+    def failed_ranks(self) -> dict[int, str]:
+        return {i: s.failed for i, s in self.servers.items() if s.failed}
 
     def close(self) -> None:
         pass
@@ -179,6 +201,7 @@ class ZmqKVServer:
         self._rooms = _Rooms()
         self._lock = threading.Lock()  # guards _rooms for readers on other threads
         self.byes = 0
+        self.last_peer: float | None = None  # monotonic time of decode's last message (heartbeat)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"kv-server-{rank}", daemon=True)
         self._thread.start()
@@ -197,6 +220,7 @@ class ZmqKVServer:
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._in, zmq.POLLIN)
         r = self._rooms
+        peers: set = set()
         while not self._stop.is_set():
             ready = dict(poller.poll(50))
             if self._in in ready:
@@ -219,6 +243,11 @@ class ZmqKVServer:
                 ident, raw = self._router.recv_multipart()
                 msg = json.loads(raw)
                 room = msg.get("room")
+                self.last_peer = time.monotonic()
+                peers.add(ident)
+                if msg["op"] == "ping":
+                    self._router.send_multipart([ident, PONG])
+                    continue
                 with self._lock:
                     if msg["op"] == "bye":
                         self.byes += 1
@@ -234,7 +263,9 @@ class ZmqKVServer:
                         r.done.add(room)
                 for frames in held:
                     self._router.send_multipart([ident, *frames], copy=False)
-        self._router.close(linger=0)
+        for ident in peers:
+            self._router.send_multipart([ident, LEAVING])
+        self._router.close(linger=100)
         self._in.close(linger=0)
 
     def settled(self, rooms) -> bool:
@@ -245,6 +276,13 @@ class ZmqKVServer:
     def unclaimed(self) -> list[int]:
         with self._lock:
             return self._rooms.unclaimed()
+
+    def peer_lost(self, since: float, timeout_s: float) -> bool:
+        """Decode is gone: no message for `timeout_s` (its heartbeat stopped), or none at all within
+        `timeout_s` of `since` (it never connected). SGLang's prefill likewise times out a send
+        whose decode never comes (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)."""
+        last = self.last_peer if self.last_peer is not None else since
+        return time.monotonic() - last > timeout_s
 
     def close(self) -> None:
         """After the prefill's transfer thread has stopped (its PUSH sockets are closed here)."""
@@ -278,6 +316,7 @@ class ZmqKVClient:
         self._lookup_failed: dict[
             int, float
         ] = {}  # rank -> monotonic time before which drop skips it
+        self._failed: dict[int, str] = {}  # written by the client thread, read by the scheduler
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kv-client", daemon=True)
         self._thread.start()
@@ -320,14 +359,35 @@ class ZmqKVClient:
     def bye(self, rank: int) -> None:
         self._send({"op": "bye", "rank": rank, "ep": self._endpoint(rank)})
 
+    def failed_ranks(self) -> dict[int, str]:
+        return dict(self._failed)
+
+    def _heartbeat(self, dealers: dict, answered: dict, left: set, next_ping: float) -> float:
+        """Ping every connected rank each HEARTBEAT_INTERVAL_S; fail one that stays silent."""
+        t = time.monotonic()
+        if t < next_ping:
+            return next_ping
+        for rank, d in dealers.items():
+            if rank in self._failed or rank in left:
+                continue
+            if t - answered[rank] > HEARTBEAT_TIMEOUT_S:
+                self._failed[rank] = f"no heartbeat answer for {HEARTBEAT_TIMEOUT_S:g} s"
+                continue
+            d.send(b'{"op": "ping"}')
+        return t + HEARTBEAT_INTERVAL_S
+
     def _serve(self) -> None:
         zmq = self._zmq
         poller = zmq.Poller()
         poller.register(self._cmd_in, zmq.POLLIN)
         dealers: dict[int, object] = {}
         by_sock: dict[object, int] = {}
+        answered: dict[int, float] = {}  # rank -> monotonic time of its last message
+        left: set = set()  # ranks that ended cleanly
+        next_ping = 0.0
         while not self._stop.is_set():
-            for sock, _ in poller.poll(50):
+            next_ping = self._heartbeat(dealers, answered, left, next_ping)
+            for sock, _ in poller.poll(20):
                 if sock is self._cmd_in:
                     msg = json.loads(self._cmd_in.recv())
                     d = dealers.get(msg["rank"])
@@ -335,10 +395,16 @@ class ZmqKVClient:
                         d = dealers[msg["rank"]] = self._ctx.socket(zmq.DEALER)
                         d.connect(msg["ep"])
                         by_sock[d] = msg["rank"]
+                        answered[msg["rank"]] = time.monotonic()
                         poller.register(d, zmq.POLLIN)
                     d.send(json.dumps({"op": msg["op"], "room": msg.get("room")}).encode())
                 else:
-                    self.inbox.put(_decode(sock.recv_multipart()))
+                    frames = sock.recv_multipart()
+                    answered[by_sock[sock]] = time.monotonic()
+                    if frames == [LEAVING]:
+                        left.add(by_sock[sock])
+                    elif frames != [PONG]:
+                        self.inbox.put(_decode(frames))
         for d in dealers.values():
             d.close(linger=0)
         self._cmd_in.close(linger=0)

@@ -158,8 +158,19 @@ def enc_req_end(rule, universe):
 # the `dp_rank` of its trace); cross rules compare no positions across processes.
 
 
+def _failed_ranks(universe) -> set:
+    """Prefill ranks the decode trace records as failed (`req_abort` `failed_rank`): their traces
+    may be missing or short, so their requests are not judged against them."""
+    return {
+        a.f["failed_rank"]
+        for a in universe.named("req_abort")
+        if isinstance(a.f.get("failed_rank"), int)
+    }
+
+
 # cross_rank: a receiver_init's rank is the one prefill rank whose trace admitted the request; a
-# request no prefill trace admitted is an error only when every DP rank's trace is there.
+# request no prefill trace admitted is an error only when every DP rank's trace is there (and its
+# rank did not fail).
 @ENCODERS.register("cross_rank")
 def enc_cross_rank(rule, universe):
     served = defaultdict(set)
@@ -174,11 +185,16 @@ def enc_cross_rank(rule, universe):
         and (i.f["dp_size"] == 1 or i.f.get("follow_bootstrap_room"))
     }
     addr_of = {a.f["room"]: a.f["addr"] for a in universe.named("req_add")}
+    failed = _failed_ranks(universe)
     for x in universe.named("receiver_init"):
         ranks = served.get(x.f["rid"])
         if not ranks:
             # a rank the parallel info decided is no route the server answered (linear: CrossRank)
-            if universe.dp_complete and addr_of.get(x.f["room"]) not in local:
+            if (
+                universe.dp_complete
+                and addr_of.get(x.f["room"]) not in local
+                and not (isinstance(x.f["rank"], int) and x.f["rank"] in failed)
+            ):
                 yield neg(x.exists), [x]
             continue
         yield (
@@ -200,6 +216,7 @@ def enc_cross_pages(rule, universe):
             t[1] += s.f["pages"]
     inits = group_by(universe.named("receiver_init"), lambda e: e.f["room"])
     kvs = group_by(universe.named("kv_recv"), lambda e: e.f["room"])
+    ranks = sorted(set(universe.dp_ranks) - _failed_ranks(universe))
     for x in universe.named("req_done"):
         room = x.f["room"]
         lst, got = inits.get(room, []), kvs.get(room, [])
@@ -217,10 +234,10 @@ def enc_cross_pages(rule, universe):
         )
         for y in universe.last_before(x, lst) if universe.ordered else lst:
             rid, rank = y.f["rid"], y.f["rank"]
-            seen = disj(*[eq(rank, r) for r in sorted(universe.dp_ranks)])
+            seen = disj(*[eq(rank, r) for r in ranks])
             if seen is False:
                 continue
-            want = [(eq(rank, r), sent.get((r, rid), [0, 0])) for r in sorted(universe.dp_ranks)]
+            want = [(eq(rank, r), sent.get((r, rid), [0, 0])) for r in ranks]
             same = conj(*[implies(c, conj(tok == t, pag == p)) for c, (t, p) in want])
             yield (
                 implies(
