@@ -94,9 +94,9 @@ class TransferEngine:
         self._q.put(item)
 
     def close(self):
+        """Stop after the chunks queued so far are delivered (and logged)."""
         self._q.put(None)
-        if not sync.controlled():
-            self._thread.join(timeout=10)
+        sync.join(self._thread, "transfer.join", timeout=10)
 
 
 def _pinned_copy(t: torch.Tensor) -> torch.Tensor:

@@ -86,11 +86,7 @@ class PrefillScheduler(Admission):
         self.receiver = receiver or KVReceiverStore()
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
-        self.transfer.on_delivered = lambda req, start, tokens: self.log.kv_delivered(
-            req.rid, req, start, tokens
-        )
-        self.astore.on_copied = self._log_copied
-        self.astore.on_retired = self.log.store_entry
+        self._hook_completions()
         # An engine/oracle.py OutputProbe when outputs are verified: admission reports each prefix
         # match to it, the AttentionStore each entry.
         self.probe = probe
@@ -119,6 +115,22 @@ class PrefillScheduler(Admission):
             retried_ok=0,
         )
         self.postponed: set[str] = set()  # rids whose admission was cut for lack of memory
+
+    def _hook_completions(self) -> None:
+        """The transfer thread and the AttentionStore log their completions. The hooks hold the
+        loggers only, not the scheduler (a cycle through it would keep a finished run alive until a
+        full collection), and close() drops them."""
+        log = self.log
+
+        def copied(rids):
+            for rid in rids:
+                log.store_copied(rid)
+
+        self.transfer.on_delivered = lambda req, start, tokens: log.kv_delivered(
+            req.rid, req, start, tokens
+        )
+        self.astore.on_copied = copied
+        self.astore.on_retired = log.store_entry
 
     def _build_model_and_memory(self, model) -> None:
         cfg = self.cfg
@@ -366,10 +378,6 @@ class PrefillScheduler(Admission):
             ),
         )
 
-    def _log_copied(self, rids) -> None:
-        for rid in rids:
-            self.log.store_copied(rid)
-
     def process_inflight_queue(self) -> None:
         """Release requests whose KV transfer and AttentionStore staging have completed."""
         still = []
@@ -404,6 +412,9 @@ class PrefillScheduler(Admission):
         self.astore.drain()
         self.fwd_state.close()
         self.transfer.close()
+        # the trace keeps each Req (its `obj`), a Req its sender and so the transfer engine: the
+        # loggers the hooks hold would close a cycle back to the tracer
+        self.transfer.on_delivered = self.astore.on_copied = self.astore.on_retired = None
 
     def leak_report(self) -> dict:
         """What is still held at the end; all zeros after a clean run."""
