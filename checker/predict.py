@@ -26,7 +26,7 @@ from .streaming import event_label
 from .trace_io import iter_chunks
 
 TRIES_PER_PATTERN = 3  # reorderings checked per group of alike candidates before giving it up
-RID_KINDS = ("counter", "lifecycle", "in_span", "each_in_span", "chunk_sent")
+RID_KINDS = ("counter", "lifecycle", "in_span", "each_in_span", "chunk_sent", "delivered")
 
 
 class NoClocks(ValueError):

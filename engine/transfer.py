@@ -138,13 +138,18 @@ class KVSender:
         return tokens, pages
 
     def _done(self):
+        if hb.ON:  # the delivery (and its trace event) happens before a poll that sees it
+            hb.send(self)
         with self._lock:
             self._pending -= 1
 
     def poll(self) -> bool:
         """True once the last chunk was sent and every chunk has been delivered."""
         with self._lock:
-            return self.sent_last and self._pending == 0
+            done = self.sent_last and self._pending == 0
+        if done and hb.ON:
+            hb.recv(self)
+        return done
 
 
 class AttentionStore:

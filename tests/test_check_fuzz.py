@@ -42,8 +42,8 @@ def test_every_mutation_changes_something_and_is_seeded(tmp_path):
 def test_the_campaign_catches_a_checker_that_crashes(tmp_path, monkeypatch):
     """With the value checks taken out (the standard library's decoder as it was), deep nesting
     ends in a RecursionError inside the checker: exit 70, which the campaign reports."""
-    monkeypatch.setattr(trace_io, "_strict_loads", json.loads)
-    monkeypatch.setattr(trace_io, "_suspect", lambda raw: True)
+    monkeypatch.setattr(trace_io, "strict_loads", json.loads)
+    monkeypatch.setattr(trace_io, "suspect", lambda raw: True)
     path = write(tmp_path / "deep.jsonl", "ahead", canonical("ahead"))
     lines = open(path).read().splitlines()
     lines[2] = lines[2][:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}"

@@ -155,6 +155,14 @@ def write(path, mode: str, events: list[dict], page_size: int = 16) -> str:
         )
         for i, e in enumerate(events, 1):
             f.write(json.dumps({"seq": i, "t_ns": 1000 * i, **e}) + "\n")
+        end = len(events) + 1  # a whole trace (format version 2): its last line says so
+        f.write(
+            json.dumps(
+                {"seq": end, "t_ns": 1000 * end, "thread": "scheduler", "ev": "trace_end"}
+                | {"events": len(events), "reason": "normal"}
+            )
+            + "\n"
+        )
     return str(path)
 
 

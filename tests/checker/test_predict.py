@@ -4,6 +4,7 @@ rule violations another allowed interleaving would show."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
 import pytest
 
@@ -55,31 +56,71 @@ def test_a_mutant_hidden_in_a_passing_trace_is_predicted(tmp_path, clocks):
     assert passing >= 1
 
 
+def test_a_release_before_delivery_hidden_in_passing_traces_is_predicted(tmp_path, clocks):
+    """release-before-delivery: the request is released once its last chunk is queued, not once the
+    transfer delivered it; uncontrolled, the delivery is usually logged first, so the trace passes,
+    but only the sender's poll would order the two, and the mutant skips it."""
+    passing = 0
+    for seed in range(3):
+        wl = WorkloadConfig(requests=8, prompt_len=(20, 150), hit=0.5, seed=seed)
+        path = str(tmp_path / f"r{seed}.jsonl")
+        run_mode("normal", trace_path=path, inject=("release-before-delivery",), workload=wl)
+        if check_file(path).ok:  # the bug hid in this run
+            passing += 1
+            assert "P-release-after-delivery" in {p.rule.id for p in predict_file(path).predictions}
+    assert passing >= 1
+
+
 def _with_clocks(events, *, drop_collect_edge=False):
     """A hand-built thread-mode trace with the clocks the engine's hand-offs give: submit(N) before
-    fwd_begin(N) (the input queue), batch_copy(N) before collect(N) (the output queue)."""
-    clock = {"scheduler": {}, "forward": {}}
-    sent = {}
+    fwd_begin(N) (the input queue), batch_copy(N) before collect(N) (the output queue); a send
+    before its delivery (the transfer queue), a request's deliveries before its release (the
+    sender's poll), the scheduler's staging before the copy stream's copy, the copy before the
+    AttentionStore entry (its event)."""
+    clock: dict = defaultdict(dict)
+    sent: dict = defaultdict(dict)
+
+    def join(c, key):
+        for k, v in sent.get(key, {}).items():
+            c[k] = max(c.get(k, 0), v)
+
     for e in events:
-        c = clock[e["thread"]]
-        if e["ev"] == "fwd_begin":
-            for k, v in sent[("submit", e["batch"])].items():
-                c[k] = max(c.get(k, 0), v)
-        if e["ev"] == "collect" and not drop_collect_edge:
-            for k, v in sent[("batch_copy", e["batch"])].items():
-                c[k] = max(c.get(k, 0), v)
+        c, ev = clock[e["thread"]], e["ev"]
+        if ev == "fwd_begin":
+            join(c, ("submit", e["batch"]))
+        if ev == "collect" and not drop_collect_edge:
+            join(c, ("batch_copy", e["batch"]))
+        if ev == "kv_delivered":
+            join(c, ("send", e["rid"], e["start"]))
+        if ev == "release":
+            join(c, ("delivered", e["rid"]))
+        if ev == "store_copied":
+            join(c, ("scheduler",))
+        if ev == "store_entry":
+            join(c, ("copied", e["rid"]))
         c[e["thread"]] = c.get(e["thread"], 0) + 1
         e["vc"] = dict(c)
-        if "batch" in e:
-            sent[(e["ev"], e["batch"])] = dict(c)
+        keys = [(ev, e["batch"])] if "batch" in e else []
+        if ev in ("kv_send", "prefix_send"):
+            keys.append(("send", e["rid"], e["start"]))
+        if ev == "kv_delivered":
+            keys.append(("delivered", e["rid"]))
+        if ev == "store_copied":
+            keys.append(("copied", e["rid"]))
+        if e["thread"] == "scheduler":
+            keys.append(("scheduler",))
+        for key in keys:
+            for k, v in c.items():
+                sent[key][k] = max(sent[key].get(k, 0), v)
     return events
 
 
 def _write(path, events):
     head = {"format": "pdo-trace", "version": 2, "role": "prefill", "mode": "thread"}
+    end = {"thread": "scheduler", "ev": "trace_end", "events": len(events), "reason": "normal"}
     with open(path, "w") as f:
         f.write(json.dumps({**head, "page_size": 16, "hb": ""}) + "\n")
-        for i, e in enumerate(events, 1):
+        for i, e in enumerate([*events, end], 1):
             f.write(json.dumps({"seq": i, "t_ns": 1000 * i, **e}) + "\n")
     return str(path)
 

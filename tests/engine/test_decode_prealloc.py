@@ -26,6 +26,7 @@ class FakeSched:
         self.aborted: dict[str, str] = {}
         self.capacity = capacity
         self.q = None
+        self.failed_ranks: set[int] = set()  # prefill ranks known dead (engine/decode/scheduler.py)
 
     def init_receiver(self, r):
         if self.capacity is not None and len(self.inits) >= self.capacity:
