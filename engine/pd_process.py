@@ -149,7 +149,9 @@ def decode_main(args: argparse.Namespace) -> int:
         time.sleep(0.05)  # let the byes leave before the sockets close
         client.close()
     out = Path(args.out)
-    tracer.write(str(out / "decode.jsonl"))
+    tracer.write(
+        str(out / "decode.jsonl"), extra_header={"memory_waits": sched.stats["memory_waits"]}
+    )
     (out / "decode.json").write_text(json.dumps(summarize(sched, wall)))
     return 0
 
