@@ -254,7 +254,7 @@ class _DecodeLoop:
                 (arrives[r] == i, base + 10 + self.room_index[r] * self.step)
             )
             self.causes[("req_abort", r)].append(
-                (abort[r], base + 15 + self.room_index[r] * self.step)
+                (abort[r], base + self.workload.abort_place(self.room_index[r]))
             )
         # consumption point (when this iteration polls the prealloc queue, unless memory is
         # released: then nothing is resolved, not even synchronously, until resume)
@@ -319,7 +319,13 @@ class _DecodeLoop:
                 causes[("prefetch_cancel", *k)].append((conj(live[k], empty), base + 20 + a / 10))
                 ends["cancelled with nothing pending"].append(conj(live[k], empty))
         act = self.define(
-            f"act:{a}:{i}", conj(consumes, any_pending, disj(*[pending[r] for r in rs]))
+            f"act:{a}:{i}",
+            conj(
+                consumes,
+                any_pending,
+                disj(*[pending[r] for r in rs]),
+                self.workload.info_available(a, i),
+            ),
         )
         causes[("prefill_info", a)].append(
             (conj(act, neg(self.info[(a, i - 1)])), base + 30 + 10 * a)

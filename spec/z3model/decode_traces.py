@@ -9,15 +9,16 @@ binding (DROPPED): prefetch_skip and query_end (what the prefetch did not do, wh
 answered), the KV and the request's end (kv_recv, kv_done, req_done: the model puts them in the
 iteration of receiver init), slots (alloc, release), the decode batches (admit, stage, fwd_begin,
 fwd_end, war_barrier, sample, process_begin, process_end), a request aborted after its receiver
-init (the transfer and running queues are not modelled), and the futures cancelled at shutdown,
-after the loop's last iteration.
+init (the transfer and running queues are not modelled), the futures cancelled at shutdown, after
+the loop's last iteration, and the attempts to fetch the parallel info before it was published (the
+model's prefill publishes it at the iteration of the first published prefill_info).
 
 Against a trace the universe holds exactly the queries the trace logged (each synchronous one
 told apart by its iteration, since a partial answer leaves rooms to ask again), the server may
 leave out of an answer the rooms it does not know yet, and whatever the loop would log outside
 that universe is asserted away (E:emits): the trace lacks it. A trace whose run did what the model
-leaves out is not judged (`outside_model` says which): bootstrap errors and retries, a request
-aborted while still pending, receiver inits that waited for memory, memory released more than once,
+leaves out is not judged (`outside_model` says which): bootstrap errors, a pending request
+aborted for another reason than its client going away (timeouts), receiver inits that waited for memory, memory released more than once,
 events on other threads, more iterations x rooms than MAX_SIZE.
 """
 
@@ -59,6 +60,7 @@ TRACE_GROUPS = {
     "E:emits": "the loop logs nothing the trace lacks: no query, cancel or resolve outside the "
     "trace's, each event once"
 }
+CLIENT_ABORT = "client went away"  # the reason of the aborts the model describes
 # iterations x rooms past which z3 is not asked (the state machine grows with both)
 MAX_SIZE = 20_000
 
@@ -76,6 +78,8 @@ class TraceWorkload(DecodeWorkload):
     arrivals: tuple = ()  # (room, iteration of its req_add)
     release: tuple = ()  # (iteration of release_memory, of resume_memory or iterations + 2)
     polling_interval: int = 1
+    info_from: tuple = ()  # per address: the iteration of its published prefill_info
+    aborted: tuple = ()  # (room, iteration) of each client abort of a pending request
     exact = True
     partial = True
 
@@ -101,11 +105,18 @@ class TraceWorkload(DecodeWorkload):
         never = self.iterations + 1
         return {
             "arrives": {r: dict(self.arrivals).get(r, never) for _, rs in self.rooms for r in rs},
-            "aborts": {r: never for _, rs in self.rooms for r in rs},
+            "aborts": {r: dict(self.aborted).get(r, never) for _, rs in self.rooms for r in rs},
             "polls": lambda i: i % self.polling_interval == 0,
             "release_at": self.release[0] if self.release else never,
             "resume_at": self.release[1] if self.release else never + 1,
         }
+
+    def info_available(self, a, i):
+        return i >= self.info_from[a]
+
+    def abort_place(self, index):
+        # a client abort: the after_prefetch hook, before intake and before a release's cancels
+        return 4.5 + index * 0.4 / (self._rooms() + 1)
 
     def _rooms(self):
         return sum(len(rs) for _, rs in self.rooms)
@@ -129,14 +140,12 @@ def outside_model(header: dict, events: list[dict]) -> str | None:
         ev = e["ev"]
         if ev in ("resolve", "query_end") and e.get("error") is not None:
             return f"seq {_seq(e)} {ev}: bootstrap errors and retries are not modelled"
-        if ev == "prefill_info" and not e.get("published"):
-            return f"seq {_seq(e)} prefill_info unpublished: retries are not modelled"
         if ev == "receiver_init":
             inits.add(e["room"])
-        if ev == "req_abort" and e["room"] not in inits:
+        if ev == "req_abort" and e["room"] not in inits and e.get("reason") != CLIENT_ABORT:
             return (
-                f"seq {_seq(e)} req_abort of a pending request: the model's aborts sit "
-                "after intake, the engine's anywhere in the iteration"
+                f"seq {_seq(e)} req_abort of a pending request ({e.get('reason')}): the model "
+                "aborts pending requests only as a client does, after the prefetch"
             )
         if ev in ("release_memory", "resume_memory"):
             releases += ev == "release_memory"
@@ -158,7 +167,7 @@ def _keys(events: list[dict]):
     addrs, rooms, infos = {}, {}, {}
     sets, submits, syncs = {}, {}, {}
     by_qid, inits, keys, it = {}, set(), [], 0
-    arrivals, release = [], []
+    arrivals, release, info_from, aborted = [], [], {}, []
     for e in events:
         ev = e["ev"]
         a = addrs.setdefault(e["addr"], len(addrs)) if "addr" in e else None
@@ -175,8 +184,9 @@ def _keys(events: list[dict]):
             rooms.setdefault(a, []).append(e["room"])
             arrivals.append((e["room"], it))
             key = (ev, e["room"])
-        elif ev == "prefill_info":
+        elif ev == "prefill_info" and e.get("published"):
             infos[a] = e.get("dp_size")
+            info_from.setdefault(a, it)
             key = (ev, a)
         elif ev == "prefetch_submit":
             by_qid[e["qid"]] = (a, it, rs)
@@ -197,8 +207,9 @@ def _keys(events: list[dict]):
         elif ev == "receiver_init":
             inits.add(e["room"])
             key = (ev, e["room"])
-        elif ev == "req_abort":
-            key = None if e["room"] in inits else (ev, e["room"])
+        elif ev == "req_abort" and e["room"] not in inits:
+            aborted.append((e["room"], it))
+            key = (ev, e["room"])
         elif ev in ("release_memory", "resume_memory"):
             release.append(it)
             key = (ev,)
@@ -213,6 +224,8 @@ def _keys(events: list[dict]):
         syncs=tuple(tuple(syncs.get(a, {})) for a in range(n)),
         singles=tuple(infos.get(a) == 1 for a in range(n)),
         arrivals=tuple(arrivals),
+        aborted=tuple(aborted),
+        info_from=tuple(info_from.get(a, it + 1) for a in range(n)),
         release=tuple(release + [it + 2] * (len(release) == 1)),
     )
     return fields, keys

@@ -72,6 +72,14 @@ class DecodeWorkload:
         polls(i), release_at, resume_at; None: z3 chooses."""
         return None
 
+    def info_available(self, a: int, i: int) -> bool:
+        """Whether address a's prefill has published its parallel info by iteration i."""
+        return True
+
+    def abort_place(self, index: int) -> float:
+        """Where in its iteration a pending request is aborted: after intake, in room order."""
+        return 15 + index * self.room_step()
+
     def room_step(self) -> float:
         """The spacing of per-room steps of one iteration (intake, aborts)."""
         return 1 / 10
