@@ -225,10 +225,16 @@ class _DecodeLoop:
 
     def iteration(self, i):
         base = 100 * i
+        on = self.workload.prefetching  # off: the loop never calls the prefetch
         for n, name in enumerate(("iter_begin", "prefetch_begin")):
-            self.loop.append(self.event(name, i).exists)
-            self.groups["E:order"].append(self.event(name, i).pos == base + n)
-        self.loop.append(self.event("prefetch_end", i).exists)
+            e = self.event(name, i)
+            self.loop.append(e.exists if on or n == 0 else neg(e.exists))
+            self.groups["E:order"].append(e.pos == base + n)
+        self.loop.append(
+            self.event("prefetch_end", i).exists
+            if on
+            else neg(self.event("prefetch_end", i).exists)
+        )
         self.groups["E:order"].append(self.event("prefetch_end", i).pos == base + 4)
         rel, res, arrives, gone = self.release_at, self.resume_at, self.arrives, self.gone
         released_at_prefetch = conj(rel < i, i <= res)
@@ -281,6 +287,7 @@ class _DecodeLoop:
                 after[k] = conj(outstanding, neg(stale))
         unknown = {r: conj(pending[r], neg(self.known[(r, i - 1)])) for r in rs}
         can = conj(
+            self.workload.prefetching,
             not self.workload.single_rank(a),
             neg(released),
             neg(disj(*after.values())),

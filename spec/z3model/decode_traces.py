@@ -80,6 +80,7 @@ class TraceWorkload(DecodeWorkload):
     polling_interval: int = 1
     info_from: tuple = ()  # per address: the iteration of its published prefill_info
     aborted: tuple = ()  # (room, iteration) of each client abort of a pending request
+    prefetching: bool = True
     exact = True
     partial = True
 
@@ -151,7 +152,8 @@ def outside_model(header: dict, events: list[dict]) -> str | None:
             releases += ev == "release_memory"
             if releases > 1:
                 return "memory released more than once: the model releases once"
-        if e["thread"] != "scheduler" and not e["thread"].startswith("prefetch"):
+        bound = ev not in DROPPED and e.get("reason") != "shutdown"  # (close() cancels on main)
+        if bound and e["thread"] != "scheduler" and not e["thread"].startswith("prefetch"):
             return f"seq {_seq(e)} on thread {e['thread']}: not a thread of the model"
     waits = header.get("memory_waits")
     if waits is None:
@@ -241,6 +243,7 @@ def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000)
         return Refinement("unknown", 0.0, reason=why)
     fields, keys = _keys(events)
     fields["polling_interval"] = header.get("polling_interval", 1)
+    fields["prefetching"] = header.get("prefetch", True)
     if not fields["iterations"]:
         return Refinement("unknown", 0.0, reason="no loop iteration in the trace")
     size = fields["iterations"] * max(1, sum(len(rs) for _, rs in fields["rooms"]))
