@@ -389,21 +389,29 @@ class _DecodeLoop:
             )
 
     def receive(self, i, released, pending, abort):
-        """Receiver init in arrival order, unless memory is released; then the KV arrives."""
-        base = 100 * i
+        """Receiver init in arrival order, unless memory is released; then the KV arrives. With a
+        memory bound, a request that does not fit stops the pass (FIFO)."""
+        base, memory, stop = 100 * i, self.workload.memory_bound, False
+        # against a trace the KV and the request's end are not bound (decode_traces.UNBOUND)
+        steps = (("receiver_init", 50),) if self.workload.exact else self.AFTER_INIT
         for _, r in self.rooms:
             now = conj(self.polls[i], neg(released), pending[r], self.known[(r, i)])
+            if memory:
+                fits = z3.Bool(f"fits:r{r}:{i}")
+                now, stop = conj(now, fits, neg(stop)), disj(stop, conj(now, neg(fits)))
             order = self.workload.init_order(self.arrives[r], self.room_index[r])
-            for name, off in (
-                ("receiver_init", 50),
-                ("kv_recv", 70),
-                ("kv_done", 70.0001),
-                ("req_done", 70.0002),
-            ):
+            for name, off in steps:
                 self.causes[(name, r)].append((now, base + off + order))
             self.gone[(r, i)] = self.define(
                 f"gone:r{r}:{i}", disj(self.gone[(r, i - 1)], abort[r], now)
             )
+
+    AFTER_INIT = (
+        ("receiver_init", 50),
+        ("kv_recv", 70),
+        ("kv_done", 70.0001),
+        ("req_done", 70.0002),
+    )
 
     def bind_events(self):
         """Every event exists iff one of its causes holds (at most one does), at that cause's

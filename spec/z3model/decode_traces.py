@@ -18,8 +18,10 @@ told apart by its iteration, since a partial answer leaves rooms to ask again), 
 leave out of an answer the rooms it does not know yet, and whatever the loop would log outside
 that universe is asserted away (E:emits): the trace lacks it. A trace whose run did what the model
 leaves out is not judged (`outside_model` says which): bootstrap errors, a pending request
-aborted for another reason than its client going away (timeouts), receiver inits that waited for memory, memory released more than once,
-events on other threads, more iterations x rooms than MAX_SIZE.
+aborted for another reason than its client going away (timeouts), memory waits with several
+addresses, memory released more than once, events on other threads, more iterations x rooms than
+MAX_SIZE. When receiver inits waited for memory (header memory_waits), whether a request fits is
+the environment's choice, and one that does not stops the pass (FIFO).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class TraceWorkload(DecodeWorkload):
     info_from: tuple = ()  # per address: the iteration of its published prefill_info
     aborted: tuple = ()  # (room, iteration) of each client abort of a pending request
     prefetching: bool = True
+    memory_bound: bool = False  # the run's receiver inits waited for memory: whether one fits is
+    # the environment's choice
     exact = True
     partial = True
 
@@ -155,11 +159,11 @@ def outside_model(header: dict, events: list[dict]) -> str | None:
         bound = ev not in DROPPED and e.get("reason") != "shutdown"  # (close() cancels on main)
         if bound and e["thread"] != "scheduler" and not e["thread"].startswith("prefetch"):
             return f"seq {_seq(e)} on thread {e['thread']}: not a thread of the model"
-    waits = header.get("memory_waits")
-    if waits is None:
+    if header.get("memory_waits") is None:
         return "the trace does not say whether receiver init waited for memory (memory_waits)"
-    if waits:
-        return f"receiver init waited for memory {waits} time(s): the model has no memory bound"
+    addrs = {e["addr"] for e in events if e["ev"] == "req_add"}
+    if header["memory_waits"] and len(addrs) > 1:
+        return "receiver init waited for memory with several addresses: FIFO across them"
     return None
 
 
@@ -244,6 +248,7 @@ def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000)
     fields, keys = _keys(events)
     fields["polling_interval"] = header.get("polling_interval", 1)
     fields["prefetching"] = header.get("prefetch", True)
+    fields["memory_bound"] = bool(header["memory_waits"])
     if not fields["iterations"]:
         return Refinement("unknown", 0.0, reason="no loop iteration in the trace")
     size = fields["iterations"] * max(1, sum(len(rs) for _, rs in fields["rooms"]))

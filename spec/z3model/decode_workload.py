@@ -45,6 +45,7 @@ class DecodeWorkload:
     # What a trace's workload (spec/z3model/decode_traces.py) narrows down: the universe's
     # prefetched and synchronous queries, and where the loop may leave it.
     prefetching = True  # the loop calls the prefetch (off: SGLang without PR #35071)
+    memory_bound = False  # receiver init may find no memory, which stops the pass (FIFO)
     exact = False  # the loop stays inside the universe (asserted, E:emits) rather than proved to
     partial = False  # the server may leave rooms it does not know yet out of an answer
 
