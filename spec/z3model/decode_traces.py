@@ -64,7 +64,7 @@ TRACE_GROUPS = {
 }
 CLIENT_ABORT = "client went away"  # the reason of the aborts the model describes
 # iterations x rooms past which z3 is not asked (the state machine grows with both)
-MAX_SIZE = 20_000
+MAX_SIZE = 10_000
 
 
 @dataclass(frozen=True)
