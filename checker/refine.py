@@ -1,14 +1,15 @@
 """The engine against its own model: is a prefill trace a schedule of spec/z3model's loop model of
-its mode (`pdo check --model`)? When it is not, the report names the engine groups (E:...) and the
-trace events the model cannot place together: the step where the engine's loop and the model
-drifted apart."""
+its mode, a decode trace one of the decode loop model (`pdo check --model`)? When it is not, the
+report names the engine groups (E:...) and the trace events the model cannot place together: the
+step where the engine's loop and the model drifted apart."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from spec import load_events
-from spec.z3model import ENGINE_GROUPS, Refinement, refinement
+from spec.z3model import DECODE_ENGINE_GROUPS, ENGINE_GROUPS, Refinement, refinement
+from spec.z3model.decode_traces import TRACE_GROUPS, decode_refinement
 
 from .trace_io import iter_events
 
@@ -32,6 +33,10 @@ class ModelCheck:
 def check_model(path: str, timeout_ms: int = 60000) -> ModelCheck:
     header: dict = {}
     events = [e for _, e in iter_events(path, header_out=header)]
+    if header.get("role") == "decode":
+        # the decode model chooses what it describes itself (spec/z3model/decode_traces.py DROPPED)
+        events = [dict(e, seq=i, trace_seq=e["seq"]) for i, e in enumerate(events, 1)]
+        return ModelCheck(path, header, events, decode_refinement(header, events, timeout_ms))
     if header.get("role") != "prefill":
         return ModelCheck(path, header, events, None)
     # the loop model places the events it emits; the completions it does not model (spec/events.toml
@@ -56,13 +61,15 @@ def text(check: ModelCheck) -> str:
     head = f"{check.path} ({check.header.get('role')}, mode={check.header.get('mode')})"
     a = check.answer
     if a is None:
-        return f"NOT CHECKED {head}: no loop model of this role to refine against (prefill only)"
+        return f"NOT CHECKED {head}: no loop model of this role to refine against"
     if a.status == "sat":
         return f"REFINES {head}: a schedule of the loop model ({len(check.events)} events, {a.seconds:.1f} s)"
     if a.status == "unknown":
-        return f"UNKNOWN {head}: z3 gave no answer ({a.reason})"
+        return f"UNKNOWN {head}: not judged ({a.reason})"
     lines = [f"DRIFT {head}: the loop model of {check.header['mode']} does not admit this trace"]
-    lines += [f"  {g}: {ENGINE_GROUPS.get(g, '')}" for g in a.groups]
+    decode = check.header.get("role") == "decode"
+    groups = {**DECODE_ENGINE_GROUPS, **TRACE_GROUPS} if decode else ENGINE_GROUPS
+    lines += [f"  {g}: {groups.get(g, '')}" for g in a.groups]
     if a.reason:
         lines.append(f"  {a.reason}")
     lines += [f"  {_event(check.events[s - 1])}" for s in a.seqs]

@@ -221,7 +221,11 @@ def _run(
                 s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
         roles.decode_tracer.write(
             roles.decode_path,
-            extra_header={"config": _jsonable(asdict(cfg)), "decode_config": asdict(dc)},
+            extra_header={
+                "config": _jsonable(asdict(cfg)),
+                "decode_config": asdict(dc),
+                "memory_waits": roles.decode.stats["memory_waits"],
+            },
         )
     summary = summarize(roles.decode, wall)
     summary.update(

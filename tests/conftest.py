@@ -10,13 +10,15 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-# Refinement on every engine trace of the suite (issue #19): each prefill trace a test has the
-# engine write (Tracer.write) is checked against the loop model of its mode when the test ends. A
+# Refinement on every engine trace of the suite (issue #19): each prefill or decode trace a test has
+# the engine write (Tracer.write) is checked against the loop model of its mode, or the decode loop
+# model, when the test ends (a decode trace the model leaves out is UNKNOWN, not judged). A
 # mutant's trace (header `inject`) may drift on purpose and is left to the tests about it; a trace
 # the test deleted or rewrote is skipped; a test marked `drifts` makes the loop drift on purpose.
 # PDO_REFINE_SUITE=0 turns it off.
 _REFINE = os.environ.get("PDO_REFINE_SUITE", "1") != "0"
 _REFINE_TIMEOUT_MS = 30_000
+_ROLES = ("prefill", "decode")
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +33,7 @@ def _refine_engine_traces(request, monkeypatch):
     def recorded(method):
         def wrapper(self, path, **kw):
             method(self, path, **kw)
-            if self.header.get("role") == "prefill" and not self.header.get("inject"):
+            if self.header.get("role") in _ROLES and not self.header.get("inject"):
                 written.append(str(path))
 
         return wrapper
@@ -54,7 +56,7 @@ def _drift(path: str) -> str | None:
         with open(path) as f:
             header = json.loads(f.readline())
             last = json.loads(f.readlines()[-1] or "{}")
-        if header.get("role") != "prefill" or header.get("inject"):
+        if header.get("role") not in _ROLES or header.get("inject"):
             return None  # rewritten by the test since
         if header.get("version", 1) >= 2 and (last.get("ev"), last.get("reason")) != (
             "trace_end",

@@ -117,10 +117,11 @@ def _rule_failures(results) -> list[str]:
 
 
 def _model_failures(paths) -> list[str]:
-    """The third judge: each prefill trace a schedule of the loop model of its mode
-    (checker/refine.py); a drift names the engine groups the conflict needs, a verdict that is the
-    same in every process (the events of the conflict are one of several: `pdo check --model`
-    on the trace shows them)."""
+    """The third judge: each prefill trace a schedule of the loop model of its mode, the decode
+    trace of a PD case one of the decode loop model (checker/refine.py; a decode run the model
+    leaves out is not judged); a drift names the engine groups the conflict needs, a verdict that
+    is the same in every process (the events of the conflict are one of several: `pdo check
+    --model` on the trace shows them)."""
     failures = []
     for path in paths:
         check = check_model(path, timeout_ms=MODEL_TIMEOUT_MS)

@@ -23,8 +23,9 @@ def register(sub) -> None:
     p.add_argument(
         "--model",
         action="store_true",
-        help="also check that each prefill trace is a schedule of the loop model of its mode "
-        "(spec/z3model/): exit 1 names the step where engine and model drift apart",
+        help="also check that each prefill trace is a schedule of the loop model of its mode, "
+        "each decode trace one of the decode loop model (spec/z3model/): exit 1 names the step "
+        "where engine and model drift apart, exit 3 a trace the model leaves out",
     )
     p.add_argument(
         "--perfetto",

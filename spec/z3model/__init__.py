@@ -19,7 +19,8 @@ The modules, in the order they build on each other:
 - queries: `prove`, `vacuity`, `conformance`, `mode_table`, `ahead_steady_table`, `timeline`: the
   answers `pdo spec` prints.
 - traces: a concrete trace as a universe, its workload, and whether it is a schedule of the loop
-  model.
+  model; decode_workload, decode_traces: the decode model's workload, narrowed to a decode trace's,
+  and whether that trace is a schedule of the decode loop model.
 - transition, unbounded: the prefill loops as finite transition systems read off the loop model's
   step definitions, and the properties proved on them for every K (`pdo spec prove --unbounded`).
 

@@ -25,48 +25,16 @@ could do that the universe has no events for (or an event it would log twice) is
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 import z3
 
 from .. import LOOP_MODES, load_events
+from .decode_workload import FIRST_SUBMIT, DecodeWorkload  # noqa: F401  (re-exported)
 from .logic import as_z3, conj, disj, implies, lt, neg
 from .universe import FWD, SCHED, SymbolicUniverse
 
 DECODE_MODES = LOOP_MODES["decode"]
 DECODE_THREADS = {"scheduler": SCHED, "prefetch_0": FWD}
-# The first iteration whose prefetch can submit: it needs the address's parallel info, which the
-# consumption point fetches when a room of the address is pending, and a room still unknown, but
-# that consumption resolved every room then pending: a room arriving later (intake of iteration 2 at
-# the earliest) is first seen by the prefetch of the iteration after (3). Queries of earlier
-# iterations are left out of the universe (outside_universe: the loop model cannot submit them).
-FIRST_SUBMIT = 3
-
-
-@dataclass(frozen=True)
-class DecodeWorkload:
-    iterations: int
-    rooms: tuple = (("127.0.0.1:8998", (1, 2, 3)), ("127.0.0.1:8999", (4,)))
-
-    def server_rank(self, room: int) -> int:
-        return room % 2
-
-    def room_sets(self, a: int) -> list[tuple]:
-        """Every nonempty subset of the address's rooms, in arrival order."""
-        rooms = self.rooms[a][1]
-        return [
-            tuple(r for n, r in enumerate(rooms) if mask >> n & 1)
-            for mask in range(1, 1 << len(rooms))
-        ]
-
-    def submit_sets(self, a: int) -> list[tuple]:
-        """The room sets a prefetch can ask for: without the address's first room, which the
-        consumption that fetches the address's parallel info resolves (or which was aborted
-        before it)."""
-        return [asked for asked in self.room_sets(a) if self.rooms[a][1][0] not in asked]
-
-    def all_rooms(self) -> list[tuple]:
-        return [(a, r) for a, (_, rooms) in enumerate(self.rooms) for r in rooms]
 
 
 def _prefix_of(p, n):
@@ -98,58 +66,55 @@ class DecodeUniverse(SymbolicUniverse):
         """Per iteration (from FIRST_SUBMIT) and room set a prefetch can ask for: the submit, its
         pool thread's query_begin, a cancel, a resolve using it as is or as the prefix of a larger
         set."""
-        for j in range(FIRST_SUBMIT, self.K + 1):
-            for asked in self.workload.submit_sets(a):
-                q = next(qids)
-                ask = dict(addr=addr, rooms=list(asked))
-                self._add("prefetch_submit", ("prefetch_submit", a, j, asked), qid=q, **ask)
-                self._add(
-                    "query_begin", ("query_begin", a, j, asked), qid=q, source="prefetch", **ask
-                )
-                self._add(
-                    "prefetch_cancel", ("prefetch_cancel", a, j, asked), qid=q, reason="any", **ask
-                )
-                self._add(
-                    "resolve",
-                    ("resolve", a, j, asked),
-                    qid=q,
-                    source="prefetched",
-                    error=None,
-                    result={str(r): z3.Int(f"answer:{a}:{j}:{asked}:{r}") for r in asked},
-                    **ask,
-                )
-                for room_set in self.workload.room_sets(a):
-                    if _prefix_of(asked, room_set):
-                        answers = {str(r): z3.Int(f"answer:{a}:{j}:{asked}+:{r}") for r in room_set}
-                        self._add(
-                            "resolve",
-                            ("resolve", a, j, asked, room_set),
-                            qid=q,
-                            source="prefix",
-                            error=None,
-                            addr=addr,
-                            rooms=list(room_set),
-                            result=answers,
-                        )
+        for j, asked in self.workload.prefetch_keys(a):
+            q = next(qids)
+            ask = dict(addr=addr, rooms=list(asked))
+            self._add("prefetch_submit", ("prefetch_submit", a, j, asked), qid=q, **ask)
+            self._add("query_begin", ("query_begin", a, j, asked), qid=q, source="prefetch", **ask)
+            self._add(
+                "prefetch_cancel", ("prefetch_cancel", a, j, asked), qid=q, reason="any", **ask
+            )
+            self._add(
+                "resolve",
+                ("resolve", a, j, asked),
+                qid=q,
+                source="prefetched",
+                error=None,
+                result={str(r): z3.Int(f"answer:{a}:{j}:{asked}:{r}") for r in asked},
+                **ask,
+            )
+            for room_set in self.workload.room_sets(a):
+                if _prefix_of(asked, room_set):
+                    answers = {str(r): z3.Int(f"answer:{a}:{j}:{asked}+:{r}") for r in room_set}
+                    self._add(
+                        "resolve",
+                        ("resolve", a, j, asked, room_set),
+                        qid=q,
+                        source="prefix",
+                        error=None,
+                        addr=addr,
+                        rooms=list(room_set),
+                        result=answers,
+                    )
 
     def _add_sync(self, a, addr, qids):
         """Per room set a synchronous query: resolved once, its rooms are known after."""
-        for room_set in self.workload.room_sets(a):
+        for tag, room_set in self.workload.sync_keys(a):
             ask = dict(addr=addr, rooms=list(room_set))
             self._add(
                 "query_begin",
-                ("query_begin", a, "sync", room_set),
+                ("query_begin", a, tag, room_set),
                 qid=next(qids),
                 source="sync",
                 **ask,
             )
             self._add(
                 "resolve",
-                ("resolve", a, "sync", room_set),
+                ("resolve", a, tag, room_set),
                 qid=None,
                 source="sync",
                 error=None,
-                result={str(r): z3.Int(f"answer:{a}:sync:{room_set}:{r}") for r in room_set},
+                result={str(r): z3.Int(f"answer:{a}:{tag}:{room_set}:{r}") for r in room_set},
                 **ask,
             )
 
@@ -205,6 +170,11 @@ class _DecodeLoop:
         self.aborts = {r: z3.Int(f"aborts:r{r}") for _, r in rooms}  # if still pending
         self.polls = {i: z3.Bool(f"polls:{i}") for i in range(1, K + 1)}
         self.release_at, self.resume_at = z3.Int("release_at"), z3.Int("resume_at")
+        fixed = self.workload.environment()
+        if fixed:  # a trace's: the environment's choices are the trace's, folded at build time
+            self.arrives, self.aborts = dict(fixed["arrives"]), dict(fixed["aborts"])
+            self.polls = {i: fixed["polls"](i) for i in range(1, K + 1)}
+            self.release_at, self.resume_at = fixed["release_at"], fixed["resume_at"]
         env = self.groups["E:env"]
         env += [
             z3.And(1 <= v, v <= K + 1)
@@ -218,20 +188,20 @@ class _DecodeLoop:
         self.gone = {(r, 0): False for _, r in rooms}  # initialised or aborted
         self.info = {(a, 0): False for a in range(len(self.workload.rooms))}
         self.out = {}  # (key, i): outstanding at the top of iteration i
+        self.key_set = {a: set(self.keys(a)) for a in range(len(self.workload.rooms))}
+        self.step = self.workload.room_step()
         self.causes = defaultdict(list)  # event key -> [(exists-in-this-iteration, position)]
 
     def define(self, name, expr):
+        if self.workload.exact and isinstance(expr, bool):
+            return expr
         v = z3.Bool(name)
         self.loop.append(v == as_z3(expr))
         return v
 
     def keys(self, a):
         """The prefetched queries of address a: (a, iteration, room set)."""
-        return [
-            (a, j, asked)
-            for j in range(FIRST_SUBMIT, self.K + 1)
-            for asked in self.workload.submit_sets(a)
-        ]
+        return [(a, j, asked) for j, asked in self.workload.prefetch_keys(a)]
 
     def event(self, *key):
         return self.universe.get(key)
@@ -249,14 +219,22 @@ class _DecodeLoop:
         self.groups["E:env"] += [
             implies(self.arrives[r] <= K, self.gone[(r, K)]) for _, r in self.rooms
         ]
+        if self.workload.exact:
+            self.groups["E:emits"] = [neg(x) for x in self.universe.outside]
         return dict(self.groups)
 
     def iteration(self, i):
         base = 100 * i
+        on = self.workload.prefetching  # off: the loop never calls the prefetch
         for n, name in enumerate(("iter_begin", "prefetch_begin")):
-            self.loop.append(self.event(name, i).exists)
-            self.groups["E:order"].append(self.event(name, i).pos == base + n)
-        self.loop.append(self.event("prefetch_end", i).exists)
+            e = self.event(name, i)
+            self.loop.append(e.exists if on or n == 0 else neg(e.exists))
+            self.groups["E:order"].append(e.pos == base + n)
+        self.loop.append(
+            self.event("prefetch_end", i).exists
+            if on
+            else neg(self.event("prefetch_end", i).exists)
+        )
         self.groups["E:order"].append(self.event("prefetch_end", i).pos == base + 4)
         rel, res, arrives, gone = self.release_at, self.resume_at, self.arrives, self.gone
         released_at_prefetch = conj(rel < i, i <= res)
@@ -279,9 +257,11 @@ class _DecodeLoop:
         # intake; then a pending request may be aborted (its client went away)
         for _, r in self.rooms:
             self.causes[("req_add", r)].append(
-                (arrives[r] == i, base + 10 + self.room_index[r] / 10)
+                (arrives[r] == i, base + 10 + self.room_index[r] * self.step)
             )
-            self.causes[("req_abort", r)].append((abort[r], base + 15 + self.room_index[r] / 10))
+            self.causes[("req_abort", r)].append(
+                (abort[r], base + self.workload.abort_place(self.room_index[r]))
+            )
         # consumption point (when this iteration polls the prealloc queue, unless memory is
         # released: then nothing is resolved, not even synchronously, until resume)
         consumes = conj(self.polls[i], neg(released_at_consume))
@@ -307,6 +287,8 @@ class _DecodeLoop:
                 after[k] = conj(outstanding, neg(stale))
         unknown = {r: conj(pending[r], neg(self.known[(r, i - 1)])) for r in rs}
         can = conj(
+            self.workload.prefetching,
+            not self.workload.single_rank(a),
             neg(released),
             neg(disj(*after.values())),
             self.info[(a, i - 1)],
@@ -321,7 +303,7 @@ class _DecodeLoop:
         )
         for asked in self.workload.room_sets(a):
             sub = self.define(f"submit:{a}:{i}:{asked}", conj(can, *asks_exactly(asked)))
-            if i < FIRST_SUBMIT or asked not in self.workload.submit_sets(a):
+            if (a, i, asked) not in self.key_set[a]:
                 outside.append(sub)  # not in the universe: the loop cannot (outside_universe)
                 continue
             self.causes[("prefetch_submit", a, i, asked)].append((sub, base + 3 + a / 10))
@@ -344,13 +326,26 @@ class _DecodeLoop:
                 causes[("prefetch_cancel", *k)].append((conj(live[k], empty), base + 20 + a / 10))
                 ends["cancelled with nothing pending"].append(conj(live[k], empty))
         act = self.define(
-            f"act:{a}:{i}", conj(consumes, any_pending, disj(*[pending[r] for r in rs]))
+            f"act:{a}:{i}",
+            conj(
+                consumes,
+                any_pending,
+                disj(*[pending[r] for r in rs]),
+                self.workload.info_available(a, i),
+            ),
         )
         causes[("prefill_info", a)].append(
             (conj(act, neg(self.info[(a, i - 1)])), base + 30 + 10 * a)
         )
         self.info[(a, i)] = self.define(f"info:{a}:{i}", disj(self.info[(a, i - 1)], act))
         need = {r: conj(act, pending[r], neg(self.known[(r, i - 1)])) for r in rs}
+        if self.workload.single_rank(a):  # rank 0 for every pending room, no query
+            for r in rs:
+                self.known[(r, i)] = self.define(
+                    f"known:r{r}:{i}", disj(self.known[(r, i - 1)], need[r])
+                )
+            return
+        tag = self.workload.sync_tag(i)
         has = disj(*need.values())
         asks_for = {
             room_set: conj(has, *[need[r] if r in room_set else neg(need[r]) for r in rs])
@@ -373,7 +368,7 @@ class _DecodeLoop:
                     causes[("resolve", *k, room_set)].append((use, base + 33 + 10 * a))
                     ends["used as a prefix with a sync tail"].append(use)
                     tail = room_set[len(asked) :]
-                    causes[("query_begin", a, "sync", tail)].append((use, base + 32 + 10 * a))
+                    causes[("query_begin", a, tag, tail)].append((use, base + 32 + 10 * a))
                     usable.append(use)
                     extended = disj(extended, asks_for[room_set])
             mismatch = conj(live[k], has, neg(asks_for[asked]), neg(extended))
@@ -384,29 +379,39 @@ class _DecodeLoop:
             )
         for room_set in self.workload.room_sets(a):
             sync = conj(asks_for[room_set], neg(disj(*usable)))
-            causes[("query_begin", a, "sync", room_set)].append((sync, base + 32 + 10 * a))
-            causes[("resolve", a, "sync", room_set)].append((sync, base + 33 + 10 * a))
+            causes[("query_begin", a, tag, room_set)].append((sync, base + 32 + 10 * a))
+            causes[("resolve", a, tag, room_set)].append((sync, base + 33 + 10 * a))
         for r in rs:
+            # a partial answer: the server leaves out the rooms it does not know yet
+            answered = z3.Bool(f"answered:r{r}:{i}") if self.workload.partial else True
             self.known[(r, i)] = self.define(
-                f"known:r{r}:{i}", disj(self.known[(r, i - 1)], need[r])
+                f"known:r{r}:{i}", disj(self.known[(r, i - 1)], conj(need[r], answered))
             )
 
     def receive(self, i, released, pending, abort):
-        """Receiver init in arrival order, unless memory is released; then the KV arrives."""
-        base = 100 * i
+        """Receiver init in arrival order, unless memory is released; then the KV arrives. With a
+        memory bound, a request that does not fit stops the pass (FIFO)."""
+        base, memory, stop = 100 * i, self.workload.memory_bound, False
+        # against a trace the KV and the request's end are not bound (decode_traces.UNBOUND)
+        steps = (("receiver_init", 50),) if self.workload.exact else self.AFTER_INIT
         for _, r in self.rooms:
             now = conj(self.polls[i], neg(released), pending[r], self.known[(r, i)])
-            order = (10 * z3.ToReal(self.arrives[r]) + self.room_index[r]) / 1000
-            for name, off in (
-                ("receiver_init", 50),
-                ("kv_recv", 70),
-                ("kv_done", 70.0001),
-                ("req_done", 70.0002),
-            ):
+            if memory:
+                fits = z3.Bool(f"fits:r{r}:{i}")
+                now, stop = conj(now, fits, neg(stop)), disj(stop, conj(now, neg(fits)))
+            order = self.workload.init_order(self.arrives[r], self.room_index[r])
+            for name, off in steps:
                 self.causes[(name, r)].append((now, base + off + order))
             self.gone[(r, i)] = self.define(
                 f"gone:r{r}:{i}", disj(self.gone[(r, i - 1)], abort[r], now)
             )
+
+    AFTER_INIT = (
+        ("receiver_init", 50),
+        ("kv_recv", 70),
+        ("kv_done", 70.0001),
+        ("req_done", 70.0002),
+    )
 
     def bind_events(self):
         """Every event exists iff one of its causes holds (at most one does), at that cause's
@@ -421,10 +426,16 @@ class _DecodeLoop:
                 continue
             causes = self.causes.get(e.key, [])
             self.loop.append(e.exists == as_z3(disj(*[c for c, _ in causes])))
-            self.groups["E:order"] += [implies(c, e.pos == p) for c, p in causes]
+            self.groups["E:order"] += [implies(c, e.pos == p) for c, p in causes if c is not False]
+            if not self.workload.exact:  # (against a trace: two causes cannot both hold its place)
+                universe.outside += [
+                    conj(c1, c2) for n1, (c1, _) in enumerate(causes) for c2, _ in causes[n1 + 1 :]
+                ]  # logged twice
+        if self.workload.exact:  # what the loop would log outside the universe: not in the trace
+            known = {e.key for e in universe.events}
             universe.outside += [
-                conj(c1, c2) for n1, (c1, _) in enumerate(causes) for c2, _ in causes[n1 + 1 :]
-            ]  # logged twice
+                c for key, cs in self.causes.items() if key not in known for c, _ in cs
+            ]
         for e in universe.events:
             pool = e.name == "query_begin" and e.f["source"] == "prefetch"
             self.loop.append(e.thread == (FWD if pool else SCHED))

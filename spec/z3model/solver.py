@@ -52,7 +52,7 @@ class Model:
         mode: str,
         k: int = 4,
         *,
-        workload: Workload | None = None,
+        workload: Workload | DecodeWorkload | None = None,
         drop=(),
         mutants=(),
         timeout_ms: int = 60000,
@@ -67,11 +67,14 @@ class Model:
         self.mode, self.mutants, self.role = mode, tuple(mutants), role
         # U: the universe of events (a public attribute: tests and `pdo spec` read `model.universe`)
         if role == "decode":
-            self.universe = DecodeUniverse(DecodeWorkload(k), page_size)
+            # a trace's workload (spec/z3model/decode_traces.py), else the canonical one
+            decode_workload = workload if isinstance(workload, DecodeWorkload) else None
+            self.universe = DecodeUniverse(decode_workload or DecodeWorkload(k), page_size)
         else:
             self.universe = ModelUniverse(workload or Workload.canonical(k), page_size)
         self.K = self.universe.K
-        all_rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode)]
+        rules = load_rules() if rules is None else rules  # () : no rule, the engine groups only
+        all_rules = [r for r in rules if r.role == role and r.applies(mode)]
         unknown = set(drop) - {r.id for r in all_rules}
         if unknown:
             raise ValueError(f"no rule {', '.join(sorted(unknown))} applies to mode {mode}")

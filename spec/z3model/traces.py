@@ -240,6 +240,13 @@ def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60
         lit = z3.Bool(f"[seq {seq}]" if present else f"[absent {e.key}]")
         model.solver.add(z3.Implies(lit, as_z3(conj(*bind))))
         lits[lit] = seq if present else e.key
+    return explain(model, lits, t0)
+
+
+def explain(model, lits: dict, t0: float) -> Refinement:
+    """The verdict on a model whose trace bindings sit behind `lits` (literal -> the trace seq it
+    binds, or the key of a model event it binds absent): sat, or the engine groups and the trace
+    events of the conflict, shrunk by deletion while the budget lasts."""
     engine = [model.lit[n] for n in model.engine_ids]
     result = model.solver.check(*engine, *lits)
     if result == z3.sat:

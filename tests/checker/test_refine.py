@@ -28,7 +28,7 @@ def test_engine_traces_refine_the_loop_model(mode, tmp_path):
     assert check.ok, (check.answer.groups, check.answer.seqs, check.answer.reason)
 
 
-def test_pd_prefill_rank_traces_refine_the_loop_model(tmp_path):
+def test_pd_traces_refine_the_loop_models(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "engine.cli", "run", "--pd", "--dp", "2", "--mode", "ahead"]
         + ["--requests", "4", "--trace", str(tmp_path / "pd.jsonl"), "--json"],
@@ -41,7 +41,7 @@ def test_pd_prefill_rank_traces_refine_the_loop_model(tmp_path):
     checks = [check_model(p) for p in traces]
     prefill = [c for c in checks if c.header["role"] == "prefill"]
     assert len(prefill) == 2 and all(c.ok for c in prefill)
-    assert [c.judged for c in checks if c.header["role"] == "decode"] == [False]
+    assert [c.ok for c in checks if c.header["role"] == "decode"] == [True]
 
 
 def _war_barrier_after_processing(s):
