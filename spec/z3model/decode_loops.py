@@ -260,7 +260,7 @@ class _DecodeLoop:
                 (arrives[r] == i, base + 10 + self.room_index[r] * self.step)
             )
             self.causes[("req_abort", r)].append(
-                (abort[r], base + self.workload.abort_place(self.room_index[r]))
+                (abort[r], base + self.workload.abort_place(self.room_index[r], r))
             )
         # consumption point (when this iteration polls the prealloc queue, unless memory is
         # released: then nothing is resolved, not even synchronously, until resume)

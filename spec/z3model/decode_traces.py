@@ -119,9 +119,12 @@ class TraceWorkload(DecodeWorkload):
     def info_available(self, a, i):
         return i >= self.info_from[a]
 
-    def abort_place(self, index):
-        # a client abort: the after_prefetch hook, before intake and before a release's cancels
-        return 4.5 + index * 0.4 / (self._rooms() + 1)
+    def abort_place(self, index, room=None):
+        # a client abort: the after_prefetch hook, before intake and before a release's cancels;
+        # several in one iteration in the order the trace logged them (the clients' order)
+        order = [r for r, _ in self.aborted]
+        k = order.index(room) if room in order else index
+        return 4.5 + k * 0.4 / (self._rooms() + 1)
 
     def _rooms(self):
         return sum(len(rs) for _, rs in self.rooms)

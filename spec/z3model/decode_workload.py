@@ -78,7 +78,7 @@ class DecodeWorkload:
         """Whether address a's prefill has published its parallel info by iteration i."""
         return True
 
-    def abort_place(self, index: int) -> float:
+    def abort_place(self, index: int, room=None) -> float:
         """Where in its iteration a pending request is aborted: after intake, in room order."""
         return 15 + index * self.room_step()
 

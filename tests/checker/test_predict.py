@@ -61,7 +61,9 @@ def test_a_release_before_delivery_hidden_in_passing_traces_is_predicted(tmp_pat
     transfer delivered it; uncontrolled, the delivery is usually logged first, so the trace passes,
     but only the sender's poll would order the two, and the mutant skips it."""
     passing = 0
-    for seed in range(3):
+    for seed in range(8):
+        if passing:
+            break
         wl = WorkloadConfig(requests=8, prompt_len=(20, 150), hit=0.5, seed=seed)
         path = str(tmp_path / f"r{seed}.jsonl")
         run_mode("normal", trace_path=path, inject=("release-before-delivery",), workload=wl)

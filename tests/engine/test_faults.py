@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from checker.linear import check_files
+from checker.linear import check_file, check_files
 from engine.cli.exits import FAILED
 from engine.cli.pd import PRODUCTION_WINDOW_FLAGS, prefetch_note, print_summary
 from engine.config import EngineConfig
@@ -123,8 +123,9 @@ def launch(tmp_path, kill: str, *flags: str) -> tuple[int, dict]:
 @pytest.mark.parametrize(
     "kill, survivors",
     [
-        ("prefill1@2", ["decode", "prefill0"]),  # mid-run: after two KV chunks
-        pytest.param("decode@3", ["prefill0", "prefill1"], marks=SLOW),
+        # every process's trace, the dead one's cut where it died (the flight recorder)
+        ("prefill1@2", ["decode", "prefill0", "prefill1"]),  # mid-run: after two KV chunks
+        pytest.param("decode@3", ["decode", "prefill0", "prefill1"], marks=SLOW),
         pytest.param("bootstrap@1", ["decode", "prefill0", "prefill1"], marks=SLOW),
     ],
 )
@@ -135,6 +136,8 @@ def test_launch_kill_one_role(tmp_path, kill, survivors):
     assert s["faults"][0]["role"] == role and s["faults"][0]["status"] == -9, s["faults"]
     assert sorted(Path(t).name.split(".")[0] for t in s["traces"]) == survivors
     assert violated(check_files(s["traces"])) == []
+    cut = [t for t in s["traces"] if Path(t).name.startswith(role)]
+    assert all(check_file(t).truncated is not None for t in cut)  # never read as a whole run
     assert not any(s["decode_leaks"].values()), s["decode_leaks"]
     assert all(not any(p.values()) for p in s["prefill_leaks"]), s["prefill_leaks"]
     assert s["mismatches"] == []  # whatever finished has the reference's tokens
