@@ -259,15 +259,18 @@ class Tracer:
     def _lines(self, start: int, stop: int, *, force: bool) -> tuple[list[bytes], int]:
         """JSON lines of events [start, stop), and where they stopped: at the first event whose
         digest is still to be computed by its own thread, unless `force` (then resolved here)."""
-        raw, named, name = self._raw, self._fields, self.obj
+        raw, name = self._raw, self.obj
         part = raw[4 * start : 4 * stop]
         dumps, pending = trace_writer.dumps, trace_writer.pending
         out = []
         for s, t, th, ev, f in zip(
             range(start + 1, stop + 1), part[0::4], part[1::4], part[2::4], part[3::4]
         ):
-            ev, f = named(ev, f)
-            e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
+            if ev.__class__ is _Kind:  # a declared event: its values named in place (one dict)
+                e = {"seq": s, "t_ns": t, "thread": th, "ev": ev.ev}
+                e.update(zip(ev.names, f))
+            else:
+                e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
             o = e.get("obj")
             if o is not None and not isinstance(o, str):
                 e["obj"] = name(o)
