@@ -96,10 +96,12 @@ class Tracer:
         return types.SimpleNamespace(**{ev: self._logger(k) for ev, k in declared.items()})
 
     def _logger(self, kind: "_Kind"):
+        """One declared event's log call; with happens-before clocks on (`self._hb`), its thread's
+        vector clock is kept as a last field `vc`."""
         ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
-        if self._hb is not None:
-            return self._hb_logger(kind)
         raw, gate = self._raw, self._gate
+        tag, tick = self._hb, hb.tick
+        stored = kind if tag is None else _Kind(kind.ev, (*kind.names, "vc"))
 
         def log(*values):
             if len(values) != n:
@@ -112,28 +114,9 @@ class Tracer:
                 sync.CONTROLLER is not None or sync.JITTER_US
             ):  # sync.point, without its call when idle
                 sync.point(ev)
-            ext((now(), thread, kind, values))
-            if len(raw) >= gate[0]:
-                self._writer.full()
-
-        return log
-
-    def _hb_logger(self, kind: "_Kind"):
-        """A declared event that also keeps its thread's vector clock, as a last field `vc`."""
-        ext, local, now, ev, n = self._extend, self._thread, _monotonic_ns, kind.ev, len(kind.names)
-        tag, tick, with_vc = self._hb, hb.tick, _Kind(kind.ev, (*kind.names, "vc"))
-        raw, gate = self._raw, self._gate
-
-        def log(*values):
-            if len(values) != n:
-                raise _arity(kind, values)
-            try:
-                thread = local.name
-            except AttributeError:
-                thread = local.name = threading.current_thread().name
-            if sync.CONTROLLER is not None or sync.JITTER_US:
-                sync.point(ev)
-            ext((now(), thread, with_vc, (*values, tick(tag + thread))))
+            if tag is not None:
+                values = (*values, tick(tag + thread))
+            ext((now(), thread, stored, values))
             if len(raw) >= gate[0]:
                 self._writer.full()
 
