@@ -251,14 +251,15 @@ def explain(model, lits: dict, t0: float) -> Refinement:
     result = model.solver.check(*engine, *lits)
     if result == z3.sat:
         return Refinement("sat", time.perf_counter() - t0)
-    if result != z3.sat and result != z3.unsat:
+    if result != z3.unsat:
         return Refinement("unknown", time.perf_counter() - t0, reason=model.solver.reason_unknown())
-    names = _needed_groups(model, list(lits))
-    engine = [model.lit[n] for n in names]
+    # every group that deletion keeps is in every core of what is left (without it, the rest is
+    # sat): the core only narrows the trace bindings
+    groups = _needed_groups(model, list(lits))
+    engine = [model.lit[n] for n in groups]
     if model.solver.check(*engine, *lits) != z3.unsat:
         return Refinement("unknown", time.perf_counter() - t0, reason="the conflict did not recur")
     core = {str(c) for c in model.solver.unsat_core()}
-    groups = [n for n in names if str(model.lit[n]) in core]
     kept = [lit for lit in lits if str(lit) in core]
     if len(kept) <= MAX_SHRINK:  # deletion: drop each binding the conflict does not need
         deadline = time.perf_counter() + SHRINK_BUDGET_S
