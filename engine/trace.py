@@ -46,8 +46,18 @@ FORMAT = "pdo-trace"
 VERSION = 2
 
 
+class _Kind:
+    """A declared event (Tracer.events_for): its name and its fields' names, in the order logged."""
+
+    __slots__ = ("ev", "names")
+
+    def __init__(self, ev: str, names: tuple[str, ...]):
+        self.ev, self.names = ev, names
+
+
 class Tracer:
     enabled = True
+    kind_class = _Kind  # a declared event's kind, as stored (the trace writer reads it)
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
@@ -70,7 +80,6 @@ class Tracer:
         # the length of _raw at which a logging thread calls the writer (trace_writer.StreamWriter)
         self._gate = [trace_writer._NEVER]
         self._writer: trace_writer.StreamWriter | None = None
-        self._file = None
         self._path: str | None = None
         self.end_reason: str | None = None  # set once the trace is closed (trace_end written)
 
@@ -173,14 +182,14 @@ class Tracer:
         """The whole trace at once, ended by `trace_end` (a tracer that streams has its file already:
         `close`)."""
         header = {**self.header, **(extra_header or {})}
-        events = (
-            self.events
-        )  # resolved before the file is opened: a failure leaves no partial trace
-        with open(path, "w") as f:
-            f.write(json.dumps(header) + "\n")
-            for e in events:
-                f.write(json.dumps(e, separators=(",", ":")) + "\n")
-            f.write(json.dumps(self._end(len(events), reason), separators=(",", ":")) + "\n")
+        # resolved before the file is opened: a failure leaves no partial trace
+        events = self.events
+        dumps = trace_writer.dumps  # the sink's, so that both ways write the same lines
+        lines = [dumps(e) + b"\n" for e in events]
+        with open(path, "wb") as f:
+            f.write(json.dumps(header).encode() + b"\n")
+            f.write(b"".join(lines))
+            f.write(dumps(self._end(len(events), reason)) + b"\n")
 
     def _end(self, n: int, reason: str) -> dict:
         thread = threading.current_thread().name
@@ -206,11 +215,10 @@ class Tracer:
         self._path = path
         if sync.CONTROLLER is not None:
             return
-        self._file = open(path, "wb")
-        self._file.write(json.dumps(self.header).encode() + b"\n")
-        self._file.flush()
+        with open(path, "wb") as f:  # the header at once: the sink appends the events
+            f.write(json.dumps(self.header).encode() + b"\n")
         self._writer = trace_writer.StreamWriter(
-            self, self._file, flush_ms=flush_ms, flush_events=flush_events, max_pending=max_pending
+            self, path, flush_ms=flush_ms, flush_events=flush_events, max_pending=max_pending
         )
         atexit.register(self.close, "exit")
 
@@ -219,9 +227,9 @@ class Tracer:
         return self._writer is not None and self.end_reason is None
 
     def flush(self) -> None:
-        """Write (and flush) every event logged so far, late digests resolved now."""
+        """Write every event logged so far to the file, late digests resolved now."""
         if self.streaming:
-            self._writer.drain(force=True)
+            self._writer.sync()
 
     def close(self, reason: str = "normal") -> None:
         """End a streamed trace: the rest of the events, then `trace_end` with `reason` (normal,
@@ -234,36 +242,8 @@ class Tracer:
         if self._writer is None:  # under a controller: the file at once
             self.write(self._path, reason=reason)
             return
-        self._writer.close()
-        n = self._writer.written
-        self._file.write(trace_writer.dumps(self._end(n, reason)) + b"\n")
-        self._file.close()
-
-    def _lines(self, start: int, stop: int, *, force: bool) -> tuple[list[bytes], int]:
-        """JSON lines of events [start, stop), and where they stopped: at the first event whose
-        digest is still to be computed by its own thread, unless `force` (then resolved here)."""
-        raw, name = self._raw, self.obj
-        part = raw[4 * start : 4 * stop]
-        dumps, pending = trace_writer.dumps, trace_writer.pending
-        out = []
-        for s, t, th, ev, f in zip(
-            range(start + 1, stop + 1), part[0::4], part[1::4], part[2::4], part[3::4]
-        ):
-            if ev.__class__ is _Kind:  # a declared event: its values named in place (one dict)
-                e = {"seq": s, "t_ns": t, "thread": th, "ev": ev.ev}
-                e.update(zip(ev.names, f))
-            else:
-                e = {"seq": s, "t_ns": t, "thread": th, "ev": ev, **f}
-            o = e.get("obj")
-            if o is not None and not isinstance(o, str):
-                e["obj"] = name(o)
-            d = e.get("digest")
-            if d is not None and not isinstance(d, str):
-                if not force and pending(d):
-                    return out, s - 1
-                e["digest"] = d.trace_value()
-            out.append(dumps(e) + b"\n")
-        return out, stop
+        w = self._writer
+        w.close(lambda: trace_writer.dumps(self._end(w.written, reason)) + b"\n")
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
@@ -282,15 +262,6 @@ class Tracer:
 
     def of(self, ev: str) -> list[dict]:
         return [e for e in self.events if e["ev"] == ev]
-
-
-class _Kind:
-    """A declared event (Tracer.events_for): its name and its fields' names, in the order logged."""
-
-    __slots__ = ("ev", "names")
-
-    def __init__(self, ev: str, names: tuple[str, ...]):
-        self.ev, self.names = ev, names
 
 
 def _arity(kind: _Kind, values: tuple) -> TypeError:
