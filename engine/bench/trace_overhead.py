@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 
+from .. import hb
 from ..config import MODES, EngineConfig
 from ..trace import NullTracer, Tracer
 from .knobs import add_engine_knobs, apply_switch_interval, engine_workload, progress_of
@@ -129,9 +130,10 @@ def accounted_run(cfg, wc) -> dict:
     }
 
 
-def _on_off_pairs(cfg, wc, reps: int, progress: Progress) -> list[dict]:
+def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) -> list[dict]:
     """`reps` pairs of runs with tracing on and off in ABBA order (off on, on off, ...: drift of the
-    machine hits both sides alike); per pair each side's wall and CPU time, and the wall ratio."""
+    machine hits both sides alike); per pair each side's wall and CPU time, and the wall ratio.
+    `clocks`: the traced side also keeps the happens-before clocks (`pdo run --hb`)."""
     from ..run import run_prefill, shared_model  # lazy: imports torch, slow for every pdo start
 
     pairs = []
@@ -141,10 +143,14 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress) -> list[dict]:
         row = {}
         order = ("off", "on") if rep % 2 == 0 else ("on", "off")  # alternate who goes first
         for which in order:
+            hb.enable(clocks and which == "on")  # before the tracer: it reads whether they are on
             tr = Tracer() if which == "on" else NullTracer()
             path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
-            s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg), trace_path=path)
+            try:
+                s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg), trace_path=path)
+            finally:
+                hb.enable(False)
             row[which] = {
                 "wall_s": s["wall_s"],
                 "cpu_s": time.process_time() - c0,
@@ -210,6 +216,7 @@ def bench_trace_overhead(
     progress: Progress | None = None,
     target_pct: float = 3.0,
     gil_free_device_ms: float | None = None,
+    clocks: bool = False,
 ) -> dict:
     """Interleaved runs with tracing on and off in ABBA order: wall-time ratio per pair, its median
     (bootstrap CI) and geometric mean (t-interval), a verdict against the target, the tracing work
@@ -231,6 +238,7 @@ def bench_trace_overhead(
                 workload=workload,
                 progress=progress,
                 target_pct=target_pct,
+                clocks=clocks,
             )
         res["gil_free_device_ms"] = gil_free_device_ms
         return res
@@ -239,7 +247,7 @@ def bench_trace_overhead(
     forward = run_prefill(
         cfg, WorkloadConfig(requests=max(8, requests // 10), **workload), model=shared_model(cfg)
     )["forward"]  # warm-up
-    pairs = _on_off_pairs(cfg, wc, reps, progress)
+    pairs = _on_off_pairs(cfg, wc, reps, progress, clocks)
     wall = _wall_summary(pairs, target_pct)
     micro = emit_cost_ns()
     acc = [accounted_run(cfg, wc) for _ in range(3)]
@@ -252,6 +260,7 @@ def bench_trace_overhead(
         "mode": mode,
         "reps": reps,
         "requests": requests,
+        "clocks": clocks,
         "engine": engine,
         "workload": workload,
         "forward": forward,
@@ -276,7 +285,8 @@ def format_trace_overhead(r: dict) -> str:
     geo_lo, geo_hi = r["wall_ratio_geomean_ci95"]
     return "\n".join(
         [
-            f"tracing overhead, mode={r['mode']}, forward={forward}, {r['reps']} interleaved on/off "
+            f"tracing overhead{' with happens-before clocks' if r.get('clocks') else ''}, "
+            f"mode={r['mode']}, forward={forward}, {r['reps']} interleaved on/off "
             f"pairs (ABBA) of {r['requests']} requests:",
             f"  wall time on/off: geometric mean {r['wall_ratio_geomean']:.4f} (95% CI {geo_lo:.3f}.."
             f"{geo_hi:.3f}) -> overhead {r['overhead_pct']:+.2f}%; target <= {r['target_pct']:.0f}%: "
@@ -317,6 +327,7 @@ def cmd_trace_overhead(a) -> int:
         workload=workload,
         progress=progress_of(a),
         gil_free_device_ms=a.gil_free_device,
+        clocks=a.hb,
     )
     if not a.json:
         print_what_if(a.gil_free_device)
@@ -345,6 +356,11 @@ def add_trace_overhead_arguments(t) -> None:
         metavar="MS",
         default=None,
         help="what-if, as for prefill: the forward a GIL-free wait of MS ms per full batch",
+    )
+    t.add_argument(
+        "--hb",
+        action="store_true",
+        help="the traced side with the happens-before clocks on (pdo run --hb)",
     )
     add_json_arguments(t)
     t.add_argument("--progress", action="store_true")
