@@ -116,6 +116,31 @@ class CpuStream:
             self._thread.join(timeout=10)
 
 
+class CudaEvent:
+    """A torch.cuda.Event with the CPU event's happens-before edges (engine/hb.py), which on CUDA no
+    stream thread carries: it completes after everything launched on its stream before it was
+    recorded (by any host thread, and what that stream waited for), so a host thread that sees it
+    complete (`query`, `synchronize`) is ordered after all of it."""
+
+    def __init__(self, stream: "CudaStream"):
+        self.ev = torch.cuda.Event()
+        self.ev.record(stream.s)
+        if hb.ON:
+            hb.relay(stream, self)
+            hb.send(self)
+
+    def query(self) -> bool:
+        done = self.ev.query()
+        if done and hb.ON:
+            hb.recv(self)
+        return done
+
+    def synchronize(self) -> None:
+        self.ev.synchronize()
+        if hb.ON:
+            hb.recv(self)
+
+
 class CudaStream:
     """A CUDA stream with the CPU stream's contract: what `fn` was given is safe to use until the
     stream has run it. Two things make that so on CUDA:
@@ -135,6 +160,10 @@ class CudaStream:
         self._lock = threading.Lock()  # the worker and the scheduler both launch on some streams
 
     def launch(self, fn, *args) -> None:
+        if (
+            hb.ON
+        ):  # the stream's later work, and events recorded after it, follow this thread's past
+            hb.send(self)
         self.s.wait_stream(torch.cuda.current_stream(self.s.device))
         with torch.cuda.stream(self.s):
             fn(*args)
@@ -150,13 +179,13 @@ class CudaStream:
         while alive and alive[0][0].query():
             alive.popleft()
 
-    def wait_event(self, event) -> None:
-        self.s.wait_event(event)
+    def wait_event(self, event: CudaEvent) -> None:
+        self.s.wait_event(event.ev)
+        if hb.ON:
+            hb.relay(event, self)
 
-    def record_event(self):
-        ev = torch.cuda.Event()
-        ev.record(self.s)
-        return ev
+    def record_event(self) -> CudaEvent:
+        return CudaEvent(self)
 
     def synchronize(self) -> None:
         self.s.synchronize()

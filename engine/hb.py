@@ -102,6 +102,13 @@ def send(obj) -> None:
         _channel(obj)[_local.sender] = dict(c)
 
 
+def relay(src, dst) -> None:
+    """Whatever a `recv` on `dst` does next happens after everything sent to `src` so far: a CUDA
+    event recorded on a stream (`src`) completes after all that was launched there before."""
+    if src is not None and dst is not None:
+        _channel(dst).update(_channel(src))
+
+
 def recv(obj) -> None:
     if obj is None:
         return
