@@ -178,9 +178,16 @@ class Tracer:
                     dicts.append(e)
             return dicts
 
-    def write(self, path: str, *, extra_header: dict | None = None, reason: str = "normal") -> None:
-        """The whole trace at once, ended by `trace_end` (a tracer that streams has its file already:
-        `close`)."""
+    def write(
+        self,
+        path: str,
+        *,
+        extra_header: dict | None = None,
+        reason: str = "normal",
+        end: bool = True,
+    ) -> None:
+        """The whole trace at once, ended by `trace_end` unless not `end` (a tracer that streams
+        has its file already: `close`)."""
         header = {**self.header, **(extra_header or {})}
         # resolved before the file is opened: a failure leaves no partial trace
         events = self.events
@@ -189,7 +196,8 @@ class Tracer:
         with open(path, "wb") as f:
             f.write(json.dumps(header).encode() + b"\n")
             f.write(b"".join(lines))
-            f.write(dumps(self._end(len(events), reason)) + b"\n")
+            if end:
+                f.write(dumps(self._end(len(events), reason)) + b"\n")
 
     def _end(self, n: int, reason: str) -> dict:
         thread = threading.current_thread().name
@@ -244,6 +252,19 @@ class Tracer:
             return
         w = self._writer
         w.close(lambda: trace_writer.dumps(self._end(w.written, reason)) + b"\n")
+
+    def cut(self) -> None:
+        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
+        that dies inside an embedded PD run): every event logged so far, read as truncated."""
+        with self._read_lock:
+            if self.end_reason is not None or self._path is None:
+                return
+            self.end_reason = "cut"
+        atexit.unregister(self.close)
+        if self._writer is None:
+            self.write(self._path, end=False)
+        else:
+            self._writer.close(lambda: b"")
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
