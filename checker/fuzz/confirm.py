@@ -23,6 +23,7 @@ from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.trace import Tracer
 from engine.workload import WorkloadConfig
+from spec.errors import BadInput
 
 from .controller import Controller
 
@@ -101,7 +102,10 @@ class Delay:
 def _configs(header: dict, path: str):
     cfg_d, wl_d = header.get("config"), header.get("workload")
     if not isinstance(cfg_d, dict) or not isinstance(wl_d, dict):
-        raise ValueError(f"{path}: header lacks 'config' or 'workload': cannot rebuild the run")
+        raise BadInput(
+            f"{path}: header lacks 'config' or 'workload': cannot rebuild the run (written by "
+            "pdo run and pdo run --pd; a pdo launch process's trace does not record its run)"
+        )
     cfg_kw = _fields(EngineConfig, cfg_d)
     cfg_kw["inject"] = frozenset(cfg_kw.get("inject", ()))
     wl_kw = _fields(WorkloadConfig, wl_d)
@@ -153,9 +157,7 @@ def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirm
     cfg, wc = _configs(header, path)
     run, dc_d = header.get("pd_run"), header.get("decode_config")
     if not isinstance(run, dict) or not isinstance(dc_d, dict):
-        raise ValueError(
-            f"{path}: header lacks 'pd_run' or 'decode_config': cannot rebuild the run"
-        )
+        raise BadInput(f"{path}: header lacks 'pd_run' or 'decode_config': cannot rebuild the run")
     if run.get("unrecorded"):
         return Confirmation(
             False,

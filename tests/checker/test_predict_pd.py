@@ -12,6 +12,7 @@ from checker.linear import check_file, check_files
 from checker.predict import Prediction, predict_file
 from checker.trace_io import iter_chunks
 from engine import hb
+from engine.cli import exits
 from engine.cli import main as pdo
 from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
@@ -114,8 +115,17 @@ def test_a_run_its_header_cannot_rebuild_is_not_replayed(tmp_path, clocks, capsy
     r = predict_file(path)
     c = confirm(path, r.header, r.predictions[0])
     assert not c.confirmed and "hooks" in c.line and "cannot rebuild" in c.line
-    assert pdo(["check", "--predict", "--confirm", path]) == 1
+    assert pdo(["check", "--predict", "--confirm", path]) == exits.FAILED
     assert "cannot rebuild" in capsys.readouterr().out
+    # a header without the run's workload (a pdo launch process's trace): bad input, one line
+    lines = open(path).read().splitlines()
+    head = json.loads(lines[0])
+    del head["workload"]
+    bare = tmp_path / "bare.prefill0.jsonl"
+    bare.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    assert pdo(["check", "--predict", "--confirm", str(bare)]) == exits.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "lacks 'config' or 'workload'" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("dp", [1, 2])
