@@ -9,7 +9,7 @@ import pytest
 
 from checker.fuzz.confirm import confirm
 from checker.linear import check_file, check_files
-from checker.predict import Prediction, predict_file
+from checker.predict import Clocks, Prediction, predict_file
 from checker.trace_io import iter_chunks
 from engine import hb
 from engine.cli import exits
@@ -17,6 +17,7 @@ from engine.cli import main as pdo
 from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.pd import run_pd
+from engine.trace import Tracer
 from engine.workload import WorkloadConfig
 from spec import load_rules
 
@@ -137,3 +138,17 @@ def test_clean_pd_traces_predict_nothing(tmp_path, clocks, dp, prefetch):
         assert check_file(path).ok
         r = predict_file(path)
         assert r.ok, [(p.rule.id, p.message) for p in r.predictions]
+
+
+def test_a_thread_logging_into_two_tracers_has_a_clock_in_each(tmp_path, clocks):
+    # the main thread closes every role of a PD run, and a close may log (store_entry): its first
+    # event in the second role's trace must carry its whole clock, not only a count
+    head = {"role": "prefill", "mode": "normal", "page_size": 16}
+    first, second = Tracer(head), Tracer(head)
+    first.emit("x.close")
+    second.emit("x.close")
+    path = str(tmp_path / "second.jsonl")
+    second.write(path)
+    header, *events = (json.loads(line) for line in open(path))
+    assert [e["ev"] for e in events] == ["x.close", "trace_end"]
+    assert Clocks(path, header, events[:1]).own == [1]
