@@ -59,10 +59,13 @@ def tick(key: str):
     """Count one trace event of the calling thread (component `key`) and return what its `vc` field
     holds: the whole clock after a join (or at the thread's first event), else only the count, the
     other components being those of the thread's previous event. An int is not a container, so most
-    events add nothing for the garbage collector to track (engine/trace.py says why that matters)."""
+    events add nothing for the garbage collector to track (engine/trace.py says why that matters).
+    The whole clock also at the thread's first event under `key`: a thread that logs into two
+    tracers (the main thread closing each role of `pdo run --pd`) has no previous event in the
+    second one's trace."""
     c = _clock()
     n = c[key] = c.get(key, 0) + 1
-    if _local.dirty:
+    if _local.dirty or n == 1:
         _local.dirty = False
         return dict(c)
     return n

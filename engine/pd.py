@@ -26,6 +26,7 @@ from .decode.request import DecodeReq
 from .decode.scheduler import DecodeScheduler
 from .decode.transport import InProcKVClient, InProcKVServer
 from .model import TinyLlama
+from .pd_summary import summarize
 from .prefill.loops import LOOPS as PREFILL_LOOPS
 from .prefill.scheduler import PrefillScheduler
 from .reference import intra_op_threads, reference_generate
@@ -138,11 +139,32 @@ def run_pd(
     controller, where every role thread is a managed thread and the run replays exactly). `model`:
     reuse a TinyLlama built for `cfg` (its weights are only read). `kill`: {"role": "prefill<i>",
     "at": N}, rank i dies once it sent N KV chunks (0: before its loop starts): its KV server
-    fails, its loop stops, and decode aborts what it held (docs/faults.md)."""
+    fails, its loop stops, and decode aborts what it held (docs/faults.md). `hooks`: the decode
+    scheduler's (`iter`, `after_prefetch`) and `tracers`, called with each role's tracer by name
+    (`prefill<i>`, `decode`) before the roles start (a fuzz strategy that reads a trace as it grows).
+
+    Every trace's header records the run (`workload`, `decode_config`, `pd_run`): what
+    `pdo check --predict --confirm` rebuilds it from; `pd_run.unrecorded` names the options given
+    that it cannot rebuild."""
     check_dispatch(cfg)
     torch.manual_seed(cfg.seed)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     ranks = route(reqs, dp, router, wc.seed)
+    # the options a rebuild from the header cannot give back (no value of them is recorded)
+    given = {"bootstrap_url": bootstrap_url, "extra_decode_reqs": extra_decode_reqs}
+    given.update(server_hook=server_hook, hooks=set(hooks or ()) - {"tracers"})
+    run_header = {
+        "workload": _jsonable(asdict(wc)),
+        "decode_config": asdict(dc),
+        "pd_run": {
+            "router": router,
+            "bootstrap_latency_ms": bootstrap_latency_ms,
+            "latency_scope": latency_scope,
+            "prefill_delay_s": prefill_delay_s,
+            "kill": kill,
+            "unrecorded": sorted(k for k, v in given.items() if v),
+        },
+    }
     server = None
     if bootstrap is None:
         bootstrap = "inproc" if sync.controlled() else "http"
@@ -180,6 +202,7 @@ def run_pd(
                     verify,
                     model,
                     kill,
+                    run_header,
                 )
         finally:
             inject.set_active(())
@@ -204,6 +227,7 @@ def _run(
     verify,
     model=None,
     kill=None,
+    run_header=None,
 ) -> dict:
     if model is None:
         model = TinyLlama(
@@ -214,19 +238,17 @@ def _run(
         )
     roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model)
     killed = _arm_kill(roles, kill)
+    if (hooks or {}).get("tracers"):
+        tracers = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
+        hooks["tracers"]({**tracers, "decode": roles.decode_tracer})
     wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
     if trace_path:
+        head = {"config": _jsonable(asdict(cfg)), **(run_header or {})}
         for i, (s, p) in enumerate(zip(roles.prefills, roles.prefill_paths)):
             if i != killed:  # a dead process writes nothing (`pdo launch` alike)
-                s.tr.write(p, extra_header={"config": _jsonable(asdict(cfg))})
-        roles.decode_tracer.write(
-            roles.decode_path,
-            extra_header={
-                "config": _jsonable(asdict(cfg)),
-                "decode_config": asdict(dc),
-                "memory_waits": roles.decode.stats["memory_waits"],
-            },
-        )
+                s.tr.write(p, extra_header=head)
+        waits = roles.decode.stats["memory_waits"]
+        roles.decode_tracer.write(roles.decode_path, extra_header={**head, "memory_waits": waits})
     summary = summarize(roles.decode, wall)
     summary.update(
         dp=dp,
@@ -450,46 +472,6 @@ def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
             f"PD run did not finish within {timeout_s:g} s (decode: {len(decode.done)} "
             f"done, {len(decode.aborted)} aborted of {decode.total}){left}"
         )
-
-
-def summarize(decode: DecodeScheduler, wall: float) -> dict:
-    res = [x for x in decode.prealloc.resolves]
-    waits = sorted(x["wait_s"] for x in res)
-    leads = [x["lead_s"] for x in res if x["source"] != "sync"]
-    by_source: dict[str, int] = {}
-    for x in res:
-        by_source[x["source"]] = by_source.get(x["source"], 0) + 1
-    return {
-        "requests": decode.total,
-        "finished": len(decode.done),
-        "outputs": {r.rid: r.output for r in decode.done},
-        "aborted": {r.rid: r.error for r in decode.aborted},
-        "wall_s": wall,
-        "decode_tokens": decode.stats["decode_tokens"],
-        "decode_tok_per_s": decode.stats["decode_tokens"] / wall if wall else 0.0,
-        "iterations": decode.iter,
-        "batches": decode.stats["batches"],
-        "resolve": {
-            "count": len(res),
-            "by_source": by_source,
-            "samples": [
-                {"source": x["source"], "wait_ms": 1e3 * x["wait_s"], "lead_ms": 1e3 * x["lead_s"]}
-                for x in res
-            ],
-            "errors": sum(1 for x in res if x["error"]),
-            "mean_wait_ms": 1e3 * sum(waits) / len(waits) if waits else 0.0,
-            "p99_wait_ms": 1e3 * waits[min(len(waits) - 1, int(0.99 * len(waits)))]
-            if waits
-            else 0.0,
-            "mean_lead_ms": 1e3 * sum(leads) / len(leads) if leads else 0.0,
-        },
-        "decode_leaks": decode.leak_report(),
-        "decode_memory_waits": decode.stats["memory_waits"],
-        "failed_ranks": [
-            {"rank": k, "reason": why, "aborted": decode.failed_aborts.get(k, 0)}
-            for k, why in sorted(decode.failed_ranks.items())
-        ],
-    }
 
 
 def _jsonable(d):

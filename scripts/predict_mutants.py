@@ -1,11 +1,14 @@
-"""Which prefill mutants write uncontrolled traces that pass `pdo check`, and whether
+"""Which mutants write uncontrolled traces that pass `pdo check`, and whether
 `pdo check --predict` finds them from those passing traces (docs/fuzzing.md, "Predictive analysis").
 
     PYTHONPATH=. .venv/bin/python scripts/predict_mutants.py --runs 5 [--modes ahead] [--mutants M ...]
+    PYTHONPATH=. .venv/bin/python scripts/predict_mutants.py --pd --runs 3 [--dp 1 2] [--prefetch on off]
 
 Each mutant runs uncontrolled (`pdo run --hb --inject M`, workload seeds 0..runs-1); of the traces
 that pass `pdo check`, how many `pdo check --predict` flags, and whether the first prediction of a
-flagged trace is confirmed under the controller (`--confirm`).
+flagged trace is confirmed under the controller (`--confirm`). With `--pd` each run is
+`pdo run --pd --hb` (the prefill and the decode mutants; every role's trace counted, judged with
+its run's other traces for the cross-process rules), for each prefill mode, `--dp` and `--prefetch`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import tempfile
 import time
 
 from checker.fuzz.confirm import confirm
-from checker.linear import check_file
+from checker.linear import check_file, check_files
 from checker.predict import predict_file
 from engine import hb, inject
 from engine.cli import main as pdo
+from engine.pd import trace_paths
 
 
 def one(mutant: str | None, mode: str, seed: int, path: str) -> None:
@@ -32,14 +36,79 @@ def one(mutant: str | None, mode: str, seed: int, path: str) -> None:
         pdo(argv)
 
 
+def one_pd(mutant: str | None, mode: str, dp: int, prefetch: bool, seed: int, stem: str) -> list:
+    argv = ["run", "--pd", "--hb", "--mode", mode, "--dp", str(dp), "--requests", "8"]
+    argv += ["--workload-seed", str(seed), "--no-verify", "--trace", stem]
+    argv += ([] if prefetch else ["--no-prefetch"]) + (["--inject", mutant] if mutant else [])
+    decode, prefills = trace_paths(stem, dp)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        pdo(argv)
+    return [p for p in [decode, *prefills] if os.path.exists(p)]
+
+
+def judge(path: str, stats: dict) -> None:
+    """Predict one passing trace; confirm its first prediction."""
+    stats["passing"] += 1
+    t = time.perf_counter()
+    r = predict_file(path)
+    stats["times"].append(time.perf_counter() - t)
+    if not r.ok:
+        stats["predicted"] += 1
+        stats["rules"] |= {p.rule.id for p in r.predictions}
+        stats["confirmed"] += confirm(path, r.header, r.predictions[0]).confirmed
+
+
+def row(label: str, total: int, st: dict) -> str:
+    med = f"{statistics.median(st['times']) * 1e3:.0f} ms" if st["times"] else "-"
+    names = f" ({', '.join(sorted(st['rules']))})" if st["rules"] else ""
+    conf = f"{st['confirmed']}/{st['predicted']}" if st["predicted"] else "-"
+    return f"| {label} | {st['passing']}/{total} | {st['predicted']}/{st['passing']}{names} | {conf} | {med} |"
+
+
+def main_pd(args, mutants) -> None:
+    print(
+        "| mutant | prefill mode, dp, prefetch | passing traces | predicted | confirmed | predict time |"
+    )
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as d:
+        for m in mutants:
+            for mode in args.modes:
+                for dp in args.dp:
+                    for pf in args.prefetch:
+                        st = dict(passing=0, predicted=0, confirmed=0, times=[], rules=set())
+                        total = 0
+                        for seed in range(args.runs):
+                            stem = os.path.join(d, f"t{seed}.jsonl")
+                            for old in os.listdir(d):
+                                os.unlink(os.path.join(d, old))
+                            traces = one_pd(m, mode, dp, pf == "on", seed, stem)
+                            total += dp + 1  # a run that wrote no trace passes none
+                            results = check_files(traces) if traces else []
+                            # a cross-process violation fails every trace of the run
+                            cross_ok = all(r.ok for r in results[len(traces) :])
+                            for path, res in zip(traces, results):
+                                if res.ok and cross_ok:
+                                    judge(path, st)
+                        label = f"{m or '(none)'} | {mode}, dp {dp}, prefetch {pf}"
+                        print(row(label, total, st), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--modes", nargs="+", default=["normal", "overlap", "thread", "ahead"])
     ap.add_argument("--mutants", nargs="*", default=None)
+    ap.add_argument("--pd", action="store_true", help="PD runs (pdo run --pd), every role's trace")
+    ap.add_argument("--dp", nargs="+", type=int, default=[2], help="with --pd: prefill DP ranks")
+    ap.add_argument("--prefetch", nargs="+", choices=["on", "off"], default=["on"])
     args = ap.parse_args()
     hb.enable()
-    mutants = [None, *(args.mutants if args.mutants is not None else inject.MUTANTS)]
+    every = [*inject.MUTANTS, *(inject.DECODE_MUTANTS if args.pd else ())]
+    mutants = [None, *(args.mutants if args.mutants is not None else every)]
+    if args.pd:
+        if args.modes == ap.get_default("modes"):
+            args.modes = ["ahead"]
+        return main_pd(args, mutants)
     print(
         "| mutant | mode | passing `pdo check` | predicted (of passing) | confirmed | predict time |"
     )

@@ -20,10 +20,18 @@ from checker.linear import check_file
 from checker.trace_io import iter_chunks
 from engine import sync
 from engine.config import EngineConfig
+from engine.decode.config import DecodeConfig
 from engine.trace import Tracer
 from engine.workload import WorkloadConfig
+from spec.errors import BadInput
 
 from .controller import Controller
+
+# a whole PD run at the non-preemptive default takes far fewer; a run past it ends as a run error
+PD_MAX_STEPS = 2_000_000
+# sleeping threads (poll loops) woken, one step each, while the held thread waits for the second
+# event: past them the order is taken as unreachable
+HOLD_SLEEPS = 500
 
 
 @dataclass
@@ -33,12 +41,14 @@ class Confirmation:
 
 
 class Delay:
-    """Hold `thread` at schedule point `ev` while the trace has logged exactly `k` events `ev`
-    (its next one would be the k-th, as in the original trace) and at most `k2` events `ev2`."""
+    """Hold `thread` at schedule point `ev` while `tracer` has logged exactly `k` events `ev`
+    (its next one would be the k-th, as in the original trace) and at most `k2` events `ev2`.
+    `tracer` may be set once the run has built it (a PD run's role tracers, `run_pd`'s `tracers`
+    hook); until then nothing is held."""
 
     name = "delay"
 
-    def __init__(self, tracer: Tracer, thread: str, ev: str, k: int, ev2: str, k2: int):
+    def __init__(self, tracer: Tracer | None, thread: str, ev: str, k: int, ev2: str, k2: int):
         self.tracer, self.thread, self.ev, self.k, self.ev2, self.k2 = (
             tracer,
             thread,
@@ -50,11 +60,13 @@ class Delay:
         self.seen = 0
         self.counts: Counter = Counter()
         self.held = self.forced = False
+        self.slept = 0  # sleeping threads woken while the held one waits
 
     def choose(self, enabled, running, step):
-        for ev, _ in self.tracer.names_and_fields(self.seen):
-            self.counts[ev] += 1
-            self.seen += 1
+        if self.tracer is not None:
+            for ev, _ in self.tracer.names_and_fields(self.seen):
+                self.counts[ev] += 1
+                self.seen += 1
         ctl = sync.CONTROLLER
         waiting = self.counts[self.ev] == self.k and self.counts[self.ev2] <= self.k2
         if waiting and self.thread in enabled and ctl.threads[self.thread].label == self.ev:
@@ -62,37 +74,68 @@ class Delay:
             if others:
                 self.held = True
                 return running if running in others else others[0]
+            sleeper = self._sleeper(ctl)
+            if sleeper is not None:
+                self.held = True
+                return sleeper
             self.forced = True  # nothing else can run: the predicted order is not reachable
         return running if running in enabled else enabled[0]
+
+    def _sleeper(self, ctl):
+        """The sleeping thread to wake while the held one waits, virtual time moved to its wake-up
+        (the controller offers sleepers only when no thread is awake, and the held one is): time
+        passes while a thread is held, and a poll loop may be what would unblock the second
+        event's thread. At most HOLD_SLEEPS of them, so a hold that nothing ends, ends."""
+        asleep = [
+            (t.wake, n)
+            for n, t in ctl.threads.items()
+            if n != self.thread and t.parked and t.label == "sleep"
+        ]
+        if not asleep or self.slept >= HOLD_SLEEPS:
+            return None
+        self.slept += 1
+        wake, name = min(asleep)
+        ctl.clock = max(ctl.clock, wake)
+        return name
 
 
 def _configs(header: dict, path: str):
     cfg_d, wl_d = header.get("config"), header.get("workload")
     if not isinstance(cfg_d, dict) or not isinstance(wl_d, dict):
-        raise ValueError(f"{path}: header lacks 'config' or 'workload': cannot rebuild the run")
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    cfg_kw = {k: v for k, v in cfg_d.items() if k in names}
+        raise BadInput(
+            f"{path}: header lacks 'config' or 'workload': cannot rebuild the run (written by "
+            "pdo run and pdo run --pd; a pdo launch process's trace does not record its run)"
+        )
+    cfg_kw = _fields(EngineConfig, cfg_d)
     cfg_kw["inject"] = frozenset(cfg_kw.get("inject", ()))
-    wl_kw = {
-        k: v for k, v in wl_d.items() if k in {f.name for f in dataclasses.fields(WorkloadConfig)}
-    }
+    wl_kw = _fields(WorkloadConfig, wl_d)
     if "prompt_len" in wl_kw:
         wl_kw["prompt_len"] = tuple(wl_kw["prompt_len"])
     return EngineConfig(**cfg_kw), WorkloadConfig(**wl_kw)
 
 
+def _fields(cls, d: dict) -> dict:
+    return {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
+
+
 def confirm(path: str, header: dict, prediction) -> Confirmation:
     """Replay the run of `path` with `prediction.second` forced ahead of `prediction.first`."""
-    from engine.run import run_prefill  # lazy: imports torch
-
     events = [e for chunk in iter_chunks(path) for e in chunk]
-
-    if header.get("role") != "prefill":
-        return Confirmation(False, "not confirmed: --confirm replays prefill runs only")
-    cfg, wc = _configs(header, path)
     a, b = prediction.first, prediction.second
     k = sum(1 for e in events if e["ev"] == a["ev"] and e["seq"] < a["seq"])
     k2 = sum(1 for e in events if e["ev"] == b["ev"] and e["seq"] < b["seq"])
+    if header.get("role") == "decode" or "dp_rank" in header:
+        return _confirm_pd(path, header, prediction, k, k2)
+    if header.get("role") != "prefill":
+        return Confirmation(False, "not confirmed: --confirm replays prefill and PD runs only")
+    return _confirm_prefill(path, header, prediction, k, k2)
+
+
+def _confirm_prefill(path: str, header: dict, prediction, k: int, k2: int) -> Confirmation:
+    from engine.run import run_prefill  # lazy: imports torch
+
+    cfg, wc = _configs(header, path)
+    a, b = prediction.first, prediction.second
     tracer = Tracer()
     delay = Delay(tracer, a["thread"], a["ev"], k, b["ev"], k2)
     ctl = Controller(delay)
@@ -103,10 +146,68 @@ def confirm(path: str, header: dict, prediction) -> Confirmation:
     finally:
         ctl.uninstall()
         ctl.join_all(10.0)
+    return _verdict(tracer, prediction, ctl, delay, summary.get("_error"))
+
+
+def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirmation:
+    """A PD role's trace: the whole PD run rebuilt (every rank and the decode, one process, as
+    `pdo run --pd`), the first event's thread held in that role."""
+    from engine.pd import run_pd  # lazy: imports torch
+
+    cfg, wc = _configs(header, path)
+    run, dc_d = header.get("pd_run"), header.get("decode_config")
+    if not isinstance(run, dict) or not isinstance(dc_d, dict):
+        raise BadInput(f"{path}: header lacks 'pd_run' or 'decode_config': cannot rebuild the run")
+    if run.get("unrecorded"):
+        return Confirmation(
+            False,
+            f"not confirmed: the run was given {', '.join(run['unrecorded'])}, which its header "
+            "does not record: cannot rebuild it",
+        )
+    role = "decode" if header["role"] == "decode" else f"prefill{header['dp_rank']}"
+    a, b = prediction.first, prediction.second
+    # under the controller a role's threads are "<role>/<thread>" (engine/pd.py, _run_roles)
+    delay = Delay(None, f"{role}/{a['thread']}", a["ev"], k, b["ev"], k2)
+
+    def tracers(by_role):
+        delay.tracer = by_role[role]
+
+    ctl = Controller(delay, max_steps=PD_MAX_STEPS)
+    ctl.install("main")
+    error = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="pdo-confirm-pd-") as d:
+            run_pd(
+                cfg,
+                wc,
+                DecodeConfig(**_fields(DecodeConfig, dc_d)),
+                dp=header.get("dp_size", 1),
+                router=run["router"],
+                bootstrap_latency_ms=run["bootstrap_latency_ms"],
+                latency_scope=run["latency_scope"],
+                prefill_delay_s=run["prefill_delay_s"],
+                kill=run["kill"],
+                trace_path=os.path.join(d, "t.jsonl"),  # real tracers; the files are not read
+                hooks={"tracers": tracers},
+                verify=False,
+                bootstrap="inproc",
+            )
+    except Exception as exc:  # noqa: BLE001 - reported in the verdict
+        error = exc
+    finally:
+        ctl.uninstall()
+        ctl.join_all(10.0)
+    if delay.tracer is None:
+        return Confirmation(False, f"not confirmed: the PD run did not start ({error!r})")
+    return _verdict(delay.tracer, prediction, ctl, delay, error)
+
+
+def _verdict(tracer: Tracer, prediction, ctl: Controller, delay: Delay, err) -> Confirmation:
+    """Whether the controlled run's trace breaks the predicted rule."""
     fd, out = tempfile.mkstemp(suffix=".jsonl", prefix="pdo-confirm-")
     os.close(fd)
     try:
-        tracer.write(out)
+        tracer.write(out, reason="exception" if err else "normal")
         result = check_file(out)
     finally:
         os.unlink(out)
@@ -115,11 +216,20 @@ def confirm(path: str, header: dict, prediction) -> Confirmation:
     steps = f"{len(ctl.choices)} schedule steps"
     if rule in broken:
         return Confirmation(True, f"CONFIRMED {rule}: the engine breaks it when forced ({steps})")
-    why = "the held thread was the only one able to run" if delay.forced else "no violation"
-    err = summary.get("_error")
+    if delay.forced or delay.held:
+        why = (
+            f"nothing but the held thread could run ({delay.slept} wake-ups of sleeping threads "
+            "included)"
+            if delay.forced
+            else "no violation"
+        )
+        tail = "an order the happens-before clocks do not see"
+    else:
+        why = "the first event's schedule point was never reached with those counts"
+        tail = "the rebuilt run went another way than the trace's"
     extra = f"; broke {', '.join(broken)} instead" if broken else ""
     return Confirmation(
         False,
         f"NOT CONFIRMED {rule}: {why}{extra}{'; run error ' + repr(err) if err else ''} ({steps}): "
-        "an order the happens-before clocks do not see",
+        + tail,
     )
