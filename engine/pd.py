@@ -236,19 +236,28 @@ def _run(
             dtype=getattr(torch, cfg.dtype),
             device=torch.device(cfg.device),
         )
-    roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model)
+    head = {"config": _jsonable(asdict(cfg)), **(run_header or {})}
+    roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model, head)
+    tracers = [s.tr for s in roles.prefills] + [roles.decode_tracer]
     killed = _arm_kill(roles, kill)
     if (hooks or {}).get("tracers"):
-        tracers = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
-        hooks["tracers"]({**tracers, "decode": roles.decode_tracer})
-    wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
-    if trace_path:
-        head = {"config": _jsonable(asdict(cfg)), **(run_header or {})}
-        for i, (s, p) in enumerate(zip(roles.prefills, roles.prefill_paths)):
-            if i != killed:  # a dead process writes nothing (`pdo launch` alike)
-                s.tr.write(p, extra_header=head)
-        waits = roles.decode.stats["memory_waits"]
-        roles.decode_tracer.write(roles.decode_path, extra_header={**head, "memory_waits": waits})
+        named = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
+        hooks["tracers"]({**named, "decode": roles.decode_tracer})
+    try:
+        wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
+    except BaseException as exc:  # the streamed traces end as `pdo run` ends its own
+        why = "signal" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "exception"
+        for t in tracers:
+            t.close(why)
+        raise
+    for i, s in enumerate(roles.prefills):
+        if i == killed:  # cut where it stopped, as a killed process leaves its file
+            s.tr.cut()
+        else:
+            s.tr.close("normal")
+    # the header went out at the start: the count known at the end goes in trace_end
+    roles.decode_tracer.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
+    roles.decode_tracer.close("normal")
     summary = summarize(roles.decode, wall)
     summary.update(
         dp=dp,
@@ -264,11 +273,7 @@ def _run(
         unclaimed_rooms=sorted(
             r for i, server in roles.servers.items() if i != killed for r in server.unclaimed()
         ),
-        traces=[
-            p
-            for i, p in enumerate([roles.decode_path, *roles.prefill_paths])
-            if p and i - 1 != killed
-        ],
+        traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p],
         faults=[]
         if killed is None
         else [{"role": f"prefill{killed}", "status": None, "error": roles.servers[killed].failed}],
@@ -296,7 +301,10 @@ class _Roles:
     prefill_paths: list
 
 
-def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model) -> _Roles:
+def _build_roles(
+    cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model, head
+) -> _Roles:
+    """The roles, their traces streaming with `head` in their headers (when `trace_path`)."""
     # SGLang's bootstrap_addr is host:port; an in-process server keeps its inproc:// URL
     addr = url if url.startswith("inproc://") else bootstrap_client.base_url(url).split("://", 1)[1]
     decode_path, prefill_paths = trace_paths(trace_path, dp)
@@ -314,6 +322,8 @@ def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, mo
     prefills = []
     for i in range(dp):
         tracer = Tracer({"role": "prefill", **common, "dp_rank": i}) if trace_path else NullTracer()
+        if trace_path:
+            tracer.stream(prefill_paths[i], extra_header=head)
         mine = [r for r, k in zip(reqs, ranks) if k == i]
         # under a controller: this rank's threads are "prefill<i>/..."
         with sync.group(f"prefill{i}"):
@@ -344,6 +354,8 @@ def _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, mo
         if trace_path
         else NullTracer()
     )
+    if trace_path:
+        decode_tracer.stream(decode_path, extra_header=head)
     with sync.group("decode"):
         decode = DecodeScheduler(
             cfg,

@@ -85,7 +85,8 @@ def test_a_short_trace_of_the_failed_rank_is_not_judged_against(tmp_path):
     """The flight recorder leaves a dead rank's trace cut short: X-rank-served must not blame the
     decode for rooms the prefix lacks, but only for a rank the decode trace records as failed."""
     s = embedded(tmp_path, {"role": "prefill1", "at": 2})
-    decode, live = s["traces"]
+    decode, live, cut = s["traces"]
+    assert check_file(cut).truncated is not None  # the dead rank's, cut where it stopped
     head = json.loads(Path(live).read_text().splitlines()[0])
     short = tmp_path / "t.prefill1.jsonl"
     short.write_text(json.dumps({**head, "dp_rank": 1}) + "\n")  # the header only
