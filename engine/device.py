@@ -63,6 +63,10 @@ class _Wait:
 class CpuStream:
     """An in-order queue of host callables, executed by one thread named `stream:<name>`."""
 
+    # A callable it runs is in the stream's order, so an event it logs marks where the stream's
+    # work has got to (a CUDA stream runs the callable on the launching host thread instead).
+    host_ordered = True
+
     def __init__(self, name: str, on_error=None):
         self.name = name
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -153,6 +157,8 @@ class CudaStream:
       to the next allocation there while this stream's kernels still read it (what
       `Tensor.record_stream` prevents, here for everything `fn` holds)."""
 
+    host_ordered = False  # what `launch` runs, runs now on the host: not in the stream's order
+
     def __init__(self, name: str, device, on_error=None):
         self.name = name
         self.s = torch.cuda.Stream(device=device)
@@ -197,6 +203,17 @@ class CudaStream:
 
     def close(self) -> None:
         self.synchronize()
+
+
+def then_log(fn, log, *values):
+    """`fn`, then `log(*values)`: launched on a host-ordered stream, the event marks that the
+    stream has run `fn`."""
+
+    def task():
+        fn()
+        log(*values)
+
+    return task
 
 
 def make_stream(name: str, device: torch.device):

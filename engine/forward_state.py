@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from . import device_ops
-from .device import make_stream
+from .device import make_stream, then_log
 
 
 @dataclass
@@ -72,9 +72,11 @@ class ForwardState:
         pinned_inputs: bool,
         script_ops: bool,
         on_sampled: Callable | None = None,
+        device_events: bool = False,
     ):
         self.device = device
-        self.log = tracer.events_for(stage=("batch",), war_barrier=("batch",), sample=("batch",))
+        kinds = {"stage": ("batch",), "war_barrier": ("batch",), "sample": ("batch",)}
+        self.log = tracer.events_for(**kinds, **({"staged": ("batch",)} if device_events else {}))
         self.sched_stream = make_stream("schedule", device)
         self.fwd_stream = make_stream("forward", device)
         self.copy_stream = make_stream("copy", device)
@@ -88,6 +90,9 @@ class ForwardState:
         self._pinned_inputs = pinned_inputs
         self._script = script_ops and device.type == "cpu"
         self._on_sampled = on_sampled
+        # `staged` where the schedule stream's order can be seen from the host (the WAR barrier's
+        # device half, rule P-war-device)
+        self._log_staged = device_events and self.sched_stream.host_ordered
 
     def views(self, tokens: int, requests: int) -> tuple:
         """The first `tokens` of the three input buffers and the first `requests` logit rows. Every
@@ -128,6 +133,8 @@ class ForwardState:
                 self.buf_pos[:n].copy_(pos)
                 self.buf_loc[:n].copy_(loc)
 
+        if self._log_staged:
+            write = then_log(write, self.log.staged, batch.bid)
         self.sched_stream.launch(write)
         batch.stage_event = self.sched_stream.record_event()
 

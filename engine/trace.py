@@ -202,10 +202,11 @@ class Tracer:
 
     def _end(self, n: int, reason: str) -> dict:
         thread = threading.current_thread().name
-        return {"seq": n + 1, "t_ns": _monotonic_ns(), "thread": thread, "ev": "trace_end"} | {
-            "events": n,
-            "reason": reason,
-        } | self.end_fields
+        return (
+            {"seq": n + 1, "t_ns": _monotonic_ns(), "thread": thread, "ev": "trace_end"}
+            | {"events": n, "reason": reason}
+            | self.end_fields
+        )
 
     def stream(
         self,

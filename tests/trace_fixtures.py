@@ -56,9 +56,9 @@ def _run_batch(n, thread, *, early_send=True, stage=True):
     if early_send:
         out += _prefix(n, thread)
     if stage:
-        out.append(E(thread, "stage", batch=n))
-    out += [E(thread, "fwd_end", batch=n), E(thread, "war_barrier", batch=n)]
-    return out
+        out += [E(thread, "stage", batch=n), E("stream:schedule", "staged", batch=n)]
+    out += [E(thread, "fwd_end", batch=n), E("stream:forward", "fwd_done", batch=n)]
+    return out + [E(thread, "war_barrier", batch=n)]
 
 
 def _process(n):
@@ -127,6 +127,7 @@ def canonical(mode: str) -> list[dict]:
                 ev += [
                     E("scheduler", "snapshot", batch=i, digest=f"d{i}"),
                     E("scheduler", "stage", batch=i),
+                    E("stream:schedule", "staged", batch=i),
                 ]
                 ev += _prefix(i, "scheduler") + [E("scheduler", "submit", batch=i)]
                 ev += _run_batch(i, "forward", early_send=False, stage=False) + [

@@ -14,6 +14,7 @@ import torch
 from .. import inject, sync
 from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
+from ..device import then_log
 from ..digest import DigestStamp
 from ..forward_state import ForwardResult, ForwardState
 from ..memory import KVPool, PrefixCache, ReqToTokenPool
@@ -33,6 +34,7 @@ EVENTS: dict[str, tuple[str, ...]] = dict(
     submit=("batch",),
     fwd_begin=("batch", "digest"),
     fwd_end=("batch",),
+    fwd_done=("batch",),
     batch_copy=("batch",),
     collect=("batch",),
     prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"),
@@ -79,6 +81,7 @@ class PrefillScheduler(Admission):
             ids_dtype=torch.int32,
             pinned_inputs=True,
             script_ops=True,
+            device_events=True,
         )
         self.sched_stream = self.fwd_state.sched_stream
         self.fwd_stream = self.fwd_state.fwd_stream
@@ -292,6 +295,8 @@ class PrefillScheduler(Admission):
         def forward():
             self.model.forward(ids, pos, loc, self.pool, self.backend, meta, logit_rows, out=out)
 
+        if self.fwd_stream.host_ordered:  # where its reads end: the WAR barrier's device half
+            forward = then_log(forward, self.log.fwd_done, batch.bid)
         self.fwd_stream.launch(forward)
         if self.cfg.launch_cost_us:
             # Modelled as driver time (GIL released): the part of a launch Python threads can

@@ -58,11 +58,14 @@ def _vocab():
 
 
 def batch_event_names() -> list[str]:
-    """Events that belong to a batch and not to a request, from spec/events.toml."""
+    """Events that belong to a batch and not to a request, from spec/events.toml; not those the
+    loop model does not emit (loop_model = false: the device's own, which it keeps hidden)."""
     return [
         ev
         for ev, spec in _vocab().items()
-        if "batch" in spec["fields"] and "rid" not in spec["fields"]
+        if "batch" in spec["fields"]
+        and "rid" not in spec["fields"]
+        and spec.get("loop_model", True)
     ]
 
 

@@ -97,6 +97,7 @@ VIOLATIONS = {
     "P-stage-before-forward": ("normal", _after("stage", 1, "fwd_end", 1)),
     "P-war-after-forward": ("thread", _before("war_barrier", 1, "fwd_end", 1)),
     "P-war-before-next-stage": ("overlap", _after("war_barrier", 0, "stage", 1)),
+    "P-war-device": ("thread", _after("fwd_done", 0, "staged", 1)),
     "P-process-after-forward": ("normal", _after("war_barrier", 0, "process_begin", 0)),
     "P-sample-idle": ("ahead", _after("sample", 0, "fwd_begin", 1)),
     "P-sample-before-process": ("overlap", _after("sample", 1, "process_begin", 1)),
