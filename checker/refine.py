@@ -45,6 +45,10 @@ def check_model(path: str, timeout_ms: int = 60000) -> ModelCheck:
     cut = truncation(status)
     prefix = cut is not None
     if header.get("role") == "decode":
+        end = status.get("end") or {}
+        if header.get("memory_waits") is None and end.get("memory_waits") is not None:
+            # a streamed trace (`pdo launch`): its header went out before the count was known
+            header = {**header, "memory_waits": end["memory_waits"]}
         # the decode model chooses what it describes itself (spec/z3model/decode_traces.py DROPPED)
         events = [dict(e, seq=i, trace_seq=e["seq"]) for i, e in enumerate(events, 1)]
         answer = decode_refinement(header, events, timeout_ms, prefix=prefix)

@@ -73,6 +73,7 @@ class Tracer:
         self._file = None
         self._path: str | None = None
         self.end_reason: str | None = None  # set once the trace is closed (trace_end written)
+        self.end_fields: dict = {}  # extra fields of trace_end: counts known only at the end
 
     def emit(self, ev: str, **fields) -> None:
         try:
@@ -187,6 +188,7 @@ class Tracer:
         return {"seq": n + 1, "t_ns": _monotonic_ns(), "thread": thread, "ev": "trace_end"} | {
             "events": n,
             "reason": reason,
+            **self.end_fields,
         }
 
     def stream(

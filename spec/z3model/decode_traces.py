@@ -164,7 +164,10 @@ def outside_model(header: dict, events: list[dict]) -> str | None:
         if bound and e["thread"] != "scheduler" and not e["thread"].startswith("prefetch"):
             return f"seq {_seq(e)} on thread {e['thread']}: not a thread of the model"
     if header.get("memory_waits") is None:
-        return "the trace does not say whether receiver init waited for memory (memory_waits)"
+        return (
+            "the trace does not say whether receiver init waited for memory (memory_waits, in "
+            "the header or in trace_end)"
+        )
     addrs = {e["addr"] for e in events if e["ev"] == "req_add"}
     if header["memory_waits"] and len(addrs) > 1:
         return "receiver init waited for memory with several addresses: FIFO across them"

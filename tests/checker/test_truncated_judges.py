@@ -1,6 +1,7 @@
 """`pdo check --engine z3` and `pdo check --model` on a truncated trace (docs/trace-format.md
 "Truncated traces"): the verdicts of the linear checker, never a pass; a prefix that breaks a rule,
-or that no schedule of the loop model starts with, still fails."""
+or that no schedule of the loop model starts with, still fails. And the decode trace's
+`memory_waits` read from its `trace_end` when the header lacks it (a streamed trace)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from checker import z3check
 from checker.linear import check_file
 from checker.refine import check_model, text
+from checker.trace_io import TraceFormatError
 from engine.cli import main as pdo
 from engine.cli.exits import FAILED, INCOMPLETE, OK
 from engine.config import EngineConfig
@@ -118,3 +120,32 @@ def test_a_drifted_decode_loop_drifts_in_a_prefix(tmp_path, monkeypatch):
     check = check_model(str(_cut_at(path, tmp_path / "cut.jsonl", 0.5)))
     assert check.judged and not check.ok and check.truncated is not None, text(check)
     assert "E:order" in check.answer.groups
+
+
+def _move_memory_waits(path: Path, out: Path, *, to_end: bool) -> Path:
+    """The trace as `pdo launch` streams it: memory_waits out of the header, into trace_end."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    header, end = lines[0], lines[-1]
+    assert end["ev"] == "trace_end"
+    waits = header.pop("memory_waits")
+    if to_end:
+        end["memory_waits"] = waits
+    out.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out
+
+
+def test_memory_waits_are_read_from_trace_end_when_the_header_lacks_them(tmp_path):
+    path = Path(_decode_trace(tmp_path, dp=2))
+    streamed = _move_memory_waits(path, tmp_path / "streamed.jsonl", to_end=True)
+    check = check_model(str(streamed))
+    assert check.ok and check.complete, text(check)
+    assert check_file(str(streamed)).ok  # the optional field is part of the format
+    neither = _move_memory_waits(path, tmp_path / "neither.jsonl", to_end=False)
+    check = check_model(str(neither))
+    assert check.answer.status == "unknown" and "memory_waits" in check.answer.reason
+    # the field is type-checked as the format's (spec/events.toml), a bad one is bad input
+    lines = streamed.read_text().splitlines(keepends=True)
+    end = json.loads(lines[-1]) | {"memory_waits": "3"}
+    streamed.write_text("".join(lines[:-1]) + json.dumps(end) + "\n")
+    with pytest.raises(TraceFormatError, match="memory_waits"):
+        check_model(str(streamed))
