@@ -243,6 +243,12 @@ def refinement(
         first = events[stray[0] - 1]
         why = f"{first['ev']} has no place in the loop model of {mode}"
         return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], stray[:1], reason=why)
+    other = next((e for e in events if e["thread"] not in THREAD_IDS), None)
+    if other is not None:  # as the decode side (decode_traces.outside_model): not judged
+        where = (
+            f"seq {other.get('trace_seq', other['seq'])} {other['ev']} on thread {other['thread']}"
+        )
+        return Refinement("unknown", 0.0, reason=f"{where}: not a thread of the loop model")
     lits = {}
     for e in model.universe.events:
         seq = by_key.get(e.key)
