@@ -55,7 +55,7 @@ def text_report(result) -> str:
     if result.ok:
         if getattr(result, "truncated", None) is not None:
             lines = [
-                f"INCOMPLETE {name}: truncated at line {getattr(result, 'truncated', None)}{_why(result)}; "
+                f"INCOMPLETE {name}: truncated at line {getattr(result, 'truncated', None)}{ended_by(result)}; "
                 f"{result.events} events, "
                 f"{len(result.rules)} rules judged, none broken"
             ]
@@ -63,7 +63,7 @@ def text_report(result) -> str:
             lines = [f"PASS {name}: {result.events} events, {len(result.rules)} rules"]
         for rule, checks in result.rules:
             lines.append(f"  {rule.id:32s} {checks:7d} checks")
-        lines += ignored_note(result.ignored) + _truncation_note(result)
+        lines += ignored_note(result.ignored) + truncation_lines(result)
         return "\n".join(lines)
     by_rule: dict[str, int] = {}
     for v in result.violations:
@@ -73,8 +73,8 @@ def text_report(result) -> str:
         "  " + ", ".join(f"{rule} {n}" for rule, n in by_rule.items()),
     ]
     if getattr(result, "truncated", None) is not None:
-        lines.append(f"  truncated at line {getattr(result, 'truncated', None)}{_why(result)}")
-    lines += ignored_note(result.ignored) + _truncation_note(result)
+        lines.append(f"  truncated at line {getattr(result, 'truncated', None)}{ended_by(result)}")
+    lines += ignored_note(result.ignored) + truncation_lines(result)
     # every violated rule explained at least once, then the rest in order, up to MAX_SHOWN
     firsts = {v.rule.id: i for i, v in reversed(list(enumerate(result.violations)))}
     picked = sorted(firsts.values())[:MAX_SHOWN]
@@ -107,7 +107,7 @@ def text_report(result) -> str:
     return "\n".join(lines)
 
 
-def _why(result) -> str:
+def ended_by(result) -> str:
     return (
         f" (the run ended by {getattr(result, 'end_reason', None)})"
         if getattr(result, "end_reason", None)
@@ -115,7 +115,7 @@ def _why(result) -> str:
     )
 
 
-def _truncation_note(result) -> list[str]:
+def truncation_lines(result) -> list[str]:
     """What a truncated trace could not decide, and the watchdog's stalls."""
     lines = []
     if getattr(result, "truncated", None) is not None:

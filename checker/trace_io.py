@@ -470,9 +470,15 @@ def iter_chunks(
         yield events
 
 
-def iter_events(path: str, *, header_out: dict | None = None, ignored: dict | None = None):
+def iter_events(
+    path: str,
+    *,
+    header_out: dict | None = None,
+    ignored: dict | None = None,
+    status: dict | None = None,
+):
     """Yield (line_no, event) for every event of the file, validated against spec/events.toml (an
-    engine's own, `x.<name>`, skipped and counted in `ignored`). Streams: memory is one chunk of lines,
-    whatever the file size."""
-    for nums, events in _chunks(path, header_out, True, ignored):
+    engine's own, `x.<name>`, skipped and counted in `ignored`; the markers go to `status`, as for
+    iter_chunks). Streams: memory is one chunk of lines, whatever the file size."""
+    for nums, events in _chunks(path, header_out, True, ignored, status):
         yield from zip(nums, events)

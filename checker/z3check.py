@@ -9,6 +9,10 @@ the rule and the events that conflict with it, shrunk until dropping any event m
 Obligations only read the facts of the events they name, so they are solved in windows of a bounded
 size: long traces cost time linear in their length. A window the solver gives up on, or a trace over
 the size budget, makes the verdict UNKNOWN with what was covered, never PASS.
+
+A truncated trace (checker/trace_io.py `truncation`) is judged as the linear checker judges it: the
+rules a prefix can break are solved, those that need the run's end (`needs_end`) are listed as not
+judged, and the verdict is FAIL or INCOMPLETE, never PASS.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import z3
 from spec import Rule, load_rules
 from spec.z3model import TraceUniverse, as_z3, conj, implies, obligations
 
-from .trace_io import iter_events
+from .report import ended_by, ignored_note, truncation_lines
+from .trace_io import iter_events, truncation
 
 WINDOW = 2000  # obligations per solver
 TIMEOUT_MS = 20000  # per check
@@ -39,7 +44,7 @@ class Z3Result:
     path: str
     header: dict
     events: int
-    status: str  # "pass" | "fail" | "unknown"
+    status: str  # "pass" | "fail" | "unknown" | "incomplete" (truncated, nothing broken)
     rules: list = field(
         default_factory=list
     )  # [(Rule, obligations)]: instances, trivial ones included
@@ -51,6 +56,9 @@ class Z3Result:
     ignored: dict = field(
         default_factory=dict
     )  # events of kinds no rule knows, skipped: ev -> count
+    truncated: int | None = None  # the line a truncated trace stops at (as checker.linear)
+    not_judged: list = field(default_factory=list)  # the needs_end rules of a truncated trace
+    end_reason: str | None = None  # its trace_end's reason (None: no trace_end)
 
     @property
     def ok(self) -> bool:
@@ -61,12 +69,29 @@ class Z3Result:
         return sorted(self.cores)
 
 
-def _load(path, ignored: dict | None = None):
+def _load(path, ignored: dict | None = None, status: dict | None = None):
     header: dict = {}
-    events = [e for _, e in iter_events(path, header_out=header, ignored=ignored)]
+    events = [e for _, e in iter_events(path, header_out=header, ignored=ignored, status=status)]
     if not header:  # an empty trace still has its header read by iter_events
         next(iter_events(path, header_out=header), None)
     return header, events
+
+
+def _judged(rules: list[Rule], cut: int | None) -> tuple[list[Rule], list[str]]:
+    """The rules to solve and the ids of those left unjudged: on a truncated trace (`cut` is its
+    line) the rules that need the run's end say nothing."""
+    if cut is None:
+        return rules, []
+    return [r for r in rules if not r.needs_end], sorted({r.id for r in rules if r.needs_end})
+
+
+def _mark_truncated(res: Z3Result, cut: int | None, not_judged: list, end: dict | None) -> None:
+    res.end_reason = end["reason"] if end else None
+    if cut is None:
+        return
+    res.truncated, res.not_judged = cut, not_judged
+    if res.status == "pass":
+        res.status = "incomplete"
 
 
 def check_file(
@@ -80,9 +105,12 @@ def check_file(
 ) -> Z3Result:
     t0 = time.perf_counter()
     ignored: dict = {}
-    header, events = _load(path, ignored)
+    status: dict = {}
+    header, events = _load(path, ignored, status)
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
+    cut = truncation(status)
+    rules, not_judged = _judged(rules, cut)
     res = _check(
         path,
         header,
@@ -96,13 +124,17 @@ def check_file(
         rlimit=rlimit,
     )
     res.ignored = ignored
+    _mark_truncated(res, cut, not_judged, status.get("end"))
     return res
 
 
-def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Result]:
+def check_cross(
+    paths, *, rules: list[Rule] | None = None, truncated: int | None = None, **kw
+) -> list[Z3Result]:
     """The cross rules (role "cross"): each decode trace among `paths` with the prefill traces among them
     that name their DP rank (header dp_rank) as facts; nothing when there is no such pair. As
-    checker.decode_templates.check_cross."""
+    checker.decode_templates.check_cross. `truncated`: the line at which one of the traces given
+    was cut (the cross rules read it too), as checker.linear.check_files."""
     from .decode_templates import cross_pairs
 
     _, prefills, decodes = cross_pairs(paths)
@@ -120,8 +152,19 @@ def check_cross(paths, *, rules: list[Rule] | None = None, **kw) -> list[Z3Resul
         mine = [
             r for r in (rules or load_rules()) if r.role == "cross" and r.applies(dh.get("mode"))
         ]
-        out.append(_check(d, header, events, universe, mine, t0, **kw))
+        mine, not_judged = _judged(mine, truncated)
+        res = _check(d, header, events, universe, mine, t0, **kw)
+        _mark_truncated(res, truncated, not_judged, None)
+        out.append(res)
     return out
+
+
+def check_files(paths, *, rules: list[Rule] | None = None) -> list[Z3Result]:
+    """Each file against its role's rules, then the cross rules of each decode trace with the
+    prefill traces given alongside it (`pdo check --engine z3`)."""
+    results = [check_file(p, rules=rules) for p in paths]
+    cut = next((r.truncated for r in results if r.truncated is not None), None)
+    return results + check_cross(list(paths), rules=rules, truncated=cut)
 
 
 def _check(
@@ -272,8 +315,15 @@ def text_report(res: Z3Result) -> str:
     if res.status == "pass":
         lines.append(f"PASS {name}: {stats}")
         lines += [f"  {r.id:32s} {n:7d} obligations" for r, n in res.rules]
+    elif res.status == "incomplete":
+        lines.append(
+            f"INCOMPLETE {name}: truncated at line {res.truncated}{ended_by(res)}; {stats}, none broken"
+        )
+        lines += [f"  {r.id:32s} {n:7d} obligations" for r, n in res.rules]
     elif res.status == "fail":
         lines.append(f"FAIL {name}: {len(res.cores)} rule(s) violated; {stats}")
+        if res.truncated is not None:
+            lines.append(f"  truncated at line {res.truncated}{ended_by(res)}")
         for rid in res.violated:
             c = res.cores[rid]
             lines.append(f"\n[{rid}] {c.rule.statement}")
@@ -289,9 +339,7 @@ def text_report(res: Z3Result) -> str:
         lines.append(
             f"  rules of kinds without a z3 encoding (not checked): {', '.join(res.not_encoded)}"
         )
-    from .report import ignored_note
-
-    lines += ignored_note(res.ignored)
+    lines += ignored_note(res.ignored) + truncation_lines(res)
     return "\n".join(lines)
 
 
@@ -303,6 +351,9 @@ def json_report(res: Z3Result) -> dict:
         "engine": "z3",
         "events": res.events,
         "ignored": res.ignored,
+        "truncated": res.truncated,
+        "not_judged": res.not_judged,
+        "end_reason": res.end_reason,
         "header": {k: res.header.get(k) for k in ("role", "mode", "version", "page_size")},
         "rules": [{"id": r.id, "obligations": n} for r, n in res.rules],
         "violations": [
@@ -313,17 +364,3 @@ def json_report(res: Z3Result) -> dict:
         "uncovered": res.uncovered,
         "seconds": round(res.seconds, 3),
     }
-
-
-def main_check(paths, *, json_out: bool = False) -> int:
-    """`pdo check --engine z3`: 0 all pass, 1 a violation, 3 undecided (UNKNOWN) without a violation."""
-    import json
-
-    results = [check_file(p) for p in paths] + check_cross(list(paths))
-    if json_out:
-        print(json.dumps([json_report(r) for r in results], indent=1))
-    else:
-        print("\n".join(text_report(r) for r in results))
-    if any(r.status == "fail" for r in results):
-        return 1
-    return 3 if any(r.status == "unknown" for r in results) else 0

@@ -221,6 +221,8 @@ def decode_main(args: argparse.Namespace) -> int:
         sched.close()
         time.sleep(0.05)  # let the byes leave before the sockets close
         client.close()
+    # the header was written at the start: the count goes in trace_end (docs/trace-format.md)
+    tracer.end_fields["memory_waits"] = sched.stats["memory_waits"]
     tracer.close("normal")
     (out / "decode.json").write_text(json.dumps(summarize(sched, wall)))
     return 0

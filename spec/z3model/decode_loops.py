@@ -207,8 +207,12 @@ class _DecodeLoop:
         return self.universe.get(key)
 
     def groups_built(self) -> dict[str, list]:
+        outside, last = self.universe.outside, 0
         for i in range(1, self.K + 1):
+            last = len(outside)
             self.iteration(i)
+        if not self.workload.complete:  # a truncated trace: its last iteration, cut, may go on to
+            del outside[last:]  # log what the trace lacks (judged on what it logged)
         rel, res, K = self.release_at, self.resume_at, self.K
         self.causes[("release_memory",)] = [(rel == i, 100 * i + 6) for i in range(1, K + 1)]
         self.causes[("resume_memory",)] = [(res == i, 100 * i + 7) for i in range(1, K + 1)]
@@ -217,7 +221,9 @@ class _DecodeLoop:
         self.payloads()
         # The environment: every request that arrives is served within the iterations.
         self.groups["E:env"] += [
-            implies(self.arrives[r] <= K, self.gone[(r, K)]) for _, r in self.rooms
+            implies(self.arrives[r] <= K, self.gone[(r, K)])
+            for _, r in self.rooms
+            if self.workload.complete
         ]
         if self.workload.exact:
             self.groups["E:emits"] = [neg(x) for x in self.universe.outside]
@@ -434,7 +440,11 @@ class _DecodeLoop:
         if self.workload.exact:  # what the loop would log outside the universe: not in the trace
             known = {e.key for e in universe.events}
             universe.outside += [
-                c for key, cs in self.causes.items() if key not in known for c, _ in cs
+                c
+                for key, cs in self.causes.items()
+                if key not in known
+                for c, p in cs
+                if self.workload.complete or p < 100 * self.K
             ]
         for e in universe.events:
             pool = e.name == "query_begin" and e.f["source"] == "prefetch"

@@ -34,7 +34,7 @@ import z3
 from .decode_workload import DecodeWorkload
 from .logic import as_z3, conj
 from .solver import Model
-from .traces import Refinement, explain
+from .traces import Refinement, after_cut, explain
 from .universe import FWD, SCHED
 
 DROPPED = frozenset(
@@ -83,6 +83,7 @@ class TraceWorkload(DecodeWorkload):
     info_from: tuple = ()  # per address: the iteration of its published prefill_info
     aborted: tuple = ()  # (room, iteration) of each client abort of a pending request
     prefetching: bool = True
+    complete: bool = True  # False for a truncated trace: what its run did after the cut is free
     memory_bound: bool = False  # the run's receiver inits waited for memory: whether one fits is
     # the environment's choice
     exact = True
@@ -163,7 +164,10 @@ def outside_model(header: dict, events: list[dict]) -> str | None:
         if bound and e["thread"] != "scheduler" and not e["thread"].startswith("prefetch"):
             return f"seq {_seq(e)} on thread {e['thread']}: not a thread of the model"
     if header.get("memory_waits") is None:
-        return "the trace does not say whether receiver init waited for memory (memory_waits)"
+        return (
+            "the trace does not say whether receiver init waited for memory (memory_waits, in "
+            "the header or in trace_end)"
+        )
     addrs = {e["addr"] for e in events if e["ev"] == "req_add"}
     if header["memory_waits"] and len(addrs) > 1:
         return "receiver init waited for memory with several addresses: FIFO across them"
@@ -240,10 +244,14 @@ def _keys(events: list[dict]):
     return fields, keys
 
 
-def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000) -> Refinement:
+def decode_refinement(
+    header: dict, events: list[dict], timeout_ms: int = 60000, *, prefix: bool = False
+) -> Refinement:
     """Is the decode trace (events numbered 1.. in `seq`, their own number in `trace_seq`) a
     schedule of the decode loop model? Each bound event's existence, thread and place after the
-    previous bound event sit behind its own literal, as for prefill (traces.refinement)."""
+    previous bound event sit behind its own literal, as for prefill (traces.refinement). `prefix`:
+    the trace is truncated, so it must be a prefix of a schedule: a model event it lacks may come
+    after its last bound event."""
     t0 = time.perf_counter()
     why = outside_model(header, events)
     if why:
@@ -252,6 +260,7 @@ def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000)
     fields["polling_interval"] = header.get("polling_interval", 1)
     fields["prefetching"] = header.get("prefetch", True)
     fields["memory_bound"] = bool(header["memory_waits"])
+    fields["complete"] = not prefix
     if not fields["iterations"]:
         return Refinement("unknown", 0.0, reason="no loop iteration in the trace")
     size = fields["iterations"] * max(1, sum(len(rs) for _, rs in fields["rooms"]))
@@ -264,7 +273,9 @@ def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000)
     for i, k in bound:
         if k in seen:
             why = f"two trace events map to one model event {k}"
-            return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], [seen[k], i], why)
+            return Refinement(
+                "unsat", time.perf_counter() - t0, ["E:emits"], [seen[k], i], reason=why
+            )
         seen[k] = i
     model = Model(
         header.get("mode", "normal"),
@@ -279,7 +290,7 @@ def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000)
     if stray:
         first = events[stray[0] - 1]
         why = f"{first['ev']} has no place in the decode loop model"
-        return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], stray[:1], why)
+        return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], stray[:1], reason=why)
     lits, prev = {}, None
     for i, k in bound:
         e = by_key[k]
@@ -291,6 +302,8 @@ def decode_refinement(header: dict, events: list[dict], timeout_ms: int = 60000)
     for e in model.universe.events:
         if e.key not in seen and e.name not in UNBOUND:
             lit = z3.Bool(f"[absent {e.key}]")
-            model.solver.add(z3.Implies(lit, as_z3(z3.Not(as_z3(e.exists)))))
+            last = prev.pos if prev is not None else None
+            gone = after_cut(e, last) if prefix else z3.Not(as_z3(e.exists))
+            model.solver.add(z3.Implies(lit, as_z3(gone)))
             lits[lit] = e.key
     return explain(model, lits, t0)

@@ -48,6 +48,8 @@ class DecodeWorkload:
     memory_bound = False  # receiver init may find no memory, which stops the pass (FIFO)
     exact = False  # the loop stays inside the universe (asserted, E:emits) rather than proved to
     partial = False  # the server may leave rooms it does not know yet out of an answer
+    complete = True  # every arrived request is served within the iterations (a truncated
+    # trace's run went on past them)
 
     def prefetch_keys(self, a: int) -> list[tuple]:
         """(iteration, room set) of every prefetched query of address a the universe holds."""

@@ -201,10 +201,23 @@ class Refinement:
     reason: str = ""
 
 
-def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60000) -> Refinement:
+def after_cut(e, after) -> object:
+    """What a truncated trace says of a model event it lacks: it does not happen, or it happens
+    after the trace's last event (`after`: that event's position, or None before the first)."""
+    if after is None:
+        return True
+    gone = z3.Not(as_z3(e.exists)) if e.exists is not True else False
+    return z3.Or(gone, e.pos > after)
+
+
+def refinement(
+    mode: str, header: dict, events: list[dict], timeout_ms: int = 60000, *, prefix: bool = False
+) -> Refinement:
     """fits_engine with each trace event's binding behind its own literal, so that an unsat core
     names the events (and engine groups) that the loop model cannot reconcile; the core's events
-    are then shrunk by deletion while the budget lasts."""
+    are then shrunk by deletion while the budget lasts. `prefix`: the trace is truncated (its run
+    did not reach its end), so it must be a prefix of a schedule: a model event it lacks may come
+    after its last event."""
     t0 = time.perf_counter()
     if not any(e["ev"] == "admit" for e in events):
         # a rank that admitted nothing (no requests routed to it, or a run cut short): the loop
@@ -229,12 +242,20 @@ def refinement(mode: str, header: dict, events: list[dict], timeout_ms: int = 60
     if stray:
         first = events[stray[0] - 1]
         why = f"{first['ev']} has no place in the loop model of {mode}"
-        return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], stray[:1], why)
+        return Refinement("unsat", time.perf_counter() - t0, ["E:emits"], stray[:1], reason=why)
+    other = next((e for e in events if e["thread"] not in THREAD_IDS), None)
+    if other is not None:  # as the decode side (decode_traces.outside_model): not judged
+        where = (
+            f"seq {other.get('trace_seq', other['seq'])} {other['ev']} on thread {other['thread']}"
+        )
+        return Refinement("unknown", 0.0, reason=f"{where}: not a thread of the loop model")
     lits = {}
     for e in model.universe.events:
         seq = by_key.get(e.key)
         present = seq is not None
         bind = [e.exists == present if e.exists is not True else present]
+        if prefix and not present:
+            bind = [after_cut(e, len(events) * 1000)]
         if present:
             bind += [e.pos == seq * 1000, e.thread == THREAD_IDS[events[seq - 1]["thread"]]]
         lit = z3.Bool(f"[seq {seq}]" if present else f"[absent {e.key}]")

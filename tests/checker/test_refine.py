@@ -115,3 +115,18 @@ def test_a_trace_without_batches_is_not_judged(tmp_path):
     path.write_text(json.dumps(header) + "\n" + json.dumps({**event, "slot": 0}) + "\n")
     check = check_model(str(path))
     assert check.answer.status == "unknown" and not check.judged
+
+
+def test_an_event_on_a_thread_the_model_lacks_is_not_judged(tmp_path):
+    """A trace from another emitter, a loop event on a thread the loop model has no place for: not
+    judged, with the event named, never an internal error."""
+    path = tmp_path / "t.jsonl"
+    run_mode("normal", trace_path=str(path))
+    lines = path.read_text().splitlines()
+    n = next(i for i, x in enumerate(lines) if '"ev":"fwd_begin"' in x)
+    lines[n] = lines[n].replace('"thread":"scheduler"', '"thread":"worker-7"')
+    assert "worker-7" in lines[n]
+    path.write_text("\n".join(lines) + "\n")
+    check = check_model(str(path))
+    assert check.answer.status == "unknown" and not check.judged
+    assert "fwd_begin on thread worker-7" in check.answer.reason

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from checker.linear import check_files
+from checker.refine import check_model
+from checker.refine import text as refine_text
 from engine.config import MODES, EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.pd import run_pd
@@ -172,6 +174,14 @@ def test_pdo_launch_processes_over_zmq_match_reference_and_traces_pass(tmp_path)
         "prefill1.jsonl",
     ]
     assert_traces_pass(s["traces"])
+    # the streamed decode trace carries memory_waits in trace_end (its header went out first), so
+    # the decode refinement judges it rather than UNKNOWN
+    decode = next(p for p in s["traces"] if p.endswith("decode.jsonl"))
+    lines = Path(decode).read_text().splitlines()
+    assert "memory_waits" not in json.loads(lines[0])
+    assert json.loads(lines[-1])["memory_waits"] == s["decode_memory_waits"]
+    check = check_model(decode)
+    assert check.ok and check.complete, refine_text(check)
 
 
 def test_inproc_bootstrap_answers_like_http():
