@@ -68,6 +68,7 @@ class StepWorkload(DecodeWorkload):
         object.__setattr__(self, "_sets", [DecodeWorkload.room_sets(self, a) for a in n])
         object.__setattr__(self, "_submits", [DecodeWorkload.submit_sets(self, a) for a in n])
         object.__setattr__(self, "_keys", [DecodeWorkload.prefetch_keys(self, a) for a in n])
+        object.__setattr__(self, "_qkeys", [[(a, *k) for k in self._keys[a]] for a in n])
 
     def room_sets(self, a):
         return self._sets[a]
@@ -77,6 +78,10 @@ class StepWorkload(DecodeWorkload):
 
     def prefetch_keys(self, a):
         return self._keys[a]
+
+    def query_keys(self, a):
+        """The loop's keys of address a's prefetched queries: (a, iteration, rooms)."""
+        return self._qkeys[a]
 
     def init_order(self, arrives, index):
         return index / 1000
@@ -91,8 +96,9 @@ class _Marker:
 class Step(_DecodeLoop):
     """One iteration of the decode loop model from a state, on plain values or z3 terms."""
 
-    def __init__(self, prefetching=True, mutants=()):
-        workload = StepWorkload(prefetching=prefetching, mutants=tuple(mutants))
+    def __init__(self, prefetching=True, mutants=(), rooms=None, iterations=CANON):
+        more = {"rooms": rooms} if rooms else {}
+        workload = StepWorkload(iterations, prefetching=prefetching, mutants=tuple(mutants), **more)
         super().__init__(DecodeUniverse(workload))
         self.addrs = range(len(self.workload.rooms))
         self.classes = [(a, asked) for a in self.addrs for asked in self.workload.submit_sets(a)]
@@ -108,6 +114,9 @@ class Step(_DecodeLoop):
             + [f"orphan:{a}" for a in self.addrs]
             + [f"bad:{ONE_QUERY}", f"bad:{AFTER_RELEASE}", "mem", "age"]
         )
+
+    def keys(self, a):
+        return self.workload.query_keys(a)
 
     def event(self, *key):
         if key[0] in ("iter_begin", "prefetch_begin", "prefetch_end"):
@@ -184,10 +193,11 @@ class Step(_DecodeLoop):
         ]
 
     # ---- one iteration
-    def run(self, s, e):
+    def run(self, s, e, at=None):
         """(next state, events, domain): events as (key, condition, position) in position order;
-        domain: the conditions under which the iteration leaves the encoding's domain."""
-        i = s["age"]
+        domain: the conditions under which the iteration leaves the encoding's domain. `at`: run
+        it as iteration `at` >= CANON instead (on a universe of that many iterations: a test)."""
+        i = at or s["age"]
         if not isinstance(i, int):
             raise TypeError("the iteration's age must be a plain int (one step per age)")
         self._reset(s, e, i)
@@ -230,7 +240,7 @@ class Step(_DecodeLoop):
             self.info[(a, i - 1)] = s[f"info:{a}"]
             for k in self.keys(a):
                 if k[1] < i:
-                    self.out[(k, i)] = s[f"out:{a}:{k[2]}"] if k[1] == CANON - 1 else False
+                    self.out[(k, i)] = s[f"out:{a}:{k[2]}"] if k[1] == i - 1 else False
 
     def _loop_state(self, s, e, i, domain):
         s2 = dict(s)
@@ -241,7 +251,7 @@ class Step(_DecodeLoop):
         for a in self.addrs:
             s2[f"info:{a}"] = self.info[(a, i)]
         for a, asked in self.classes:
-            held = [self.out.get(((a, j, asked), i + 1), False) for j in range(1, CANON + 1)]
+            held = [self.out.get(((a, j, asked), i + 1), False) for j in range(1, i + 1)]
             s2[f"out:{a}:{asked}"] = disj(*held)
             domain += [conj(x, y) for n, x in enumerate(held) for y in held[n + 1 :]]
         mem = s["mem"]
