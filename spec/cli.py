@@ -333,7 +333,9 @@ def cmd_prove(args) -> int:
             decode=args.role != "prefill" and any(m in zm.DECODE_MODES for m in modes),
             confirm=args.confirm,
         )
-        return FAILED if counts["REFUTED"] else INCOMPLETE if counts["UNKNOWN"] else OK
+        if counts["REFUTED"]:
+            return FAILED
+        return INCOMPLETE if counts["UNKNOWN"] or counts["UNCONFIRMED"] else OK
     t0 = time.perf_counter()
     total = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
     roles = ("prefill", "decode") if args.role == "all" else (args.role,)

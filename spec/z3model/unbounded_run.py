@@ -36,7 +36,7 @@ def prove_everything() -> list:
     return unbounded.prove_all() + decode_unbounded.prove_all()
 
 
-def _confirm_prefill(mode, props, mutants, say) -> None:
+def _confirm_prefill(mode, props, mutants) -> tuple:
     t0 = time.perf_counter()
     system = System(mode, mutants)
     ids = [
@@ -48,24 +48,31 @@ def _confirm_prefill(mode, props, mutants, say) -> None:
     parent, _, _ = unbounded.reach(system, ids)
     t1 = time.perf_counter()
     got = unbounded.confirm(system, list(parent), ids)
-    _say_confirm(got, t1 - t0, time.perf_counter() - t1, say)
+    return got, t1 - t0, time.perf_counter() - t1
 
 
-def _confirm_decode(variant, props, mutants, say) -> None:
+def _confirm_decode(variant, props, mutants) -> tuple:
     t0 = time.perf_counter()
     step = Step(decode_unbounded.VARIANTS[variant], mutants)
     ids = [p for p in decode_unbounded.PROPS if not props or p in props]
     layers, _, _ = decode_unbounded.reach(step)
     t1 = time.perf_counter()
     got = decode_unbounded.confirm(step, list(layers[0]), ids)
-    _say_confirm(got, t1 - t0, time.perf_counter() - t1, say)
+    return got, t1 - t0, time.perf_counter() - t1
 
 
-def _say_confirm(got, search_s, z3_s, say) -> None:
-    """z3's answers ("unsat" = confirmed: inductive, no bad move from the set)."""
+def _agrees(got, rs) -> bool:
+    """z3 says what the search said: the set is inductive and in the domain, and a bad move or
+    state from it exists ("sat") exactly for the refuted properties."""
+    want = {r.prop: "sat" if r.status == "REFUTED" else "unsat" for r in rs}
+    return all(v == want.get(k, "unsat") for k, v in got.items())
+
+
+def _say_confirm(got, ok, search_s, z3_s, say) -> None:
+    """z3's answers ("unsat": no such move or state)."""
     words = ", ".join(f"{k} {v}" for k, v in got.items())
-    ok = "confirmed" if set(got.values()) == {"unsat"} else "NOT confirmed (unsat = yes)"
-    say(f"    confirm (z3): {ok}: {words}; {z3_s:.2f} s (search again {search_s:.2f} s)")
+    verdict = "confirmed" if ok else "NOT CONFIRMED"
+    say(f"    confirm (z3): {verdict}: {words}; {z3_s:.2f} s (search again {search_s:.2f} s)")
 
 
 def _say_results(rs, say) -> None:
@@ -95,7 +102,15 @@ def run(
     """Every property of every prefill mode, and (with `decode`) of each decode variant, for every
     K; with `confirm`, z3's confirmation of each invariant. Returns the counts of verdicts."""
     t0 = time.perf_counter()
-    results = []
+    results, confirmed = [], []
+
+    def check(what, rs, fn, *a):
+        got, search_s, z3_s = fn(*a)
+        ok = _agrees(got, rs)
+        confirmed.append({"mode": what, "results": got, "agrees": ok, "seconds": round(z3_s, 3)})
+        if not as_json:
+            _say_confirm(got, ok, search_s, z3_s, say)
+
     prefill_mutants = [m for m in mutants if m not in DECODE_MODEL_MUTANTS]
     decode_mutants = [m for m in mutants if m in DECODE_MODEL_MUTANTS]
     for mode in modes:
@@ -105,8 +120,8 @@ def run(
         if not as_json:
             say(f"== prefill mode {mode}, every K (transition system, {rs[0].how if rs else ''})")
             _say_results(rs, say)
-        if confirm and not as_json:
-            _confirm_prefill(mode, props, mu, say)
+        if confirm:
+            check(mode, rs, _confirm_prefill, mode, props, mu)
     for variant in variants if decode else ():
         rs = decode_unbounded.prove_variant(variant, props, decode_mutants)
         results += rs
@@ -117,16 +132,23 @@ def run(
                 + f" ({rs[0].how if rs else ''})"
             )
             _say_results(rs, say)
-        if confirm and not as_json:
-            _confirm_decode(variant, props, decode_mutants, say)
+        if confirm:
+            check(f"decode/{variant}", rs, _confirm_decode, variant, props, decode_mutants)
     counts = {s: sum(r.status == s for r in results) for s in ("PROVED", "REFUTED", "UNKNOWN")}
+    # z3 out of budget ("unknown") or disagreeing with the search: no verdict, never a pass
+    counts["UNCONFIRMED"] = sum(not c["agrees"] for c in confirmed)
     total = time.perf_counter() - t0
     if as_json:
-        say(json.dumps({"results": [r.as_dict() for r in results], "seconds": round(total, 3)}))
+        data = {"results": [r.as_dict() for r in results], "seconds": round(total, 3)}
+        if confirm:
+            data["confirm"] = confirmed
+        say(json.dumps(data))
     else:
         say(
             f"pdo spec prove --unbounded: {counts['PROVED']} proved, {counts['REFUTED']} "
-            f"refuted, {counts['UNKNOWN']} unknown; {total:.2f} s"
+            f"refuted, {counts['UNKNOWN']} unknown"
+            + (f", {counts['UNCONFIRMED']} not confirmed by z3" if confirm else "")
+            + f"; {total:.2f} s"
         )
     return counts
 

@@ -110,3 +110,24 @@ def test_z3_finds_the_bad_state_of_a_mutant():
     layers, _, _ = reach(step)
     got = confirm(step, list(layers[0]), PROPS)
     assert got["one-query-per-address"] == "sat" and got["inductive"] == "unsat"
+
+
+def test_cli_confirm_prints_z3s_answer_and_fails_when_it_disagrees(capsys, monkeypatch):
+    import json
+
+    from engine.cli import main as pdo
+    from engine.cli.exits import BAD_INPUT, INCOMPLETE, OK
+    from spec.z3model import unbounded
+
+    argv = ["spec", "prove", "--unbounded", "--role", "prefill", "--mode", "normal", "--confirm"]
+    assert pdo(argv + ["--json"]) == OK
+    data = json.loads(capsys.readouterr().out)
+    assert [c["mode"] for c in data["confirm"]] == ["normal"] and data["confirm"][0]["agrees"]
+    assert data["confirm"][0]["results"]["inductive"] == "unsat"
+    # z3 finding a bad move the search did not: not a pass
+    real = unbounded.confirm
+    monkeypatch.setattr(unbounded, "confirm", lambda *a, **k: {**real(*a, **k), "war-host": "sat"})
+    assert pdo(argv) == INCOMPLETE
+    out = capsys.readouterr().out
+    assert "NOT CONFIRMED" in out and "1 not confirmed by z3" in out
+    assert pdo(["spec", "prove", "--confirm"]) == BAD_INPUT
