@@ -52,7 +52,6 @@ ONE_QUERY, AFTER_RELEASE, ROOM_RANK = (
     "nothing-after-release",
     "room-init-server-rank",
 )
-STATIC_POS = {"receiver_init": 50, "kv_recv": 70, "kv_done": 70, "req_done": 70}
 
 
 @dataclass(frozen=True)
@@ -210,9 +209,7 @@ class Step(_DecodeLoop):
                 domain += [
                     conj(c1, c2) for n, (c1, _) in enumerate(live) for c2, _ in live[n + 1 :]
                 ]
-            for c, p in live:
-                pos = STATIC_POS.get(key[0], p) if not isinstance(p, (int, float)) else p
-                events.append((key, c, pos))
+            events += [(key, c, p) for c, p in live]
         events.sort(key=lambda x: x[2])
         s2 = self._loop_state(s, e, i, domain)
         self._monitors(s, s2, events, i, domain)
