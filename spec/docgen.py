@@ -204,7 +204,10 @@ that the transition system restricted to K batches gives the bounded model's eng
 (K = 2..6 with PDO_SLOW=1), that the mutants are refuted, and that this table is current.
 
 The decode prefetch loop (rows `decode/prefetch` and `decode/no-prefetch`: the loop calls the
-prefetch or not; one loop model serves both decode modes) is a transition system the same way:
+prefetch or not; one loop model serves both decode modes) is a transition system the same way,
+over the bounded decode model's workload (two addresses, rooms 1, 2, 3 and 4): every K here is
+every number of iterations, with every timing of arrivals, aborts, polls, release and resume;
+more rooms are not covered.
 `spec/z3model/decode_transition.py` runs the bounded decode model's own iteration
 (`_DecodeLoop.iteration` of `spec/z3model/decode_loops.py`) on one state: per room whether it
 arrived, whether its rank is known, whether it is initialised or aborted; per address whether its
@@ -224,7 +227,8 @@ and every mutant with PDO_SLOW=1), the refutation of the decode model's mutants 
 double-prefetch`, `no-cancel-on-release`) and z3's confirmation. `pdo spec prove --unbounded
 --confirm` runs z3's confirmation of every invariant from the command line (R ∧ T ⟹ R' on the
 moves built as z3 terms, no bad move or state; its time per mode). Time: each mode's and
-variant's one search (`{command}`, {seconds} s in all).
+variant's one search (`{command}`, {seconds} s in all; `python -m spec.z3model.unbounded_run`
+refreshes this table).
 """
 
 
