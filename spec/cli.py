@@ -23,7 +23,7 @@ from . import docgen
 from . import z3model as zm
 from .errors import BadInput
 from .tables import mode_table_lines, steady_lines
-from .z3model import unbounded
+from .z3model import unbounded_run
 
 
 def register(subparsers) -> None:
@@ -69,8 +69,8 @@ def register(subparsers) -> None:
         action="append",
         default=[],
         metavar="MUTANT",
-        choices=sorted(zm.ENGINE_MUTANTS),
-        help="a mutant of the loop model (ahead mode)",
+        choices=sorted({**zm.ENGINE_MUTANTS, **zm.DECODE_MODEL_MUTANTS}),
+        help="a mutant of the loop model (prefill: ahead mode; decode: the decode loop)",
     )
     prove.add_argument("--property", action="append", metavar="ID", help="only these properties")
     prove.add_argument(
@@ -82,7 +82,13 @@ def register(subparsers) -> None:
     prove.add_argument(
         "--unbounded",
         action="store_true",
-        help="prefill: prove every property for every K (transition systems; docs/spec.md)",
+        help="prove every property for every K: the prefill loops and the decode prefetch "
+        "loop as transition systems (docs/spec.md)",
+    )
+    prove.add_argument(
+        "--confirm",
+        action="store_true",
+        help="with --unbounded: z3 also confirms each invariant (inductive, no bad move); slower",
     )
     if not any("--json" in a.option_strings for a in prove._actions):
         prove.add_argument("--json", action="store_true", help="print JSON on stdout")
@@ -313,15 +319,23 @@ def prove_mode(
 
 
 def cmd_prove(args) -> int:
+    if args.confirm and not args.unbounded:
+        raise BadInput("--confirm goes with --unbounded")
     if args.unbounded:
-        counts = unbounded.run(
-            modes=args.mode or zm.MODES,
+        modes = args.mode or zm.MODES
+        counts = unbounded_run.run(
+            modes=modes if args.role != "decode" else (),
             props=args.property,
             mutants=args.inject,
             as_json=args.json,
             say=_say,
+            # one decode loop model serves both decode modes
+            decode=args.role != "prefill" and any(m in zm.DECODE_MODES for m in modes),
+            confirm=args.confirm,
         )
-        return FAILED if counts["REFUTED"] else INCOMPLETE if counts["UNKNOWN"] else OK
+        if counts["REFUTED"]:
+            return FAILED
+        return INCOMPLETE if counts["UNKNOWN"] or counts["UNCONFIRMED"] else OK
     t0 = time.perf_counter()
     total = {"PROVED": 0, "REFUTED": 0, "UNKNOWN": 0, "problems": 0}
     roles = ("prefill", "decode") if args.role == "all" else (args.role,)
@@ -345,7 +359,11 @@ def cmd_prove(args) -> int:
             args.batches,
             basis=args.basis,
             drop=drop,
-            mutants=args.inject if (mode == "ahead" and role == "prefill") else (),
+            mutants=[m for m in args.inject if m in zm.DECODE_MODEL_MUTANTS]
+            if role == "decode"
+            else [m for m in args.inject if m in zm.ENGINE_MUTANTS]
+            if mode == "ahead"
+            else (),
             props=args.property,
             timeout_s=args.timeout,
             hidden=args.hidden,

@@ -173,7 +173,7 @@ def _properties_section(prefill: list) -> list[str]:
 
 
 UNBOUNDED_INTRO = """\
-## Every K: the prefill properties as transition systems
+## Every K: the prefill and decode properties as transition systems
 
 The proofs above are for K = {k} batches (`pdo spec prove --batches K`), and one that holds for K
 may fail for K + 1. `pdo spec prove --unbounded` proves them for every K. `spec/z3model/transition.py`
@@ -201,15 +201,46 @@ earlier batch) and drops the host's enqueue order, an over-approximation: war-de
 only where war-host is. Leaving the encoding's domain (a counter more than two batches from N, an
 event out of batch order) makes the mode's verdicts UNKNOWN. `tests/spec/test_unbounded.py` checks
 that the transition system restricted to K batches gives the bounded model's engine-alone answers
-(K = 2..6 with PDO_SLOW=1), that the mutants are refuted, and that this table is current. The
-decode prefetch loop has no transition system yet (its proofs below are bounded). Time: the
-mode's one search (`{command}`, {seconds} s in all).
+(K = 2..6 with PDO_SLOW=1), that the mutants are refuted, and that this table is current.
+
+The decode prefetch loop (rows `decode/prefetch` and `decode/no-prefetch`: the loop calls the
+prefetch or not; one loop model serves both decode modes) is a transition system the same way,
+over the bounded decode model's workload (two addresses, rooms 1, 2, 3 and 4): every K here is
+every number of iterations, with every timing of arrivals, aborts, polls, release and resume;
+more rooms are not covered.
+`spec/z3model/decode_transition.py` runs the bounded decode model's own iteration
+(`_DecodeLoop.iteration` of `spec/z3model/decode_loops.py`) on one state: per room whether it
+arrived, whether its rank is known, whether it is initialised or aborted; per address whether its
+parallel info was fetched and which prefetched query is outstanding; whether memory is released;
+min(i, {canon}) for the iteration i (from iteration {canon} on, an iteration reads alike, a test
+checks it). The environment's choices of each iteration (arrivals in room order, aborts, whether
+it polls, release and resume) are the moves. Each property's monitor reads the events the
+iteration logs, in order, as the bounded formula does; a run of K iterations counts when it ends
+accepting (E:env: every arrived request served or aborted). `spec/z3model/decode_unbounded.py`
+computes the reachable states breadth first; a property holds for every K when no accepting
+reachable state is flagged, else the shortest run is printed (the scheduler's events and the
+environment's choices, per iteration). Dropped: event positions beyond their order, the pool
+thread's query_begin, the KV and the request's end (no property reads them). What the bounded
+universe has no event for makes the verdicts UNKNOWN. `tests/spec/test_decode_unbounded.py`
+checks agreement with the bounded decode model's engine-alone answers for K iterations (K = 2..6
+and every mutant with PDO_SLOW=1), the refutation of the decode model's mutants (`--inject
+double-prefetch`, `no-cancel-on-release`) and z3's confirmation. `pdo spec prove --unbounded
+--confirm` runs z3's confirmation of every invariant from the command line (R ∧ T ⟹ R' on the
+moves built as z3 terms, no bad move or state; its time per mode). Time: each mode's and
+variant's one search (`{command}`, {seconds} s in all; `python -m spec.z3model.unbounded_run`
+refreshes this table).
 """
 
 
 def _unbounded_section() -> list[str]:
     data = json.loads(TABLE.read_text(encoding="utf-8"))
-    out = _lines(UNBOUNDED_INTRO, k=K_DOCS, command=data["command"], seconds=data["seconds"])
+    out = _lines(
+        UNBOUNDED_INTRO,
+        k=K_DOCS,
+        command=data["command"],
+        seconds=data["seconds"],
+        canon=zm.FIRST_SUBMIT + 1,
+    )
     out += ["", "| property | mode | verdict | invariant | time |", "|---|---|---|---|---|"]
     for r in data["rows"]:
         out.append(
@@ -280,7 +311,13 @@ def _decode_section() -> list[str]:
     ways = "; ".join(model.universe.ends)
     out += [_decode_summary(*check, ways) for check in checks]
     out += ["", "| group | what |", "|---|---|"]
-    return out + [f"| {k} | {v} |" for k, v in zm.DECODE_ENGINE_GROUPS.items()] + [""]
+    out += [f"| {k} | {v} |" for k, v in zm.DECODE_ENGINE_GROUPS.items()]
+    mutants = "; ".join(f"`{k}`: {v}" for k, v in zm.DECODE_MODEL_MUTANTS.items())
+    return out + [
+        "",
+        f"Mutants of the decode loop model (`pdo spec prove --inject`): {mutants}.",
+        "",
+    ]
 
 
 def _decode_summary(mode, both, later, bad, ends, outside, ways) -> str:

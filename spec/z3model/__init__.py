@@ -22,7 +22,9 @@ The modules, in the order they build on each other:
   model; decode_workload, decode_traces: the decode model's workload, narrowed to a decode trace's,
   and whether that trace is a schedule of the decode loop model.
 - transition, unbounded: the prefill loops as finite transition systems read off the loop model's
-  step definitions, and the properties proved on them for every K (`pdo spec prove --unbounded`).
+  step definitions, and the properties proved on them for every K; decode_transition,
+  decode_unbounded: the same for the decode prefetch loop; unbounded_run: `pdo spec prove
+  --unbounded` and the table of docs/spec.md.
 
 This package re-exports the names other code uses, so `from spec.z3model import X` and
 `spec.z3model.X` keep working.
@@ -34,6 +36,7 @@ from .. import LOOP_MODES, load_events, load_rules
 from . import decode_encodings, delivery_encodings, prefill_encodings, receiver_encodings  # noqa: F401  (fill ENCODERS)
 from .decode_loops import (
     DECODE_ENGINE_GROUPS,
+    DECODE_MODEL_MUTANTS,
     DECODE_MODES,
     DECODE_THREADS,
     FIRST_SUBMIT,
@@ -87,6 +90,7 @@ from .universe import (
 
 __all__ = [
     "DECODE_ENGINE_GROUPS",
+    "DECODE_MODEL_MUTANTS",
     "DECODE_MODES",
     "DECODE_PROPERTIES",
     "DECODE_THREADS",

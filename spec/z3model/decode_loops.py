@@ -29,7 +29,7 @@ from collections import defaultdict
 import z3
 
 from .. import LOOP_MODES, load_events
-from .decode_workload import FIRST_SUBMIT, DecodeWorkload  # noqa: F401  (re-exported)
+from .decode_workload import DECODE_MODEL_MUTANTS, FIRST_SUBMIT, DecodeWorkload  # noqa: F401  (re-exported)
 from .logic import as_z3, conj, disj, implies, lt, neg
 from .universe import FWD, SCHED, SymbolicUniverse
 
@@ -213,9 +213,7 @@ class _DecodeLoop:
             self.iteration(i)
         if not self.workload.complete:  # a truncated trace: its last iteration, cut, may go on to
             del outside[last:]  # log what the trace lacks (judged on what it logged)
-        rel, res, K = self.release_at, self.resume_at, self.K
-        self.causes[("release_memory",)] = [(rel == i, 100 * i + 6) for i in range(1, K + 1)]
-        self.causes[("resume_memory",)] = [(res == i, 100 * i + 7) for i in range(1, K + 1)]
+        K = self.K
         self.bind_events()
         self.pool_thread()
         self.payloads()
@@ -243,6 +241,8 @@ class _DecodeLoop:
         )
         self.groups["E:order"].append(self.event("prefetch_end", i).pos == base + 4)
         rel, res, arrives, gone = self.release_at, self.resume_at, self.arrives, self.gone
+        self.causes[("release_memory",)].append((rel == i, base + 6))
+        self.causes[("resume_memory",)].append((res == i, base + 7))
         released_at_prefetch = conj(rel < i, i <= res)
         released_at_consume = conj(rel <= i, i < res)
         pending_at_prefetch = {
@@ -292,11 +292,13 @@ class _DecodeLoop:
                 ends["cancelled as stale"].append(conj(outstanding, stale))
                 after[k] = conj(outstanding, neg(stale))
         unknown = {r: conj(pending[r], neg(self.known[(r, i - 1)])) for r in rs}
+        mutants = self.workload.mutants
+        in_flight = disj(*after.values())
         can = conj(
             self.workload.prefetching,
             not self.workload.single_rank(a),
             neg(released),
-            neg(disj(*after.values())),
+            True if "double-prefetch" in mutants else neg(in_flight),
             self.info[(a, i - 1)],
             disj(*unknown.values()),
         )
@@ -313,14 +315,16 @@ class _DecodeLoop:
                 outside.append(sub)  # not in the universe: the loop cannot (outside_universe)
                 continue
             self.causes[("prefetch_submit", a, i, asked)].append((sub, base + 3 + a / 10))
+            if "double-prefetch" in mutants:  # the new future replaces the old, never closed
+                after = {k: conj(v, neg(sub)) for k, v in after.items()}
             after[(a, i, asked)] = sub
         rel = self.release_at
+        kept = "no-cancel-on-release" in mutants  # the release hook leaves the futures running
         for k, outstanding in after.items():
-            self.causes[("prefetch_cancel", *k)].append(
-                (conj(outstanding, rel == i), base + 5 + a / 10)
-            )
-            ends["cancelled at release_memory"].append(conj(outstanding, rel == i))
-            live[k] = self.define(f"live:{k}:{i}", conj(outstanding, rel != i))
+            cancel = False if kept else conj(outstanding, rel == i)
+            self.causes[("prefetch_cancel", *k)].append((cancel, base + 5 + a / 10))
+            ends["cancelled at release_memory"].append(cancel)
+            live[k] = self.define(f"live:{k}:{i}", conj(outstanding, neg(cancel)))
 
     def consume(self, i, a, rs, consumes, any_pending, empty, pending, live):
         """Address a at the consumption point: use a live prefetched answer as is or as the prefix

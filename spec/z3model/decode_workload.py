@@ -16,11 +16,18 @@ import z3
 # iterations are left out of the universe (outside_universe: the loop model cannot submit them).
 FIRST_SUBMIT = 3
 
+DECODE_MODEL_MUTANTS = {  # engine/inject.py decode mutants the decode loop model knows
+    "double-prefetch": "the prefetch submits while a query of the address is in flight; the new "
+    "future replaces the old one, which is never closed",
+    "no-cancel-on-release": "the release_memory hook leaves the prefetched futures running",
+}
+
 
 @dataclass(frozen=True)
 class DecodeWorkload:
     iterations: int
     rooms: tuple = (("127.0.0.1:8998", (1, 2, 3)), ("127.0.0.1:8999", (4,)))
+    mutants: tuple = ()  # of DECODE_MODEL_MUTANTS
 
     def server_rank(self, room: int) -> int:
         return room % 2

@@ -13,6 +13,7 @@ import z3
 
 from .. import load_rules
 from .decode_loops import (
+    DECODE_MODEL_MUTANTS,
     DECODE_MODES,
     DECODE_THREADS,
     DecodeUniverse,
@@ -69,7 +70,11 @@ class Model:
         if role == "decode":
             # a trace's workload (spec/z3model/decode_traces.py), else the canonical one
             decode_workload = workload if isinstance(workload, DecodeWorkload) else None
-            self.universe = DecodeUniverse(decode_workload or DecodeWorkload(k), page_size)
+            unknown = set(mutants) - set(DECODE_MODEL_MUTANTS)
+            if unknown:
+                raise ValueError(f"unknown decode model mutant(s): {', '.join(sorted(unknown))}")
+            decode_workload = decode_workload or DecodeWorkload(k, mutants=self.mutants)
+            self.universe = DecodeUniverse(decode_workload, page_size)
         else:
             self.universe = ModelUniverse(workload or Workload.canonical(k), page_size)
         self.K = self.universe.K

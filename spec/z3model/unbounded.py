@@ -21,7 +21,6 @@ war-host (see transition._device_moves): it is PROVED only where war-host is.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,65 +231,6 @@ def prove_all(modes=MODES_ALL, props=None, mutants=(), batches=None) -> list[Res
 
 
 TABLE = Path(__file__).resolve().parent.parent / "unbounded_table.json"
-
-
-def table_rows(results) -> list[dict]:
-    """The rows docs/spec.md shows (verdict, how, time), in the order of the run."""
-    return [
-        {
-            "property": r.prop,
-            "mode": r.mode,
-            "verdict": r.status,
-            "how": r.how,
-            "seconds": round(r.seconds, 2),
-        }
-        for r in results
-    ]
-
-
-def run(modes=MODES_ALL, props=None, mutants=(), as_json=False, say=print) -> dict:
-    """`pdo spec prove --unbounded`: every property of every mode for every K; the counts of
-    verdicts."""
-    t0 = time.perf_counter()
-    results = []
-    for mode in modes:
-        rs = prove_mode(mode, props, mutants if mode == "ahead" else ())
-        results += rs
-        if as_json:
-            continue
-        say(f"== prefill mode {mode}, every K (transition system, {rs[0].how if rs else ''})")
-        for r in rs:
-            say(f"    {r.status:8s} {r.seconds:7.3f} s  {r.prop:22s} {r.how}")
-            if r.trace:
-                say(f"      counterexample ({r.k} events):")
-                for line in timeline_lines(r.trace):
-                    say("      " + line)
-    counts = {s: sum(r.status == s for r in results) for s in ("PROVED", "REFUTED", "UNKNOWN")}
-    total = time.perf_counter() - t0
-    note = "the decode prefetch loop has no transition system yet: `pdo spec prove --role decode`"
-    if as_json:
-        results_json = [r.as_dict() for r in results]
-        say(json.dumps({"results": results_json, "not_covered": note, "seconds": round(total, 3)}))
-    else:
-        say(f"not covered: {note}")
-        say(
-            f"pdo spec prove --unbounded: {counts['PROVED']} proved, {counts['REFUTED']} "
-            f"refuted, {counts['UNKNOWN']} unknown; {total:.2f} s"
-        )
-    return counts
-
-
-def write_table(path=TABLE) -> None:
-    """spec/unbounded_table.json: what docs/spec.md shows (times from the run that wrote it)."""
-    t0 = time.perf_counter()
-    rows = table_rows(prove_all())
-    data = {"command": "pdo spec prove --unbounded", "rows": rows}
-    data["seconds"] = round(time.perf_counter() - t0, 2)
-    Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-if __name__ == "__main__":  # python -m spec.z3model.unbounded: refresh the table of docs/spec.md
-    write_table()
 
 
 def confirm(system, states, prop_ids, timeout_ms=120000) -> dict:

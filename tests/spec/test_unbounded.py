@@ -11,7 +11,8 @@ import pytest
 
 from spec.z3model import PROPERTIES, Model, neg
 from spec.z3model.transition import System, _iteration, worker_slots
-from spec.z3model.unbounded import TABLE, confirm, prove_all, prove_mode, reach
+from spec.z3model.unbounded import TABLE, confirm, prove_mode, reach
+from spec.z3model.unbounded_run import prove_everything
 
 # The transition system restricted to K batches against the bounded model, where both are quick;
 # PDO_SLOW=1 runs every mode for K = 2..6.
@@ -61,10 +62,10 @@ def test_reaches_a_fixed_point_within_the_domain():
 
 
 def test_table_in_docs_is_current():
-    """docs/spec.md shows spec/unbounded_table.json; its verdicts are what the prover says now
-    (regenerate with `python -m spec.z3model.unbounded`)."""
+    """docs/spec.md shows spec/unbounded_table.json; its verdicts are what the prover says now,
+    prefill and decode (regenerate with `python -m spec.z3model.unbounded_run`)."""
     table = json.loads(TABLE.read_text(encoding="utf-8"))
-    now = [(r.prop, r.mode, r.status, r.how) for r in prove_all()]
+    now = [(r.prop, r.mode, r.status, r.how) for r in prove_everything()]
     assert [(r["property"], r["mode"], r["verdict"], r["how"]) for r in table["rows"]] == now
 
 
@@ -102,9 +103,11 @@ def test_cli_exit_codes_and_json(capsys):
     from engine.cli import main as pdo
     from engine.cli.exits import FAILED, OK
 
-    assert pdo(["spec", "prove", "--unbounded", "--mode", "normal", "--json"]) == OK
+    argv = ["spec", "prove", "--unbounded", "--role", "prefill", "--mode", "normal", "--json"]
+    assert pdo(argv) == OK
     data = json.loads(capsys.readouterr().out)
     assert {r["verdict"] for r in data["results"]} == {"PROVED"} and len(data["results"]) == 7
-    argv = ["spec", "prove", "--unbounded", "--mode", "ahead", "--inject", "no-war-barrier"]
+    argv = ["spec", "prove", "--unbounded", "--role", "prefill", "--mode", "ahead"]
+    argv += ["--inject", "no-war-barrier"]
     assert pdo(argv) == FAILED
     assert "REFUTED" in capsys.readouterr().out
