@@ -146,7 +146,7 @@ def write(path, mode: str, events: list[dict], page_size: int = 16) -> str:
             json.dumps(
                 {
                     "format": "pdo-trace",
-                    "version": 2,
+                    "version": 3,
                     "role": "prefill",
                     "mode": mode,
                     "page_size": page_size,

@@ -16,6 +16,7 @@ from engine.cli import main as pdo
 from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 from engine.pd import run_pd
+from engine.trace import VERSION
 from engine.workload import WorkloadConfig
 from tests.helpers import run_mode
 from tests.trace_fixtures import canonical
@@ -100,6 +101,11 @@ def _with_clocks(events, *, drop_collect_edge=False):
             join(c, ("scheduler",))
         if ev == "store_entry":
             join(c, ("copied", e["rid"]))
+        if ev == "fwd_done":  # the forward stream runs what the forward thread launched
+            join(c, ("fwd_begin", e["batch"]))
+        if ev == "staged":  # the schedule stream: its launch, and the WAR barrier's wait
+            join(c, ("stage", e["batch"]))
+            join(c, ("fwd_done", e["batch"] - 1))
         c[e["thread"]] = c.get(e["thread"], 0) + 1
         e["vc"] = dict(c)
         keys = [(ev, e["batch"])] if "batch" in e else []
@@ -118,7 +124,7 @@ def _with_clocks(events, *, drop_collect_edge=False):
 
 
 def _write(path, events):
-    head = {"format": "pdo-trace", "version": 2, "role": "prefill", "mode": "thread"}
+    head = {"format": "pdo-trace", "version": VERSION, "role": "prefill", "mode": "thread"}
     end = {"thread": "scheduler", "ev": "trace_end", "events": len(events), "reason": "normal"}
     with open(path, "w") as f:
         f.write(json.dumps({**head, "page_size": 16, "hb": ""}) + "\n")

@@ -192,8 +192,9 @@ def test_plot_writes_png(traces, tmp_path, capsys):
         assert main(["trace", "plot", str(path), "-o", str(png), "--batches", "1:3"]) == 0
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-    # scheduler and forward, plus the transfer thread and copy stream with their completions
-    assert "4 lanes" in capsys.readouterr().out
+    # scheduler and forward, the transfer thread and copy stream with their completions, and the
+    # forward and schedule streams with the WAR barrier's device half (fwd_done, staged)
+    assert "6 lanes" in capsys.readouterr().out
     assert (
         main(
             [

@@ -42,6 +42,15 @@ def _cuts(path: Path, out: Path, n: int):
             yield k
 
 
+def _count_in_header(path: Path) -> Path:
+    """The decode trace with its memory_waits in the header, as an emitter that knows it at the
+    start writes it (a streamed trace carries it in trace_end, which a cut loses)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[0]["memory_waits"] = lines[-1].pop("memory_waits")
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
 def _cut_at(path: Path, out: Path, frac: float) -> Path:
     lines = path.read_bytes().splitlines(keepends=True)
     out.write_bytes(b"".join(lines[: int(len(lines) * frac)]))
@@ -99,7 +108,7 @@ def test_a_drifted_prefill_loop_drifts_in_a_prefix(tmp_path, monkeypatch, capsys
 
 
 def test_a_truncated_decode_trace_is_judged_as_a_prefix_of_the_model(tmp_path):
-    path = Path(_decode_trace(tmp_path, dp=2, loop="overlap"))
+    path = _count_in_header(Path(_decode_trace(tmp_path, dp=2, loop="overlap")))
     cut = tmp_path / "cut.jsonl"
     for k in _cuts(path, cut, 8):
         check = check_model(str(cut))
@@ -116,18 +125,19 @@ def test_a_truncated_decode_trace_is_judged_as_a_prefix_of_the_model(tmp_path):
 @pytest.mark.drifts
 def test_a_drifted_decode_loop_drifts_in_a_prefix(tmp_path, monkeypatch):
     monkeypatch.setitem(decode_loops.LOOPS, "normal", _intake_before_prefetch)
-    path = Path(_decode_trace(tmp_path, dp=1, loop="normal"))
+    path = _count_in_header(Path(_decode_trace(tmp_path, dp=1, loop="normal")))
     check = check_model(str(_cut_at(path, tmp_path / "cut.jsonl", 0.5)))
     assert check.judged and not check.ok and check.truncated is not None, text(check)
     assert "E:order" in check.answer.groups
 
 
 def _move_memory_waits(path: Path, out: Path, *, to_end: bool) -> Path:
-    """The trace as `pdo launch` streams it: memory_waits out of the header, into trace_end."""
+    """The trace as it is streamed: memory_waits out of the header, in trace_end (or in neither)."""
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     header, end = lines[0], lines[-1]
     assert end["ev"] == "trace_end"
-    waits = header.pop("memory_waits")
+    waits = header.pop("memory_waits", None)
+    waits = end.pop("memory_waits", waits)
     if to_end:
         end["memory_waits"] = waits
     out.write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -79,7 +79,8 @@ def test_fuzz_judge_applies_the_store_and_prefix_oracles(monkeypatch):
     assert not run_case(case, PCT(3)).failed
     _store_copies_from_the_wrong_page(monkeypatch)
     _cached_pages_overwritten(monkeypatch)
-    failures = run_case(case, PCT(3)).failures
+    # whether a cached page is read after it was overwritten depends on the schedule: three of them
+    failures = [f for seed in (1, 2, 3) for f in run_case(case, PCT(seed)).failures]
     assert any(f.startswith("output: ") and "AttentionStore entry" in f for f in failures)
     assert any(f.startswith("output: ") and "prefix page" in f for f in failures), failures
 
