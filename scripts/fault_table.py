@@ -62,7 +62,13 @@ def checked(traces: list) -> str:
     names = ", ".join(
         Path(t).name.split(".")[-2] if "." in Path(t).stem else Path(t).stem for t in traces
     )
-    return f"{names}: {'PASS' if p.returncode == 0 else 'FAIL'}"
+    verdict = {0: "PASS", 3: "PASS, cut traces INCOMPLETE"}.get(p.returncode, "FAIL")
+    cut = [
+        Path(t).name.split(".")[-2] if "." in Path(t).stem else Path(t).stem
+        for t in traces
+        if b'"trace_end"' not in Path(t).read_bytes()[-400:]
+    ]
+    return f"{names}: {verdict}" + (f" ({', '.join(cut)} cut)" if cut else "")
 
 
 def main() -> int:
