@@ -37,7 +37,7 @@ class Result:
     violations: list[Violation]
     # events of kinds no rule knows, skipped: ev -> count
     ignored: dict = field(default_factory=dict)
-    # a trace of version 2 or later without its trace_end: the line it was cut at (checker/trace_io.py)
+    # a trace (version 2 or later) without its trace_end: the line it was cut at (trace_io.py)
     truncated: int | None = None
     # the rules a truncated trace cannot decide (`needs_end` in spec/): ids
     not_judged: list = field(default_factory=list)

@@ -19,8 +19,8 @@ SUPPORTED_VERSIONS = (1, 2, 3)  # an event with `since = N` (spec/events.toml) n
 PRIVATE_PREFIX = "x."
 _TYPES = {"int": int, "str": str}
 # Events about the trace itself, not the run (version 2): no rule sees them. `trace_end` is the last
-# line of a whole trace; a trace of version 2 or later without it is truncated (the run was killed, or is still
-# going).
+# line of a whole trace; a trace of version 2 or later without it is truncated (the run was killed,
+# or is still going).
 MARKERS = ("trace_end", "stall")
 
 
