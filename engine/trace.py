@@ -244,29 +244,24 @@ class Tracer:
     def close(self, reason: str = "normal") -> None:
         """End a streamed trace: the rest of the events, then `trace_end` with `reason` (normal,
         exception, signal, watchdog, exit). Once: a later call does nothing."""
+        self._finish(reason, end=True)
+
+    def cut(self) -> None:
+        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
+        that dies inside an embedded PD run): every event logged so far, read as truncated."""
+        self._finish("cut", end=False)
+
+    def _finish(self, reason: str, *, end: bool) -> None:
         with self._read_lock:  # the watchdog's thread and the run's end may both close
             if self.end_reason is not None or self._path is None:
                 return
             self.end_reason = reason
         atexit.unregister(self.close)
         if self._writer is None:  # under a controller: the file at once
-            self.write(self._path, reason=reason)
+            self.write(self._path, reason=reason, end=end)
             return
         w = self._writer
-        w.close(lambda: trace_writer.dumps(self._end(w.written, reason)) + b"\n")
-
-    def cut(self) -> None:
-        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
-        that dies inside an embedded PD run): every event logged so far, read as truncated."""
-        with self._read_lock:
-            if self.end_reason is not None or self._path is None:
-                return
-            self.end_reason = "cut"
-        atexit.unregister(self.close)
-        if self._writer is None:
-            self.write(self._path, end=False)
-        else:
-            self._writer.close(lambda: b"")
+        w.close(lambda: trace_writer.dumps(self._end(w.written, reason)) + b"\n" if end else b"")
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
