@@ -210,7 +210,6 @@ class StreamWriter:
         )
         self.stamp_wait_s = stamp_wait_s
         self.written = 0  # events handed to the sink
-        self.flushes = 0
         self._digest_at: dict = {}  # declared kind -> index of its digest field, or -1
         self._wait_since: float | None = None  # when the writer first stopped at a pending stamp
         self._wake = threading.Event()
@@ -254,7 +253,8 @@ class StreamWriter:
             start = self.written
             if n > start:
                 force = force or n - start >= self.max_pending
-                stop = n if force else self._cut(start, n)
+                part = self.tr._raw[4 * start : 4 * n]
+                stop = n if force else start + self._cut(part)
                 if stop < n and not force:
                     now = time.monotonic()
                     if self._wait_since is None:
@@ -265,20 +265,20 @@ class StreamWriter:
                     self._wait_since = None
                 if stop > start:
                     buf = io.BytesIO()
-                    _Pickler(buf, self.tr).dump((start + 1, self.tr._raw[4 * start : 4 * stop]))
+                    events = part if stop == n else part[: 4 * (stop - start)]
+                    _Pickler(buf, self.tr).dump((start + 1, events))
                     self.sink.send(trace_sink.EVENTS, self.sid, buf.getvalue())
-                    self.flushes += 1
                 self.written = stop
             self._gate()
         with self._drained:
             self._drained.notify_all()
         return self.written
 
-    def _cut(self, start: int, stop: int) -> int:
-        """The first event of [start, stop) whose digest is still to be computed by its own
-        thread, or `stop`."""
-        part, at = self.tr._raw[4 * start : 4 * stop], self._digest_at
-        for i, (kind, values) in enumerate(zip(part[2::4], part[3::4]), start):
+    def _cut(self, part: list) -> int:
+        """How many of the events in `part` (a slice of the tracer's list) come before the first
+        whose digest is still to be computed by its own thread."""
+        at = self._digest_at
+        for i, (kind, values) in enumerate(zip(part[2::4], part[3::4])):
             if kind.__class__ is str:  # Tracer.emit: its fields as a dict
                 d = values.get("digest")
             else:
@@ -290,7 +290,7 @@ class StreamWriter:
                 d = values[j]
             if d is not None and pending(d):
                 return i
-        return stop
+        return len(part) // 4
 
     def sync(self) -> None:
         """Hand over everything and wait until the sink has written it."""
