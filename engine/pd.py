@@ -11,6 +11,7 @@ the same roles as processes over ZMQ.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +33,7 @@ from .prefill.scheduler import PrefillScheduler
 from .reference import intra_op_threads, reference_generate
 from .run import frozen_gc
 from .trace import NullTracer, Tracer
+from .trace_writer import ends_trace
 from .workload import WorkloadConfig, make_workload
 
 STOP_GRACE_S = 5.0  # how long loops asked to stop after a timeout get to finish their batch
@@ -243,13 +245,10 @@ def _run(
     if (hooks or {}).get("tracers"):
         named = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
         hooks["tracers"]({**named, "decode": roles.decode_tracer})
-    try:
-        wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
-    except BaseException as exc:  # the streamed traces end as `pdo run` ends its own
-        why = "signal" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "exception"
+    with contextlib.ExitStack() as ending:  # the streamed traces end as `pdo run` ends its own
         for t in tracers:
-            t.close(why)
-        raise
+            ending.enter_context(ends_trace(t))
+        wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
     for i, s in enumerate(roles.prefills):
         if i == killed:  # cut where it stopped, as a killed process leaves its file
             s.tr.cut()
