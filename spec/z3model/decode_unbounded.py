@@ -19,6 +19,7 @@ import time
 
 import z3
 
+from . import unbounded
 from .decode_transition import AFTER_RELEASE, CANON, ONE_QUERY, ROOM_RANK, Step
 from .logic import conj, disj
 from .properties import DECODE_PROPERTIES
@@ -89,14 +90,9 @@ def _label(key) -> str:
     return f"{name}({','.join(map(str, rest))})" if rest else name
 
 
-def timeline_lines(trace, width=44) -> list[str]:
-    lanes = ["scheduler", "environment"]
-    lines = ["      " + " | ".join(f"{x:<{width}}" for x in lanes).rstrip()]
-    for i, (lane, label) in enumerate(trace, 1):
-        cells = [""] * 2
-        cells[lanes.index(lane)] = label
-        lines.append(f"{i:>4}  " + " | ".join(f"{c:<{width}}" for c in cells).rstrip())
-    return lines
+def timeline_lines(trace) -> list[str]:
+    """A decode counterexample: the scheduler's steps beside the environment's moves."""
+    return unbounded.timeline_lines(trace, width=44, lanes=("scheduler", "environment"))
 
 
 def prove_variant(variant="prefetch", props=None, mutants=(), iterations=None) -> list[Result]:

@@ -111,12 +111,12 @@ class Result:
         }
 
 
-def timeline_lines(trace, width=34) -> list[str]:
-    """A counterexample as lanes scheduler | forward | device, as the bounded prover prints."""
-    lanes = ["scheduler", "forward", "device"]
+def timeline_lines(trace, width=34, lanes=("scheduler", "forward", "device")) -> list[str]:
+    """A counterexample as one column per lane (by default scheduler | forward | device, as the
+    bounded prover prints), a step per line."""
     lines = ["      " + " | ".join(f"{x:<{width}}" for x in lanes).rstrip()]
     for i, (thread, label) in enumerate(trace, 1):
-        cells = [""] * 3
+        cells = [""] * len(lanes)
         cells[lanes.index(thread)] = label
         lines.append(f"{i:>4}  " + " | ".join(f"{c:<{width}}" for c in cells).rstrip())
     return lines
