@@ -116,28 +116,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for m in mutants:
             for mode in args.modes:
-                passing = predicted = confirmed = 0
-                times, rules = [], set()
+                st = dict(passing=0, predicted=0, confirmed=0, times=[], rules=set())
                 for seed in range(args.runs):
                     path = os.path.join(d, f"t{seed}.jsonl")
                     one(m, mode, seed, path)
-                    if not check_file(path).ok:
-                        continue
-                    passing += 1
-                    t = time.perf_counter()
-                    r = predict_file(path)
-                    times.append(time.perf_counter() - t)
-                    if not r.ok:
-                        predicted += 1
-                        rules |= {p.rule.id for p in r.predictions}
-                        confirmed += confirm(path, r.header, r.predictions[0]).confirmed
-                med = f"{statistics.median(times) * 1e3:.0f} ms" if times else "-"
-                names = f" ({', '.join(sorted(rules))})" if rules else ""
-                print(
-                    f"| {m or '(none)'} | {mode} | {passing}/{args.runs} | {predicted}/{passing}{names} | "
-                    f"{f'{confirmed}/{predicted}' if predicted else '-'} | {med} |",
-                    flush=True,
-                )
+                    if check_file(path).ok:
+                        judge(path, st)
+                print(row(f"{m or '(none)'} | {mode}", args.runs, st), flush=True)
 
 
 if __name__ == "__main__":
