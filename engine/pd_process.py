@@ -174,6 +174,23 @@ def prefill_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _await_prefill(url: str, dc: DecodeConfig) -> None:
+    """The router's readiness gate: no request reaches the decode before the bootstrap server
+    publishes the prefill parallel info (every rank registered), as a PD router routes only to
+    healthy workers. Without it the decode's clock starts while the ranks still import torch, and
+    its loop spins through an idle iteration per half millisecond of their start-up. A server that
+    does not answer, or ranks that never all register within the bootstrap timeout, end the wait:
+    the loop then meets that fault itself (docs/faults.md)."""
+    deadline = time.monotonic() + dc.bootstrap_timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if bootstrap_client.get_prefill_info(url, timeout=1.0) is not None:
+                return
+        except bootstrap_client.BootstrapError:
+            return
+        time.sleep(dc.info_retry_interval_s)
+
+
 def decode_main(args: argparse.Namespace) -> int:
     cfg, wc, dc, dp, _router = _load(args.spec)
     inject.set_active(cfg.inject)
@@ -199,6 +216,7 @@ def decode_main(args: argparse.Namespace) -> int:
     flight = _flight(args.spec)
     tracer.stream(str(out / "decode.jsonl"), **flight["stream"])  # the flight recorder: as it runs
     kill = _kill_at(args.spec, "decode")
+    _await_prefill(args.bootstrap, dc)
     hooks = {"iter": lambda s: s.iter >= kill and _die()} if kill is not None else None
     sched = DecodeScheduler(
         cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer, hooks=hooks
