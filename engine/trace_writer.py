@@ -210,7 +210,8 @@ class StreamWriter:
         )
         self.stamp_wait_s = stamp_wait_s
         self.written = 0  # events handed to the sink
-        self._digest_at: dict = {}  # declared kind -> index of its digest field, or -1
+        self._digest_at: dict = {}  # kind -> index of its digest field, "digest" (a dict), None
+        self._has_digest: set = set()  # the kinds whose index is not None
         self._wait_since: float | None = None  # when the writer first stopped at a pending stamp
         self._wake = threading.Event()
         self._drained = threading.Condition()
@@ -276,21 +277,24 @@ class StreamWriter:
 
     def _cut(self, part: list) -> int:
         """How many of the events in `part` (a slice of the tracer's list) come before the first
-        whose digest is still to be computed by its own thread."""
-        at = self._digest_at
-        for i, (kind, values) in enumerate(zip(part[2::4], part[3::4])):
-            if kind.__class__ is str:  # Tracer.emit: its fields as a dict
-                d = values.get("digest")
+        whose digest is still to be computed by its own thread. Only the kinds that carry a digest
+        are looked at, found by a set lookup per event (most events have none)."""
+        kinds = part[2::4]
+        at, has = self._digest_at, self._has_digest
+        for kind in set(kinds).difference(at):
+            if kind.__class__ is str:  # Tracer.emit: its fields are a dict, "digest" maybe in it
+                at[kind] = "digest"
             else:
-                j = at.get(kind)
-                if j is None:
-                    j = at[kind] = kind.names.index("digest") if "digest" in kind.names else -1
-                if j < 0:
-                    continue
-                d = values[j]
+                at[kind] = kind.names.index("digest") if "digest" in kind.names else None
+            if at[kind] is not None:
+                has.add(kind)
+        for i in itertools.compress(range(len(kinds)), map(has.__contains__, kinds)):
+            values = part[4 * i + 3]
+            j = at[kinds[i]]
+            d = values.get(j) if j == "digest" else values[j]
             if d is not None and pending(d):
                 return i
-        return len(part) // 4
+        return len(kinds)
 
     def sync(self) -> None:
         """Hand over everything and wait until the sink has written it."""
