@@ -1,7 +1,8 @@
 """Predictive analysis: the rule violations a passing trace was one thread switch away from.
 
 A trace shows one interleaving. With each event's vector clock (`vc`, docs/trace-format.md, written
-by `pdo run --hb`) the trace also says which orders were forced: e happened before f exactly when
+by `pdo run --hb`; each event holds what changed since its thread's previous one, replayed here into
+whole clocks) the trace also says which orders were forced: e happened before f exactly when
 `e.vc[own(e)] <= f.vc[own(e)]`, and any two events not ordered so could have run the other way.
 
 For every rule of the trace's mode, the ordering pairs the rule constrains (a chain's consecutive
@@ -73,6 +74,10 @@ class Clocks:
             k = tag + th
             if isinstance(vc, int) and not isinstance(vc, bool) and th in last:
                 vc = {**last[th], k: vc}  # only the count: the rest as at the previous event
+            elif isinstance(vc, dict) and th in last:
+                # what changed (format 4); a whole clock (format 3) restates every component, and
+                # a thread's clock only grows, so both read the same this way
+                vc = {**last[th], **vc}
             if not isinstance(vc, dict) or not isinstance(vc.get(k), int):
                 raise NoClocks(f"{path}: event seq {e['seq']}: field 'vc': no clock of its thread")
             last[th] = vc

@@ -13,7 +13,7 @@ from spec.errors import BadInput
 
 from .json_values import strict_loads, suspect
 
-SUPPORTED_VERSIONS = (1, 2, 3)  # an event with `since = N` (spec/events.toml) needs version >= N
+SUPPORTED_VERSIONS = (1, 2, 3, 4)  # an event with `since = N` (spec/events.toml) needs version >= N
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
 PRIVATE_PREFIX = "x."

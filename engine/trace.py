@@ -43,7 +43,7 @@ from time import monotonic_ns as _monotonic_ns
 from . import hb, sync, trace_writer
 
 FORMAT = "pdo-trace"
-VERSION = 3
+VERSION = 4
 
 
 class _Kind:
