@@ -23,11 +23,26 @@ from dataclasses import dataclass, field
 from spec import Rule, load_rules
 
 from .linear import check_events
-from .streaming import event_label
+from .streaming import TEMPLATES, event_label
 from .trace_io import iter_chunks
 
 TRIES_PER_PATTERN = 3  # reorderings checked per group of alike candidates before giving it up
 RID_KINDS = ("counter", "lifecycle", "in_span", "each_in_span", "chunk_sent", "delivered")
+SEARCHED_KINDS = frozenset({"order", "fifo", "disjoint", "within", "outside", *RID_KINDS})
+# Why a rule of these kinds is not searched: no reordering of the trace's events changes its
+# verdict. Any other kind is a stateful template (checker/decode_templates.py): each event it reads
+# is paired with the latest one of every other thread it reads.
+_SAME = "no reordering changes its verdict"
+UNSEARCHED_WHY = {
+    "adjacent": f"orders one thread's events, which program order fixes: {_SAME}",
+    "thread": f"names the thread each event runs on: {_SAME}",
+    "complete": f"asks which events the trace holds: {_SAME}",
+    "equal": f"compares the digests of two events: {_SAME}",
+    "page_aligned": f"reads the sizes the sends carry: {_SAME}",
+    "page_count": f"reads the pages the events count: {_SAME}",
+    "cross_rank": f"compares values across the run's traces: {_SAME}",
+    "cross_pages": f"compares values across the run's traces: {_SAME}",
+}
 
 
 class NoClocks(ValueError):
@@ -51,6 +66,8 @@ class PredictResult:
     events: int
     candidates: int
     predictions: list[Prediction] = field(default_factory=list)
+    searched: list[str] = field(default_factory=list)  # the rules whose pairs were searched
+    unsearched: list[tuple[str, str]] = field(default_factory=list)  # (rule, why not)
 
     @property
     def ok(self) -> bool:
@@ -161,6 +178,14 @@ def _pairs(rule: Rule, events: list[dict], idx: dict, clocks: Clocks):
                 else:  # the event could fall inside the span: after its start or before its end
                     consider(p, a)
                     consider(b, p)
+    elif kind not in SEARCHED_KINDS:  # a stateful template: a thread switch among its events
+        listens = set(TEMPLATES[kind].events)
+        last: dict = {}  # thread -> position of its latest event the rule reads
+        for p, e in enumerate(events):
+            if "*" in listens or e["ev"] in listens:
+                for q in last.values():
+                    consider(q, p)
+                last[e["thread"]] = p
     elif kind in RID_KINDS:
         named = {_ev(v) for v in _param_events(rule)}
         last: dict = {}
@@ -205,10 +230,16 @@ def predict_file(path: str, *, rules: list[Rule] | None = None) -> PredictResult
     events = [e for chunk in iter_chunks(path, header_out=header) for e in chunk]
     clocks = Clocks(path, header, events)
     role, mode = header["role"], header.get("mode")
-    rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
+    every = rules or load_rules()
+    rules = [r for r in every if r.role == role and r.applies(mode, header)]
     idx = _index(events)
     result = PredictResult(path, header, len(events), 0)
-    for rule in rules:
+    cross = [r for r in every if r.role == "cross"] if "pd_run" in header else []
+    for rule in [*rules, *cross]:
+        if rule.kind in UNSEARCHED_WHY or rule.role == "cross":
+            result.unsearched.append((rule.id, UNSEARCHED_WHY[rule.kind]))
+            continue
+        result.searched.append(rule.id)
         groups: dict = defaultdict(list)
         for i, j in _pairs(rule, events, idx, clocks):
             a, b = events[i], events[j]
@@ -240,9 +271,15 @@ def text_report(r: PredictResult) -> str:
         f"{r.path}: {r.header.get('role')} mode={r.header.get('mode')}, {r.events} events, "
         f"{r.candidates} unordered rule pair(s)"
     )
-    if r.ok:
-        return head + ": no predicted violation"
-    lines = [head + f": {len(r.predictions)} predicted violation(s)"]
+    lines = [
+        head
+        + (": no predicted violation" if r.ok else f": {len(r.predictions)} predicted violation(s)")
+    ]
+    lines.append(f"  searched {len(r.searched)} rule(s); not searched:")
+    by_why: dict = defaultdict(list)
+    for rule, why in r.unsearched:
+        by_why[why].append(rule)
+    lines.extend(f"    {', '.join(ids)}: {why}" for why, ids in by_why.items())
     for p in r.predictions:
         lines.append(
             f"PREDICTED {p.rule.id}: {event_label(p.second)} (seq {p.second['seq']}, "
@@ -260,6 +297,8 @@ def json_report(r: PredictResult) -> dict:
         "events": r.events,
         "candidates": r.candidates,
         "ok": r.ok,
+        "searched": r.searched,
+        "unsearched": [{"rule": rule, "why": why} for rule, why in r.unsearched],
         "predictions": [
             {
                 "rule": p.rule.id,

@@ -10,7 +10,7 @@ import pytest
 
 from checker.fuzz.confirm import confirm
 from checker.linear import check_file
-from checker.predict import NoClocks, predict_file
+from checker.predict import NoClocks, predict_file, text_report
 from engine import hb
 from engine.cli import main as pdo
 from engine.config import EngineConfig
@@ -18,6 +18,7 @@ from engine.decode.config import DecodeConfig
 from engine.pd import run_pd
 from engine.trace import VERSION
 from engine.workload import WorkloadConfig
+from spec import load_rules
 from tests.helpers import run_mode
 from tests.trace_fixtures import canonical
 
@@ -43,6 +44,20 @@ def test_a_clean_trace_predicts_nothing(tmp_path, clocks, mode):
     assert check_file(path).ok
     r = predict_file(path)
     assert r.ok, [(p.rule.id, p.message) for p in r.predictions]
+
+
+def test_the_report_says_which_rules_it_searched_and_why_not_the_others(tmp_path, clocks):
+    path = _trace(tmp_path, "thread")
+    r = predict_file(path)
+    rules = [x.id for x in load_rules() if x.role == "prefill" and x.applies("thread", r.header)]
+    why = dict(r.unsearched)
+    assert sorted([*r.searched, *why]) == sorted(rules)  # each rule once, in one list
+    assert "P-worker-copy" in r.searched and "P-chunk-counter" in r.searched
+    assert "compares the digests" in why["P-snapshot-isolation"]
+    assert "program order" in why["P-thread-collect-immediately"]
+    assert "X-kv-pages" not in why  # a single-process run has no cross-process rules
+    text = text_report(r)
+    assert f"searched {len(r.searched)} rule(s)" in text and "P-snapshot-isolation" in text
 
 
 def test_a_mutant_hidden_in_a_passing_trace_is_predicted(tmp_path, clocks):

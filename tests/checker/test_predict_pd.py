@@ -140,6 +140,15 @@ def test_clean_pd_traces_predict_nothing(tmp_path, clocks, dp, prefetch):
         assert r.ok, [(p.rule.id, p.message) for p in r.predictions]
 
 
+def test_a_decode_trace_searches_its_stateful_rules_across_the_prefetch_pool(tmp_path, clocks):
+    decode = next(p for p in _pd(tmp_path, "t", dp=2) if p.endswith("decode.jsonl"))
+    r = predict_file(decode)
+    assert r.ok and {"D-prefetch-match", "D-one-query-per-addr", "D-no-stale"} <= set(r.searched)
+    assert r.candidates > 0  # the pool's query_begin against the scheduler's events
+    why = dict(r.unsearched)
+    assert "across the run's traces" in why["X-rank-served"] and "D-complete" in why
+
+
 def test_a_thread_logging_into_two_tracers_has_a_clock_in_each(tmp_path, clocks):
     # the main thread closes every role of a PD run, and a close may log (store_entry): its first
     # event in the second role's trace must carry its whole clock, not only a count
