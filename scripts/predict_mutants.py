@@ -85,12 +85,18 @@ def main_pd(args, mutants) -> None:
                             total += dp + 1  # a run that wrote no trace passes none
                             results = check_files(traces) if traces else []
                             # a cross-process violation fails every trace of the run
-                            cross_ok = all(r.ok for r in results[len(traces) :])
+                            cross_ok = all(passes(r) for r in results[len(traces) :])
                             for path, res in zip(traces, results):
-                                if res.ok and cross_ok:
+                                if passes(res) and cross_ok:
                                     judge(path, st)
                         label = f"{m or '(none)'} | {mode}, dp {dp}, prefetch {pf}"
                         print(row(label, total, st), flush=True)
+
+
+def passes(result) -> bool:
+    """What `pdo check` passes (exit 0): no rule broken, on a whole trace. A run that ended by an
+    exception (a mutant's engine found stuck) leaves a truncated trace: INCOMPLETE, not a pass."""
+    return result.ok and result.complete
 
 
 def main() -> None:
@@ -120,7 +126,7 @@ def main() -> None:
                 for seed in range(args.runs):
                     path = os.path.join(d, f"t{seed}.jsonl")
                     one(m, mode, seed, path)
-                    if check_file(path).ok:
+                    if passes(check_file(path)):
                         judge(path, st)
                 print(row(f"{m or '(none)'} | {mode}", args.runs, st), flush=True)
 
