@@ -40,9 +40,8 @@ UNSEARCHED_WHY = {
     "equal": f"compares the digests of two events: {_SAME}",
     "page_aligned": f"reads the sizes the sends carry: {_SAME}",
     "page_count": f"reads the pages the events count: {_SAME}",
-    "cross_rank": f"compares values across the run's traces: {_SAME}",
-    "cross_pages": f"compares values across the run's traces: {_SAME}",
 }
+CROSS_WHY = f"compares values across the run's traces: {_SAME}"  # every cross-process kind
 
 
 class NoClocks(ValueError):
@@ -77,7 +76,9 @@ class PredictResult:
 class Clocks:
     """The happens-before order of one trace's events, by position in the trace."""
 
-    def __init__(self, path: str, header: dict, events: list[dict]):
+    def __init__(self, path: str, header: dict, events: list[dict], keep=None):
+        """`keep(e)`: the events to order, of `events`; the others still advance their thread's
+        clock (an engine's own event, `x.<name>`, may carry a hand-off's components)."""
         tag = header.get("hb")
         if not isinstance(tag, str):
             raise NoClocks(
@@ -98,9 +99,13 @@ class Clocks:
             if not isinstance(vc, dict) or not isinstance(vc.get(k), int):
                 raise NoClocks(f"{path}: event seq {e['seq']}: field 'vc': no clock of its thread")
             last[th] = vc
+            if keep is not None and not keep(e):
+                continue
             self.keys.append(k)
             self.own.append(vc[k])
             self.vcs.append(vc)
+        if keep is not None:
+            self.events = [e for e in events if keep(e)]
 
     def before(self, i: int, j: int) -> bool:
         """Event i happened before event j (i != j)."""
@@ -227,17 +232,18 @@ def _timeline(events: list[dict], i: int, j: int, moved_first: list[dict]) -> li
 
 def predict_file(path: str, *, rules: list[Rule] | None = None) -> PredictResult:
     header: dict = {}
-    events = [e for chunk in iter_chunks(path, header_out=header) for e in chunk]
-    clocks = Clocks(path, header, events)
+    logged = [e for chunk in iter_chunks(path, header_out=header, own=True) for e in chunk]
+    clocks = Clocks(path, header, logged, keep=lambda e: not e["ev"].startswith("x."))
+    events = clocks.events
     role, mode = header["role"], header.get("mode")
-    every = rules or load_rules()
+    every = rules if rules is not None else load_rules()
     rules = [r for r in every if r.role == role and r.applies(mode, header)]
     idx = _index(events)
     result = PredictResult(path, header, len(events), 0)
     cross = [r for r in every if r.role == "cross"] if "pd_run" in header else []
     for rule in [*rules, *cross]:
         if rule.kind in UNSEARCHED_WHY or rule.role == "cross":
-            result.unsearched.append((rule.id, UNSEARCHED_WHY[rule.kind]))
+            result.unsearched.append((rule.id, UNSEARCHED_WHY.get(rule.kind, CROSS_WHY)))
             continue
         result.searched.append(rule.id)
         groups: dict = defaultdict(list)
@@ -275,7 +281,9 @@ def text_report(r: PredictResult) -> str:
         head
         + (": no predicted violation" if r.ok else f": {len(r.predictions)} predicted violation(s)")
     ]
-    lines.append(f"  searched {len(r.searched)} rule(s); not searched:")
+    lines.append(
+        f"  searched {len(r.searched)} rule(s); not searched:" + ("" if r.unsearched else " none")
+    )
     by_why: dict = defaultdict(list)
     for rule, why in r.unsearched:
         by_why[why].append(rule)

@@ -312,10 +312,11 @@ def _chunks(
     with_lines: bool,
     ignored: dict | None = None,
     status: dict | None = None,
+    own: bool = False,
 ):
     """Yield (line numbers or None, events) per chunk of the file, every event validated; events of
-    an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`), and so are the
-    markers (MARKERS), which `status` gets instead (`end_status`)."""
+    an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`) unless `own`, and so
+    are the markers (MARKERS), which `status` gets instead (`end_status`)."""
     status = {} if status is None else status
     with open(path, "rb") as f:
         header = read_header(path, f)
@@ -361,7 +362,7 @@ def _chunks(
                 if version >= 2:
                     events, nums = _take_markers(path, events, nums, status, line_no, raw)
             line_no += len(raw)
-            if events:
+            if events and not own:
                 events, nums = _drop_unknown(events, nums, valid, ignored)
                 admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
             if events:
@@ -461,12 +462,13 @@ def iter_chunks(
     header_out: dict | None = None,
     ignored: dict | None = None,
     status: dict | None = None,
+    own: bool = False,
 ):
     """Yield lists of validated events, in file order (the checker's fast path: no per-event
     generator step). Memory is one chunk, whatever the file size. An engine's own events
-    (`x.<name>`) are skipped, counted by kind in `ignored`; the markers (trace_end, stall) go to
-    `status` (`truncation(status)` once read)."""
-    for _, events in _chunks(path, header_out, False, ignored, status):
+    (`x.<name>`) are skipped, counted by kind in `ignored`, unless `own`; the markers (trace_end,
+    stall) go to `status` (`truncation(status)` once read)."""
+    for _, events in _chunks(path, header_out, False, ignored, status, own):
         yield events
 
 

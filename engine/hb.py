@@ -82,11 +82,12 @@ def tick(key: str):
     n = c[key] = c.get(key, 0) + 1
     _local.snap = None
     if n == 1 or key in _local.stale:
-        keys = _local.keys
+        keys, stale = _local.keys, _local.stale
         keys.add(key)
-        _local.stale.discard(key)
-        if len(keys) == 1:  # the whole clock covers what a delta would say
-            _local.delta = {}
+        stale.discard(key)
+        if _local.delta and len(keys) > 1:  # a join this clock covers is owed to the other keys'
+            stale.update(keys - {key})  # traces too: they write their whole clocks next
+        _local.delta = {}
         return dict(c)
     delta = _local.delta
     if delta:
@@ -150,11 +151,32 @@ def send(obj) -> None:
         _channel(obj)[_local.sender] = snap
 
 
+_relay_lock = threading.Lock()
+
+
 def relay(src, dst) -> None:
     """Whatever a `recv` on `dst` does next happens after everything sent to `src` so far: a CUDA
-    event recorded on a stream (`src`) completes after all that was launched there before."""
-    if src is not None and dst is not None:
-        _channel(dst).update(_channel(src))
+    event recorded on a stream (`src`) completes after all that was launched there before.
+
+    What is relayed is kept under its own keys, `("relay", sender)`, merged with what was relayed
+    before, never put over a sender's own entry: a relayed clock may be older than the one the
+    sender has sent since (a stream that waits on an event takes the event's clocks). The merges take
+    a lock of their own, which no send waits for."""
+    if src is None or dst is None:
+        return
+    into = _channel(dst)
+    with _relay_lock:
+        for k, clock in tuple(_channel(src).items()):
+            key = k if k.__class__ is tuple else ("relay", k)
+            old = into.get(key)
+            if old is None or old is clock:
+                into[key] = clock
+            elif any(old.get(c, 0) < v for c, v in clock.items()):
+                merged = dict(old)
+                for c, v in clock.items():
+                    if merged.get(c, 0) < v:
+                        merged[c] = v
+                into[key] = merged
 
 
 def recv(obj) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from checker.fuzz.confirm import confirm
 from checker.linear import check_file
-from checker.predict import NoClocks, predict_file, text_report
+from checker.predict import Clocks, NoClocks, predict_file, text_report
+from checker.trace_io import iter_chunks
 from engine import hb
 from engine.cli import main as pdo
 from engine.config import EngineConfig
@@ -157,6 +158,25 @@ def test_a_missing_hb_edge_is_predicted(tmp_path):
     assert "P-worker-copy" in found
     p = found["P-worker-copy"]
     assert (p.first["ev"], p.second["ev"]) == ("batch_copy", "collect")
+
+
+def test_an_engines_own_event_still_carries_its_hand_off(tmp_path):
+    """An `x.<name>` event is no rule's, but the delta it carries is its thread's: the replay
+    reads it before the event is left out."""
+    logged = [
+        {"seq": 1, "thread": "scheduler", "ev": "admit", "vc": {"scheduler": 1}},
+        {"seq": 2, "thread": "forward", "ev": "batch_copy", "vc": {"forward": 1}},
+        {"seq": 3, "thread": "scheduler", "ev": "x.note", "vc": {"scheduler": 2, "forward": 1}},
+        {"seq": 4, "thread": "scheduler", "ev": "collect", "vc": 3},
+    ]
+    clocks = Clocks("t.jsonl", {"hb": ""}, logged, keep=lambda e: not e["ev"].startswith("x."))
+    assert [e["ev"] for e in clocks.events] == ["admit", "batch_copy", "collect"]
+    assert clocks.before(1, 2)  # batch_copy before collect, through the x.note's join
+    events = canonical("thread")
+    events.insert(3, {"thread": "scheduler", "ev": "x.note"})
+    path = _write(tmp_path / "own.jsonl", events)
+    own = [e["ev"] for c in iter_chunks(path, own=True) for e in c]
+    assert "x.note" in own and "x.note" not in [e["ev"] for c in iter_chunks(path) for e in c]
 
 
 def test_check_predict_exit_codes(tmp_path, clocks, capsys):

@@ -118,3 +118,47 @@ def test_a_thread_counting_under_two_tracers_writes_whole_clocks_after_a_join(on
     # each trace's event knows the other trace's scheduler: a delta written into one trace only
     # would leave the other without it
     assert in_x == {x: 2, y: 1, s: 1} and in_y == {x: 2, y: 2, s: 1}
+
+
+def test_a_join_before_a_second_tracer_reaches_the_first_ones_trace(on):
+    """A join while the thread counts under one tracer, then two events under a second tracer:
+    the first tracer's next event must still carry the join."""
+    t1, t2 = hb.new_tag(), hb.new_tag()
+    q = _Channel()
+    x, y, w = t1 + "main", t2 + "main", t1 + "w"
+
+    def main():
+        hb._start()
+        hb.tick(x)
+        _in_thread(lambda: (hb._start(), hb.tick(w), hb.send(q)))
+        hb.recv(q)  # one key so far: a delta
+        hb.tick(y)  # the second tracer's first event: the whole clock
+        hb.tick(y)
+        return hb.tick(x)
+
+    assert _in_thread(main) == {x: 2, w: 1, y: 2}
+
+
+def test_a_relay_never_puts_an_older_clock_over_a_newer_one(on):
+    """A stream that waits on an event takes the event's clocks; an event recorded on the stream
+    after that must still carry the launches made after the first event (engine/device.py)."""
+    tag = hb.new_tag()
+    stream, first, second = _Channel(), _Channel(), _Channel()
+    a = tag + "a"
+
+    def launcher():
+        hb._start()
+        hb.tick(a)
+        hb.send(stream)
+        hb.relay(stream, first)  # an event recorded after the first launch
+        hb.tick(a)
+        hb.send(stream)  # a second launch
+
+    def waiter():
+        hb._start()
+        hb.relay(first, stream)  # the stream waits on the first event
+        hb.relay(stream, second)  # and an event is recorded on it
+
+    _in_thread(launcher)
+    _in_thread(waiter)
+    assert _in_thread(lambda: (hb._start(), hb.recv(second), hb.snapshot())[-1]) == {a: 2}
