@@ -92,12 +92,17 @@ class Clocks:
             k = tag + th
             if isinstance(vc, int) and not isinstance(vc, bool) and th in last:
                 vc = {**last[th], k: vc}  # only the count: the rest as at the previous event
-            elif isinstance(vc, dict) and th in last:
+            elif isinstance(vc, dict) and th in last and k in vc:
                 # what changed (format 4); a whole clock (format 3) restates every component, and
                 # a thread's clock only grows, so both read the same this way
                 vc = {**last[th], **vc}
             if not isinstance(vc, dict) or not isinstance(vc.get(k), int):
                 raise NoClocks(f"{path}: event seq {e['seq']}: field 'vc': no clock of its thread")
+            if th in last and vc[k] <= last[th][k]:
+                raise NoClocks(
+                    f"{path}: event seq {e['seq']}: field 'vc': its thread's own count {vc[k]} "
+                    f"does not follow the {last[th][k]} of its previous event"
+                )
             last[th] = vc
             if keep is not None and not keep(e):
                 continue

@@ -179,6 +179,22 @@ def test_an_engines_own_event_still_carries_its_hand_off(tmp_path):
     assert "x.note" in own and "x.note" not in [e["ev"] for c in iter_chunks(path) for e in c]
 
 
+@pytest.mark.parametrize(
+    "second, why",
+    [
+        ({"forward": 1}, "no clock of its thread"),  # a delta without its own count
+        (1, "does not follow"),  # a count that does not grow
+    ],
+)
+def test_a_clock_that_cannot_be_replayed_is_refused(second, why):
+    logged = [
+        {"seq": 1, "thread": "scheduler", "ev": "admit", "vc": {"scheduler": 1}},
+        {"seq": 2, "thread": "scheduler", "ev": "stage", "vc": second},
+    ]
+    with pytest.raises(NoClocks, match=why):
+        Clocks("t.jsonl", {"hb": ""}, logged)
+
+
 def test_check_predict_exit_codes(tmp_path, clocks, capsys):
     clean = _trace(tmp_path, "thread")
     assert pdo(["check", "--predict", clean]) == 0
