@@ -24,7 +24,7 @@ from spec import Rule, load_rules
 
 from .linear import check_events
 from .streaming import TEMPLATES, event_label
-from .trace_io import iter_chunks
+from .trace_io import PRIVATE_PREFIX, iter_chunks
 
 TRIES_PER_PATTERN = 3  # reorderings checked per group of alike candidates before giving it up
 RID_KINDS = ("counter", "lifecycle", "in_span", "each_in_span", "chunk_sent", "delivered")
@@ -77,14 +77,15 @@ class Clocks:
     """The happens-before order of one trace's events, by position in the trace."""
 
     def __init__(self, path: str, header: dict, events: list[dict], keep=None):
-        """`keep(e)`: the events to order, of `events`; the others still advance their thread's
-        clock (an engine's own event, `x.<name>`, may carry a hand-off's components)."""
+        """`keep(e)`: the events to order, of `events` (default: all); the others still advance
+        their thread's clock (an engine's own event, `x.<name>`, may carry a hand-off's
+        components)."""
         tag = header.get("hb")
         if not isinstance(tag, str):
             raise NoClocks(
                 f"{path}: header has no 'hb' field: no happens-before clocks (write it with pdo run --hb)"
             )
-        self.events = events
+        self.events: list[dict] = []
         self.keys, self.own, self.vcs = [], [], []
         last: dict = {}  # thread -> the clock of its previous event
         for e in events:
@@ -106,11 +107,10 @@ class Clocks:
             last[th] = vc
             if keep is not None and not keep(e):
                 continue
+            self.events.append(e)
             self.keys.append(k)
             self.own.append(vc[k])
             self.vcs.append(vc)
-        if keep is not None:
-            self.events = [e for e in events if keep(e)]
 
     def before(self, i: int, j: int) -> bool:
         """Event i happened before event j (i != j)."""
@@ -238,7 +238,7 @@ def _timeline(events: list[dict], i: int, j: int, moved_first: list[dict]) -> li
 def predict_file(path: str, *, rules: list[Rule] | None = None) -> PredictResult:
     header: dict = {}
     logged = [e for chunk in iter_chunks(path, header_out=header, own=True) for e in chunk]
-    clocks = Clocks(path, header, logged, keep=lambda e: not e["ev"].startswith("x."))
+    clocks = Clocks(path, header, logged, keep=lambda e: not e["ev"].startswith(PRIVATE_PREFIX))
     events = clocks.events
     role, mode = header["role"], header.get("mode")
     every = rules if rules is not None else load_rules()

@@ -101,17 +101,23 @@ def snapshot() -> dict:
     return dict(_clock())
 
 
+def _raise(into: dict, other: dict, noted: dict | None = None) -> bool:
+    """Raise each component of `into` to `other`'s (also into `noted`); whether any rose."""
+    changed = False
+    for k, v in other.items():
+        if into.get(k, 0) < v:
+            into[k] = v
+            if noted is not None:
+                noted[k] = v
+            changed = True
+    return changed
+
+
 def _join(other: dict) -> None:
     """Raise the calling thread's clock to `other`, noting what changed for its next event. A thread
     counting events under several components writes its whole clock next under each: one delta
     cannot reach the traces of all of them."""
-    c, delta = _clock(), _local.delta
-    changed = False
-    for k, v in other.items():
-        if c.get(k, 0) < v:
-            c[k] = delta[k] = v
-            changed = True
-    if changed:
+    if _raise(_clock(), other, _local.delta):
         _local.snap = None
         if len(_local.keys) > 1:
             _local.stale.update(_local.keys)
@@ -169,14 +175,12 @@ def relay(src, dst) -> None:
         for k, clock in tuple(_channel(src).items()):
             key = k if k.__class__ is tuple else ("relay", k)
             old = into.get(key)
-            if old is None or old is clock:
+            if old is None:
                 into[key] = clock
-            elif any(old.get(c, 0) < v for c, v in clock.items()):
+            elif old is not clock:
                 merged = dict(old)
-                for c, v in clock.items():
-                    if merged.get(c, 0) < v:
-                        merged[c] = v
-                into[key] = merged
+                if _raise(merged, clock):
+                    into[key] = merged
 
 
 def recv(obj) -> None:

@@ -65,17 +65,24 @@ def row(label: str, total: int, st: dict) -> str:
     return f"| {label} | {st['passing']}/{total} | {st['predicted']}/{st['passing']}{names} | {conf} | {med} |"
 
 
-def main_pd(args, mutants) -> None:
-    print(
-        "| mutant | prefill mode, dp, prefetch | passing traces | predicted | confirmed | predict time |"
-    )
+def table_head(run: str, passing: str) -> None:
+    """The table's first two lines: `run` names the second column, `passing` the third."""
+    print(f"| mutant | {run} | {passing} | predicted | confirmed | predict time |")
     print("|---|---|---|---|---|---|")
+
+
+def new_stats() -> dict:
+    return dict(passing=0, predicted=0, confirmed=0, times=[], rules=set())
+
+
+def main_pd(args, mutants) -> None:
+    table_head("prefill mode, dp, prefetch", "passing traces")
     with tempfile.TemporaryDirectory() as d:
         for m in mutants:
             for mode in args.modes:
                 for dp in args.dp:
                     for pf in args.prefetch:
-                        st = dict(passing=0, predicted=0, confirmed=0, times=[], rules=set())
+                        st = new_stats()
                         total = 0
                         for seed in range(args.runs):
                             stem = os.path.join(d, f"t{seed}.jsonl")
@@ -115,14 +122,11 @@ def main() -> None:
         if args.modes == ap.get_default("modes"):
             args.modes = ["ahead"]
         return main_pd(args, mutants)
-    print(
-        "| mutant | mode | passing `pdo check` | predicted (of passing) | confirmed | predict time |"
-    )
-    print("|---|---|---|---|---|---|")
+    table_head("mode", "passing `pdo check`")
     with tempfile.TemporaryDirectory() as d:
         for m in mutants:
             for mode in args.modes:
-                st = dict(passing=0, predicted=0, confirmed=0, times=[], rules=set())
+                st = new_stats()
                 for seed in range(args.runs):
                     path = os.path.join(d, f"t{seed}.jsonl")
                     one(m, mode, seed, path)
