@@ -134,13 +134,14 @@ class Model:
         return Answer("unknown", dt, reason=self.solver.reason_unknown())
 
     def minimal(self, use, extra=True):
-        """A minimal subset of `use` with (subset ∧ extra) unsat: deletion from the unsat core,
-        engine groups tried first so that rules are kept where they suffice. None when not
-        unsat."""
+        """A minimal subset of `use` with (subset ∧ extra) unsat: deletion from the unsat core
+        and every rule, engine groups tried first so that rules are kept where they suffice
+        (z3's first core may hold an engine group and no rule though a rule would do). None when
+        not unsat."""
         a = self.check(use, extra)
         if a.status != "unsat":
             return None, a
-        keep = [n for n in use if n in a.core]
+        keep = [n for n in use if n in a.core or not n.startswith("E:")]
         spent = a.seconds
         for n in sorted(keep, key=lambda x: (not x.startswith("E:"), x)):
             if n not in keep:
