@@ -18,7 +18,11 @@ Frames, engine to sink: HEAD (op, stream, payload length), then the payload.
 - OPEN: the trace file's path (UTF-8); its header is already there (the engine wrote it).
 - EVENTS: a pickle of (seq of the first event, [t_ns, thread, kind, values, t_ns, ...]), where a
   declared event's kind is (ev, field names) and its values a tuple, any other's kind is ev and its
-  values a dict; an object identity is an `Ident`.
+  values a dict; an object identity is an `Ident`. The stream's pickles share one memo, as one
+  pickler writes them all: what an earlier frame held (a kind, a thread's name, an identity) a
+  later one names by its memo index, so the engine's writer reduces each only once.
+- EVENTS_NEW: as EVENTS, the first frame of a new memo (the writer starts one now and then, so that
+  neither side's memo grows with the trace).
 - END: the trace_end line, written last; the file is closed and acknowledged.
 - SYNC: acknowledged once everything before it is written.
 Acknowledgements, sink to engine: ACK (stream, length of the error message), then the message:
@@ -27,6 +31,7 @@ empty when every event of the stream was written, else what stopped it (one line
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -39,7 +44,7 @@ import orjson
 
 HEAD = struct.Struct("<BII")  # op, stream, payload length
 ACK = struct.Struct("<II")  # stream, error message length
-OPEN, EVENTS, END, SYNC = range(4)
+OPEN, EVENTS, END, SYNC, EVENTS_NEW = range(5)
 
 
 class Ident(str):
@@ -100,10 +105,40 @@ def lines(first: int, flat: list) -> bytes:
     return b"".join(out)
 
 
+class _Frames:
+    """The file an Unpickler reads a stream's frames from: the frame at hand (`frame`)."""
+
+    def __init__(self):
+        self.frame = io.BytesIO()
+
+    def read(self, n: int = -1) -> bytes:
+        return self.frame.read(n)
+
+    def readinto(self, b) -> int:
+        return self.frame.readinto(b)
+
+    def readline(self) -> bytes:
+        return self.frame.readline()
+
+
 class _Stream:
     def __init__(self, path: str):
         self.f = open(path, "ab")
         self.error = ""
+        self.frames = _Frames()
+        self.unpickler: pickle.Unpickler | None = None
+
+    def events(self, payload: bytes, new: bool) -> None:
+        """A frame of events, pickled with the memo the stream's earlier frames built (or a new
+        one)."""
+        if self.error:  # the memo is lost with the frame that failed
+            return
+        if new:
+            self.unpickler = pickle.Unpickler(self.frames)
+        elif self.unpickler is None:
+            raise ValueError("events continue a memo that no frame started")
+        self.frames.frame = io.BytesIO(payload)
+        self.write(lines(*self.unpickler.load()))
 
     def write(self, data: bytes) -> None:
         if not self.error:
@@ -125,9 +160,9 @@ def serve(inp, out) -> None:
             streams[sid] = _Stream(payload.decode())
             continue
         s = streams[sid]
-        if op == EVENTS:
+        if op in (EVENTS, EVENTS_NEW):
             try:
-                s.write(lines(*pickle.loads(payload)))
+                s.events(payload, op == EVENTS_NEW)
             except Exception as err:  # noqa: BLE001 - reported to the engine, which raises it
                 s.error = s.error or f"{type(err).__name__}: {err}"
         elif op == END:

@@ -5,7 +5,8 @@ The engine's threads only append to the tracer's in-memory list (engine/trace.py
 hands what was added since its last pass to the trace sink (engine/trace_sink.py), a helper process
 that formats the lines and writes them, every `flush_ms`, or sooner once `flush_events` events wait.
 The writer's share is one pickle per pass, in C, where the line building it spares the engine's
-threads would hold their GIL. A thread that logs while `max_pending` events wait blocks until the
+threads would hold their GIL; one pickler writes a stream's passes, so that what its memo holds
+(kinds, threads' names, identities) is reduced once, not at every pass. A thread that logs while `max_pending` events wait blocks until the
 writer has caught up: nothing is ever dropped. After an exception or a signal the run's end writes
 what is left and a final `trace_end` event; after SIGKILL the file holds every event handed to the
 sink, up to the writer's last pass, and its last line may be cut (the checker reads such a file as
@@ -44,6 +45,7 @@ FLUSH_MS = 50
 FLUSH_EVENTS = 4096
 MAX_PENDING = 1 << 16
 STAMP_WAIT_S = 1.0
+MEMO_EVENTS = 1 << 14  # events pickled with one memo: it keeps the sink's memo this small
 
 dumps = trace_sink.dumps
 
@@ -217,6 +219,9 @@ class StreamWriter:
         self._drained = threading.Condition()
         self._stop = False
         self._io = threading.Lock()  # one drain at a time: the writer's, or close's
+        self._buf = io.BytesIO()
+        self._pickler: _Pickler | None = None
+        self._memo_left = 0  # events the pickler's memo may still take
         self.sink = sink()
         self.sid = next(self.sink.ids)
         self.sink.send(trace_sink.OPEN, self.sid, os.fsencode(path))
@@ -265,15 +270,29 @@ class StreamWriter:
                 else:
                     self._wait_since = None
                 if stop > start:
-                    buf = io.BytesIO()
-                    events = part if stop == n else part[: 4 * (stop - start)]
-                    _Pickler(buf, self.tr).dump((start + 1, events))
-                    self.sink.send(trace_sink.EVENTS, self.sid, buf.getvalue())
+                    self._send(start, part if stop == n else part[: 4 * (stop - start)])
                 self.written = stop
             self._gate()
         with self._drained:
             self._drained.notify_all()
         return self.written
+
+    def _send(self, start: int, events: list) -> None:
+        op = trace_sink.EVENTS
+        if self._memo_left <= 0:
+            self._pickler, self._memo_left = _Pickler(self._buf, self.tr), MEMO_EVENTS
+            op = trace_sink.EVENTS_NEW
+        self._memo_left -= len(events) // 4
+        try:
+            self._pickler.dump((start + 1, events))
+            payload = self._buf.getvalue()
+        except BaseException:  # a memo the sink will not see: the next pass starts a new one
+            self._memo_left = 0
+            raise
+        finally:
+            self._buf.seek(0)
+            self._buf.truncate()
+        self.sink.send(op, self.sid, payload)
 
     def _cut(self, part: list) -> int:
         """How many of the events in `part` (a slice of the tracer's list) come before the first

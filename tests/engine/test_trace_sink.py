@@ -63,6 +63,36 @@ def test_streamed_values_are_written_as_the_whole_trace_writer_writes_them(tmp_p
     assert streamed[2]["obj"] == "o1" and streamed[2]["extra"] == {"k": [1, 2]}
 
 
+def test_passes_that_share_a_memo_and_start_new_ones_write_the_whole_trace(tmp_path, monkeypatch):
+    """A stream's passes share one pickler's memo (a kind, a thread, an identity reduced once), and
+    a new memo starts every MEMO_EVENTS events: what a later pass names by memo index, the sink
+    still writes in full, across both kinds of frames."""
+    monkeypatch.setattr(trace_writer, "MEMO_EVENTS", 3)
+    frames = []
+    send = trace_writer._Sink.send
+    monkeypatch.setattr(
+        trace_writer._Sink, "send", lambda s, op, *a: (frames.append(op), send(s, op, *a))[1]
+    )
+    tr = Tracer({"role": "prefill"})
+    tr.stream(str(tmp_path / "s.jsonl"))
+    log = tr.events_for(admit=("rid", "obj", "pages"))
+    reqs = [Req(), Req()]
+    for i in range(8):  # one pass per event: later passes meet the same kind, thread and objects
+        log.admit(f"r{i % 2}", reqs[i % 2], i)
+        tr.emit("submit", obj=reqs[0], batch=i)
+        tr.flush()
+    tr.close()
+    tr.write(str(tmp_path / "w.jsonl"))
+    streamed, whole = _events(tmp_path / "s.jsonl"), _events(tmp_path / "w.jsonl")
+    assert streamed == whole and len(streamed) == 16
+    assert [e["obj"] for e in streamed[:4]] == ["o1", "o1", "o2", "o1"]
+    from engine import trace_sink
+
+    events = [op for op in frames if op in (trace_sink.EVENTS, trace_sink.EVENTS_NEW)]
+    assert events.count(trace_sink.EVENTS_NEW) >= 4 and events.count(trace_sink.EVENTS) >= 4
+    assert events[0] == trace_sink.EVENTS_NEW
+
+
 def test_an_object_outside_obj_is_an_internal_error_naming_the_event(tmp_path):
     tr = Tracer({"role": "prefill"})
     tr.stream(str(tmp_path / "t.jsonl"))
