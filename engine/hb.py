@@ -166,8 +166,8 @@ def relay(src, dst) -> None:
 
     What is relayed is kept under its own keys, `("relay", sender)`, merged with what was relayed
     before, never put over a sender's own entry: a relayed clock may be older than the one the
-    sender has sent since (a stream that waits on an event takes the event's clocks). The merges take
-    a lock of their own, which no send waits for."""
+    sender has sent since (a stream that waits on an event takes the event's clocks). The merges
+    take a lock of their own, which no send waits for."""
     if src is None or dst is None:
         return
     into = _channel(dst)

@@ -6,8 +6,8 @@ hands what was added since its last pass to the trace sink (engine/trace_sink.py
 that formats the lines and writes them, every `flush_ms`, or sooner once `flush_events` events wait.
 The writer's share is one pickle per pass, in C, where the line building it spares the engine's
 threads would hold their GIL; one pickler writes a stream's passes, so that what its memo holds
-(kinds, threads' names, identities) is reduced once, not at every pass. A thread that logs while `max_pending` events wait blocks until the
-writer has caught up: nothing is ever dropped. After an exception or a signal the run's end writes
+(kinds, threads' names, identities) is reduced once, not at every pass. A thread that logs while
+`max_pending` events wait blocks until the writer has caught up: nothing is ever dropped. After an exception or a signal the run's end writes
 what is left and a final `trace_end` event; after SIGKILL the file holds every event handed to the
 sink, up to the writer's last pass, and its last line may be cut (the checker reads such a file as
 truncated).
