@@ -2,12 +2,14 @@
 
 Hooks are installed on SGLang's real classes at run time (their methods wrapped, never their files
 edited); each wrapper reads SGLang's state and logs the ordering point with the vocabulary of the
-reference engine, so `pdo check` judges SGLang's traces with the same rules. Only the SGLang versions
-in KNOWN_VERSIONS are hooked: the hooks name methods and attributes of those versions, and on any
-other version they would observe nothing, or the wrong thing, without saying so.
+reference engine, so `pdo check` judges SGLang's traces with the same rules. The supported releases are
+a declared range (versions.SUPPORTED); a release below it is refused, one above it runs with a
+warning, and on every release each hook attaches only where its target exists with the parameters it
+reads (hooks.attach; hooks.report() is the one line that says which did not).
 
     load()          import SGLang's scheduler modules (the CPU workaround below), check the version
-    hooks.install   wrap the methods (engine/sglang/decode.py, engine/sglang/prefill.py)
+    decode.install, prefill.install   attach the hooks
+    versions        the supported range; several releases installed side by side
     boot/           installs the hooks in every process of a real server (PDO_SGLANG_TRACE_DIR)
 """
 
@@ -18,19 +20,20 @@ import importlib.metadata
 import sys
 import types
 
-KNOWN_VERSIONS = ("0.5.23",)
+from . import versions
+
 MODULES = (
     "sglang.srt.disaggregation.decode",
     "sglang.srt.disaggregation.prefill",
     "sglang.srt.disaggregation.common.conn",
     "sglang.srt.managers.scheduler",
     "sglang.srt.disaggregation.utils",
-    "sglang.srt.runtime_context",
 )
+OPTIONAL_MODULES = ("sglang.srt.runtime_context",)  # from 0.5.17
 
 
 class SGLangUnavailable(Exception):
-    """SGLang is not installed, or not a version the adapter knows (one line, for the user)."""
+    """SGLang is not installed, or below the supported range (one line, for the user)."""
 
 
 def installed_version() -> str | None:
@@ -43,13 +46,25 @@ def installed_version() -> str | None:
 def check_version() -> str:
     version = installed_version()
     if version is None:
-        raise SGLangUnavailable("SGLang is not installed (bash scripts/setup.sh installs 0.5.23)")
-    if version not in KNOWN_VERSIONS:
         raise SGLangUnavailable(
-            f"SGLang {version} is not a version the adapter knows "
-            f"({', '.join(KNOWN_VERSIONS)}): its hooks name that version's methods"
+            "SGLang is not installed (bash scripts/setup.sh --test installs it; "
+            "python -m engine.sglang.versions install V adds release V)"
+        )
+    if versions.position(version) == "below":
+        raise SGLangUnavailable(
+            f"SGLang {version} is below the supported range ({versions.range_text()})"
         )
     return version
+
+
+def range_warning(version: str) -> str | None:
+    """The warning for a release newer than the range: it runs, and the attach line says what held."""
+    if versions.position(version) != "above":
+        return None
+    return (
+        f"SGLang {version} is newer than the supported range ({versions.range_text()}): "
+        "hooks attach where their targets still exist"
+    )
 
 
 def _define_torchvision_ops() -> None:
@@ -80,7 +95,7 @@ _KEEP: list = []
 
 def load() -> types.SimpleNamespace:
     """SGLang's scheduler modules, imported once: .decode, .prefill, .conn, .scheduler, .decode_utils
-    (disaggregation.utils), .runtime_context, .version."""
+    (disaggregation.utils), .runtime_context (None before 0.5.17), .version."""
     version = check_version()
     _define_torchvision_ops()
     mods = [importlib.import_module(m) for m in MODULES]
@@ -90,6 +105,15 @@ def load() -> types.SimpleNamespace:
         conn=mods[2],
         scheduler=mods[3],
         decode_utils=mods[4],
-        runtime_context=mods[5],
+        runtime_context=_optional(OPTIONAL_MODULES[0]),
         version=version,
     )
+
+
+def _optional(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        return None

@@ -43,32 +43,80 @@ LOOPS = {"event_loop_normal_disagg_decode": "normal", "event_loop_overlap_disagg
 
 
 def install(sgl) -> None:
-    d, conn, sched = sgl.decode, sgl.conn, sgl.scheduler.Scheduler
+    """Attach the decode hooks where this release has their targets (hooks.report says which):
+    the prefetch ones from 0.5.19, _cancel_prefill_dp_rank_queries and _init_receiver from 0.5.22;
+    before that, a receiver's `init` is called directly and is hooked on the receiver classes."""
+    d, conn = sgl.decode, sgl.conn
     queue = d.DecodePreallocQueue
-    _QUERY_FN[:] = [_unwrap(conn.CommonKVReceiver.__dict__["query_prefill_dp_ranks"])]
+    _QUERY_FN[:] = [unwrap(conn.CommonKVReceiver.__dict__["query_prefill_dp_ranks"])]
     for name, mode in LOOPS.items():
         hooks.wrap(d.SchedulerDisaggregationDecodeMixin, name, _loop(mode, sgl.version))
-    _install_iteration_marker(sched)
+    _install_iteration_marker(sgl)
     hooks.wrap(queue, "prefetch_prefill_dp_rank_queries", _prefetch)
     hooks.wrap(queue, "_resolve_pending_reqs", _resolve)
     hooks.wrap(queue, "_cancel_prefill_dp_rank_queries", _within("cancel_all"))
-    hooks.wrap(queue, "_init_receiver", _init_receiver)
-    hooks.wrap(queue, "add", _add)
+    if not hooks.wrap(queue, "_init_receiver", _init_receiver, ("decode_req", "prefill_dp_rank")):
+        for cls in _receiver_classes():
+            hook_receiver(cls)
+    hooks.wrap(queue, "add", _add, ("req",))
     hooks.wrap(queue, "release_memory_occupation", _memory("release_memory"))
     hooks.wrap(queue, "resume_memory_occupation", _memory("resume_memory"))
-    hooks.wrap(conn.CommonKVReceiver, "query_prefill_dp_ranks", _query)
-    hooks.wrap(conn.CommonKVManager, "try_ensure_parallel_info", _parallel_info)
+    hooks.wrap(conn.CommonKVReceiver, "query_prefill_dp_ranks", _query, _QUERY_PARAMS)
+    hooks.wrap(
+        conn.CommonKVManager, "try_ensure_parallel_info", _parallel_info, ("bootstrap_addr",)
+    )
     hooks.wrap(conn.CommonKVManager, "_ensure_prefill_recompute_executor", _executor)
     hooks.wrap(concurrent.futures.Future, "cancel", _future_cancel)
     hooks.wrap(concurrent.futures.Future, "result", _future_result)
+
+
+_QUERY_PARAMS = ("bootstrap_addr", "bootstrap_rooms")
+_RECEIVER_MODULES = (
+    "sglang.srt.disaggregation.fake.conn",
+    "sglang.srt.disaggregation.mooncake.conn",
+    "sglang.srt.disaggregation.nixl.conn",
+    "sglang.srt.disaggregation.mori.conn",
+)
+
+
+def _receiver_classes() -> list:
+    """Every receiver class of the transfer backends that this process can import and that
+    defines its own `init`."""
+    import importlib  # lazy: only releases before 0.5.22 need the backends' classes
+
+    from sglang.srt.disaggregation.base.conn import BaseKVReceiver
+
+    for name in _RECEIVER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue  # a backend whose native library is missing here serves no request
+    found, todo = [], [BaseKVReceiver]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "init" in cls.__dict__ and cls is not BaseKVReceiver:
+            found.append(cls)
+    return found
+
+
+def hook_receiver(cls) -> None:
+    """Log receiver_init at `cls.init` (a receiver class of a release before 0.5.22, where the prealloc
+    queue calls the receiver's init directly); a backend class defined later is hooked the same way."""
+    if hooks.attached.get("DecodePreallocQueue._init_receiver") == "attached":
+        return  # the queue's own _init_receiver logs it
+    if f"{cls.__qualname__}.init" not in hooks.attached:
+        hooks.wrap(cls, "init", _receiver_init, ("prefill_dp_rank",))
 
 
 # ---- the loop and its iterations ------------------------------------------------------------------
 def _loop(mode: str, version: str):
     def around(sink, wrapped, sched, args, kwargs):
         page_size = getattr(sched, "page_size", None) or 1
+        queue = getattr(sched, "disagg_decode_prealloc_queue", None)
+        prefetch = hasattr(type(queue), "prefetch_prefill_dp_rank_queries")  # from 0.5.19
         sink.begin(
-            "decode", mode, page_size, prefetch=True, engine="sglang", sglang_version=version
+            "decode", mode, page_size, prefetch=prefetch, engine="sglang", sglang_version=version
         )
         _iters[id(sched)] = 0
         with hooks.inside("decode_loop"):
@@ -77,27 +125,66 @@ def _loop(mode: str, version: str):
     return around
 
 
-def _install_iteration_marker(sched_cls) -> None:
-    """Both decode loops read `self.gracefully_exit` once, first thing in each iteration, and nowhere
-    else in the iteration: that read is the top of the iteration. A property on the class observes it
-    and keeps the value where the instance keeps it."""
+def _install_iteration_marker(sgl) -> None:
+    """The top of each loop iteration. From 0.5.21 both decode loops read `self.gracefully_exit` once,
+    first thing in each iteration, and nowhere else in it: a class property observes that read and
+    keeps the value where the instance keeps it. Before, every iteration calls process_input_requests
+    once (directly, or inside ingest_requests), preceded from 0.5.19 by the prefetch when the engine
+    is not paused: the iteration begins at whichever of the two comes first."""
+    sched_cls = sgl.scheduler.Scheduler
+    if reads_gracefully_exit(sgl):
 
-    def get(self):
-        value = self.__dict__.get("gracefully_exit", False)
-        sink = hooks.active()
-        stack = hooks.context()
-        if sink is not None and stack and stack[-1] == "decode_loop" and not value:
-            n = _iters[id(self)] = _iters.get(id(self), 0) + 1
-            if getattr(self, "_engine_paused", False):
-                sink.emit("x.paused_iter", iter=n)
-            else:
-                sink.emit("iter_begin", iter=n)
-        return value
+        def get(self):
+            value = self.__dict__.get("gracefully_exit", False)
+            if not value and _top_of_loop():
+                _iteration(self)
+            return value
 
-    def set_(self, value):
-        self.__dict__["gracefully_exit"] = value
+        def set_(self, value):
+            self.__dict__["gracefully_exit"] = value
 
-    hooks.set_attribute(sched_cls, "gracefully_exit", property(get, set_))
+        hooks.set_attribute(sched_cls, "gracefully_exit", property(get, set_))
+        hooks.mark("Scheduler.gracefully_exit (iteration marker)", None)
+        return
+    hooks.mark("Scheduler.gracefully_exit (iteration marker)", "absent: marked at intake")
+    hooks.wrap(sched_cls, "process_input_requests", _intake_marker)
+
+
+def reads_gracefully_exit(sgl) -> bool:
+    """Whether both decode loops of this release read `self.gracefully_exit` (0.5.21 on)."""
+    import inspect  # lazy: read at install
+
+    mixin = sgl.decode.SchedulerDisaggregationDecodeMixin
+    return all(
+        "self.gracefully_exit" in inspect.getsource(unwrap(mixin.__dict__[name])) for name in LOOPS
+    )
+
+
+def _top_of_loop() -> bool:
+    stack = hooks.context()
+    return bool(stack) and stack[-1] == "decode_loop"
+
+
+def _iteration(sched) -> None:
+    sink = hooks.active()
+    if sink is None:
+        return
+    n = _iters[id(sched)] = _iters.get(id(sched), 0) + 1
+    _opened[id(sched)] = True
+    if getattr(sched, "_engine_paused", False):
+        sink.emit("x.paused_iter", iter=n)
+    else:
+        sink.emit("iter_begin", iter=n)
+
+
+_opened: dict[int, bool] = {}  # id(scheduler) -> an iteration was opened by its prefetch
+
+
+def _intake_marker(sink, wrapped, sched, args, kwargs):
+    if _top_of_loop():
+        if not _opened.pop(id(sched), False):
+            _iteration(sched)
+    return wrapped(*args, **kwargs)
 
 
 def _within(name: str):
@@ -122,6 +209,8 @@ def _groups(queue) -> dict[str, list]:
 
 
 def _prefetch(sink, wrapped, queue, args, kwargs):
+    if hooks.attached.get("Scheduler.process_input_requests") == "attached" and _top_of_loop():
+        _iteration(queue.scheduler)  # the prefetch comes first in the iteration (0.5.19, 0.5.20)
     it = _iters.get(id(queue.scheduler), 0)
     sink.emit("prefetch_begin", iter=it)
     before = {addr: id(fut) for addr, (_, fut) in queue._prefill_dp_rank_queries.items()}
@@ -161,7 +250,7 @@ class _ObservedExecutor:
 
     def submit(self, fn, *args, **kwargs):
         sink = hooks.active()
-        if sink is None or _unwrap(fn) is not self._query_fn:
+        if sink is None or unwrap(fn) is not self._query_fn:
             return self._real.submit(fn, *args, **kwargs)
         addr, rooms = args[0], list(args[1])
         qid = next(_qids)
@@ -194,7 +283,8 @@ _proxies: dict[int, _ObservedExecutor] = {}
 _QUERY_FN: list = []  # the real CommonKVReceiver.query_prefill_dp_ranks, set by install
 
 
-def _unwrap(fn):
+def unwrap(fn):
+    """The plain function under wrappers and method binding."""
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
     return getattr(fn, "__func__", fn)
@@ -364,8 +454,21 @@ def _init_receiver(sink, wrapped, queue, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
+def _receiver_init(sink, wrapped, receiver, args, kwargs):
+    room = getattr(receiver, "bootstrap_room", None)
+    rank = args[0] if args else kwargs["prefill_dp_rank"]
+    if _resolving:
+        _flush_resolves(sink, _resolving[-1])
+    sink.emit("receiver_init", room=room, rank=int(rank), rid=_rids.get(room, str(room)))
+    return wrapped(*args, **kwargs)
+
+
+_rids: dict = {}  # bootstrap room -> rid, from req_add (a receiver knows its room, not its rid)
+
+
 def _add(sink, wrapped, queue, args, kwargs):
     req = args[0]
+    _rids[req.bootstrap_room] = str(req.rid)
     sink.emit(
         "req_add",
         rid=str(req.rid),

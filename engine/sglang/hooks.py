@@ -4,11 +4,16 @@ A wrapper observes: it may read SGLang's objects before and after the real call,
 active sink; it passes the arguments through unchanged and returns what the real function returned.
 With no active sink, a wrapper is a plain call. `ran` records the qualified names of the real SGLang
 functions that were called while a sink was active (the `sglang_functions` of `pdo conform --json`).
+
+A hook attaches only where its target exists, with the parameters the wrapper reads (`params`): SGLang
+renames, splits and adds methods from release to release, and a wrapper on the wrong target would log
+the wrong thing without saying so. `attached` records each hook's outcome; `report()` is its one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 
 import wrapt
@@ -18,6 +23,7 @@ from .sink import TraceSink
 _active: TraceSink | None = None
 _installed: list[tuple[object, str, object]] = []  # (owner, name, the attribute as it was)
 ran: dict[str, int] = {}
+attached: dict[str, str] = {}  # "Owner.name" -> "attached" or why not ("absent", "signature (...)")
 _local = threading.local()
 
 
@@ -48,10 +54,18 @@ def qualname(fn) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def wrap(owner, name: str, around) -> None:
+def wrap(owner, name: str, around, params: tuple[str, ...] = ()) -> bool:
     """Replace owner.name by a wrapper calling around(sink, wrapped, instance, args, kwargs) when a
-    sink is active; `around` must call `wrapped(*args, **kwargs)` once and return its result."""
-    original = owner.__dict__[name]
+    sink is active; `around` must call `wrapped(*args, **kwargs)` once and return its result.
+    `params`: the leading parameters (after self) the wrapper reads by position. Where owner defines
+    no `name`, or its parameters differ, nothing is wrapped and `attached` says why; returns whether
+    the hook attached."""
+    key = f"{owner.__qualname__}.{name}"
+    original = owner.__dict__.get(name, _ABSENT)
+    why = "absent" if original is _ABSENT else _signature_mismatch(original, params)
+    attached[key] = why or "attached"
+    if why:
+        return False
     label = f"{owner.__module__}.{owner.__qualname__}.{name}"
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -63,6 +77,32 @@ def wrap(owner, name: str, around) -> None:
 
     wrapt.wrap_function_wrapper(owner, name, wrapper)
     _installed.append((owner, name, original))
+    return True
+
+
+def _signature_mismatch(target, params: tuple[str, ...]) -> str | None:
+    if not params:
+        return None
+    fn = getattr(target, "__func__", target)
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError):
+        return "signature (unreadable)"
+    names = names[1:] if names and names[0] in ("self", "cls") else names
+    have = tuple(names[: len(params)])
+    return None if have == tuple(params) else f"signature ({', '.join(have)})"
+
+
+def mark(key: str, why: str | None) -> None:
+    """Record a hook that is not a method wrap (a property, a proxy): attached, or why not."""
+    attached[key] = why or "attached"
+
+
+def report() -> str:
+    """One line: how many hooks attached, and each that did not, with why."""
+    missing = [f"{k} ({v})" for k, v in attached.items() if v != "attached"]
+    line = f"hooks: {len(attached) - len(missing)}/{len(attached)} attached"
+    return line + (f"; not attached: {', '.join(missing)}" if missing else "")
 
 
 def is_installed() -> bool:
@@ -70,6 +110,7 @@ def is_installed() -> bool:
 
 
 def uninstall() -> None:
+    attached.clear()
     while _installed:
         owner, name, original = _installed.pop()
         if original is _ABSENT:

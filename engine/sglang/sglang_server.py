@@ -30,3 +30,15 @@ def start(sgl, timeout_s: float = 10.0):
                     f"SGLang's bootstrap server did not start on port {port}"
                 ) from None
             time.sleep(0.02)
+
+
+def wire_matches(sgl) -> bool:
+    """Whether `pdo bootstrap` speaks this release's wire: the decode side builds its
+    PrefillServerInfo from the /route answer with `PrefillServerInfo(**answer)`, so every field pdo
+    sends must be one the release's dataclass has (releases before 0.5.23 lack some)."""
+    import dataclasses  # lazy: with the rest of SGLang's side
+
+    from ..bootstrap_state import INFO_DECODE_SIDE, INFO_FIELDS, INFO_OMITTED_WHEN_NULL
+
+    sent = (set(INFO_FIELDS) - set(INFO_OMITTED_WHEN_NULL)) | set(INFO_DECODE_SIDE)
+    return sent <= {f.name for f in dataclasses.fields(sgl.conn.PrefillServerInfo)}

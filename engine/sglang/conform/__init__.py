@@ -13,15 +13,15 @@ every trace.
 This module is the sub-command's entry (engine/cli.py registers it): the parser, and the version
 check that comes before anything imports SGLang or torch.
 
-Exit codes: 0 every scenario met its expectation, 1 otherwise, 2 SGLang missing or of another
-version.
+Exit codes: 0 every scenario met its expectation, 1 otherwise, 2 SGLang missing, not installed in
+the version asked for, or below the supported range.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .. import SGLangUnavailable, check_version
+from .. import SGLangUnavailable, check_version, range_warning, versions
 
 
 def register(sub) -> None:
@@ -57,16 +57,28 @@ def register(sub) -> None:
     p.add_argument(
         "--list", action="store_true", help="list the scenarios and the mutants, then exit"
     )
+    p.add_argument(
+        "--sglang-version",
+        default=None,
+        metavar="V",
+        help="check SGLang release V, installed side by side "
+        "(python -m engine.sglang.versions install V); default: the one .venv has",
+    )
     p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     p.set_defaults(fn=cmd_conform)
 
 
 def cmd_conform(a) -> int:
     try:
-        check_version()
-    except SGLangUnavailable as exc:
+        if a.sglang_version is not None:
+            versions.use(a.sglang_version)
+        version = check_version()
+    except (SGLangUnavailable, versions.VersionError) as exc:
         print(f"pdo conform: {exc}", file=sys.stderr)
         return 2
+    warning = range_warning(version)
+    if warning:
+        print(f"pdo conform: warning: {warning}", file=sys.stderr)
     # lazy: the scenarios import torch and build on SGLang; every other `pdo` command starts without
     from . import command
 

@@ -11,7 +11,8 @@ import os
 import sys
 import tempfile
 
-from . import driver, mutants
+from .. import hooks
+from . import decode_scenarios, driver, mutants
 
 
 def run(a) -> int:
@@ -80,6 +81,9 @@ def _print_results(sgl, results: list[dict], trace_dir: str) -> None:
         f"SGLang {sgl.version}; traces in {trace_dir}; "
         f"{len({f for r in results for f in r['sglang_functions']})} real SGLang functions ran"
     )
+    print(hooks.report())
+    for name, absent in decode_scenarios.inapplicable(sgl).items():
+        print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
 
 
 def _prefill_mutant(sgl, a) -> int:

@@ -20,7 +20,9 @@ forward).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import threading
 import types
 
@@ -29,6 +31,7 @@ from spec.registry import Registry
 
 from ... import bootstrap_client, sync
 from ...bootstrap import BootstrapServer
+from .. import decode as decode_hooks
 from .. import hooks, sglang_server
 from ..sink import TraceSink
 
@@ -64,9 +67,19 @@ class _Receiver:
 
     def __init__(self, mgr=None, bootstrap_addr=None, bootstrap_room=None, **_):
         self.room, self.rank, self.conclude_state = bootstrap_room, None, None
+        self.bootstrap_room = bootstrap_room
+        self.aborted = False
+
+    def abort(self):
+        """What the queue calls when it gives up on the request's prefill (the transfer fails)."""
+        self.aborted = True
 
     def init(self, prefill_dp_rank):
         self.rank = prefill_dp_rank
+
+
+class _LoopEnd(Exception):
+    """Raised by the idle stand-in to end a loop that has no exit of its own (before 0.5.21)."""
 
 
 class _Server:
@@ -123,6 +136,7 @@ def _kv_manager(conn):
     mgr.kv_args = types.SimpleNamespace(page_size=PAGE_SIZE, state_types=[], engine_rank=0)
     for name, value in dict(
         kv_cache_dtype_str="auto",
+        server_args=types.SimpleNamespace(kv_cache_dtype="auto"),  # read there before 0.5.17
         attn_tp_size=1,
         attn_tp_rank=0,
         attn_cp_size=1,
@@ -166,7 +180,9 @@ class Harness:
     def __init__(self, sgl, script: Script, mode: str):
         self.sgl, self.script, self.mode = sgl, script, mode
         d = sgl.decode
-        self.servers = [_Server(sgl, script.sglang_server) for _ in range(script.servers)]
+        # pdo's server where it speaks this release's wire, else the release's own
+        own = script.sglang_server or not sglang_server.wire_matches(sgl)
+        self.servers = [_Server(sgl, own) for _ in range(script.servers)]
         for i in script.published:
             self.servers[i].publish(script.dp_size)
         sched = self.sched = sgl.scheduler.Scheduler.__new__(sgl.scheduler.Scheduler)
@@ -192,20 +208,49 @@ class Harness:
                 prepare_for_forward=lambda b, chunked_req=None: b
             ),
             ingest_requests=self._ingest,
-            process_decode_queue=self._process_decode_queue,
-            get_next_disagg_decode_batch_to_run=lambda running_batch: types.SimpleNamespace(
-                running_batch=running_batch, batch_to_run=None
+            # intake before 0.5.20: the loop's own recv_requests, then the real process_input_requests
+            request_receiver=types.SimpleNamespace(recv_requests=self._recv),
+            session_controller=types.SimpleNamespace(maybe_reap=lambda now: None),
+            flush_wrapper=types.SimpleNamespace(check_pending=lambda: None),
+            external_corpus_manager=None,
+            return_health_check_ipcs=[],
+            # what the queue reads of the server's arguments before 0.5.17 (after: get_disagg())
+            server_args=types.SimpleNamespace(
+                disaggregation_transfer_backend="mooncake",
+                disaggregation_decode_enable_radix_cache=False,
+                disaggregation_decode_polling_interval=self.script.polling_interval,
             ),
+            process_decode_queue=self._process_decode_queue,
+            get_next_disagg_decode_batch_to_run=self._no_batch,
             is_disable_overlap_for_batch=lambda batch, last_batch=None: False,
-            launch_batch_sample_if_needed=lambda result, batch: None,
+            launch_batch_sample_if_needed=lambda result, batch=None: None,  # batch: 0.5.16 on
+            _war_barrier_enabled=False,
+            enable_hisparse=False,  # read by add's capacity check in 0.5.19 and 0.5.20
+            scheduler_stage_metrics=None,  # process_input_requests' stage recorder (0.5.20 on): off  # the overlap loop's stream wait before 0.5.14: no forward
             on_idle=self._idle,
             _record_scheduler_state_for_paused_engine=lambda: None,
             retire_unadmitted_request=lambda req: None,
             output_streamer=types.SimpleNamespace(stream_output=lambda reqs, logprob: None),
         )
 
+    def _no_batch(self, running_batch=None):
+        """No decode batch is formed: from 0.5.16 the loop reads a plan, before it a batch."""
+        if running_batch is None and not self._plans:
+            return None
+        return types.SimpleNamespace(running_batch=running_batch, batch_to_run=None)
+
     # ---- the script, played at intake ---------------------------------------------------------
     def _ingest(self, *args, **kwargs):
+        """ingest_requests (0.5.20 on): the script; on 0.5.20, whose loops have no other iteration
+        marker, then SGLang's own process_input_requests, where the adapter marks the iteration."""
+        recv = self._recv()
+        if not self._loop_reads_exit:
+            type(self.sched).process_input_requests(self.sched, recv)
+        return recv
+
+    def _recv(self, *args, **kwargs):
+        """What the tokenizer's socket delivers this iteration: the script plays it, and nothing
+        reaches the dispatcher."""
         self.iteration += 1
         step = self.script.steps.get(self.iteration, Step())
         for i in step.publish:
@@ -281,6 +326,8 @@ class Harness:
         done = self.iteration >= last_step and len(self.ended) == len(self.reqs)
         if done or self.iteration >= self.script.max_iters:
             self.sched.gracefully_exit = True
+            if not self._loop_reads_exit:
+                raise _LoopEnd  # loops before 0.5.21 never leave on their own
         # the decode graph's time: lets a prefetched query finish before its consumer
         sync.sleep(0.002)
 
@@ -292,24 +339,34 @@ class Harness:
             f"event_loop_{self.mode}_disagg_decode",
         )
         sink = TraceSink(trace_path) if trace_path is not None else hooks.active()
-        config = self.sgl.runtime_context._CONTEXT.override_server_args(
-            disaggregation_mode="decode"
+        self._loop_reads_exit = decode_hooks.reads_gracefully_exit(self.sgl)
+        self._plans = "plan = self.get_next_disagg_decode_batch_to_run" in inspect.getsource(
+            decode_hooks.unwrap(loop)
         )
-        config.install()  # the published ServerArgs that _init_receiver reads (get_disagg())
+        rc = self.sgl.runtime_context
+        # the published ServerArgs that _init_receiver reads (get_disagg(), 0.5.22 on)
+        config = rc._CONTEXT.override_server_args(disaggregation_mode="decode") if rc else None
+        if config is not None:
+            config.install()
         decode = self.sgl.decode
         real_get_kv_class = decode.get_kv_class
         # the transfer backend's receiver class
         decode.get_kv_class = lambda backend, kind: _Receiver
+        decode_hooks.hook_receiver(_Receiver)
         try:
-            if trace_path is None:
-                loop(self.sched)
-            else:
-                with hooks.tracing(sink):
+            with contextlib.suppress(_LoopEnd):
+                if trace_path is None:
                     loop(self.sched)
+                else:
+                    with hooks.tracing(sink):
+                        loop(self.sched)
         finally:
             decode.get_kv_class = real_get_kv_class
-            config.restore()
-            self.queue._cancel_prefill_dp_rank_queries()
+            if config is not None:
+                config.restore()
+            cancel = getattr(self.queue, "_cancel_prefill_dp_rank_queries", None)
+            if cancel is not None:
+                cancel()
             executor = self.mgr._prefill_recompute_executor
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
@@ -415,10 +472,31 @@ _add(
 _add("decode-sglang-server", Script(_BURST, sglang_server=True))
 
 
+def needs(script: Script) -> list[str]:
+    """The SGLang entry points a script drives beyond the loops and the queue's add/resolve."""
+    steps = script.steps.values()
+    memory = any(s.release or s.resume for s in steps)
+    return ["DecodePreallocQueue.release_memory_occupation"] if memory else []
+
+
+def missing(sgl, script: Script) -> list[str]:
+    """The entry points the script needs that this release does not have."""
+    owners = {"DecodePreallocQueue": sgl.decode.DecodePreallocQueue}
+    return [n for n in needs(script) if not hasattr(owners[n.split(".")[0]], n.split(".")[1])]
+
+
+def inapplicable(sgl) -> dict[str, list[str]]:
+    """Scenario -> the entry points it needs that this release lacks (it is not run there)."""
+    return {name: m for name, script in SCRIPTS.items() if (m := missing(sgl, script))}
+
+
 def scenarios(sgl) -> list[tuple[str, object]]:
-    """(name, run(trace_path) -> trace_path) for each script under both decode loops."""
+    """(name, run(trace_path) -> trace_path) for each script this release can run, under both
+    decode loops."""
     out = []
     for name, script in SCRIPTS.items():
+        if missing(sgl, script):
+            continue
         for mode in ("normal", "overlap"):
             out.append((f"{name}/{mode}", _runner(sgl, script, mode)))
     return out
