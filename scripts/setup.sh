@@ -18,13 +18,16 @@
 #           index (same Triton) into .venv, then re-run this script.
 # The GPU branch fails, with one line, unless torch is a CUDA build that sees the GPU.
 #
-# SGLang 0.5.23 (for `pdo conform sglang`, docs/sglang.md) goes in last, without its own dependency
-# resolution: scripts/sglang-requirements.txt is the exact set its scheduler modules import, and
-# torchvision is the build that matches the torch above (0.28.0 for 2.13, 0.29.1 for 2.14).
-# PDO_NO_SGLANG=1 skips it; the engine, the checker and the main job never need it.
+# `--test` also sets up what only the tests need: SGLang (for `pdo conform sglang`, docs/sglang.md),
+# without its own dependency resolution. scripts/sglang-requirements.txt is the newest supported
+# release and the exact set its scheduler modules import, and torchvision is the build that matches
+# the torch above (0.28.0 for 2.13, 0.29.1 for 2.14). The oldest supported release goes beside it,
+# in .sglang/<version>/ (engine/sglang/versions.py: its wheel and the pins the shared set does not
+# meet), so that the tests run both ends of the range. The engine, the checker and the main job never
+# need SGLang.
 #
 # Idempotent: a second run, with pyproject.toml, the SGLang list and this script unchanged since the
-# last complete run (a stamp in .venv records them), installs nothing and only checks the versions.
+# last complete run (stamps in .venv record them), installs nothing and only checks the versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -37,8 +40,8 @@ else
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.pdo-setup
-sglang=$([[ "${PDO_NO_SGLANG:-0}" == 1 ]] && echo 0 || echo 1)
-key="gpu=$gpu sglang=$sglang $(cat pyproject.toml scripts/setup.sh scripts/sglang-requirements.txt | sha256sum | cut -c1-16)"
+tests=$([[ "${1:-}" == --test ]] && echo 1 || echo 0)
+key="gpu=$gpu $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
   if (( gpu )); then
     .venv/bin/pip install -q "torch==$torch" "triton==$TRITON"
@@ -47,10 +50,13 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
       .venv/bin/pip install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$torch+cpu" "triton==$TRITON"
   fi
   .venv/bin/pip install -q -e ".[test]"
-  if (( sglang )); then
-    .venv/bin/pip install -q --no-deps -r scripts/sglang-requirements.txt "torchvision==$vision"
-  fi
   echo "$key" >"$stamp"
+fi
+test_key="$key $(cat scripts/sglang-requirements.txt | sha256sum | cut -c1-16)"
+if (( tests )) && [[ "$(cat "$stamp.test" 2>/dev/null)" != "$test_key" ]]; then
+  .venv/bin/pip install -q --no-deps -r scripts/sglang-requirements.txt "torchvision==$vision"
+  .venv/bin/python -m engine.sglang.versions install --oldest
+  echo "$test_key" >"$stamp.test"
 fi
 .venv/bin/python - "$gpu" "$torch" "$TRITON" <<'EOF'
 import sys

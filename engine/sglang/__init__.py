@@ -20,8 +20,6 @@ import importlib.metadata
 import sys
 import types
 
-from . import versions
-
 MODULES = (
     "sglang.srt.disaggregation.decode",
     "sglang.srt.disaggregation.prefill",
@@ -44,6 +42,8 @@ def installed_version() -> str | None:
 
 
 def check_version() -> str:
+    from . import versions  # lazy: `python -m engine.sglang.versions` runs it as __main__
+
     version = installed_version()
     if version is None:
         raise SGLangUnavailable(
@@ -59,6 +59,8 @@ def check_version() -> str:
 
 def range_warning(version: str) -> str | None:
     """The warning for a release newer than the range: it runs, and the attach line says what held."""
+    from . import versions  # lazy: as in check_version
+
     if versions.position(version) != "above":
         return None
     return (

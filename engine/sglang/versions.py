@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 SUPPORTED = (Version("0.5.13"), Version("0.5.23"))  # inclusive; tested on every release between
 RELEASES = (
@@ -76,6 +76,12 @@ def use(version: str) -> None:
     SGLang, when it is that version, needs no folder."""
     if "sglang" in sys.modules:
         raise VersionError("SGLang is already imported in this process; choose the version first")
+    try:
+        below = position(version) == "below"
+    except InvalidVersion:
+        raise VersionError(f"--sglang-version {version!r} is not a version number") from None
+    if below:
+        raise VersionError(f"SGLang {version} is below the supported range ({range_text()})")
     path = folder(version)
     if not (path / "sglang").is_dir():
         if _shared("sglang") == version:
@@ -170,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("install", help="install releases side by side")
     i.add_argument("versions", nargs="*", help="releases (default with --all: every supported one)")
     i.add_argument("--all", action="store_true", help=f"every release from {range_text()}")
+    i.add_argument("--oldest", action="store_true", help=f"the oldest supported ({RELEASES[0]})")
     sub.add_parser("list", help="the releases installed, and the supported range")
     a = p.parse_args(argv)
     if a.cmd == "list":
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             f"supported: {range_text()}; installed under {root()}: {', '.join(installed()) or 'none'}"
         )
         return 0
-    versions = list(RELEASES) if a.all else a.versions
+    versions = list(RELEASES) if a.all else [RELEASES[0]] if a.oldest else a.versions
     if not versions:
         p.error("name the releases to install, or --all")
     for v in versions:
