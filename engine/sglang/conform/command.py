@@ -21,6 +21,7 @@ def run(a) -> int:
     scenarios = driver.all_scenarios(sgl)
     if a.list:
         _print_list(scenarios)
+        _print_release(sgl)
         return 0
     if a.mutant in mutants.PREFILL_MUTANTS:
         return _prefill_mutant(sgl, a)
@@ -81,6 +82,11 @@ def _print_results(sgl, results: list[dict], trace_dir: str) -> None:
         f"SGLang {sgl.version}; traces in {trace_dir}; "
         f"{len({f for r in results for f in r['sglang_functions']})} real SGLang functions ran"
     )
+    _print_release(sgl)
+
+
+def _print_release(sgl) -> None:
+    """Which hooks attached on this release, and the scenarios it cannot run."""
     print(hooks.report())
     for name, absent in decode_scenarios.inapplicable(sgl).items():
         print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
