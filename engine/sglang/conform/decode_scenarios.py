@@ -345,7 +345,10 @@ class Harness:
         )
         rc = self.sgl.runtime_context
         # the published ServerArgs that _init_receiver reads (get_disagg(), 0.5.22 on)
-        config = rc._CONTEXT.override_server_args(disaggregation_mode="decode") if rc else None
+        publishes = rc is not None and hasattr(rc._CONTEXT, "override_server_args")
+        config = (
+            rc._CONTEXT.override_server_args(disaggregation_mode="decode") if publishes else None
+        )
         if config is not None:
             config.install()
         decode = self.sgl.decode
