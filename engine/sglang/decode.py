@@ -71,7 +71,7 @@ def _loop(mode: str, version: str):
             "decode", mode, page_size, prefetch=True, engine="sglang", sglang_version=version
         )
         _iters[id(sched)] = 0
-        with hooks.inside("decode_loop"):
+        with hooks.inside("decode_loop"), sink.ends_with_loop():
             return wrapped(*args, **kwargs)
 
     return around
