@@ -252,9 +252,7 @@ class _TransferringIsDone(_ReplaceTest):
     }
 
 
-@_prefill_mutant(
-    "release-before-delivery", "prefill-chunked/overlap", {"P-release-after-delivery"}
-)
+@_prefill_mutant("release-before-delivery", "prefill-chunked/overlap", {"P-release-after-delivery"})
 def _release_before_delivery():
     """process_disagg_prefill_inflight_queue treating a sender that polls KVPoll.Transferring as
     done: the request's KV pages are released while its transfer may still read them."""
