@@ -110,6 +110,22 @@ _register(
 )
 _register(
     Mutant(
+        "prefetch-never-used",
+        "the consumption point cancels a prefetched query that covers its rooms and asks them "
+        "again synchronously (the prefetch is never used)",
+        _QUEUE,
+        "_resolve_pending_reqs",
+        _make(
+            _FalseIf,
+            "prefetched is not None and "
+            "tuple(rooms[:len(prefetched_rooms)]) == prefetched_rooms",
+        ),
+        ("decode-arrivals/normal", "decode-rooms-grow/normal"),
+        ("D-consume-answer",),
+    )
+)
+_register(
+    Mutant(
         "no-stale-cancel",
         "prefetched queries of addresses with no pending request are kept",
         _QUEUE,
