@@ -381,7 +381,14 @@ class ConsumeAnswer(DecodeTemplate):
     prefetched one when it covers the rooms (all: prefetched; a proper prefix: prefix), otherwise
     a synchronous query."""
 
-    events = ("req_add", "receiver_init", "req_abort", "prefetch_submit", "prefetch_cancel", "resolve")
+    events = (
+        "req_add",
+        "receiver_init",
+        "req_abort",
+        "prefetch_submit",
+        "prefetch_cancel",
+        "resolve",
+    )
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)

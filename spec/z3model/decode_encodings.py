@@ -448,9 +448,6 @@ def enc_consume_answer(rule, universe):
             yield implies(conj(x.exists, is_open), fits), [x, y, *closers]
         none_open = neg(disj(*opens))
         yield (
-            implies(
-                conj(x.exists, none_open),
-                covered == () and x.f.get("source") == "sync",
-            ),
+            implies(conj(x.exists, none_open), covered == () and x.f.get("source") == "sync"),
             [x, *refs],
         )

@@ -117,8 +117,7 @@ _register(
         "_resolve_pending_reqs",
         _make(
             _FalseIf,
-            "prefetched is not None and "
-            "tuple(rooms[:len(prefetched_rooms)]) == prefetched_rooms",
+            "prefetched is not None and tuple(rooms[:len(prefetched_rooms)]) == prefetched_rooms",
         ),
         ("decode-arrivals/normal", "decode-rooms-grow/normal"),
         ("D-consume-answer",),
