@@ -62,6 +62,7 @@ import wrapt
 import xxhash
 
 from . import hooks
+from . import sink as trace_sink
 
 LOOPS = {
     "event_loop_normal_disagg_prefill": "normal",
@@ -140,6 +141,7 @@ def install(sgl) -> None:
     for name in ("_poll_with_failure_injection", "_poll_with_failure_injection_pp"):
         if name in sgl.decode_utils.__dict__:
             _wrap_module_function(sgl.decode_utils, name, _polls)
+            trace_sink.COMPLETIONS_OBSERVED[0] = True
     for cls in _classes_defining(ReqToTokenPool, "alloc"):
         hooks.wrap(cls, "alloc", _slot_alloc)
     for cls in _classes_defining(ReqToTokenPool, "free"):

@@ -23,6 +23,10 @@ from ..trace import FORMAT
 # ends with trace_end. It logs none of version 3's stream events (SGLang's streams are CUDA streams,
 # whose order the host cannot see), so it declares the version whose events it writes.
 VERSION = 2
+# Whether the prefill hooks observe the senders' polls (prefill.install sets it where SGLang has the
+# function they wrap). Without it a prefill trace would carry no kv_delivered, and version 2 would
+# make P-release-after-delivery report every release: such a trace declares version 1, as before.
+COMPLETIONS_OBSERVED = [False]
 
 
 class TraceSink:
@@ -46,7 +50,7 @@ class TraceSink:
                 return
             self.header = {
                 "format": FORMAT,
-                "version": VERSION,
+                "version": 1 if role == "prefill" and not COMPLETIONS_OBSERVED[0] else VERSION,
                 "role": role,
                 "mode": mode,
                 "page_size": page_size,
@@ -120,7 +124,7 @@ class TraceSink:
     def close(self, reason: str | None = None) -> None:
         """Write `trace_end` (the loop's reason, else `reason`, else the exception on its way out)
         and close the file."""
-        if self._file is not None and not self._ended:
+        if self._file is not None and not self._ended and self.header["version"] >= 2:
             exc = sys.exc_info()[1]
             fallback = (
                 "normal"

@@ -15,6 +15,13 @@ def _lines(path):
     return [json.loads(line) for line in open(path, encoding="utf-8")]
 
 
+@pytest.fixture(autouse=True)
+def _poll_hook_attached(monkeypatch):
+    from engine.sglang import sink as trace_sink
+
+    monkeypatch.setattr(trace_sink, "COMPLETIONS_OBSERVED", [True])
+
+
 def _run(path, body):
     sink = TraceSink(str(path))
     sink.begin("prefill", "normal", 16)
@@ -54,3 +61,15 @@ def test_a_process_that_exits_inside_the_loop_reads_as_truncated(tmp_path):
     lines = _lines(path)
     assert [e["ev"] for e in lines[1:]] == ["trace_end"] and lines[-1]["reason"] == "exit"
     assert not check_file(str(path)).complete
+
+
+def test_a_prefill_trace_declares_version_1_without_the_poll_hook(tmp_path, monkeypatch):
+    """An SGLang whose senders' polls the hooks cannot observe: no kv_delivered, so the trace stays
+    version 1 (no trace_end), and P-release-after-delivery does not apply to it."""
+    from engine.sglang import sink as trace_sink
+
+    monkeypatch.setattr(trace_sink, "COMPLETIONS_OBSERVED", [False])
+    lines = _run(tmp_path / "t.jsonl", lambda s: s.emit("x.note"))
+    assert lines[0]["version"] == 1 and lines[-1]["ev"] == "x.note"
+    monkeypatch.setattr(trace_sink, "COMPLETIONS_OBSERVED", [True])
+    assert _run(tmp_path / "u.jsonl", lambda s: None)[0]["version"] == 2
