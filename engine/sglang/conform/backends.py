@@ -32,8 +32,10 @@ A missing native package is stubbed at its import only (`_NATIVE_STUBS`), never 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib
+import inspect
 import sys
 import threading
 import time
@@ -181,7 +183,7 @@ class _Destination:
         self.__dict__.update(fields)
 
 
-def _queue(conn, log: _Log, dequeued: list):
+def _queue(dequeued: list):
     """SGLang's FastQueue, recording whether each chunk the worker takes carries a wait event."""
     from sglang.srt.disaggregation.common.utils import FastQueue  # lazy: SGLang is optional
 
@@ -195,7 +197,7 @@ def _queue(conn, log: _Log, dequeued: list):
     return RecordingQueue()
 
 
-def _manager(mgr_cls, conn, queue):
+def _manager(mgr_cls, queue):
     from sglang.srt.disaggregation.base import KVPoll
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
@@ -229,7 +231,7 @@ def _manager(mgr_cls, conn, queue):
     )
     attrs = dict(
         disaggregation_mode=DisaggregationMode.PREFILL,
-        request_status=_Status({ROOM: KVPoll.WaitingForInput}),
+        request_status={ROOM: KVPoll.WaitingForInput},
         transfer_infos={ROOM: {_SESSION: dst}},
         decode_kv_args_table={_SESSION: peer},
         transfer_queues=[queue],
@@ -265,10 +267,6 @@ def _manager(mgr_cls, conn, queue):
     return mgr
 
 
-class _Status(dict):
-    """request_status: a dict (0.5.23's manager keeps a per-room table with get/[])."""
-
-
 def _sender(sender_cls, mgr, event):
     sender = sender_cls.__new__(sender_cls)
     from sglang.srt.disaggregation.base.conn import KVTransferMetric  # lazy: SGLang is optional
@@ -292,15 +290,11 @@ def _sender(sender_cls, mgr, event):
 
 
 def _worker(mgr, queue):
-    """The backend's real transfer worker loop, on the queue the manager puts chunks on."""
-    if "_transfer_worker" in type(mgr).__dict__ or hasattr(type(mgr), "_transfer_worker"):
+    """The backend's real transfer worker loop, on the queue the manager puts chunks on (mori's is
+    `_transfer_worker(queue)`; mooncake's takes the executor its transfers run on)."""
+    if hasattr(type(mgr), "_transfer_worker"):
         return lambda: mgr._transfer_worker(queue)
-    import concurrent.futures
-
-    if (
-        "executor"
-        in mgr.transfer_worker.__code__.co_varnames[: mgr.transfer_worker.__code__.co_argcount]
-    ):
+    if "executor" in inspect.signature(mgr.transfer_worker).parameters:
         pool = concurrent.futures.ThreadPoolExecutor(1)
         return lambda: mgr.transfer_worker(queue, pool)
     return lambda: mgr.transfer_worker(queue)
@@ -315,8 +309,8 @@ def check(backend: str, timeout_s: float = 10.0) -> BackendOutcome:
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender
 
     log, dequeued = _Log(), []
-    queue = _queue(conn, log, dequeued)
-    mgr = _manager(_defined_subclass(conn, CommonKVManager), conn, queue)
+    queue = _queue(dequeued)
+    mgr = _manager(_defined_subclass(conn, CommonKVManager), queue)
     event = RecordingEvent(log)
     sender = _sender(_defined_subclass(conn, CommonKVSender), mgr, event)
     errors: list = []
