@@ -363,3 +363,93 @@ class Release(DecodeTemplate):
                 f"{ev} ({what}) after release_memory, before resume_memory", self.released, e["seq"]
             )
         self.out.on(e)
+
+
+def _room_list(e: dict, key: str):
+    """A list-of-int field, or None when the event does not carry it."""
+    v = e.get(key)
+    return tuple(v) if isinstance(v, list) else None
+
+
+@TEMPLATES.register("consume_answer")
+class ConsumeAnswer(DecodeTemplate):
+    """At each consumption point (a resolve carrying `pending` and `covered`, what SGLang's queue held
+    when the point began): the pending rooms are those the trace has pending at the address, the
+    resolved rooms are pending rooms whose rank no earlier resolve answered, `covered` is the rooms
+    of the address's query still open (submitted, no resolve of the address since, not cancelled
+    but by this point's mismatch), and the answer used is the one PR #35071 prescribes: the
+    prefetched one when it covers the rooms (all: prefetched; a proper prefix: prefix), otherwise
+    a synchronous query."""
+
+    events = (
+        "req_add",
+        "receiver_init",
+        "req_abort",
+        "prefetch_submit",
+        "prefetch_cancel",
+        "resolve",
+    )
+
+    def __init__(self, rule, ctx):
+        super().__init__(rule, ctx)
+        self.pending = Pending()
+        self.open: dict = {}  # addr -> (qid, rooms, seq) of the query open for the next point
+        self.known: set = set()  # rooms some resolve answered with a rank
+
+    def on(self, e):
+        ev = e["ev"]
+        if ev == "prefetch_submit":
+            self.open[e["addr"]] = (e["qid"], _rooms(e), e["seq"])
+        elif ev == "prefetch_cancel":
+            q = self.open.get(e["addr"])
+            if q is not None and q[0] == e["qid"] and e.get("reason") != "mismatch":
+                del self.open[e["addr"]]
+        elif ev == "resolve":
+            self._resolve(e)
+            self.open.pop(e["addr"], None)
+            self.known.update(r for r, k in _answered(e).items() if isinstance(k, int))
+        self.pending.on(e)
+
+    def _resolve(self, e):
+        pending, covered = _room_list(e, "pending"), _room_list(e, "covered")
+        if pending is None or covered is None:
+            return
+        self.checks += 1
+        addr, rooms, seq = e["addr"], _rooms(e), e["seq"]
+        have = self.pending.by_addr.get(addr, set())
+        if set(pending) != have:
+            self.fail(
+                f"consumption point for {addr} held pending rooms {sorted(pending)}; the trace "
+                f"has {sorted(have)} pending there",
+                seq,
+            )
+        stray = [r for r in rooms if r not in pending or r in self.known]
+        if stray:
+            self.fail(f"resolve for {addr} asks rooms {stray}: not pending, or rank known", seq)
+        q = self.open.get(addr)
+        want = q[1] if q is not None else ()
+        if covered != want:
+            self.fail(
+                f"consumption point for {addr} found a query for rooms {list(covered)}; the trace "
+                f"has {list(want)} open",
+                *([q[2]] if q else []),
+                seq,
+            )
+        expected = _answer(rooms, covered)
+        used = e.get("source")
+        if used != expected or (expected != "sync" and q is not None and e.get("qid") != q[0]):
+            self.fail(
+                f"resolve of {list(rooms)} with the query for {list(covered)} open used the "
+                f"{used} answer (query {e.get('qid')}); PR #35071 prescribes {expected}",
+                *([q[2]] if q else []),
+                seq,
+            )
+
+
+def _answer(rooms: tuple, covered: tuple) -> str:
+    """The answer SGLang's consumption point uses (DecodePreallocQueue._resolve_pending_reqs): the
+    prefetched one when its rooms are a prefix of the rooms needing a query, the tail then asked
+    synchronously; otherwise a synchronous query for them all."""
+    if covered and tuple(rooms[: len(covered)]) == tuple(covered):
+        return "prefetched" if len(covered) == len(rooms) else "prefix"
+    return "sync"

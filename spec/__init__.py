@@ -63,6 +63,7 @@ PARAMS: dict[str, dict[str, str]] = {
             "published_first",
             "unknown_rooms",
             "prefetch_match",
+            "consume_answer",
             "no_stale",
             "release",
             "init_once",

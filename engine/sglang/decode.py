@@ -11,7 +11,9 @@ What each real SGLang function logs (docs/decode.md has the events' meanings):
   CommonKVReceiver.query_prefill_dp_ranks               query_begin / query_end, on the thread that runs it
   CommonKVManager.try_ensure_parallel_info (a fetch)    prefill_info
   DecodePreallocQueue._resolve_pending_reqs             resolve per address that needed a query: source
-      prefetched (the Future's result), prefix (the Future's result plus a synchronous tail) or sync
+      prefetched (the Future's result), prefix (the Future's result plus a synchronous tail) or sync;
+      `pending` (the address's rooms in pending_reqs) and `covered` (the rooms of its prefetched
+      query, [] if none) as the call began
   DecodePreallocQueue._init_receiver                    receiver_init
   DecodePreallocQueue.add                               req_add (req_abort when add refuses it)
   DecodePreallocQueue.{release,resume}_memory_occupation   release_memory / resume_memory
@@ -119,7 +121,7 @@ def _loop(mode: str, version: str):
             "decode", mode, page_size, prefetch=prefetch, engine="sglang", sglang_version=version
         )
         _iters[id(sched)] = 0
-        with hooks.inside("decode_loop"):
+        with hooks.inside("decode_loop"), sink.ends_with_loop():
             return wrapped(*args, **kwargs)
 
     return around
@@ -395,8 +397,14 @@ def _resolve(sink, wrapped, queue, args, kwargs):
         "queried": set(),
         "need": {},
         "flushed": False,
+        # what the consumption point holds as it begins, per address (resolve's pending, covered)
+        "pending": {},
+        "covered": {},
     }
     for addr, reqs in _groups(queue).items():
+        state["pending"][addr] = [r.req.bootstrap_room for r in reqs]
+        query = queue._prefill_dp_rank_queries.get(addr)
+        state["covered"][addr] = list(query[0]) if query is not None else []
         need = [r.req.bootstrap_room for r in reqs if queue._resolve_prefill_dp_rank(r.req) is None]
         if need:
             state["queried"].add(addr)
@@ -442,6 +450,8 @@ def _flush_resolves(sink, state) -> None:
             lead_ns=lead,
             result={str(k): v for k, v in result.items()},
             error=None,
+            pending=state["pending"].get(addr, []),
+            covered=state["covered"].get(addr, []),
         )
 
 

@@ -36,6 +36,11 @@ What each real SGLang function logs (the meaning is the reference engine's, engi
       indices) SGLang hands it, and `start` (an extra field): the prompt offset of its first token.
       Inside mixin.maybe_send_cached_prefix_chunk (run_batch's early send of the cached prefix) the
       same send is prefix_send, with the batch run_batch is running.
+  disaggregation.utils._poll_with_failure_injection(_pp) (the senders' poll(), for every caller of
+      poll_and_all_reduce*)
+      kv_delivered for every send of a sender whose poll() answers KVPoll.Success: a sender turns
+      Success only once its transfer of every chunk handed to it has completed (docs/sglang.md,
+      "Completions").
   Req.inflight_middle_chunks
       chunk_inc / chunk_dec. 0.5.23 changes it as a plain attribute (+= 1 in
       Scheduler._get_new_batch_prefill_raw, -= 1 in mixin.process_batch_result_disagg_prefill), so
@@ -57,6 +62,7 @@ import wrapt
 import xxhash
 
 from . import hooks
+from . import sink as trace_sink
 
 LOOPS = {
     "event_loop_normal_disagg_prefill": "normal",
@@ -79,6 +85,8 @@ class _State:
         self.forwarded: int | None = None  # batch of the last run_batch
         self.barriered: set[int] = set()
         self.counters: dict[int, tuple] = {}  # id(req) -> (req, last value logged)
+        # id(sender) -> (sender, [fields of each send not yet delivered])
+        self.undelivered: dict[int, tuple] = {}
 
     def bid(self, batch) -> int | None:
         entry = self.bids.get(id(batch))
@@ -130,6 +138,10 @@ def install(sgl) -> None:
     _import_senders()
     for cls in _classes_defining(BaseKVSender, "send"):
         hooks.wrap(cls, "send", _sender_send)
+    for name in ("_poll_with_failure_injection", "_poll_with_failure_injection_pp"):
+        if name in sgl.decode_utils.__dict__:
+            _wrap_module_function(sgl.decode_utils, name, _polls)
+            trace_sink.COMPLETIONS_OBSERVED[0] = True
     for cls in _classes_defining(ReqToTokenPool, "alloc"):
         hooks.wrap(cls, "alloc", _slot_alloc)
     for cls in _classes_defining(ReqToTokenPool, "free"):
@@ -170,6 +182,21 @@ def _classes_defining(base, method: str) -> list:
     return out
 
 
+def _wrap_module_function(module, name: str, around) -> None:
+    """hooks.wrap for a module-level function (hooks.wrap names a class's method), undone by
+    hooks.uninstall like every other wrapper."""
+    label = f"{module.__name__}.{name}"
+
+    def wrapper(wrapped, instance, args, kwargs):
+        sink = hooks.active()
+        if sink is None:
+            return wrapped(*args, **kwargs)
+        hooks.ran[label] = hooks.ran.get(label, 0) + 1
+        return around(sink, wrapped, module, args, kwargs)
+
+    hooks.set_attribute(module, name, wrapt.FunctionWrapper(module.__dict__[name], wrapper))
+
+
 def _within(name: str):
     def around(sink, wrapped, instance, args, kwargs):
         with hooks.inside(name):
@@ -191,7 +218,7 @@ def _loop(mode: str, version: str):
             sampling=_sampling(mode),
             chunk_ranges=True,
         )
-        with hooks.inside(_LOOP):
+        with hooks.inside(_LOOP), sink.ends_with_loop():
             return wrapped(*args, **kwargs)
 
     return around
@@ -412,7 +439,35 @@ def _sender_send(sink, wrapped, sender, args, kwargs):
             sink.emit("prefix_send", batch=running, device_wait=device_wait, **fields)
     else:
         sink.emit("kv_send", **fields)
+    _expect_delivery(_state(sink), sender, fields)
     return out
+
+
+# ---- completions ----------------------------------------------------------------------------------
+def _expect_delivery(st: _State, sender, fields: dict) -> None:
+    entry = st.undelivered.get(id(sender))
+    if entry is None or entry[0] is not sender:
+        entry = st.undelivered[id(sender)] = (sender, [])
+    entry[1].append({k: fields[k] for k in ("rid", "obj", "start", "tokens")})
+
+
+def _polls(sink, wrapped, module, args, kwargs):
+    """The senders' own poll() answers, as the scheduler collects them before its all-reduce: a
+    sender that answers Success has delivered every chunk handed to it (kv_delivered each)."""
+    pollers = list(args[0] if args else kwargs["pollers"])
+    polls = wrapped(*args, **kwargs)
+    if not _in_loop():
+        return polls
+    from sglang.srt.disaggregation.base import KVPoll  # lazy: SGLang is optional
+
+    st = _state(sink)
+    for poller, state in zip(pollers, polls):
+        entry = st.undelivered.get(id(poller))
+        if state == int(KVPoll.Success) and entry is not None and entry[0] is poller:
+            del st.undelivered[id(poller)]
+            for fields in entry[1]:
+                sink.emit("kv_delivered", **fields)
+    return polls
 
 
 # ---- req_to_token rows ----------------------------------------------------------------------------

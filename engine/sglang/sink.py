@@ -8,17 +8,25 @@ after the header. `seq` is taken under the same lock as the write, so it is the 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import sys
 import threading
 import time
 
 from .. import sync
 from ..trace import FORMAT
 
-# SGLang's loops are hooked at their version-1 ordering points: the adapter logs no completion events
-# (kv_delivered, store_*), so it declares the version whose rules its events can satisfy.
-VERSION = 1
+# Version 2: the adapter logs kv_delivered (a sender's poll() answering Success), and every trace
+# ends with trace_end. It logs none of version 3's stream events (SGLang's streams are CUDA streams,
+# whose order the host cannot see), so it declares the version whose events it writes.
+VERSION = 2
+# Whether the prefill hooks observe the senders' polls (prefill.install sets it where SGLang has the
+# function they wrap). Without it a prefill trace would carry no kv_delivered, and version 2 would
+# make P-release-after-delivery report every release: such a trace declares version 1, as before.
+COMPLETIONS_OBSERVED = [False]
 
 
 class TraceSink:
@@ -31,6 +39,8 @@ class TraceSink:
         self._lock = threading.Lock()
         self._names: dict[int, tuple[object, str]] = {}  # id -> (object kept alive, o1, o2, ...)
         self._scheduler_ident: int | None = None
+        self._loop_end: str | None = None  # how the traced scheduler loop ended, once it has
+        self._ended = False
 
     def begin(self, role: str, mode: str, page_size: int, **extra) -> None:
         """Write the header (once); the calling thread is the trace's `scheduler` thread."""
@@ -40,7 +50,7 @@ class TraceSink:
                 return
             self.header = {
                 "format": FORMAT,
-                "version": VERSION,
+                "version": 1 if role == "prefill" and not COMPLETIONS_OBSERVED[0] else VERSION,
                 "role": role,
                 "mode": mode,
                 "page_size": page_size,
@@ -53,6 +63,26 @@ class TraceSink:
                 self._file.write(line)
             self._held.clear()
             self._file.flush()
+        # A server process may exit without closing the sink: its trace still ends, with the
+        # reason its loop gave (or `exit`, which reads as truncated: the loop never returned).
+        atexit.register(self._at_exit)
+
+    @contextlib.contextmanager
+    def ends_with_loop(self):
+        """Around the traced scheduler loop: how it ends (returns: `normal`; raises: `exception`, or
+        `signal` for KeyboardInterrupt and SystemExit) is the reason trace_end gives."""
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit):
+            self._loop_end = "signal"
+            raise
+        except BaseException:
+            self._loop_end = "exception"
+            raise
+        self._loop_end = "normal"
+
+    def _at_exit(self) -> None:
+        self.close("exit")
 
     def _thread(self) -> str:
         if threading.get_ident() == self._scheduler_ident:
@@ -68,6 +98,9 @@ class TraceSink:
 
     def emit(self, ev: str, **fields) -> None:
         sync.point(ev)
+        self._write(ev, fields)
+
+    def _write(self, ev: str, fields: dict) -> None:
         with self._lock:
             self._seq += 1
             line = (
@@ -88,8 +121,23 @@ class TraceSink:
             self._file.write(line)
             self._file.flush()
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
+        """Write `trace_end` (the loop's reason, else `reason`, else the exception on its way out)
+        and close the file."""
+        if self._file is not None and not self._ended and self.header["version"] >= 2:
+            exc = sys.exc_info()[1]
+            fallback = (
+                "normal"
+                if exc is None
+                else "signal"
+                if isinstance(exc, (KeyboardInterrupt, SystemExit))
+                else "exception"
+            )
+            end = self._loop_end or reason or fallback
+            self._write("trace_end", {"events": self._seq, "reason": end})
+            self._ended = True
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+        atexit.unregister(self._at_exit)

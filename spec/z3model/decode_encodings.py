@@ -368,3 +368,86 @@ def enc_prefetch_match(rule, universe):
             yield implies(x.exists, conj(neg(out), one)), [x, *refs, *trefs]
         else:
             yield neg(x.exists), [x]
+
+
+# consume_answer: at each resolve carrying `pending` and `covered` (what the consumption point held
+# as it began): a room is in `pending` exactly when a req_add of it for the address came before and
+# no receiver_init or req_abort of it since; no resolved room was answered with a rank by an earlier
+# resolve, and each is in `pending`; `covered` is the rooms of the address's latest prefetch_submit
+# when no resolve of the address and no cancel of it (but for a mismatch) came between, () when no
+# submit is so open; the answer used is the one _answer prescribes for the rooms and `covered`, from
+# the open query (its qid) when not sync. (Symbolic universes: resolve carries neither field, and
+# the rule judges traces only.)
+def _list_field(e, key):
+    v = e.f.get(key)
+    return tuple(v) if isinstance(v, (list, tuple)) else None
+
+
+def _answer(rooms, covered) -> str:
+    if covered and tuple(rooms[: len(covered)]) == tuple(covered):
+        return "prefetched" if len(covered) == len(rooms) else "prefix"
+    return "sync"
+
+
+@ENCODERS.register("consume_answer")
+def enc_consume_answer(rule, universe):
+    adds = group_by(universe.named("req_add"), lambda e: e.f["addr"])
+    gone = group_by(
+        universe.named("receiver_init") + universe.named("req_abort"), lambda e: e.f["room"]
+    )
+    subs = group_by(universe.named("prefetch_submit"), lambda e: e.f["addr"])
+    resolves = group_by(universe.named("resolve"), lambda e: e.f["addr"])
+    closing = group_by(
+        [c for c in universe.named("prefetch_cancel") if c.f.get("reason") != "mismatch"],
+        lambda e: e.f["qid"],
+    )
+    answered = defaultdict(list)  # room -> resolves answering it with a rank
+    for r in universe.named("resolve"):
+        for room, rank in answers_of(r).items():
+            if isinstance(rank, int):
+                answered[room].append(r)
+    for x in universe.named("resolve"):
+        pending, covered = _list_field(x, "pending"), _list_field(x, "covered")
+        if pending is None or covered is None:
+            continue
+        addr, rooms = x.f["addr"], rooms_of(x)
+        # the pending rooms
+        for a in adds.get(addr, []):
+            held = _pending(universe, x, [a], gone)
+            yield (
+                implies(x.exists, held if a.f["room"] in pending else neg(held)),
+                [x, a, *gone.get(a.f["room"], [])],
+            )
+        for room in pending:
+            mine = [a for a in adds.get(addr, []) if a.f["room"] == room]
+            yield implies(x.exists, _pending(universe, x, mine, gone)), [x, *mine]
+        # the rooms resolved: pending, rank unknown
+        for room in rooms:
+            earlier = [r for r in answered.get(room, []) if r is not x]
+            yield (
+                implies(x.exists, conj(room in pending, neg(before_any(universe, x, earlier)))),
+                [x, *earlier],
+            )
+        # the query found, and the answer used
+        others = [r for r in resolves.get(addr, []) if r is not x]
+        opens, refs = [], []
+        for y in universe.last_before(x, subs.get(addr, [])):
+            closers = others + closing.get(y.f["qid"], [])
+            is_open = conj(
+                y.exists,
+                lt(y, x),
+                latest_of(universe, y, x, subs.get(addr, [])),
+                neg(disj(*[conj(z.exists, lt(y, z), lt(z, x)) for z in closers])),
+            )
+            want = _answer(rooms, rooms_of(y))
+            fits = rooms_of(y) == covered and x.f.get("source") == want
+            if want != "sync":
+                fits = fits and x.f.get("qid") == y.f["qid"]
+            opens.append(is_open)
+            refs += [y, *closers]
+            yield implies(conj(x.exists, is_open), fits), [x, y, *closers]
+        none_open = neg(disj(*opens))
+        yield (
+            implies(conj(x.exists, none_open), covered == () and x.f.get("source") == "sync"),
+            [x, *refs],
+        )

@@ -110,6 +110,21 @@ _register(
 )
 _register(
     Mutant(
+        "prefetch-never-used",
+        "the consumption point cancels a prefetched query that covers its rooms and asks them "
+        "again synchronously (the prefetch is never used)",
+        _QUEUE,
+        "_resolve_pending_reqs",
+        _make(
+            _FalseIf,
+            "prefetched is not None and tuple(rooms[:len(prefetched_rooms)]) == prefetched_rooms",
+        ),
+        ("decode-arrivals/normal", "decode-rooms-grow/normal"),
+        ("D-consume-answer",),
+    )
+)
+_register(
+    Mutant(
         "no-stale-cancel",
         "prefetched queries of addresses with no pending request are kept",
         _QUEUE,
@@ -230,3 +245,31 @@ def _sample_before_process():
             "self.launch_batch_sample_if_needed(batch_result, batch)", "if self.last_batch:"
         ),
     )
+
+
+class _ReplaceTest(ast.NodeTransformer):
+    """Replace the test of every `if` whose source is a key of `tests` by the parsed value."""
+
+    tests: dict = {}
+
+    def visit_If(self, node):
+        self.generic_visit(node)
+        new = self.tests.get(ast.unparse(node.test))
+        if new is not None:
+            node.test = ast.parse(new, mode="eval").body
+        return node
+
+
+class _TransferringIsDone(_ReplaceTest):
+    tests = {
+        "poll in [KVPoll.WaitingForInput, KVPoll.Transferring]": "poll == KVPoll.WaitingForInput",
+        "poll == KVPoll.Success": "poll in (KVPoll.Success, KVPoll.Transferring)",
+    }
+
+
+@_prefill_mutant("release-before-delivery", "prefill-chunked/overlap", {"P-release-after-delivery"})
+def _release_before_delivery():
+    """process_disagg_prefill_inflight_queue treating a sender that polls KVPoll.Transferring as
+    done: the request's KV pages are released while its transfer may still read them."""
+    mixin = sglang().prefill.SchedulerDisaggregationPrefillMixin
+    return mutate.mutation(mixin, "process_disagg_prefill_inflight_queue", _TransferringIsDone())
