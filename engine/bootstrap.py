@@ -48,9 +48,11 @@ import threading
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from . import sync
 from .bootstrap_faults import Faults
+from .bootstrap_log import describe, loop_exception_handler, server_log
 from .bootstrap_state import BootstrapState, bad_request, int_field
 
 # Endpoint names, as counted; the admin ones and unknown paths are never delayed or failed.
@@ -69,7 +71,10 @@ _NEVER_FAULTED = ("faults", "stats", "other")
 
 
 async def _json_object(request: web.Request) -> dict:
-    body = await request.read()
+    try:
+        body = await request.read()
+    except RequestPayloadError as e:  # a body its Content-Encoding does not decode (not gzip)
+        raise bad_request(f"request body could not be read: {describe(e.__cause__ or e)}") from None
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors
@@ -265,9 +270,15 @@ class BootstrapServer(BootstrapState):
     def _run(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        log = server_log()  # a client's malformed request: one line, rate-limited
+        loop.set_exception_handler(loop_exception_handler(log))
         # Short shutdown_timeout: stop() should not hang on a request stuck in injected latency.
         runner = web.AppRunner(
-            self._make_app(), access_log=None, handle_signals=False, shutdown_timeout=0.5
+            self._make_app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=0.5,
+            logger=log,
         )
         try:
             loop.run_until_complete(runner.setup())
