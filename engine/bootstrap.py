@@ -448,14 +448,21 @@ def admin_client_allowed(peer: str | None, from_anywhere: bool = False) -> bool:
         return False
 
 
-def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> None:
-    """Run a BootstrapServer until SIGINT or SIGTERM; options go to BootstrapServer."""
+def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> int:
+    """Run a BootstrapServer until SIGINT or SIGTERM; options go to BootstrapServer. Returns the
+    number of the signal that stopped it."""
     server = BootstrapServer(host, port, **options)  # validate before touching signal handlers
     stop = threading.Event()
+    got: list[int] = []
     previous = {}
+
+    def handler(signum, _frame):
+        got.append(signum)
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, handler)
     try:
         with server:
             # One parseable line, so a parent started with --port 0 can learn the port.
@@ -463,5 +470,6 @@ def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> 
             while not stop.wait(0.5):  # a timed wait lets the signal handler run promptly
                 pass
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return got[0]

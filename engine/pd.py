@@ -438,9 +438,19 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s, kill
     ]
     threads.append(sync.start_thread(decode_main, "scheduler", group="decode"))
     deadline = wall0 + timeout_s
-    with frozen_gc(cfg.freeze_gc):
-        for t in threads:
-            sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
+    try:
+        with frozen_gc(cfg.freeze_gc):
+            for t in threads:
+                sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        # SIGINT, or a signal handler's SystemExit, in this (the main) thread: end every role
+        # before the exception goes on. A role thread still inside a torch call when the
+        # interpreter finalizes is made to exit as it takes the GIL back, which unwinds through
+        # torch's C++ frames and aborts the process ("terminate called without an active
+        # exception", exit 134); the traces would also miss what the loops log as they stop.
+        _stop_roles(roles, threads)
+        _close_finished(roles, threads)
+        raise
     wall = time.monotonic() - wall0
     _stop_and_close(roles, threads, timeout_s)
     if errors:
@@ -457,19 +467,8 @@ def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
     if hung:
         # Past the timeout: ask every loop to end and give it a bounded grace, so that its worker,
         # streams, transfer thread and query pool are closed below rather than left running.
-        for s in [*roles.prefills, decode]:
-            s.stop()
-        grace = time.monotonic() + STOP_GRACE_S
-        for t in threads:
-            sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
-    # in the order of `threads`
-    by_name = {**{f"prefill{i}": s for i, s in enumerate(roles.prefills)}, "decode": decode}
-    still = []
-    for (name, s), t in zip(by_name.items(), threads):
-        if sync.finished(t):  # closing under a loop that still runs would race with it
-            s.close()
-        else:
-            still.append(name)
+        _stop_roles(roles, threads)
+    still = _close_finished(roles, threads)
     if not still:
         # under a controller: every stream, transfer and prefetch thread has exited
         sync.quiesce("pd.quiesce")
@@ -483,6 +482,29 @@ def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
             f"PD run did not finish within {timeout_s:g} s (decode: {len(decode.done)} "
             f"done, {len(decode.aborted)} aborted of {decode.total}){left}"
         )
+
+
+def _stop_roles(roles: _Roles, threads: list) -> None:
+    """Ask every role's loop to end (it finishes the batch in flight) and wait a bounded grace."""
+    for s in [*roles.prefills, roles.decode]:
+        s.stop()
+    grace = time.monotonic() + STOP_GRACE_S
+    for t in threads:
+        sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
+
+
+def _close_finished(roles: _Roles, threads: list) -> list[str]:
+    """Close every role whose loop has returned (its worker, streams, transfer thread, query
+    pool); returns the names of those still running, left open: closing under a loop that still
+    runs would race with it."""
+    by_name = {**{f"prefill{i}": s for i, s in enumerate(roles.prefills)}, "decode": roles.decode}
+    still = []
+    for (name, s), t in zip(by_name.items(), threads):  # in the order of `threads`
+        if sync.finished(t):
+            s.close()
+        else:
+            still.append(name)
+    return still
 
 
 def _jsonable(d):

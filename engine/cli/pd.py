@@ -11,7 +11,7 @@ from spec.errors import BadInput
 
 from ..decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
 from .exits import FAILED, OK
-from .flags import build_configs
+from .flags import build_configs, exit_on_sigterm
 
 # The run flags that open the window a prefetch can serve (docs/decode.md, "When the prefetch
 # serves"): requests that arrive while decode is busy, an intake wait between the loop top and the
@@ -148,6 +148,7 @@ def configs_from_args(args: argparse.Namespace):
 
 def cmd_run_pd(args: argparse.Namespace) -> int:
     cfg, workload, decode, opts = configs_from_args(args)  # bad flags fail here, before torch
+    exit_on_sigterm()  # SIGTERM ends every role as SIGINT does: its trace ends with trace_end
     from ..pd import run_pd  # lazy: start-up time (torch)
 
     summary = run_pd(cfg, workload, decode, trace_path=args.trace, **opts)
