@@ -48,7 +48,9 @@ class OneLine(logging.Formatter):
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
             kind = (
-                "client error" if isinstance(exc, CLIENT_ERRORS) else "internal error (a bug in pdo)"
+                "client error"
+                if isinstance(exc, CLIENT_ERRORS)
+                else "internal error (a bug in pdo)"
             )
             msg = f"{msg}: {kind}: {describe(exc)}"
         dropped = getattr(record, "pdo_dropped", 0)

@@ -53,10 +53,7 @@ def test_a_body_its_encoding_does_not_decode_is_a_400(server, method, path, enco
 def test_a_body_that_decodes_is_read_as_json(server):
     body = gzip.compress(b'{"bootstrap_room": 5, "dp_rank": 0}')
     r = requests.post(
-        server.url + "/register_dp_rank",
-        data=body,
-        headers={"Content-Encoding": "gzip"},
-        timeout=T,
+        server.url + "/register_dp_rank", data=body, headers={"Content-Encoding": "gzip"}, timeout=T
     )
     assert r.status_code == 200, r.text
     deflated = zlib.compress(b'{"bootstrap_rooms": [5]}')
@@ -162,7 +159,9 @@ def test_an_internal_error_says_so_on_one_line():
     try:
         raise KeyError("x")
     except KeyError as exc:
-        record = logging.makeLogRecord({"msg": "Unhandled exception", "exc_info": (None, exc, None)})
+        record = logging.makeLogRecord(
+            {"msg": "Unhandled exception", "exc_info": (None, exc, None)}
+        )
     line = OneLine().format(record)
     assert "internal error (a bug in pdo): KeyError" in line and "\n" not in line
 

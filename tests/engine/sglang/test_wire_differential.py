@@ -253,7 +253,9 @@ def stateful_room_out_of_domain(pair, conn):
             "/register_dp_rank",
             json={"bootstrap_room": room, "dp_rank": 0},
         )
-        pair.differs("room_out_of_domain", "POST", "/query_dp_ranks", json={"bootstrap_rooms": [room]})
+        pair.differs(
+            "room_out_of_domain", "POST", "/query_dp_ranks", json={"bootstrap_rooms": [room]}
+        )
     pair.same(
         "POST", "/register_dp_rank", json={"bootstrap_room": 2**64 - 1, "dp_rank": 0}
     )  # the largest room: both keep it
