@@ -26,15 +26,16 @@ class Child:
     proc: subprocess.Popen
     log: Path
 
-    def last_line(self) -> str:
-        """The child's last non-empty output line, or its exit status when it wrote none."""
+    def last_line(self, skip: str | None = None) -> str:
+        """The child's last non-empty output line (one holding `skip` aside), or its exit status
+        when it wrote none."""
         try:
             with open(self.log, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
                 tail = f.read().decode("utf-8", "replace")
         except OSError:
             tail = ""
-        lines = [x.strip() for x in tail.splitlines() if x.strip()]
+        lines = [x.strip() for x in tail.splitlines() if x.strip() and not (skip and skip in x)]
         return lines[-1] if lines else f"exited with status {self.proc.returncode}"
 
     def wait_for_line(self, marker: str, timeout_s: float) -> str | None:
@@ -63,6 +64,24 @@ def spawn(name: str, argv: list[str], log_dir: str | Path, env: dict | None = No
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
         )
     return Child(name, proc, log)
+
+
+def children_of(pid: int) -> dict[int, list[str]]:
+    """The command line of each running child of process `pid` (Linux /proc): for a test or a
+    script that kills one child of a launcher from outside."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            found[int(entry.name)] = argv
+    return found
 
 
 def stop(children: list[Child], grace_s: float = 5.0) -> None:

@@ -257,7 +257,7 @@ def _run(
     # the header went out at the start: the count known at the end goes in trace_end
     roles.decode_tracer.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
     roles.decode_tracer.close("normal")
-    summary = summarize(roles.decode, wall)
+    summary = summarize(roles.decode, wall, {r.rid: k for r, k in zip(reqs, ranks)})
     summary.update(
         dp=dp,
         prefill_mode=cfg.mode,

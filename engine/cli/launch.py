@@ -32,6 +32,7 @@ from .flags import add_engine_args, add_flight_args, exit_on_sigterm, watchdog_o
 from .pd import add_pd_args, configs_from_args, print_summary
 
 REPO = Path(__file__).resolve().parents[2]
+_LISTENING = "listening on "  # the line `pdo bootstrap` prints once it serves (its URL)
 
 
 def register(sub) -> None:
@@ -217,7 +218,7 @@ def _run_processes(
             time.sleep(0.02)
         boot.proc.poll()  # a server killed from outside: its status, before it is stopped below
         return [
-            {"role": c.name, "status": c.proc.returncode, "error": c.last_line()}
+            {"role": c.name, "status": c.proc.returncode, "error": c.last_line(skip=_LISTENING)}
             for c in children
             if c.proc.returncode not in (None, 0)
         ]
@@ -231,7 +232,7 @@ def _child(name: str, args: list[str], out: Path, env: dict) -> Child:
 
 def _read_url(boot: Child, *, timeout_s: float) -> str:
     """The server prints one line, 'bootstrap server listening on URL', once it accepts requests."""
-    line = boot.wait_for_line("listening on ", timeout_s)
+    line = boot.wait_for_line(_LISTENING, timeout_s)
     if line is None:
         err = (
             boot.last_line()

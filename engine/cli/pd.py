@@ -206,9 +206,16 @@ def fault_lines(s: dict) -> list[str]:
             "none within its bootstrap timeout): held KV dropped, the ranks ended"
         )
     for f in s.get("failed_ranks") or []:
+        in_flight = f.get("aborted_in_flight", f["aborted"])
+        why = (
+            f" ({in_flight} in flight when it failed, {f['aborted'] - in_flight} whose room it "
+            "never registered)"
+            if in_flight != f["aborted"]
+            else ""
+        )
         lines.append(
             f"  fault: decode lost prefill rank {f['rank']} ({f['reason']}): "
-            f"{f['aborted']} request(s) aborted"
+            f"{f['aborted']} of its request(s) aborted{why}"
         )
     return lines
 
