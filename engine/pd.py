@@ -443,11 +443,9 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s, kill
             for t in threads:
                 sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
     except BaseException:
-        # SIGINT, or a signal handler's SystemExit, in this (the main) thread: end every role
-        # before the exception goes on. A role thread still inside a torch call when the
-        # interpreter finalizes is made to exit as it takes the GIL back, which unwinds through
-        # torch's C++ frames and aborts the process ("terminate called without an active
-        # exception", exit 134); the traces would also miss what the loops log as they stop.
+        # SIGINT or a signal handler's SystemExit: end every role first. A role thread inside a
+        # torch call at interpreter exit is made to exit as it retakes the GIL, unwinding through
+        # torch's noexcept C++ frames: std::terminate, exit 134.
         _stop_roles(roles, threads)
         _close_finished(roles, threads)
         raise

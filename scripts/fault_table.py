@@ -45,8 +45,9 @@ CASES = [
 
 
 # Outside kills: (role, the child's command-line words, decode trace events that mark the moment,
-# moment in words). Decoding 48 tokens keeps the run going well past the last room's resolve.
-OUTSIDE_TOKENS = ["--max-new-tokens", "48"]
+# moment in words). Arrivals spread over about 2 s and 48 tokens each keep every role busy well past
+# the moment (the decode's trace reaches the file up to a flush interval late).
+OUTSIDE_FLAGS = ["--max-new-tokens", "48", "--arrival", "poisson", "--rate", "4"]
 OUTSIDE = [
     (
         "bootstrap",
@@ -54,7 +55,12 @@ OUTSIDE = [
         ('"ev":"receiver_init"', 8),
         "after the last room resolved (8 receiver inits)",
     ),
-    ("prefill1", ["engine.pd_process", "prefill", "1"], ('"ev":"kv_recv"', 2), "after 2 KV chunks"),
+    (
+        "prefill1",
+        ["engine.pd_process", "prefill", "1"],
+        ('"ev":"prefill_info"', 1),
+        "as the decode starts (its prefill_info event)",
+    ),
     ("decode", ["engine.pd_process", "decode"], ('"ev":"receiver_init"', 4), "at 4 receiver inits"),
 ]
 
@@ -77,7 +83,7 @@ def kill_from_outside(launcher: subprocess.Popen, words: list[str], trace: Path,
 def run_outside(role: str, words: list[str], mark, tmp: Path) -> tuple[int, dict]:
     p = subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "launch", "--trace-dir", str(tmp), "--timeout-s"]
-        + ["150", *COMMON, *OUTSIDE_TOKENS, "--json"],
+        + ["150", *COMMON, *OUTSIDE_FLAGS, "--json"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -165,7 +171,7 @@ def main() -> int:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             code, s = run_outside(role, words, mark, Path(tmp))
-            fault = f"`kill -9` {role} (48 tokens)"
+            fault = f"`kill -9` {role} (poisson 4/s, 48 tokens)"
             print(row("`pdo launch`", fault, moment, code, s), flush=True)
     return 0
 

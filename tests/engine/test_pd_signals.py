@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from checker.linear import check_files
+from engine.child_process import children_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,3 +75,30 @@ def test_ctrl_c_while_pdo_starts_exits_130_without_a_traceback(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert "Traceback" not in err, err[-2000:]
+
+
+@pytest.mark.skipif(os.environ.get("PDO_SLOW") != "1", reason="PDO_SLOW=1 runs it")
+def test_sigterm_to_pdo_launch_stops_every_child_and_ends_their_traces(tmp_path):
+    out = tmp_path / "run"
+    proc = _pdo(
+        ["launch", "--dp", "1", "--requests", "40", "--arrival", "poisson", "--rate", "4"]
+        + ["--trace-dir", str(out), "--timeout-s", "200"]
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while _lines(out / "decode.jsonl") < 100:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        children = children_of(proc.pid)
+        assert len(children) == 3, children  # bootstrap, prefill0, decode
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, (proc.returncode, err[-2000:])
+    assert not any(Path(f"/proc/{pid}").exists() for pid in children)  # none outlived it
+    for role in ("decode", "prefill0"):
+        end = json.loads((out / f"{role}.jsonl").read_text().splitlines()[-1])
+        assert end["ev"] == "trace_end" and end["reason"] == "signal", (role, end)
