@@ -81,7 +81,7 @@ def test_a_body_that_decodes_is_read_as_json(server):
 def test_room_and_rank_out_of_domain_are_refused(server, path, body, reason):
     r = requests.post(server.url + path, json=body, timeout=T)
     assert r.status_code == 400 and reason in r.text, (r.status_code, r.text)
-    assert server.counters.get("register_dp_rank", 0) <= 1 and not server._rooms
+    assert not server._rooms  # nothing stored
 
 
 def test_room_domain_bounds_are_accepted(server):
