@@ -48,9 +48,11 @@ import threading
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from . import sync
 from .bootstrap_faults import Faults
+from .bootstrap_log import describe, loop_exception_handler, server_log
 from .bootstrap_state import BootstrapState, bad_request, int_field
 
 # Endpoint names, as counted; the admin ones and unknown paths are never delayed or failed.
@@ -69,7 +71,10 @@ _NEVER_FAULTED = ("faults", "stats", "other")
 
 
 async def _json_object(request: web.Request) -> dict:
-    body = await request.read()
+    try:
+        body = await request.read()
+    except RequestPayloadError as e:  # a body its Content-Encoding does not decode (not gzip)
+        raise bad_request(f"request body could not be read: {describe(e.__cause__ or e)}") from None
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors
@@ -265,9 +270,15 @@ class BootstrapServer(BootstrapState):
     def _run(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        log = server_log()  # a client's malformed request: one line, rate-limited
+        loop.set_exception_handler(loop_exception_handler(log))
         # Short shutdown_timeout: stop() should not hang on a request stuck in injected latency.
         runner = web.AppRunner(
-            self._make_app(), access_log=None, handle_signals=False, shutdown_timeout=0.5
+            self._make_app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=0.5,
+            logger=log,
         )
         try:
             loop.run_until_complete(runner.setup())
@@ -437,14 +448,21 @@ def admin_client_allowed(peer: str | None, from_anywhere: bool = False) -> bool:
         return False
 
 
-def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> None:
-    """Run a BootstrapServer until SIGINT or SIGTERM; options go to BootstrapServer."""
+def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> int:
+    """Run a BootstrapServer until SIGINT or SIGTERM; options go to BootstrapServer. Returns the
+    number of the signal that stopped it."""
     server = BootstrapServer(host, port, **options)  # validate before touching signal handlers
     stop = threading.Event()
+    got: list[int] = []
     previous = {}
+
+    def handler(signum, _frame):
+        got.append(signum)
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, handler)
     try:
         with server:
             # One parseable line, so a parent started with --port 0 can learn the port.
@@ -452,5 +470,6 @@ def serve_forever(host: str = "127.0.0.1", port: int = 8998, **options: Any) -> 
             while not stop.wait(0.5):  # a timed wait lets the signal handler run promptly
                 pass
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return got[0]

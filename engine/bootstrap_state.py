@@ -66,8 +66,23 @@ def bad_request(reason: str) -> web.HTTPBadRequest:
 
 MISSING = object()
 
+# The integer domains of the wire. SGLang's clients send every size, rank and port as a signed
+# 64-bit integer at most (its API types are Int64), and a bootstrap room as an unsigned one (its
+# router draws u64 rooms, its decode keeps them in a torch.uint64 buffer); a TCP port is 16 bits.
+# A value outside its domain is refused (400), never stored: no SGLang process could use it.
+INT64_MAX = 2**63 - 1
+ROOM_MAX = 2**64 - 1
+PORT_MAX = 65535
 
-def int_field(data: dict, key: str, *, minimum: int | None = None, default: Any = MISSING) -> Any:
+
+def int_field(
+    data: dict,
+    key: str,
+    *,
+    minimum: int | None = None,
+    maximum: int = INT64_MAX,
+    default: Any = MISSING,
+) -> Any:
     value = data.get(key, MISSING)
     if value is MISSING or (value is None and default is not MISSING):
         if default is MISSING:
@@ -78,6 +93,8 @@ def int_field(data: dict, key: str, *, minimum: int | None = None, default: Any 
         raise bad_request(f"field '{key}' must be an integer, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise bad_request(f"field '{key}' must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise bad_request(f"field '{key}' must be <= {maximum}, got {value}")
     return value
 
 
@@ -127,14 +144,14 @@ def parse_registration(data: dict) -> Registration:
     attn_dp_rank = int_field(data, "attn_dp_rank", minimum=0)
     pp_rank = int_field(data, "pp_rank", minimum=0)
     sys_dp_rank = int_field(data, "system_dp_rank", minimum=0)
-    rank_port = int_field(data, "rank_port", minimum=1)
+    rank_port = int_field(data, "rank_port", minimum=1, maximum=PORT_MAX)
     page_size = int_field(data, "page_size", minimum=1, default=None)
-    prefill_http_port = int_field(data, "prefill_http_port", minimum=1, default=None)
+    prefill_http_port = int_field(
+        data, "prefill_http_port", minimum=1, maximum=PORT_MAX, default=None
+    )
     rank_ip = data.get("rank_ip")
     if not isinstance(rank_ip, str) or not rank_ip:
         raise bad_request("field 'rank_ip' must be a non-empty string")
-    if rank_port > 65535:
-        raise bad_request(f"field 'rank_port' must be <= 65535, got {rank_port}")
     kv_cache_dtype = str_field(data, "kv_cache_dtype")
     kv_layout = str_field(data, "kv_layout")
     policy = str_field(data, "decode_allocation_policy")
@@ -327,11 +344,18 @@ class BootstrapState:
         self._last_prune = clock()
 
     def _do_register_dp_rank(self, data: dict) -> web.Response:
-        room = int_field(data, "bootstrap_room", minimum=0)
+        room = int_field(data, "bootstrap_room", minimum=0, maximum=ROOM_MAX)
         dp_rank = int_field(data, "dp_rank", minimum=0)
         if self._topology is not None and dp_rank >= self._topology["dp_size"]:
             raise bad_request(
                 f"dp_rank {dp_rank} out of range for dp_size {self._topology['dp_size']}"
+            )
+        # Before any rank registered, the ranks the server waits for bound every DP rank
+        # (dp_size is one factor of their count); a room registered now with a rank the topology
+        # later leaves out is never answered (_do_query_dp_ranks).
+        elif self._expected_ranks is not None and dp_rank >= self._expected_ranks:
+            raise bad_request(
+                f"dp_rank {dp_rank} out of range for the {self._expected_ranks} expected ranks"
             )
         now = self._clock()
         self._prune_rooms(now)
@@ -349,10 +373,13 @@ class BootstrapState:
                 raise bad_request(
                     f"field 'bootstrap_rooms' must hold integers, got {type(room).__name__}"
                 )
+            if not 0 <= room <= ROOM_MAX:
+                raise bad_request(f"field 'bootstrap_rooms' holds {room}, not in [0, {ROOM_MAX}]")
         expired_before = -math.inf if self._room_ttl_s is None else self._clock() - self._room_ttl_s
+        dp_size = math.inf if self._topology is None else self._topology["dp_size"]
         result = {}
         for room in rooms:
             entry = self._rooms.get(room)
-            if entry is not None and entry[1] >= expired_before:
+            if entry is not None and entry[1] >= expired_before and entry[0] < dp_size:
                 result[str(room)] = entry[0]
         return web.json_response(result)

@@ -257,7 +257,7 @@ def _run(
     # the header went out at the start: the count known at the end goes in trace_end
     roles.decode_tracer.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
     roles.decode_tracer.close("normal")
-    summary = summarize(roles.decode, wall)
+    summary = summarize(roles.decode, wall, {r.rid: k for r, k in zip(reqs, ranks)})
     summary.update(
         dp=dp,
         prefill_mode=cfg.mode,
@@ -438,9 +438,17 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s, kill
     ]
     threads.append(sync.start_thread(decode_main, "scheduler", group="decode"))
     deadline = wall0 + timeout_s
-    with frozen_gc(cfg.freeze_gc):
-        for t in threads:
-            sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
+    try:
+        with frozen_gc(cfg.freeze_gc):
+            for t in threads:
+                sync.join(t, "pd.join", max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        # SIGINT or a signal handler's SystemExit: end every role first. A role thread inside a
+        # torch call at interpreter exit is made to exit as it retakes the GIL, unwinding through
+        # torch's noexcept C++ frames: std::terminate, exit 134.
+        _stop_roles(roles, threads)
+        _close_finished(roles, threads)
+        raise
     wall = time.monotonic() - wall0
     _stop_and_close(roles, threads, timeout_s)
     if errors:
@@ -457,19 +465,8 @@ def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
     if hung:
         # Past the timeout: ask every loop to end and give it a bounded grace, so that its worker,
         # streams, transfer thread and query pool are closed below rather than left running.
-        for s in [*roles.prefills, decode]:
-            s.stop()
-        grace = time.monotonic() + STOP_GRACE_S
-        for t in threads:
-            sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
-    # in the order of `threads`
-    by_name = {**{f"prefill{i}": s for i, s in enumerate(roles.prefills)}, "decode": decode}
-    still = []
-    for (name, s), t in zip(by_name.items(), threads):
-        if sync.finished(t):  # closing under a loop that still runs would race with it
-            s.close()
-        else:
-            still.append(name)
+        _stop_roles(roles, threads)
+    still = _close_finished(roles, threads)
     if not still:
         # under a controller: every stream, transfer and prefetch thread has exited
         sync.quiesce("pd.quiesce")
@@ -483,6 +480,29 @@ def _stop_and_close(roles: _Roles, threads: list, timeout_s: float) -> None:
             f"PD run did not finish within {timeout_s:g} s (decode: {len(decode.done)} "
             f"done, {len(decode.aborted)} aborted of {decode.total}){left}"
         )
+
+
+def _stop_roles(roles: _Roles, threads: list) -> None:
+    """Ask every role's loop to end (it finishes the batch in flight) and wait a bounded grace."""
+    for s in [*roles.prefills, roles.decode]:
+        s.stop()
+    grace = time.monotonic() + STOP_GRACE_S
+    for t in threads:
+        sync.join(t, "pd.stop", max(0.0, grace - time.monotonic()))
+
+
+def _close_finished(roles: _Roles, threads: list) -> list[str]:
+    """Close every role whose loop has returned (its worker, streams, transfer thread, query
+    pool); returns the names of those still running, left open: closing under a loop that still
+    runs would race with it."""
+    by_name = {**{f"prefill{i}": s for i, s in enumerate(roles.prefills)}, "decode": roles.decode}
+    still = []
+    for (name, s), t in zip(by_name.items(), threads):  # in the order of `threads`
+        if sync.finished(t):
+            s.close()
+        else:
+            still.append(name)
+    return still
 
 
 def _jsonable(d):

@@ -192,9 +192,10 @@ def _await_prefill(url: str, dc: DecodeConfig) -> None:
 
 
 def decode_main(args: argparse.Namespace) -> int:
-    cfg, wc, dc, dp, _router = _load(args.spec)
+    cfg, wc, dc, dp, router = _load(args.spec)
     inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
+    routed = {r.rid: k for r, k in zip(reqs, route(reqs, dp, router, wc.seed))}
     addr = bootstrap_client.base_url(args.bootstrap).split("://", 1)[1]
     client = ZmqKVClient(args.bootstrap, timeout_s=dc.query_timeout_s)
     tracer = Tracer(
@@ -242,7 +243,7 @@ def decode_main(args: argparse.Namespace) -> int:
     # the header was written at the start: the count goes in trace_end (docs/trace-format.md)
     tracer.end_fields["memory_waits"] = sched.stats["memory_waits"]
     tracer.close("normal")
-    (out / "decode.json").write_text(json.dumps(summarize(sched, wall)))
+    (out / "decode.json").write_text(json.dumps(summarize(sched, wall, routed)))
     return 0
 
 

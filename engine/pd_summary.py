@@ -6,7 +6,9 @@ from __future__ import annotations
 from .decode.scheduler import DecodeScheduler
 
 
-def summarize(decode: DecodeScheduler, wall: float) -> dict:
+def summarize(decode: DecodeScheduler, wall: float, routed: dict[str, int] | None = None) -> dict:
+    """`routed`: the DP rank each request was routed to (the seeded router every role of the run
+    agrees on), to count a failed rank's aborted requests whatever ended them."""
     res = [x for x in decode.prealloc.resolves]
     waits = sorted(x["wait_s"] for x in res)
     leads = [x["lead_s"] for x in res if x["source"] != "sync"]
@@ -39,8 +41,19 @@ def summarize(decode: DecodeScheduler, wall: float) -> dict:
         },
         "decode_leaks": decode.leak_report(),
         "decode_memory_waits": decode.stats["memory_waits"],
-        "failed_ranks": [
-            {"rank": k, "reason": why, "aborted": decode.failed_aborts.get(k, 0)}
-            for k, why in sorted(decode.failed_ranks.items())
-        ],
+        "failed_ranks": failed_ranks(decode, routed),
     }
+
+
+def failed_ranks(decode: DecodeScheduler, routed: dict[str, int] | None) -> list[dict]:
+    """Each prefill rank the decode lost: `aborted`, its requests that were aborted (those in
+    flight when it failed, `aborted_in_flight`, and those whose room it never registered, which end
+    at the bootstrap timeout with a reason naming the failed rank); without `routed`, only the
+    former are known."""
+    gone = [r.rid for r in decode.aborted]
+    out = []
+    for rank, why in sorted(decode.failed_ranks.items()):
+        in_flight = decode.failed_aborts.get(rank, 0)
+        mine = in_flight if routed is None else sum(1 for rid in gone if routed.get(rid) == rank)
+        out.append({"rank": rank, "reason": why, "aborted": mine, "aborted_in_flight": in_flight})
+    return out

@@ -20,12 +20,12 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import threading
+import tempfile
 
 from spec.errors import BadInput
 
+from ..child_process import spawn, stop
 from ..config import EngineConfig
 from ..decode.config import DecodeConfig
 from .record import add_json_arguments, write_json
@@ -104,10 +104,13 @@ def cmd_decode(a) -> int:
 
 
 class _Bootstrap:
-    """A `pdo bootstrap` process on a free port, for one run."""
+    """A `pdo bootstrap` process on a free port, for one run; its output goes to a log file in a
+    temporary directory (engine/child_process.py), removed with it."""
 
     def __init__(self, latency_ms: float, scope: str, dp: int):
-        self.p = subprocess.Popen(
+        self.dir = tempfile.TemporaryDirectory(prefix="pdo-bench-bootstrap-")
+        self.child = spawn(
+            "bootstrap",
             [
                 sys.executable,
                 "-m",
@@ -122,27 +125,17 @@ class _Bootstrap:
                 "--expected-ranks",
                 str(dp),
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            self.dir.name,
         )
-        box: dict = {}
-        reader = threading.Thread(
-            target=lambda: box.setdefault("line", self.p.stdout.readline()), daemon=True
-        )
-        reader.start()
-        reader.join(30)
-        if "listening on " not in box.get("line", ""):
+        line = self.child.wait_for_line("listening on ", 30.0)
+        if line is None:
             self.close()
             raise RuntimeError("bootstrap server did not start for the bench")
-        self.url = box["line"].strip().rsplit(" ", 1)[1]
+        self.url = line.rsplit(" ", 1)[1]
 
     def close(self) -> None:
-        self.p.terminate()
-        try:
-            self.p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
+        stop([self.child])
+        self.dir.cleanup()
 
 
 def _runs_at(

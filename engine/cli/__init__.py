@@ -15,17 +15,20 @@ import sys
 import traceback
 from collections.abc import Callable
 
-import checker.fuzz.cli
-import checker.trace_cli
-import engine.bench.cli
-import engine.sglang.conform
-import spec.cli
-from engine.decode.config import PDError
-from engine.errors import ConfigError
-from spec.errors import BadInput
-from spec.registry import Registry
+try:  # Ctrl-C while pdo starts (these imports take a second): exit 130, no traceback
+    import checker.fuzz.cli
+    import checker.trace_cli
+    import engine.bench.cli
+    import engine.sglang.conform
+    import spec.cli
+    from engine.decode.config import PDError
+    from engine.errors import ConfigError
+    from spec.errors import BadInput
+    from spec.registry import Registry
 
-from . import bootstrap, check, exits, launch, run
+    from . import bootstrap, check, exits, launch, run
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 # The bad input classes, named explicitly: anything else escaping a sub-command is a bug in pdo.
 BAD_INPUT_TYPES = (BadInput, ConfigError, OSError)
@@ -83,7 +86,15 @@ def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
-    """`pdo argv...`; `parser` is build_parser()'s, for a caller that runs many commands."""
+    """`pdo argv...`; `parser` is build_parser()'s, for a caller that runs many commands. SIGINT
+    anywhere in it (building the parser included) exits 130 without a traceback."""
+    try:
+        return _main(argv, parser)
+    except KeyboardInterrupt:
+        return exits.INTERRUPTED
+
+
+def _main(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
     parser = parser or build_parser()
     if argv is None:
         argv = sys.argv[1:]
@@ -102,8 +113,6 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
         return exits.BAD_INPUT
     try:
         return args.fn(args)
-    except KeyboardInterrupt:
-        return exits.INTERRUPTED
     except BAD_INPUT_TYPES as exc:  # one line, never a traceback, for what the user can cause
         print(f"pdo {args.cmd}: error: {exc}", file=sys.stderr)
         return exits.BAD_INPUT

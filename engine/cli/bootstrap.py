@@ -53,10 +53,11 @@ def register(sub) -> None:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    """Bad settings and a port in use end in `pdo`'s one-line error, exit status 2."""
+    """Bad settings and a port in use end in `pdo`'s one-line error, exit status 2. The server
+    runs until a signal stops it: exit 130 for SIGINT (README, "Exit codes"), 143 for SIGTERM."""
     from ..bootstrap import serve_forever  # lazy: start-up time (aiohttp)
 
-    serve_forever(
+    signum = serve_forever(
         args.host,
         args.port,
         latency_s=args.latency_ms / 1000.0,
@@ -69,4 +70,4 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         test_routes=args.test_routes or args.test_routes_from_anywhere,
         test_routes_from_anywhere=args.test_routes_from_anywhere,
     )
-    return 0
+    return 128 + signum

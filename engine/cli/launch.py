@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,12 +25,14 @@ from pathlib import Path
 from spec.errors import BadInput
 
 from .. import bootstrap_client
+from ..child_process import Child, spawn, stop
 from ..config import check_dispatch
 from ..decode.config import ROUTERS, PDError
-from .flags import add_engine_args, add_flight_args, watchdog_of
+from .flags import add_engine_args, add_flight_args, exit_on_sigterm, watchdog_of
 from .pd import add_pd_args, configs_from_args, print_summary
 
 REPO = Path(__file__).resolve().parents[2]
+_LISTENING = "listening on "  # the line `pdo bootstrap` prints once it serves (its URL)
 
 
 def register(sub) -> None:
@@ -56,6 +57,7 @@ def register(sub) -> None:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     cfg, workload, decode, opts = configs_from_args(args)
+    exit_on_sigterm()  # through _run_processes' cleanup: no child outlives the launcher
     opts["flight"] = {"watchdog": watchdog_of(args), "flush_ms": args.trace_flush_ms}
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
@@ -173,13 +175,15 @@ def _run_processes(
     deadline: float,
     kill: dict | None = None,
 ) -> list[dict]:
-    """Start the bootstrap server, the prefill ranks and the decode; wait for them all (a child
-    that dies does not stop the others); leave none running. Returns the faults: each child that
-    ended with a non-zero status, with its last error line."""
-    procs: list[tuple[str, subprocess.Popen]] = []
+    """Start the bootstrap server, the prefill ranks and the decode, each writing its output into
+    `out`/ROLE.log (engine/child_process.py); wait for them all (a child that dies does not stop the
+    others); leave none running. Returns the faults: each child that ended with a non-zero status
+    before the run was over, the bootstrap server included, with its last output line."""
+    children: list[Child] = []
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
-        boot = subprocess.Popen(
+        boot = spawn(
+            "bootstrap",
             [
                 sys.executable,
                 "-m",
@@ -196,77 +200,47 @@ def _run_processes(
                 # `--kill bootstrap@N` counts the server's answers through its test-only stats route
                 *(["--test-routes"] if kill and kill["role"] == "bootstrap" else []),
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
+            out,
+            env,
         )
-        procs.append(("bootstrap", boot))
+        children.append(boot)
         url = _read_url(boot, timeout_s=30.0)
         common = ["--spec", str(spec), "--bootstrap", url, "--out", str(out)]
         for i in range(dp):
-            procs.append((f"prefill{i}", _child(["prefill", "--rank", str(i), *common], env)))
-        decode = _child(["decode", *common], env)
-        procs.append(("decode", decode))
-        killer = _bootstrap_killer(boot, url, kill)
-        while any(p.poll() is None for name, p in procs if name != "bootstrap"):
+            children.append(_child(f"prefill{i}", ["prefill", "--rank", str(i), *common], out, env))
+        children.append(_child("decode", ["decode", *common], out, env))
+        killer = _bootstrap_killer(boot.proc, url, kill)
+        while any(c.proc.poll() is None for c in children if c is not boot):
             if time.monotonic() > deadline:
-                running = [n for n, p in procs if p.poll() is None]
+                running = [c.name for c in children if c.proc.poll() is None]
                 raise PDError(f"run did not finish within the timeout ({running} still running)")
             killer()
             time.sleep(0.02)
+        boot.proc.poll()  # a server killed from outside: its status, before it is stopped below
         return [
-            {"role": name, "status": p.returncode, "error": _last_line(p)}
-            for name, p in procs
-            if p.returncode not in (None, 0)
+            {"role": c.name, "status": c.proc.returncode, "error": c.last_line(skip=_LISTENING)}
+            for c in children
+            if c.proc.returncode not in (None, 0)
         ]
     finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for _, p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(children)
 
 
-def _child(args, env) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "engine.pd_process", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+def _child(name: str, args: list[str], out: Path, env: dict) -> Child:
+    return spawn(name, [sys.executable, "-m", "engine.pd_process", *args], out, env)
 
 
-def _read_url(boot: subprocess.Popen, *, timeout_s: float) -> str:
+def _read_url(boot: Child, *, timeout_s: float) -> str:
     """The server prints one line, 'bootstrap server listening on URL', once it accepts requests."""
-    box = {}
-    reader = threading.Thread(
-        target=lambda: box.setdefault("line", boot.stdout.readline()), daemon=True
-    )
-    reader.start()
-    reader.join(timeout_s)
-    line = box.get("line", "")
-    if "listening on " not in line:
-        try:
-            boot.wait(timeout=2)  # stdout closed: it is exiting, its error is on stderr
-            err = _last_line(boot)
-        except subprocess.TimeoutExpired:
-            err = f"no answer within {timeout_s:g} s"
+    line = boot.wait_for_line(_LISTENING, timeout_s)
+    if line is None:
+        err = (
+            boot.last_line()
+            if boot.proc.poll() is not None
+            else f"no answer within {timeout_s:g} s"
+        )
         raise BadInput(f"bootstrap server did not start: {err}")
-    return line.strip().rsplit(" ", 1)[1]
-
-
-def _last_line(p: subprocess.Popen) -> str:
-    try:
-        err = p.stderr.read() if p.stderr else ""
-    except ValueError:
-        err = ""
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    return lines[-1].strip() if lines else f"exited with status {p.returncode}"
+    return line.rsplit(" ", 1)[1]
 
 
 def _bootstrap_killer(boot: subprocess.Popen, url: str, kill: dict | None):

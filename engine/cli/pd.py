@@ -11,7 +11,7 @@ from spec.errors import BadInput
 
 from ..decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
 from .exits import FAILED, OK
-from .flags import build_configs
+from .flags import build_configs, exit_on_sigterm
 
 # The run flags that open the window a prefetch can serve (docs/decode.md, "When the prefetch
 # serves"): requests that arrive while decode is busy, an intake wait between the loop top and the
@@ -148,6 +148,7 @@ def configs_from_args(args: argparse.Namespace):
 
 def cmd_run_pd(args: argparse.Namespace) -> int:
     cfg, workload, decode, opts = configs_from_args(args)  # bad flags fail here, before torch
+    exit_on_sigterm()  # SIGTERM ends every role as SIGINT does: its trace ends with trace_end
     from ..pd import run_pd  # lazy: start-up time (torch)
 
     summary = run_pd(cfg, workload, decode, trace_path=args.trace, **opts)
@@ -205,9 +206,16 @@ def fault_lines(s: dict) -> list[str]:
             "none within its bootstrap timeout): held KV dropped, the ranks ended"
         )
     for f in s.get("failed_ranks") or []:
+        in_flight = f.get("aborted_in_flight", f["aborted"])
+        why = (
+            f" ({in_flight} in flight when it failed, {f['aborted'] - in_flight} whose room it "
+            "never registered)"
+            if in_flight != f["aborted"]
+            else ""
+        )
         lines.append(
             f"  fault: decode lost prefill rank {f['rank']} ({f['reason']}): "
-            f"{f['aborted']} request(s) aborted"
+            f"{f['aborted']} of its request(s) aborted{why}"
         )
     return lines
 

@@ -174,7 +174,9 @@ def test_main_rejects_bad_flags_without_blocking(capsys):
     assert "failure_rate" in capsys.readouterr().err
 
 
-def test_serve_forever_in_subprocess():
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_serve_forever_in_subprocess(sig, code):
+    """A signal stops the server; its exit status says which (README, "Exit codes")."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [
@@ -215,8 +217,8 @@ def test_serve_forever_in_subprocess():
         assert bootstrap_client.set_faults(url, failure_rate=0.0)["latency_s"] == 0.05
         _, dt = timed(bootstrap_client.query_prefill_dp_ranks, url, [1], timeout_s=2)
         assert dt >= 0.05
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
+        proc.send_signal(sig)
+        assert proc.wait(timeout=5) == code
         assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:

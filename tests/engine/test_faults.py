@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from checker.linear import check_file, check_files
+from engine.child_process import children_of
 from engine.cli.exits import FAILED
 from engine.cli.pd import PRODUCTION_WINDOW_FLAGS, prefetch_note, print_summary
 from engine.config import EngineConfig
@@ -68,7 +71,13 @@ def test_embedded_prefill_rank_killed_aborts_only_its_requests(tmp_path, at, cap
         check_files(s["traces"])
     )
     assert print_summary(s, False, "pdo run --pd") == FAILED
-    assert "fault: prefill1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fault: prefill1" in out
+    # the fault line counts every request of the rank that was aborted, not only those in flight
+    # when it failed (the rest: rooms it never registered, aborted at the bootstrap timeout)
+    (lost,) = s["failed_ranks"]
+    assert lost["rank"] == 1 and lost["aborted"] == len(s["aborted"]), (lost, s["aborted"])
+    assert f"decode lost prefill rank 1 ({lost['reason']}): {len(s['aborted'])} of its" in out
 
 
 def test_without_the_reaper_a_dead_ranks_requests_wait_for_the_kv_timeout(tmp_path, monkeypatch):
@@ -152,6 +161,37 @@ def test_launch_kill_one_role(tmp_path, kill, survivors):
         assert s["finished"] + len(s["aborted"]) == WC.requests
         routing = ("DP-rank query to", "still unknown to the bootstrap", "prefill parallel info")
         assert all(any(x in why for x in routing) for why in s["aborted"].values()), s["aborted"]
+
+
+def test_launch_bootstrap_killed_from_outside_after_the_last_room_is_a_fault(tmp_path):
+    """SIGKILL from outside (not --kill) once every room resolved: the rest of the run needs no
+    server, so it finishes; the death is still a fault, reported on its line, exit 1."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "launch", "--dp", "2", "--requests", "8"]
+        + ["--prompt-len", "16:64", "--max-new-tokens", "48", "--workload-seed", "7"]
+        + ["--trace-dir", str(out), "--timeout-s", "150"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 150
+        trace = out / "decode.jsonl"
+        while not (trace.exists() and trace.read_text().count('"ev":"receiver_init"') >= 8):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.01)
+        (pid,) = [pid for pid, argv in children_of(p.pid).items() if "bootstrap" in argv[:5]]
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == FAILED, (p.returncode, stdout, stderr)
+    assert "fault: bootstrap killed by signal 9" in stdout, stdout
+    assert "requests=8/8" in stdout, stdout  # the rooms were all resolved: nothing lost
 
 
 def test_the_summary_says_why_no_consumption_point_was_prefetched():

@@ -157,6 +157,14 @@ def sequence_body_errors(pair, prefill: Prefill, first: dict) -> None:
         method = "PUT" if path == "/route" else "POST"
         for body in (b"{not json", b"", b"\xff\xfe"):
             pair.differs("bad_json", method, path, data=body)
+        for encoding in ("gzip", "deflate"):
+            pair.differs(
+                "undecodable_body",
+                method,
+                path,
+                data=b"not compressed",
+                headers={"Content-Encoding": encoding},
+            )
     without_ip = {k: v for k, v in first.items() if k != "rank_ip"}
     pair.differs("missing_field", "PUT", "/route", json=without_ip)
     pair.differs("missing_field", "POST", "/register_dp_rank", json={"dp_rank": 0})
@@ -233,8 +241,48 @@ def stateful_out_of_range_dp_rank(pair, conn):
         "/register_dp_rank",
         json={"bootstrap_room": 6, "dp_rank": -1},
     )
-    pdo, sgl = pair.send("POST", "/query_dp_ranks", json={"bootstrap_rooms": [5, -5, 6]})
-    assert pdo.body == {} and sgl.body == {"5": 2, "-5": 0, "6": -1}
+    pdo, sgl = pair.send("POST", "/query_dp_ranks", json={"bootstrap_rooms": [5, 6]})
+    assert pdo.body == {} and sgl.body == {"5": 2, "6": -1}
+
+
+def stateful_room_out_of_domain(pair, conn):
+    for room in (2**64, 2**70, -5):
+        pair.differs(
+            "room_out_of_domain",
+            "POST",
+            "/register_dp_rank",
+            json={"bootstrap_room": room, "dp_rank": 0},
+        )
+        pair.differs(
+            "room_out_of_domain", "POST", "/query_dp_ranks", json={"bootstrap_rooms": [room]}
+        )
+    pair.same(
+        "POST", "/register_dp_rank", json={"bootstrap_room": 2**64 - 1, "dp_rank": 0}
+    )  # the largest room: both keep it
+    assert pair.same("POST", "/query_dp_ranks", json={"bootstrap_rooms": [2**64 - 1]}).body == {
+        str(2**64 - 1): 0
+    }
+
+
+def stateful_dp_rank_out_of_domain(pair, conn):
+    pair.differs(
+        "dp_rank_out_of_domain",
+        "POST",
+        "/register_dp_rank",
+        json={"bootstrap_room": 3, "dp_rank": 2**70},
+    )
+    pdo, sgl = pair.send("POST", "/query_dp_ranks", json={"bootstrap_rooms": [3]})
+    assert pdo.body == {} and sgl.body == {"3": 2**70}
+
+
+def stateful_port_out_of_range(pair, conn):
+    p0, p1 = sglang_payloads(conn, Prefill(attn_dp_size=1))
+    pair.differs("port_out_of_range", "PUT", "/route", json={**p0, "prefill_http_port": 65536})
+    pair.same("PUT", "/route", json=p0)
+    pair.same("PUT", "/route", json=p1)
+    pdo, sgl = pair.send("GET", "/route", params=info_params())
+    assert (pdo.status, sgl.status) == (200, 200)
+    assert (pdo.body["prefill_http_port"], sgl.body["prefill_http_port"]) == (30000, 65536)
 
 
 def stateful_older_payload(pair, conn):
@@ -265,11 +313,15 @@ STATEFUL = {
     "out_of_range_rank": stateful_out_of_range_rank,
     "topology_conflict": stateful_topology_conflict,
     "out_of_range_dp_rank": stateful_out_of_range_dp_rank,
+    "room_out_of_domain": stateful_room_out_of_domain,
+    "dp_rank_out_of_domain": stateful_dp_rank_out_of_domain,
+    "port_out_of_range": stateful_port_out_of_range,
     "older_payload": stateful_older_payload,
     "role": stateful_role,
 }
 IN_SEQUENCE = {
     "bad_json",
+    "undecodable_body",
     "missing_field",
     "non_integer_query",
     "string_integers",

@@ -268,6 +268,32 @@ DIFFERENCES = {
         "a body that is not JSON is the client's error; SGLang's handler raises and aiohttp "
         "answers 500. No SGLang client sends one, and each treats any non-200 alike",
     ),
+    "undecodable_body": Diff(
+        400,
+        500,
+        "a body that says Content-Encoding: gzip (or deflate) and does not decode is the client's "
+        "error; SGLang's handler lets aiohttp's payload error escape and answers 500",
+    ),
+    "room_out_of_domain": Diff(
+        400,
+        200,
+        "a bootstrap room outside [0, 2**64) in register_dp_rank or query_dp_ranks: SGLang's "
+        "router draws u64 rooms and its decode keeps them in a torch.uint64 buffer, so no SGLang "
+        "request has one; SGLang's server stores (or looks up) any Python int",
+    ),
+    "dp_rank_out_of_domain": Diff(
+        400,
+        200,
+        "a dp_rank above 2**63 - 1 in register_dp_rank before any rank registered (once one has, "
+        "out_of_range_dp_rank): SGLang's ranks are int64 at most; SGLang stores any Python int and "
+        "its decode would then look up a rank that cannot exist",
+    ),
+    "port_out_of_range": Diff(
+        400,
+        200,
+        "a prefill_http_port outside [1, 65535] in PUT /route: SGLang stores it and publishes it in "
+        "the parallel info, where the decode would use it as a TCP port",
+    ),
     "missing_field": Diff(
         400,
         500,
@@ -358,9 +384,9 @@ class Pair:
         self.seen: set[str] = set()  # DIFFERENCES keys met
 
     def send(
-        self, method: str, path: str, *, params=None, json=None, data=None
+        self, method: str, path: str, *, params=None, json=None, data=None, headers=None
     ) -> tuple[Answer, Answer]:
-        kwargs = {"params": params, "timeout": TIMEOUT_S}
+        kwargs = {"params": params, "timeout": TIMEOUT_S, "headers": headers}
         if data is not None:
             kwargs["data"] = data
         elif json is not None:
