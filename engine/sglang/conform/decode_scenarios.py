@@ -31,6 +31,8 @@ from ... import bootstrap_client, sync
 from ...bootstrap import BootstrapServer
 from .. import hooks, sglang_server
 from ..sink import TraceSink
+from . import decode_context
+from .reachable import assert_reachable
 
 PAGE_SIZE = 16
 
@@ -44,6 +46,8 @@ class Step:
     register: list = dataclasses.field(default_factory=list)
     publish: list = dataclasses.field(default_factory=list)  # servers whose ranks register now
     abort: list = dataclasses.field(default_factory=list)  # rids
+    # a client asks to release (resume) the KV memory: done through SGLang's own caller, pause
+    # first, at the first iteration where that caller's idleness assertion holds (reachable.py)
     release: bool = False
     resume: bool = False
 
@@ -173,6 +177,8 @@ class Harness:
         self.mgr = _kv_manager(sgl.conn)
         self.queue = _prealloc_queue(d, sched, self.mgr)
         self.iteration, self.reqs, self.initialised, self.ended = 0, {}, {}, set()
+        self.release_wanted = self.resume_wanted = self.released = False
+        self.updater = None  # SGLang's weight updater, made inside the published configuration
         self._bind_scheduler()
 
     def _bind_scheduler(self) -> None:
@@ -181,7 +187,6 @@ class Harness:
             gracefully_exit=False,
             _engine_paused=False,
             disagg_decode_prealloc_queue=self.queue,
-            running_batch=None,
             chunked_req=None,
             last_batch=None,
             cur_batch_for_debug=None,
@@ -202,6 +207,52 @@ class Harness:
             _record_scheduler_state_for_paused_engine=lambda: None,
             retire_unadmitted_request=lambda req: None,
             output_streamer=types.SimpleNamespace(stream_output=lambda reqs, logprob: None),
+            **self._idleness_state(),
+        )
+
+    def _idleness_state(self) -> dict:
+        """What SGLang's real Scheduler.is_fully_idle, pause_generation and continue_generation
+        read, for a decode scheduler with no batch: the queues SGLang keeps (the transfer queue is
+        SGLang's own class, empty: the transfer is played by the harness) and the flags of the
+        features the scenarios leave off."""
+        d = self.sgl.decode
+        transfer = d.DecodeTransferQueue.__new__(d.DecodeTransferQueue)
+        transfer.queue, transfer._deferred_releases = [], []
+        self.queue.held_rebootstrap_reqs = []
+        return dict(
+            running_batch=types.SimpleNamespace(reqs=[], is_empty=lambda: True),
+            dllm_manager=types.SimpleNamespace(any_staging_reqs=lambda: False),
+            waiting_queue=[],
+            grammar_manager=types.SimpleNamespace(grammar_queue=[]),
+            disaggregation_mode=self.sgl.decode_utils.DisaggregationMode.DECODE,
+            disagg_decode_transfer_queue=transfer,
+            decode_offload_manager=None,
+            enable_hisparse=False,
+            enable_hierarchical_cache=False,
+            enable_lmcache=False,
+            _pause_started_at=None,
+            _pause_intervals=[],
+        )
+
+    def _weight_updater(self):
+        """SGLang's SchedulerWeightUpdaterManager, the only caller of the queues' memory release,
+        made as Scheduler.init_weight_updater makes it. Its cache flush is a stand-in (the
+        scenarios have no pools): it asserts what the real flush_cache checks."""
+        from sglang.srt.managers.scheduler_components.weight_updater import (  # lazy: optional
+            SchedulerWeightUpdaterManager,
+        )
+        from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+        def flush_cache(empty_cache: bool = True) -> bool:
+            return self.sched.is_fully_idle(ignore_waiting=self.sched._engine_paused)
+
+        return SchedulerWeightUpdaterManager(
+            tp_worker=None,
+            draft_worker=None,
+            memory_saver_adapter=TorchMemorySaverAdapter.create(enable=False),
+            flush_cache=flush_cache,
+            is_fully_idle=self.sched.is_fully_idle,
+            scheduler=self.sched,
         )
 
     # ---- the script, played at intake ---------------------------------------------------------
@@ -215,16 +266,47 @@ class Harness:
         for rid, room, i in step.arrive:
             req = self._req(rid, room, self.servers[i])
             self.reqs[rid] = req
+            assert_reachable(
+                "DecodePreallocQueue.add",
+                self.sched.disaggregation_mode.name == "DECODE"
+                and not getattr(self.sched, "enable_priority_scheduling", False),
+            )
             self.queue.add(req)
         for rid in step.abort:
+            assert_reachable(
+                "prepare_abort on a queued request",
+                any(d.req is self.reqs[rid] for d in self.queue.queue),
+                rid,
+            )
             self.sgl.decode_utils.prepare_abort(self.reqs[rid], "aborted by the client")
-        if step.release:
-            self.queue.release_memory_occupation()
-            self.sched.__dict__["_engine_paused"] = True
-        if step.resume:
-            self.sched.__dict__["_engine_paused"] = False
-            self.queue.resume_memory_occupation()
+        self.release_wanted |= step.release
+        self.resume_wanted |= step.resume
+        self._memory_requests()
         return []
+
+    def _memory_requests(self) -> None:
+        """A client that honours SGLang's contract: it releases the KV memory once the server is
+        idle (pause_generation, then SchedulerWeightUpdaterManager.release_memory_occupation, which
+        asserts Scheduler.is_fully_idle), and resumes it (resume_memory_occupation, then
+        continue_generation) after that."""
+        from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE  # lazy: SGLang is optional
+        from sglang.srt.managers import io_struct as io
+
+        tags = [GPU_MEMORY_TYPE_KV_CACHE]
+        if self.updater is None:
+            self.updater = self._weight_updater()
+        if self.release_wanted and self.sched.is_fully_idle():
+            self.sched.pause_generation(io.PauseGenerationReqInput(mode="in_place"))
+            self.updater.release_memory_occupation(
+                io.ReleaseMemoryOccupationReqInput(tags=tags)
+            )
+            self.release_wanted, self.released = False, True
+        elif self.resume_wanted and self.released:
+            self.updater.resume_memory_occupation(
+                io.ResumeMemoryOccupationReqInput(tags=tags)
+            )
+            self.sched.continue_generation(io.ContinueGenerationReqInput(torch_empty_cache=False))
+            self.resume_wanted = self.released = False
 
     def _req(self, rid, room, server):
         return types.SimpleNamespace(
@@ -256,6 +338,10 @@ class Harness:
         # only every disaggregation_decode_polling_interval iterations
         if self.iteration % self.script.polling_interval:
             return
+        assert_reachable(
+            "DecodePreallocQueue._resolve_pending_reqs",
+            not self.sched._engine_paused and not self.queue.retracted_queue,
+        )
         self.queue._resolve_pending_reqs()
         for decode_req in list(self.queue.queue):
             req = decode_req.req
@@ -278,7 +364,11 @@ class Harness:
 
     def _idle(self):
         last_step = max(self.script.steps, default=0)
-        done = self.iteration >= last_step and len(self.ended) == len(self.reqs)
+        done = (
+            self.iteration >= last_step
+            and len(self.ended) == len(self.reqs)
+            and not (self.release_wanted or self.resume_wanted)
+        )
         if done or self.iteration >= self.script.max_iters:
             self.sched.gracefully_exit = True
         # the decode graph's time: lets a prefetched query finish before its consumer
@@ -292,10 +382,10 @@ class Harness:
             f"event_loop_{self.mode}_disagg_decode",
         )
         sink = TraceSink(trace_path) if trace_path is not None else hooks.active()
-        config = self.sgl.runtime_context._CONTEXT.override_server_args(
-            disaggregation_mode="decode"
-        )
-        config.install()  # the published ServerArgs that _init_receiver reads (get_disagg())
+        # the published ServerArgs that _init_receiver reads (get_disagg()), and the process
+        # groups SGLang's weight updater reads
+        config = decode_context.published(PAGE_SIZE)
+        config.__enter__()
         decode = self.sgl.decode
         real_get_kv_class = decode.get_kv_class
         # the transfer backend's receiver class
@@ -308,7 +398,7 @@ class Harness:
                     loop(self.sched)
         finally:
             decode.get_kv_class = real_get_kv_class
-            config.restore()
+            config.__exit__(None, None, None)
             self.queue._cancel_prefill_dp_rank_queries()
             executor = self.mgr._prefill_recompute_executor
             if executor is not None:

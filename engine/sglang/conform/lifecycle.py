@@ -1,0 +1,148 @@
+"""The lifecycle invariants, checked on a decode scheduler at every iteration (the oracle part of
+the lifecycle x fault matrix; D-request-ends judges the trace).
+
+    Ledger.end(req)      a request's final output left the scheduler (finished or aborted)
+    Ledger.check(...)    the invariants at one point of the run; violations are collected
+    Violations           raised at the end of a run whose invariants failed
+
+What is checked, per request:
+- it ends exactly once: one final output (stream_output of a finished request, or an abort
+  output), never two, and one by the end of the run;
+- its receiver is cleared exactly once, and never used after (poll, init, abort, send_metadata);
+- its request slot (req_to_token), KV pages and metadata slot are free by the end, never freed
+  twice, and never free while its transfer may still write them (metadata sent, not concluded);
+- the scheduler's idleness report (`Scheduler.is_fully_idle`) says idle exactly when no request is
+  alive.
+
+The pools are read through SGLang's public accessors only where they exist across releases
+(`available_size`); what differs by release is named in `_free_pages` and `_free_slots` below.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import torch
+
+
+class Violations(Exception):
+    """The lifecycle invariants a run broke: {invariant: [message, ...]}."""
+
+    def __init__(self, found: dict[str, list[str]]):
+        self.found = found
+        first = next(iter(found.values()))[0]
+        super().__init__(f"{sum(map(len, found.values()))} lifecycle violations; first: {first}")
+
+
+@dataclasses.dataclass
+class Ledger:
+    pools: object  # has req_to_token_pool, token_to_kv_pool_allocator, metadata allocator
+    ends: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    admitted: set = dataclasses.field(default_factory=set)
+    found: dict = dataclasses.field(default_factory=dict)
+
+    def _flag(self, invariant: str, message: str) -> None:
+        found = self.found.setdefault(invariant, [])
+        if message not in found:
+            found.append(message)
+
+    def end(self, rid: str) -> bool:
+        """Count a final output of `rid`; True the first time."""
+        self.ends[rid] += 1
+        if self.ends[rid] > 1:
+            self._flag("ends-once", f"{rid} ended {self.ends[rid]} times")
+        return self.ends[rid] == 1
+
+    def alive(self) -> set:
+        return {rid for rid in self.admitted if not self.ends[rid]}
+
+    def check(self, receivers: list, idle: bool, where: str, exempt=frozenset()) -> None:
+        """The invariants at one point: `receivers` every receiver made so far; `idle` what
+        Scheduler.is_fully_idle answers now; `exempt` requests that hold nothing and wait for no
+        work (held for re-bootstrap during a pause: SGLang keeps them out of every queue on
+        purpose, so that a weight update's cache flush sees an idle scheduler)."""
+        free_slots, free_pages, free_meta = _free_slots(self.pools), _free_pages(self.pools), (
+            _free_metadata(self.pools)
+        )
+        for name, free in (("slot", free_slots), ("page", free_pages), ("metadata", free_meta)):
+            dup = [i for i, n in collections.Counter(free).items() if n > 1]
+            if dup:
+                self._flag("freed-once", f"{where}: {name}s {dup[:4]} are free twice")
+        for r in receivers:
+            if r.cleared > 1:
+                self._flag("cleared-once", f"room {r.room}: receiver cleared {r.cleared} times")
+            for misuse in r.misuse:
+                self._flag("cleared-once", f"room {r.room}: {misuse}")
+            if r.phase.value == "transferring" and r.conclude_state is None:
+                self._transfer_holds(r, set(free_slots), set(free_pages), set(free_meta), where)
+        alive = self.alive() - set(exempt)
+        if idle and alive:
+            self._flag("idle-right", f"{where}: is_fully_idle says idle while {sorted(alive)} live")
+        if not idle and not alive and not _busy_transfers(receivers):
+            self._flag("idle-right", f"{where}: is_fully_idle says busy with no request alive")
+
+    def _transfer_holds(self, r, free_slots, free_pages, free_meta, where) -> None:
+        """A transfer that may still write: its destination must not be free."""
+        req = r.plan.req
+        slot = getattr(req.kv, "req_pool_idx", None) if req is not None else None
+        if slot is not None and slot in free_slots:
+            self._flag("held-while-writing", f"{where}: {req.rid}'s request slot freed mid-transfer")
+        if r.plan.pages and set(r.plan.pages) & free_pages:
+            self._flag("held-while-writing", f"{where}: room {r.room}'s KV pages freed mid-transfer")
+        if r.metadata_index is not None and r.metadata_index in free_meta:
+            self._flag("held-while-writing", f"{where}: room {r.room}'s metadata slot freed")
+
+    def finish(self, receivers: list, capacity: dict) -> None:
+        """The end of the run: every request ended once, every receiver cleared once, every pool
+        whole again. Raises Violations when anything failed."""
+        for rid in sorted(self.admitted):
+            if self.ends[rid] == 0:
+                self._flag("ends-once", f"{rid} never ended")
+        for r in receivers:
+            if r.cleared == 0:
+                self._flag("cleared-once", f"room {r.room}: receiver never cleared")
+        now = {
+            "slot": len(set(_free_slots(self.pools))),
+            "page": len(set(_free_pages(self.pools))),
+            "metadata": len(set(_free_metadata(self.pools))),
+        }
+        for name, n in now.items():
+            if n != capacity[name]:
+                self._flag("freed-once", f"end: {capacity[name] - n} {name}s never freed")
+        if self.found:
+            raise Violations(self.found)
+
+
+def capacity(pools) -> dict:
+    return {
+        "slot": len(set(_free_slots(pools))),
+        "page": len(set(_free_pages(pools))),
+        "metadata": len(set(_free_metadata(pools))),
+    }
+
+
+def _busy_transfers(receivers) -> bool:
+    return any(r.phase.value == "transferring" and r.conclude_state is None for r in receivers)
+
+
+# ---- where the pools keep their free lists (the names that may differ by release) --------------
+def _ints(x) -> list[int]:
+    if isinstance(x, torch.Tensor):
+        return [int(i) for i in x.tolist()]
+    return [int(i) for i in x]
+
+
+def _free_slots(pools) -> list[int]:
+    return _ints(pools.req_to_token_pool.free_slots)
+
+
+def _free_pages(pools) -> list[int]:
+    allocator = pools.token_to_kv_pool_allocator
+    pages = _ints(allocator.free_pages)
+    release = getattr(allocator, "release_pages", None)
+    return pages + (_ints(release) if release is not None else [])
+
+
+def _free_metadata(pools) -> list[int]:
+    return _ints(pools.req_to_metadata_buffer_idx_allocator.free_slots)
