@@ -122,7 +122,8 @@ def run_prefill_mutant(sgl, name: str, trace_dir: str) -> dict:
 
 
 def _open_divergences() -> dict:
-    return {name: tuple(rules) for name, rules in prefill_scenarios.DIVERGENCES.items()}
+    known = {**prefill_scenarios.DIVERGENCES, **decode_life.DIVERGENCES}
+    return {name: tuple(rules) for name, rules in known.items()}
 
 
 def broken_rules(path: str) -> dict[str, int]:
