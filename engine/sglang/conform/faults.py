@@ -64,6 +64,17 @@ def receiver_class():
                 arm(self, self.plan.arm_next)
                 self.plan.arm_next = None
 
+        @property
+        def label(self):
+            return f"room {self.room}'s receiver"
+
+        def in_flight(self):
+            """What the prefill may still write: the metadata was sent, nothing concluded."""
+            if self.phase is not Phase.TRANSFERRING or self.conclude_state is not None:
+                return None
+            req = self.plan.req
+            return (getattr(req.kv, "req_pool_idx", None), self.plan.pages, self.metadata_index)
+
         def _use(self, what):
             if self.cleared:
                 self.misuse.append(f"{what} after clear")
