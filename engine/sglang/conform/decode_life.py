@@ -381,7 +381,14 @@ class LifeHarness:
                 self._build()
                 decode.get_kv_class = lambda backend, kind: faults.receiver_class()
                 with hooks.tracing(TraceSink(trace_path)):
-                    loop(self.sched)
+                    try:
+                        loop(self.sched)
+                    except Exception:
+                        # SGLang raised: the invariants at that point come first when they fail
+                        self._check("SGLang raised")
+                        if self.ledger.found:
+                            raise lifecycle.Violations(self.ledger.found) from None
+                        raise
                 self._check("the end")
                 if self.cell.fault is not None and not self.injected:
                     raise NotReached(f"{self.cell.name}: the request never reached the state")

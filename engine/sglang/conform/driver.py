@@ -19,7 +19,7 @@ from checker.linear import check_files
 from .. import decode as decode_hooks
 from .. import hooks, load
 from .. import prefill as prefill_hooks
-from . import decode_life, decode_scenarios, lifecycle, mutants, prefill_scenarios
+from . import decode_life, decode_scenarios, lifecycle, mutants, prefill_life, prefill_scenarios
 
 # scenario -> the rules its expected finding breaks (docs/sglang.md, "Findings"). Finding 1 was
 # retracted: its scenario released memory in a state SGLang's only caller refuses (reachable.py).
@@ -44,6 +44,7 @@ def all_scenarios(sgl) -> list[tuple[str, object]]:
         decode_scenarios.scenarios(sgl)
         + decode_life.scenarios(sgl)
         + [(name, _to_path(run)) for name, run in prefill]
+        + prefill_life.scenarios()
     )
 
 
@@ -122,7 +123,11 @@ def run_prefill_mutant(sgl, name: str, trace_dir: str) -> dict:
 
 
 def _open_divergences() -> dict:
-    known = {**prefill_scenarios.DIVERGENCES, **decode_life.DIVERGENCES}
+    known = {
+        **prefill_scenarios.DIVERGENCES,
+        **decode_life.DIVERGENCES,
+        **prefill_life.DIVERGENCES,
+    }
     return {name: tuple(rules) for name, rules in known.items()}
 
 

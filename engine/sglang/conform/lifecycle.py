@@ -11,14 +11,14 @@ the lifecycle x fault matrix; D-request-ends judges the trace).
 What is checked, per request:
 - it ends exactly once: one final output (stream_output of a finished request, or an abort
   output), never two, and one by the end of the run;
-- its receiver is cleared exactly once, and never used after (poll, init, abort, send_metadata);
+- its receiver (decode) or sender (prefill) is cleared exactly once, and never used after;
 - its request slot (req_to_token), KV pages and metadata slot are free by the end, never freed
   twice, and never free while its transfer may still write them (metadata sent, not concluded);
-- the scheduler's idleness report (`Scheduler.is_fully_idle`) says idle exactly when no request is
-  alive.
+- the scheduler's idleness report (`Scheduler.is_fully_idle`) never says idle while a request is
+  alive, and does not stay busy (BUSY_LIMIT checks in a row) once none is.
 
-The pools are read through SGLang's public accessors only where they exist across releases
-(`available_size`); what differs by release is named in `_free_pages` and `_free_slots` below.
+The pools' free lists are read directly (a count such as `available_size` cannot show a slot freed
+twice); their names, which may differ by release, are in the three functions at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ import collections
 import dataclasses
 
 import torch
+
+
+BUSY_LIMIT = 3  # consecutive checks reporting busy with nothing alive before it is flagged
 
 
 class Violations(Exception):
@@ -44,6 +47,7 @@ class Ledger:
     ends: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     admitted: set = dataclasses.field(default_factory=set)
     found: dict = dataclasses.field(default_factory=dict)
+    busy_idle: int = 0  # consecutive checks reporting busy with nothing alive
 
     def _flag(self, invariant: str, message: str) -> None:
         found = self.found.setdefault(invariant, [])
@@ -83,8 +87,14 @@ class Ledger:
         alive = self.alive() - set(exempt)
         if idle and alive:
             self._flag("idle-right", f"{where}: is_fully_idle says idle while {sorted(alive)} live")
+        # Busy with nothing alive is a liveness question: a loop's last batch keeps the report busy
+        # for the iteration after its last request ended, so only a report that stays busy is one.
         if not idle and not alive and not _busy_transfers(receivers):
-            self._flag("idle-right", f"{where}: is_fully_idle says busy with no request alive")
+            self.busy_idle += 1
+            if self.busy_idle >= BUSY_LIMIT:
+                self._flag("idle-right", f"{where}: is_fully_idle says busy with no request alive")
+        else:
+            self.busy_idle = 0
 
     def _transfer_holds(self, label, held, free_slots, free_pages, free_meta, where) -> None:
         """A transfer that may still read or write: its slot, pages and metadata slot must not be

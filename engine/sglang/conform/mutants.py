@@ -210,6 +210,32 @@ _register(
 )
 
 
+_register(
+    Mutant(
+        "prefill-failed-transfer-dropped",
+        "the prefill inflight queue drops a Failed transfer without handle_inflight_transfer_failure",
+        "prefill.SchedulerDisaggregationPrefillMixin",
+        "process_disagg_prefill_inflight_queue",
+        _make(_DropCall, "self.handle_inflight_transfer_failure(req)"),
+        ("prefill-life/inflight/poll-failed/normal", "prefill-life/inflight/timeout/overlap"),
+        ("oracle:ends-once", "oracle:freed-once", "P-release-once"),
+    )
+)
+
+
+_register(
+    Mutant(
+        "idle-ignores-inflight",
+        "Scheduler.is_fully_idle ignores the prefill inflight queue",
+        "scheduler.Scheduler",
+        "is_fully_idle",
+        _make(_DropAugAssign, "disagg_prefill_inflight_queue"),
+        ("prefill-life/inflight/none/normal",),
+        ("oracle:idle-right",),
+    )
+)
+
+
 @contextlib.contextmanager
 def applied(sgl, mutant: Mutant):
     """The class's method replaced by its mutated version inside the block (the hooks still wrap
