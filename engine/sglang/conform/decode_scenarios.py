@@ -334,6 +334,8 @@ class Harness:
             sink.emit("kv_done", room=req.bootstrap_room, rid=rid, first_token=0)
             sink.emit("req_done", rid=rid, room=req.bootstrap_room, tokens=1)
             self.ended.add(rid)
+            transfer = self.sched.disagg_decode_transfer_queue
+            transfer.queue = [d for d in transfer.queue if d.req is not req]
         # as SGLang's process_decode_queue: pop_preallocated (whose first step is the resolve) runs
         # only every disaggregation_decode_polling_interval iterations
         if self.iteration % self.script.polling_interval:
@@ -361,6 +363,9 @@ class Harness:
             elif decode_req.kv_receiver.rank is not None and req.rid not in self.initialised:
                 self.initialised[req.rid] = self.iteration
                 self.queue.queue.remove(decode_req)
+                # in SGLang's transfer queue while the stand-in transfer runs, as pop_preallocated
+                # hands it over: is_fully_idle sees it there
+                self.sched.disagg_decode_transfer_queue.queue.append(decode_req)
 
     def _idle(self):
         last_step = max(self.script.steps, default=0)
