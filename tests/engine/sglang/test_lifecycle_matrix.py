@@ -40,7 +40,8 @@ _PREFILL_SLICE = {
     for i, state in enumerate(prefill_life.PState)
     for fault, mode in (
         (None, "overlap"),
-        (list(faults.Fault)[(i + 2) % len(faults.Fault)], ("normal", "overlap")[i % 2]),
+        (list(faults.Fault)[(2 * i) % len(faults.Fault)], ("normal", "overlap")[i % 2]),
+        (list(faults.Fault)[(2 * i + 1) % len(faults.Fault)], ("overlap", "normal")[i % 2]),
     )
 }
 
