@@ -3,12 +3,15 @@
 SGLang's components read their settings from the process-wide runtime context (`get_disagg()`,
 `get_parallel()`, ...), and some of its real callers (`SchedulerWeightUpdaterManager`, the polls'
 all-reduce) need the process groups of the one-rank world. `published()` publishes a decode
-server's configuration for the block and puts back what was published before.
+server's configuration for the block and puts back what was published before;
+`idle_scheduler_state` and `weight_updater` are what a decode scheduler without a batch needs for
+SGLang's idleness report and its memory-release caller.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 
 from .prefill_scheduler import _model_path, _process_groups
 
@@ -42,3 +45,52 @@ def published(page_size: int, max_running: int = 8, kv_tokens: int = 4096, **ove
         yield server_args
     finally:
         rc.restore_context(state)
+
+
+def idle_scheduler_state(sgl, queue) -> dict:
+    """What SGLang's real Scheduler.is_fully_idle, pause_generation and continue_generation read, for
+    a decode scheduler with no batch around the prealloc `queue`: the queues SGLang keeps (the
+    transfer queue is SGLang's own class, empty until a harness fills it) and the flags of the
+    features the scenarios leave off."""
+    d = sgl.decode
+    transfer = d.DecodeTransferQueue.__new__(d.DecodeTransferQueue)
+    transfer.queue, transfer._deferred_releases = [], []
+    queue.held_rebootstrap_reqs = []
+    return dict(
+        running_batch=types.SimpleNamespace(reqs=[], is_empty=lambda: True),
+        dllm_manager=types.SimpleNamespace(any_staging_reqs=lambda: False),
+        waiting_queue=[],
+        grammar_manager=types.SimpleNamespace(grammar_queue=[]),
+        disaggregation_mode=sgl.decode_utils.DisaggregationMode.DECODE,
+        disagg_decode_transfer_queue=transfer,
+        decode_offload_manager=None,
+        enable_hisparse=False,
+        enable_hierarchical_cache=False,
+        enable_lmcache=False,
+        _pause_started_at=None,
+        _pause_intervals=[],
+    )
+
+
+def weight_updater(sched):
+    """SGLang's SchedulerWeightUpdaterManager, the only caller of the queues' memory release, made
+    as Scheduler.init_weight_updater makes it (inside `published()`: it reads the TP group). Its
+    cache flush is a stand-in for scenarios without pools: it answers what the real flush_cache
+    checks first, SGLang's is_fully_idle."""
+    # lazy: SGLang is optional
+    from sglang.srt.managers.scheduler_components.weight_updater import (
+        SchedulerWeightUpdaterManager,
+    )
+    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+    def flush_cache(empty_cache: bool = True) -> bool:
+        return sched.is_fully_idle(ignore_waiting=sched._engine_paused)
+
+    return SchedulerWeightUpdaterManager(
+        tp_worker=None,
+        draft_worker=None,
+        memory_saver_adapter=TorchMemorySaverAdapter.create(enable=False),
+        flush_cache=flush_cache,
+        is_fully_idle=sched.is_fully_idle,
+        scheduler=sched,
+    )

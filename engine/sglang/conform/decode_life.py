@@ -98,6 +98,7 @@ class LifeHarness:
     # ---- the scheduler -----------------------------------------------------------------------
     def _build(self):
         sgl, d = self.sgl, self.sgl.decode
+        import torch
         from sglang.srt.disaggregation.utils import (  # lazy: SGLang is optional
             ReqToMetadataIdxAllocator,
             TransferBackend,
@@ -108,41 +109,61 @@ class LifeHarness:
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        import torch
 
         from .. import mutate
 
         s = self.sched = sgl.scheduler.Scheduler.__new__(sgl.scheduler.Scheduler)
         s.req_to_token_pool = d.DecodeReqToTokenPool(
-            size=MAX_RUNNING, max_context_len=512, device="cpu", enable_memory_saver=False,
+            size=MAX_RUNNING,
+            max_context_len=512,
+            device="cpu",
+            enable_memory_saver=False,
             pre_alloc_size=0,
         )
         kv_pool = MHATokenToKVPool(
-            size=KV_TOKENS, page_size=PAGE_SIZE, dtype=torch.float32, head_num=1, head_dim=4,
-            layer_num=1, device="cpu", enable_memory_saver=False,
+            size=KV_TOKENS,
+            page_size=PAGE_SIZE,
+            dtype=torch.float32,
+            head_num=1,
+            head_dim=4,
+            layer_num=1,
+            device="cpu",
+            enable_memory_saver=False,
         )
         s.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
-            size=KV_TOKENS, page_size=PAGE_SIZE, dtype=torch.float32, device="cpu",
-            kvcache=kv_pool, need_sort=False,
+            size=KV_TOKENS,
+            page_size=PAGE_SIZE,
+            dtype=torch.float32,
+            device="cpu",
+            kvcache=kv_pool,
+            need_sort=False,
         )
         s.tree_cache = UnifiedRadixCache(
             CacheInitParams(
-                disable=True, req_to_token_pool=s.req_to_token_pool,
-                token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, page_size=PAGE_SIZE,
+                disable=True,
+                req_to_token_pool=s.req_to_token_pool,
+                token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
+                page_size=PAGE_SIZE,
                 tree_components=(ComponentType.FULL,),
             )
         )
         s.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(MAX_RUNNING * 2)
         s.disagg_metadata_buffers = d.MetadataBuffers(
-            MAX_RUNNING * 2, hidden_size=16, hidden_states_dtype=torch.float32,
+            MAX_RUNNING * 2,
+            hidden_size=16,
+            hidden_states_dtype=torch.float32,
             max_sampling_mask_tokens=self.server_args.sampling_mask_max_tokens,
-            custom_mem_pool=None, output_dsa_topk_indices_dim=0, kv_checksum_enabled=False,
+            custom_mem_pool=None,
+            output_dsa_topk_indices_dim=0,
+            kv_checksum_enabled=False,
         )
         self._plain_settings(s)
         s.spec_algorithm = SpeculativeAlgorithm.from_string(None)
         s.disagg_decode_transfer_queue = d.DecodeTransferQueue(
             req_to_metadata_buffer_idx_allocator=s.req_to_metadata_buffer_idx_allocator,
-            metadata_buffers=s.disagg_metadata_buffers, scheduler=s, tree_cache=s.tree_cache,
+            metadata_buffers=s.disagg_metadata_buffers,
+            scheduler=s,
+            tree_cache=s.tree_cache,
         )
         mgr = self.mgr = _kv_manager(sgl.conn)
         mgr.plans, mgr.enable_deferred_decode_kv_release = self.plans, False
@@ -154,9 +175,14 @@ class LifeHarness:
                 token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
                 draft_token_to_kv_pool=None,
                 req_to_metadata_buffer_idx_allocator=s.req_to_metadata_buffer_idx_allocator,
-                metadata_buffers=s.disagg_metadata_buffers, scheduler=s,
-                transfer_queue=s.disagg_decode_transfer_queue, tree_cache=s.tree_cache, gpu_id=0,
-                bootstrap_port=0, max_total_num_tokens=KV_TOKENS, num_reserved_decode_tokens=16,
+                metadata_buffers=s.disagg_metadata_buffers,
+                scheduler=s,
+                transfer_queue=s.disagg_decode_transfer_queue,
+                tree_cache=s.tree_cache,
+                gpu_id=0,
+                bootstrap_port=0,
+                max_total_num_tokens=KV_TOKENS,
+                num_reserved_decode_tokens=16,
                 transfer_backend=TransferBackend.MOONCAKE,
             )
         s.disagg_decode_prealloc_queue._ensure_retry_interval = 0.0
@@ -169,16 +195,34 @@ class LifeHarness:
 
         outputs = types.SimpleNamespace(send_output=self._sent)
         s.__dict__.update(
-            gracefully_exit=False, _engine_paused=False, _pause_started_at=None,
-            _pause_intervals=[], disaggregation_mode=DisaggregationMode.DECODE,
+            gracefully_exit=False,
+            _engine_paused=False,
+            _pause_started_at=None,
+            _pause_intervals=[],
+            disaggregation_mode=DisaggregationMode.DECODE,
             running_batch=types.SimpleNamespace(reqs=[], batch_is_full=False),
-            waiting_queue=[], chunked_req=None, last_batch=None, cur_batch_for_debug=None,
-            _sched_idled=False, page_size=PAGE_SIZE, enable_overlap=self.mode == "overlap",
-            enable_priority_scheduling=False, abort_on_priority_when_disabled=False,
-            enable_hisparse=False, enable_lora=False, enable_decode_hicache=False,
-            enable_hierarchical_cache=False, enable_lmcache=False, enable_overlap_mlx=False,
-            decode_offload_manager=None, hisparse_coordinator=None, mm_receiver=None,
-            dllm_config=None, rust_server=None, random_seed=0, scheduler_stage_metrics=None,
+            waiting_queue=[],
+            chunked_req=None,
+            last_batch=None,
+            cur_batch_for_debug=None,
+            _sched_idled=False,
+            page_size=PAGE_SIZE,
+            enable_overlap=self.mode == "overlap",
+            enable_priority_scheduling=False,
+            abort_on_priority_when_disabled=False,
+            enable_hisparse=False,
+            enable_lora=False,
+            enable_decode_hicache=False,
+            enable_hierarchical_cache=False,
+            enable_lmcache=False,
+            enable_overlap_mlx=False,
+            decode_offload_manager=None,
+            hisparse_coordinator=None,
+            mm_receiver=None,
+            dllm_config=None,
+            rust_server=None,
+            random_seed=0,
+            scheduler_stage_metrics=None,
             enable_continuous_input_polling=False,
             tp_worker=types.SimpleNamespace(
                 is_hybrid_swa=False, model_runner=types.SimpleNamespace(kv_cache_dtype_str="auto")
@@ -187,7 +231,8 @@ class LifeHarness:
             grammar_manager=types.SimpleNamespace(grammar_queue=[], abort_requests=lambda r: None),
             beam_coordinator=types.SimpleNamespace(retire_group=lambda req: None),
             metrics_reporter=types.SimpleNamespace(
-                enable_metrics=False, last_gen_throughput=0.0,
+                enable_metrics=False,
+                last_gen_throughput=0.0,
                 current_scheduler_metrics_enabled=False,
             ),
             kv_events_publisher=types.SimpleNamespace(publish_kv_events=lambda: None),
@@ -240,9 +285,15 @@ class LifeHarness:
         params = SamplingParams(max_new_tokens=8, temperature=0.0)
         params.normalize(None)
         return Req(
-            rid, "", array("q", [3 + (room + i) % 200 for i in range(length)]), params,
-            bootstrap_host=self.server.host, bootstrap_port=self.server.port,
-            bootstrap_room=room, vocab_size=256, disagg_mode=DisaggregationMode.DECODE,
+            rid,
+            "",
+            array("q", [3 + (room + i) % 200 for i in range(length)]),
+            params,
+            bootstrap_host=self.server.host,
+            bootstrap_port=self.server.port,
+            bootstrap_room=room,
+            vocab_size=256,
+            disagg_mode=DisaggregationMode.DECODE,
         )
 
     def _arrive(self, rid: str, room: int, length: int, plan: Plan) -> None:
@@ -277,7 +328,9 @@ class LifeHarness:
                 self._register(101)
                 self._arrive(self.TARGET, 101, 40, plan)
             if n == 5:
-                self.sched.continue_generation(io.ContinueGenerationReqInput(torch_empty_cache=False))
+                self.sched.continue_generation(
+                    io.ContinueGenerationReqInput(torch_empty_cache=False)
+                )
         elif n == 1:
             if state is not State.DP_PENDING:
                 self._register(101)
@@ -290,7 +343,9 @@ class LifeHarness:
                 self.sched.pause_generation(io.PauseGenerationReqInput(mode="retract"))
                 self.resume_at = n + 2
             if self.resume_at == n:
-                self.sched.continue_generation(io.ContinueGenerationReqInput(torch_empty_cache=False))
+                self.sched.continue_generation(
+                    io.ContinueGenerationReqInput(torch_empty_cache=False)
+                )
 
     def _target_in_state(self) -> bool:
         q, s, t = self.sched.disagg_decode_prealloc_queue, self.sched, self.TARGET
@@ -314,7 +369,9 @@ class LifeHarness:
         if fault is None or self.injected or plan is None or not self._target_in_state():
             return
         self.injected = True
-        hooks.active().emit("x.fault", rid=self.TARGET, state=self.cell.state.value, fault=fault.value)
+        hooks.active().emit(
+            "x.fault", rid=self.TARGET, state=self.cell.state.value, fault=fault.value
+        )
         if fault is Fault.CLIENT_ABORT:
             self.sched.abort_request(self.sgl_io.AbortReq(rid=self.TARGET))
             return

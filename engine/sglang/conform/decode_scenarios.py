@@ -9,8 +9,9 @@ loopback (`pdo bootstrap`, or SGLang's own `CommonKVBootstrapServer`).
 
 What is faked, and why: the objects are made with `__new__` and given only the attributes those
 methods read (as SGLang's unit tests do). The scheduler's other steps are stand-ins:
-`ingest_requests` plays the scenario's script (arrivals, aborts, memory release, the prefill side
-registering rooms), `process_decode_queue` calls the real `_resolve_pending_reqs` (the first step of
+`ingest_requests` plays the scenario's script (arrivals, aborts, memory release through SGLang's
+own caller, the prefill side registering rooms; each direct call checks its real callers'
+precondition, reachable.py), `process_decode_queue` calls the real `_resolve_pending_reqs` (the first step of
 `pop_preallocated`) and then plays the KV transfer, which needs RDMA and a GPU pool: a request whose
 receiver was initialised gets its KV and first token one iteration later and finishes (kv_done,
 req_done, logged by the harness); an aborted request is dropped from the queue as `pop_preallocated`
@@ -211,49 +212,10 @@ class Harness:
         )
 
     def _idleness_state(self) -> dict:
-        """What SGLang's real Scheduler.is_fully_idle, pause_generation and continue_generation
-        read, for a decode scheduler with no batch: the queues SGLang keeps (the transfer queue is
-        SGLang's own class, empty: the transfer is played by the harness) and the flags of the
-        features the scenarios leave off."""
-        d = self.sgl.decode
-        transfer = d.DecodeTransferQueue.__new__(d.DecodeTransferQueue)
-        transfer.queue, transfer._deferred_releases = [], []
-        self.queue.held_rebootstrap_reqs = []
-        return dict(
-            running_batch=types.SimpleNamespace(reqs=[], is_empty=lambda: True),
-            dllm_manager=types.SimpleNamespace(any_staging_reqs=lambda: False),
-            waiting_queue=[],
-            grammar_manager=types.SimpleNamespace(grammar_queue=[]),
-            disaggregation_mode=self.sgl.decode_utils.DisaggregationMode.DECODE,
-            disagg_decode_transfer_queue=transfer,
-            decode_offload_manager=None,
-            enable_hisparse=False,
-            enable_hierarchical_cache=False,
-            enable_lmcache=False,
-            _pause_started_at=None,
-            _pause_intervals=[],
-        )
+        return decode_context.idle_scheduler_state(self.sgl, self.queue)
 
     def _weight_updater(self):
-        """SGLang's SchedulerWeightUpdaterManager, the only caller of the queues' memory release,
-        made as Scheduler.init_weight_updater makes it. Its cache flush is a stand-in (the
-        scenarios have no pools): it asserts what the real flush_cache checks."""
-        from sglang.srt.managers.scheduler_components.weight_updater import (  # lazy: optional
-            SchedulerWeightUpdaterManager,
-        )
-        from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
-
-        def flush_cache(empty_cache: bool = True) -> bool:
-            return self.sched.is_fully_idle(ignore_waiting=self.sched._engine_paused)
-
-        return SchedulerWeightUpdaterManager(
-            tp_worker=None,
-            draft_worker=None,
-            memory_saver_adapter=TorchMemorySaverAdapter.create(enable=False),
-            flush_cache=flush_cache,
-            is_fully_idle=self.sched.is_fully_idle,
-            scheduler=self.sched,
-        )
+        return decode_context.weight_updater(self.sched)
 
     # ---- the script, played at intake ---------------------------------------------------------
     def _ingest(self, *args, **kwargs):
@@ -297,14 +259,10 @@ class Harness:
             self.updater = self._weight_updater()
         if self.release_wanted and self.sched.is_fully_idle():
             self.sched.pause_generation(io.PauseGenerationReqInput(mode="in_place"))
-            self.updater.release_memory_occupation(
-                io.ReleaseMemoryOccupationReqInput(tags=tags)
-            )
+            self.updater.release_memory_occupation(io.ReleaseMemoryOccupationReqInput(tags=tags))
             self.release_wanted, self.released = False, True
         elif self.resume_wanted and self.released:
-            self.updater.resume_memory_occupation(
-                io.ResumeMemoryOccupationReqInput(tags=tags)
-            )
+            self.updater.resume_memory_occupation(io.ResumeMemoryOccupationReqInput(tags=tags))
             self.sched.continue_generation(io.ContinueGenerationReqInput(torch_empty_cache=False))
             self.resume_wanted = self.released = False
 

@@ -123,11 +123,7 @@ def run_prefill_mutant(sgl, name: str, trace_dir: str) -> dict:
 
 
 def _open_divergences() -> dict:
-    known = {
-        **prefill_scenarios.DIVERGENCES,
-        **decode_life.DIVERGENCES,
-        **prefill_life.DIVERGENCES,
-    }
+    known = {**prefill_scenarios.DIVERGENCES, **decode_life.DIVERGENCES, **prefill_life.DIVERGENCES}
     return {name: tuple(rules) for name, rules in known.items()}
 
 

@@ -28,7 +28,6 @@ import dataclasses
 
 import torch
 
-
 BUSY_LIMIT = 3  # consecutive checks reporting busy with nothing alive before it is flagged
 
 
@@ -69,9 +68,9 @@ class Ledger:
         Scheduler.is_fully_idle answers now; `exempt` requests that hold nothing and wait for no
         work (held for re-bootstrap during a pause: SGLang keeps them out of every queue on
         purpose, so that a weight update's cache flush sees an idle scheduler)."""
-        free_slots, free_pages, free_meta = _free_slots(self.pools), _free_pages(self.pools), (
-            _free_metadata(self.pools)
-        )
+        free_slots = _free_slots(self.pools)
+        free_pages = _free_pages(self.pools)
+        free_meta = _free_metadata(self.pools)
         for name, free in (("slot", free_slots), ("page", free_pages), ("metadata", free_meta)):
             dup = [i for i, n in collections.Counter(free).items() if n > 1]
             if dup:
@@ -83,7 +82,9 @@ class Ledger:
                 self._flag("cleared-once", f"{r.label}: {misuse}")
             held = r.in_flight()
             if held is not None:
-                self._transfer_holds(r.label, held, set(free_slots), set(free_pages), set(free_meta), where)
+                self._transfer_holds(
+                    r.label, held, set(free_slots), set(free_pages), set(free_meta), where
+                )
         alive = self.alive() - set(exempt)
         if idle and alive:
             self._flag("idle-right", f"{where}: is_fully_idle says idle while {sorted(alive)} live")

@@ -110,11 +110,15 @@ def test_sglang_refuses_release_with_a_request_pending(sgl):
 def test_a_direct_call_no_caller_could_make_is_an_error(sgl, scenario_runs, tmp_path):
     """An abort of a request no longer queued: SGLang's abort path could not abort it there."""
     script = decode_scenarios.Script(
-        {1: decode_scenarios.Step(arrive=[("r100", 100, 0)], register=[(100, 0)]),
-         6: decode_scenarios.Step(abort=["r100"])}
+        {
+            1: decode_scenarios.Step(arrive=[("r100", 100, 0)], register=[(100, 0)]),
+            6: decode_scenarios.Step(abort=["r100"]),
+        }
     )
     result = driver.run_scenario(
-        sgl, "decode-late-abort/normal", decode_scenarios._runner(sgl, script, "normal"),
+        sgl,
+        "decode-late-abort/normal",
+        decode_scenarios._runner(sgl, script, "normal"),
         str(tmp_path),
     )
     assert result["outcome"] == "error" and "Unreachable" in result["error"]

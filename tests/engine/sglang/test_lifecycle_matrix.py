@@ -16,14 +16,7 @@ try:
 except sglang_adapter.SGLangUnavailable as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
-from engine.sglang.conform import (  # noqa: E402
-    decode_life,
-    driver,
-    faults,
-    lifecycle,
-    mutants,
-    prefill_life,
-)
+from engine.sglang.conform import decode_life, driver, faults, lifecycle, mutants, prefill_life  # noqa: E402
 
 SLOW = os.environ.get("PDO_SLOW") == "1"
 # a fault per state, rotating so that each fault is tried somewhere in the slice
@@ -125,6 +118,11 @@ def test_ledger_flags_double_end_double_free_and_use_after_clear():
     with pytest.raises(lifecycle.Violations) as info:
         ledger.finish([Endpoint()], {"slot": 2, "page": 2, "metadata": 2})
     found = info.value.found
-    assert set(found) == {"ends-once", "freed-once", "cleared-once", "held-while-writing",
-                          "idle-right"}
+    assert set(found) == {
+        "ends-once",
+        "freed-once",
+        "cleared-once",
+        "held-while-writing",
+        "idle-right",
+    }
     assert "b never ended" in found["ends-once"] and "a ended 2 times" in found["ends-once"]
