@@ -469,6 +469,7 @@ def scenarios(sgl) -> list[tuple[str, object]]:
 
 def _runner(sgl, cell, mode):
     def run(trace_path: str, fuzz_seed: int | None = None) -> str:
+        # one fixed schedule per cell: the state it reaches is scripted, so a seed is ignored
         return LifeHarness(sgl, cell, mode).run(trace_path)
 
     return run

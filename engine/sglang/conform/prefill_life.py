@@ -266,6 +266,7 @@ def scenarios() -> list[tuple[str, object]]:
 
 def _runner(cell, mode):
     def run(trace_path: str, fuzz_seed: int | None = None) -> str:
+        # one fixed schedule per cell: the state it reaches is scripted, so a seed is ignored
         return PrefillLife(cell, mode).run(trace_path)
 
     return run
