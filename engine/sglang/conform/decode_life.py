@@ -87,7 +87,7 @@ CELLS = [Cell(s, f) for s in State for f in (None, *Fault)]
 class LifeHarness:
     def __init__(self, sgl, cell: Cell, mode: str):
         self.sgl, self.cell, self.mode = sgl, cell, mode
-        self.iteration, self.injected, self.done_at = 0, False, None
+        self.iteration, self.injected = 0, False
         self.server = _Server(sgl, False)
         self.server.publish(2)
         self.plans: dict[int, Plan] = {}
@@ -405,6 +405,7 @@ class LifeHarness:
         for req in s.waiting_queue:
             hooks.active().emit("kv_done", room=req.bootstrap_room, rid=req.rid, first_token=0)
             s.running_batch.reqs.append(req)
+            # the long request of prealloc-blocked holds its memory 6 iterations longer
             self.running_left[req.rid] = DECODE_STEPS + (6 if req.rid == "r100" else 0)
         s.waiting_queue.clear()
         for req in list(s.running_batch.reqs):
