@@ -17,7 +17,13 @@ from .prefill_scheduler import _model_path, _process_groups
 
 
 @contextlib.contextmanager
-def published(page_size: int, max_running: int = 8, kv_tokens: int = 4096, **overrides):
+def published(
+    page_size: int,
+    max_running: int = 8,
+    kv_tokens: int = 4096,
+    context_length: int = 256,
+    **overrides,
+):
     """A decode server's ServerArgs published for the block (TP = PP = DP = 1, CPU)."""
     # lazy: SGLang is optional
     from sglang.srt import runtime_context as rc
@@ -32,7 +38,7 @@ def published(page_size: int, max_running: int = 8, kv_tokens: int = 4096, **ove
             page_size=page_size,
             max_running_requests=max_running,
             max_total_tokens=kv_tokens,
-            context_length=256,
+            context_length=context_length,
             tp_size=1,
             disable_cuda_graph=True,
             attention_backend="torch_native",

@@ -32,10 +32,12 @@ from ..sink import TraceSink
 from . import decode_context, faults, lifecycle
 from .decode_scenarios import _kv_manager, _Server
 from .faults import Fault, Phase
+from .reachable import assert_reachable
 
 PAGE_SIZE, KV_TOKENS, MAX_RUNNING = 16, 512, 4
 DECODE_STEPS = 4  # iterations a request decodes, in the stand-in, before it finishes
 MAX_ITERS = 80
+CONTEXT = 512  # the model's max_position_embeddings (prefill_scheduler._MODEL)
 
 
 class NotReached(RuntimeError):
@@ -301,6 +303,11 @@ class LifeHarness:
         self.plans[room] = plan
         req = plan.req = self._req(rid, room, length)
         self.ledger.admitted.add(rid)
+        # handle_generate_request refuses a prompt of max_req_input_len tokens or more
+        # (min(context, KV) - 1 - 5) before it queues one
+        assert_reachable(
+            "Scheduler._add_request_to_queue", length < min(CONTEXT, KV_TOKENS) - 6, rid
+        )
         self.sched._add_request_to_queue(req)  # SGLang's intake into the prealloc queue
 
     def _register(self, room: int) -> None:
@@ -434,7 +441,9 @@ class LifeHarness:
         )
         real_get_kv_class = decode.get_kv_class
         try:
-            with decode_context.published(PAGE_SIZE, MAX_RUNNING, KV_TOKENS) as server_args:
+            with decode_context.published(
+                PAGE_SIZE, MAX_RUNNING, KV_TOKENS, context_length=CONTEXT
+            ) as server_args:
                 self.server_args = server_args
                 self._build()
                 decode.get_kv_class = lambda backend, kind: faults.receiver_class()

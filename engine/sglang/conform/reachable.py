@@ -36,6 +36,13 @@ BYPASSES: dict[str, Bypass] = {
             "decode_scenarios.Harness._ingest (arrivals)",
         ),
         Bypass(
+            "Scheduler._add_request_to_queue",
+            ("Scheduler.handle_generate_request",),
+            "the request passed handle_generate_request's checks: its prompt is shorter than "
+            "max_req_input_len (min(context length, KV tokens) - 1 - 5)",
+            "decode_life.LifeHarness._arrive (the matrix's arrivals)",
+        ),
+        Bypass(
             "prepare_abort on a queued request",
             (
                 "DecodePreallocQueue._update_handshake_waiters, on the KVPoll.Failed that "
