@@ -6,6 +6,11 @@ every trace.
     prefill_scheduler  SGLang's real prefill Scheduler, built on those fakes
     prefill_run        one prefill workload through SGLang's real prefill loop
     prefill_scenarios  the prefill workloads (SCENARIOS) and the rules they are known to fail
+    decode_context     a decode server's configuration, published as SGLang's launcher does
+    reachable          direct calls of SGLang internals and their real callers' preconditions
+    faults, lifecycle  the transfer failures the matrix injects; the invariants it checks
+    decode_life        the decode lifecycle x fault matrix (real process_decode_queue, real pools)
+    prefill_life       the prefill lifecycle x fault matrix (the real prefill loops)
     mutants            real-code mutations of SGLang's methods (DECODE_MUTANTS, PREFILL_MUTANTS)
     driver             runs the scenarios and judges each trace (the outcomes, FINDINGS)
     command            the command: which scenarios run, and what it prints

@@ -9,8 +9,9 @@ loopback (`pdo bootstrap`, or SGLang's own `CommonKVBootstrapServer`).
 
 What is faked, and why: the objects are made with `__new__` and given only the attributes those
 methods read (as SGLang's unit tests do). The scheduler's other steps are stand-ins:
-`ingest_requests` plays the scenario's script (arrivals, aborts, memory release, the prefill side
-registering rooms), `process_decode_queue` calls the real `_resolve_pending_reqs` (the first step of
+`ingest_requests` plays the scenario's script (arrivals, aborts, memory release through SGLang's
+own caller, the prefill side registering rooms; each direct call checks its real callers'
+precondition, reachable.py), `process_decode_queue` calls the real `_resolve_pending_reqs` (the first step of
 `pop_preallocated`) and then plays the KV transfer, which needs RDMA and a GPU pool: a request whose
 receiver was initialised gets its KV and first token one iteration later and finishes (kv_done,
 req_done, logged by the harness); an aborted request is dropped from the queue as `pop_preallocated`
@@ -34,6 +35,8 @@ from ...bootstrap import BootstrapServer
 from .. import decode as decode_hooks
 from .. import hooks, sglang_server
 from ..sink import TraceSink
+from . import decode_context
+from .reachable import assert_reachable
 
 PAGE_SIZE = 16
 
@@ -47,6 +50,8 @@ class Step:
     register: list = dataclasses.field(default_factory=list)
     publish: list = dataclasses.field(default_factory=list)  # servers whose ranks register now
     abort: list = dataclasses.field(default_factory=list)  # rids
+    # a client asks to release (resume) the KV memory: done through SGLang's own caller, pause
+    # first, at the first iteration where that caller's idleness assertion holds (reachable.py)
     release: bool = False
     resume: bool = False
 
@@ -189,6 +194,8 @@ class Harness:
         self.mgr = _kv_manager(sgl.conn)
         self.queue = _prealloc_queue(d, sched, self.mgr)
         self.iteration, self.reqs, self.initialised, self.ended = 0, {}, {}, set()
+        self.release_wanted = self.resume_wanted = self.released = False
+        self.updater = None  # SGLang's weight updater, made inside the published configuration
         self._bind_scheduler()
 
     def _bind_scheduler(self) -> None:
@@ -197,7 +204,6 @@ class Harness:
             gracefully_exit=False,
             _engine_paused=False,
             disagg_decode_prealloc_queue=self.queue,
-            running_batch=None,
             chunked_req=None,
             last_batch=None,
             cur_batch_for_debug=None,
@@ -231,6 +237,7 @@ class Harness:
             _record_scheduler_state_for_paused_engine=lambda: None,
             retire_unadmitted_request=lambda req: None,
             output_streamer=types.SimpleNamespace(stream_output=lambda reqs, logprob: None),
+            **self._idleness_state(),
         )
 
     def _no_batch(self, running_batch=None):
@@ -238,6 +245,12 @@ class Harness:
         if running_batch is None and not self._plans:
             return None
         return types.SimpleNamespace(running_batch=running_batch, batch_to_run=None)
+
+    def _idleness_state(self) -> dict:
+        return decode_context.idle_scheduler_state(self.sgl, self.queue)
+
+    def _weight_updater(self):
+        return decode_context.weight_updater(self.sched)
 
     # ---- the script, played at intake ---------------------------------------------------------
     def _ingest(self, *args, **kwargs):
@@ -260,16 +273,43 @@ class Harness:
         for rid, room, i in step.arrive:
             req = self._req(rid, room, self.servers[i])
             self.reqs[rid] = req
+            assert_reachable(
+                "DecodePreallocQueue.add",
+                self.sched.disaggregation_mode.name == "DECODE"
+                and not getattr(self.sched, "enable_priority_scheduling", False),
+            )
             self.queue.add(req)
         for rid in step.abort:
+            assert_reachable(
+                "prepare_abort on a queued request",
+                any(d.req is self.reqs[rid] for d in self.queue.queue),
+                rid,
+            )
             self.sgl.decode_utils.prepare_abort(self.reqs[rid], "aborted by the client")
-        if step.release:
-            self.queue.release_memory_occupation()
-            self.sched.__dict__["_engine_paused"] = True
-        if step.resume:
-            self.sched.__dict__["_engine_paused"] = False
-            self.queue.resume_memory_occupation()
+        self.release_wanted |= step.release
+        self.resume_wanted |= step.resume
+        self._memory_requests()
         return []
+
+    def _memory_requests(self) -> None:
+        """A client that honours SGLang's contract: it releases the KV memory once the server is
+        idle (pause_generation, then SchedulerWeightUpdaterManager.release_memory_occupation, which
+        asserts Scheduler.is_fully_idle), and resumes it (resume_memory_occupation, then
+        continue_generation) after that."""
+        from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE  # lazy: SGLang is optional
+        from sglang.srt.managers import io_struct as io
+
+        tags = [GPU_MEMORY_TYPE_KV_CACHE]
+        if self.updater is None:
+            self.updater = self._weight_updater()
+        if self.release_wanted and self.sched.is_fully_idle():
+            self.sched.pause_generation(io.PauseGenerationReqInput(mode="in_place"))
+            self.updater.release_memory_occupation(io.ReleaseMemoryOccupationReqInput(tags=tags))
+            self.release_wanted, self.released = False, True
+        elif self.resume_wanted and self.released:
+            self.updater.resume_memory_occupation(io.ResumeMemoryOccupationReqInput(tags=tags))
+            self.sched.continue_generation(io.ContinueGenerationReqInput(torch_empty_cache=False))
+            self.resume_wanted = self.released = False
 
     def _req(self, rid, room, server):
         return types.SimpleNamespace(
@@ -297,10 +337,16 @@ class Harness:
             sink.emit("kv_done", room=req.bootstrap_room, rid=rid, first_token=0)
             sink.emit("req_done", rid=rid, room=req.bootstrap_room, tokens=1)
             self.ended.add(rid)
+            transfer = self.sched.disagg_decode_transfer_queue
+            transfer.queue = [d for d in transfer.queue if d.req is not req]
         # as SGLang's process_decode_queue: pop_preallocated (whose first step is the resolve) runs
         # only every disaggregation_decode_polling_interval iterations
         if self.iteration % self.script.polling_interval:
             return
+        assert_reachable(
+            "DecodePreallocQueue._resolve_pending_reqs",
+            not self.sched._engine_paused and not self.queue.retracted_queue,
+        )
         self.queue._resolve_pending_reqs()
         for decode_req in list(self.queue.queue):
             req = decode_req.req
@@ -320,10 +366,17 @@ class Harness:
             elif decode_req.kv_receiver.rank is not None and req.rid not in self.initialised:
                 self.initialised[req.rid] = self.iteration
                 self.queue.queue.remove(decode_req)
+                # in SGLang's transfer queue while the stand-in transfer runs, as pop_preallocated
+                # hands it over: is_fully_idle sees it there
+                self.sched.disagg_decode_transfer_queue.queue.append(decode_req)
 
     def _idle(self):
         last_step = max(self.script.steps, default=0)
-        done = self.iteration >= last_step and len(self.ended) == len(self.reqs)
+        done = (
+            self.iteration >= last_step
+            and len(self.ended) == len(self.reqs)
+            and not (self.release_wanted or self.resume_wanted)
+        )
         if done or self.iteration >= self.script.max_iters:
             self.sched.gracefully_exit = True
             if not self._loop_reads_exit:
@@ -343,14 +396,10 @@ class Harness:
         self._plans = "plan = self.get_next_disagg_decode_batch_to_run" in inspect.getsource(
             decode_hooks.unwrap(loop)
         )
-        rc = self.sgl.runtime_context
-        # the published ServerArgs that _init_receiver reads (get_disagg(), 0.5.22 on)
-        publishes = rc is not None and hasattr(rc._CONTEXT, "override_server_args")
-        config = (
-            rc._CONTEXT.override_server_args(disaggregation_mode="decode") if publishes else None
-        )
-        if config is not None:
-            config.install()
+        # the published ServerArgs that _init_receiver reads (get_disagg()), and the process
+        # groups SGLang's weight updater reads
+        config = decode_context.published(PAGE_SIZE)
+        config.__enter__()
         decode = self.sgl.decode
         real_get_kv_class = decode.get_kv_class
         # the transfer backend's receiver class
@@ -365,9 +414,8 @@ class Harness:
                         loop(self.sched)
         finally:
             decode.get_kv_class = real_get_kv_class
-            if config is not None:
-                config.restore()
-            cancel = getattr(self.queue, "_cancel_prefill_dp_rank_queries", None)
+            config.__exit__(None, None, None)
+            cancel = getattr(self.queue, "_cancel_prefill_dp_rank_queries", None)  # 0.5.22 on
             if cancel is not None:
                 cancel()
             executor = self.mgr._prefill_recompute_executor

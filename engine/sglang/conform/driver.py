@@ -19,13 +19,11 @@ from checker.linear import check_files
 from .. import decode as decode_hooks
 from .. import hooks, load
 from .. import prefill as prefill_hooks
-from . import decode_scenarios, mutants, prefill_scenarios
+from . import decode_life, decode_scenarios, lifecycle, mutants, prefill_life, prefill_scenarios
 
-# scenario -> the rules its expected finding breaks (docs/sglang.md, "Findings")
-FINDINGS = {
-    "decode-release-pending/normal": ("D-request-ends",),
-    "decode-release-pending/overlap": ("D-request-ends",),
-}
+# scenario -> the rules its expected finding breaks (docs/sglang.md, "Findings"). Finding 1 was
+# retracted: its scenario released memory in a state SGLang's only caller refuses (reachable.py).
+FINDINGS: dict[str, tuple[str, ...]] = {}
 
 
 def session():
@@ -42,7 +40,12 @@ def session():
 def all_scenarios(sgl) -> list[tuple[str, object]]:
     """(name, run(trace_path, fuzz_seed=None)) for every decode and prefill scenario."""
     prefill = prefill_scenarios.scenarios()
-    return decode_scenarios.scenarios(sgl) + [(name, _to_path(run)) for name, run in prefill]
+    return (
+        decode_scenarios.scenarios(sgl)
+        + decode_life.scenarios(sgl)
+        + [(name, _to_path(run)) for name, run in prefill]
+        + prefill_life.scenarios()
+    )
 
 
 def _to_path(run):
@@ -72,17 +75,20 @@ def run_scenario(
     suffix = "" if fuzz_seed is None else f".s{fuzz_seed}"
     path = os.path.join(trace_dir, name.replace("/", "_") + suffix + ".jsonl")
     hooks.ran.clear()
-    error = None
+    error, violations = None, {}
     try:
         if mutant is None:
             run(path, fuzz_seed=fuzz_seed)
         else:
             with mutants.applied(sgl, mutant):
                 run(path, fuzz_seed=fuzz_seed)
+    except lifecycle.Violations as exc:  # the oracle's invariants (decode_life.py)
+        violations = exc.found
     except Exception as exc:  # SGLang's code raising inside a scenario is an outcome, not a crash
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
     broken = broken_rules(path) if os.path.exists(path) else {}
+    broken.update({f"oracle:{name}": len(found) for name, found in violations.items()})
     return {
         "scenario": name,
         "sglang_version": sgl.version,
@@ -91,6 +97,7 @@ def run_scenario(
         "outcome": _outcome(name, broken, error, mutant),
         "rules": broken,
         "error": error,
+        "violations": violations,
         "mutant": mutant.name if mutant else None,
         "schedule": fuzz_seed,
     }
@@ -116,7 +123,8 @@ def run_prefill_mutant(sgl, name: str, trace_dir: str) -> dict:
 
 
 def _open_divergences() -> dict:
-    return {name: tuple(rules) for name, rules in prefill_scenarios.DIVERGENCES.items()}
+    known = {**prefill_scenarios.DIVERGENCES, **decode_life.DIVERGENCES, **prefill_life.DIVERGENCES}
+    return {name: tuple(rules) for name, rules in known.items()}
 
 
 def broken_rules(path: str) -> dict[str, int]:

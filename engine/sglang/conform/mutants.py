@@ -74,6 +74,15 @@ class _FalseIf(ast.NodeTransformer):
         return node
 
 
+class _DropAugAssign(ast.NodeTransformer):
+    """Remove every `x &= ...` / `x += ...` statement whose source contains `needle`."""
+
+    needle = ""
+
+    def visit_AugAssign(self, node):
+        return None if self.needle in ast.unparse(node) else node
+
+
 def _make(base, needle):
     return type(f"{base.__name__}[{needle}]", (base,), {"needle": needle})
 
@@ -176,6 +185,68 @@ _register(
         _KeepComprehensionAll,
         ("decode-single-rank/normal", "decode-arrivals/normal"),
         ("D-unknown-rooms-only",),
+    )
+)
+
+
+# Bug classes of the lifecycle x fault matrix (decode_life.py), judged by its oracle.
+_register(
+    Mutant(
+        "abort-without-clear",
+        "pop_preallocated drops an aborted or failed request without kv_receiver.clear()",
+        _QUEUE,
+        "pop_preallocated",
+        _make(_DropCall, "kv_receiver.clear()"),
+        ("decode-life/handshake/client-abort/normal", "decode-life/dp-pending/poll-failed/normal"),
+        ("oracle:cleared-once",),
+    )
+)
+_register(
+    Mutant(
+        "idle-ignores-prealloc",
+        "Scheduler.is_fully_idle ignores the prealloc queue",
+        "scheduler.Scheduler",
+        "is_fully_idle",
+        _make(_DropAugAssign, "disagg_decode_prealloc_queue.queue"),
+        ("decode-life/handshake/none/normal",),
+        ("oracle:idle-right",),
+    )
+)
+_register(
+    Mutant(
+        "failed-transfer-not-aborted",
+        "pop_transferred drops a Failed transfer without aborting its request",
+        "decode.DecodeTransferQueue",
+        "pop_transferred",
+        _make(_DropCall, "prepare_abort("),
+        ("decode-life/transferring/poll-failed/normal",),
+        ("oracle:ends-once", "D-request-ends"),
+    )
+)
+
+
+_register(
+    Mutant(
+        "prefill-failed-transfer-dropped",
+        "the prefill inflight queue drops a Failed transfer without handle_inflight_transfer_failure",
+        "prefill.SchedulerDisaggregationPrefillMixin",
+        "process_disagg_prefill_inflight_queue",
+        _make(_DropCall, "self.handle_inflight_transfer_failure(req)"),
+        ("prefill-life/inflight/poll-failed/normal", "prefill-life/inflight/timeout/overlap"),
+        ("oracle:ends-once", "oracle:freed-once", "P-release-once"),
+    )
+)
+
+
+_register(
+    Mutant(
+        "idle-ignores-inflight",
+        "Scheduler.is_fully_idle ignores the prefill inflight queue",
+        "scheduler.Scheduler",
+        "is_fully_idle",
+        _make(_DropAugAssign, "disagg_prefill_inflight_queue"),
+        ("prefill-life/inflight/none/normal",),
+        ("oracle:idle-right",),
     )
 )
 

@@ -4,6 +4,7 @@ real-code mutants are flagged, and the hooks change nothing SGLang does."""
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -14,13 +15,21 @@ except sglang_adapter.SGLangUnavailable as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
 from engine.sglang import decode, hooks, prefill  # noqa: E402
-from engine.sglang.conform import decode_scenarios, driver, mutants  # noqa: E402
+from engine.sglang.conform import decode_context, decode_scenarios, driver, mutants  # noqa: E402
 
 # Unreachable in 0.5.23's loop order, so no scenario can show them (docs/sglang.md, "Mutants"): the
 # consumption point pops the prefetched entry of every address that still has pending requests, and
 # a request leaves the pending list only there, so no entry outlives its address's requests; and the
-# pending list holds only rooms whose rank is unknown.
-UNREACHABLE = {"no-stale-cancel", "query-every-iteration"}
+# pending list holds only rooms whose rank is unknown. SGLang's only caller of the memory release
+# asserts an idle scheduler, whose prealloc queue (holding every pending request) is empty, so no
+# query is in flight to cancel.
+UNREACHABLE = {"no-stale-cancel", "query-every-iteration", "no-cancel-on-release"}
+# the mutants of the lifecycle matrix: tests/engine/sglang/test_lifecycle_matrix.py
+SCRIPTED_MUTANTS = sorted(
+    name
+    for name, m in mutants.DECODE_MUTANTS.items()
+    if all(s.split("/")[0] in decode_scenarios.SCRIPTS for s in m.scenarios)
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +66,65 @@ def test_scenario_meets_its_expectation(sgl, scenario_runs, tmp_path, name):
         )
 
 
-def test_the_finding_is_the_recorded_one(sgl, scenario_runs, tmp_path):
+def test_release_waits_for_sglangs_idleness_assertion(sgl, scenario_runs, tmp_path):
+    """Finding 1 retracted: the release goes through SGLang's own caller, after every pending
+    request ended (the client waits for the idle server the caller asserts)."""
     result = driver.run_scenario(
         sgl,
         "decode-release-pending/normal",
         scenario_runs["decode-release-pending/normal"],
         str(tmp_path),
     )
-    assert result["outcome"] == "finding" and set(result["rules"]) == {"D-request-ends"}
+    assert result["outcome"] == "conforms" and not driver.FINDINGS
+    events = [json.loads(line) for line in open(result["trace"])][1:]
+    kinds = [e["ev"] for e in events]
+    assert kinds.count("req_done") == 2 and kinds.count("release_memory") == 1
+    last_done = max(i for i, k in enumerate(kinds) if k == "req_done")
+    assert kinds.index("release_memory") > last_done
 
 
-@pytest.mark.parametrize("name", sorted(mutants.DECODE_MUTANTS))
+def test_sglang_refuses_release_with_a_request_pending(sgl):
+    """Why finding 1 is retracted: with a request waiting for its DP rank (in `pending_reqs`, and
+    so in `queue`), SGLang's is_fully_idle says busy and its weight updater's release asserts."""
+    from sglang.srt.managers import io_struct
+
+    harness = decode_scenarios.Harness(sgl, decode_scenarios.Script({}), "normal")
+    try:
+        with decode_context.published(decode_scenarios.PAGE_SIZE):
+            decode_req = types.SimpleNamespace(req=harness._req("r1", 1, harness.servers[0]))
+            harness.queue.queue.append(decode_req)
+            harness.queue.pending_reqs.append(decode_req)
+            assert not harness.sched.is_fully_idle()
+            with pytest.raises(AssertionError, match="only when server is idle"):
+                harness._weight_updater().release_memory_occupation(
+                    io_struct.ReleaseMemoryOccupationReqInput(tags=["kv_cache"])
+                )
+            harness.queue.queue.clear()
+            harness.queue.pending_reqs.clear()
+            assert harness.sched.is_fully_idle()
+    finally:
+        for server in harness.servers:
+            server.stop()
+
+
+def test_a_direct_call_no_caller_could_make_is_an_error(sgl, scenario_runs, tmp_path):
+    """An abort of a request no longer queued: SGLang's abort path could not abort it there."""
+    script = decode_scenarios.Script(
+        {
+            1: decode_scenarios.Step(arrive=[("r100", 100, 0)], register=[(100, 0)]),
+            6: decode_scenarios.Step(abort=["r100"]),
+        }
+    )
+    result = driver.run_scenario(
+        sgl,
+        "decode-late-abort/normal",
+        decode_scenarios._runner(sgl, script, "normal"),
+        str(tmp_path),
+    )
+    assert result["outcome"] == "error" and "Unreachable" in result["error"]
+
+
+@pytest.mark.parametrize("name", SCRIPTED_MUTANTS)
 def test_real_code_mutant(sgl, scenario_runs, tmp_path, name):
     mutant = mutants.DECODE_MUTANTS[name]
     outcomes = [

@@ -1,0 +1,108 @@
+"""The configuration a decode scheduler reads, published as SGLang's launcher publishes it.
+
+SGLang's components read their settings from the process-wide runtime context (`get_disagg()`,
+`get_parallel()`, ...), and some of its real callers (`SchedulerWeightUpdaterManager`, the polls'
+all-reduce) need the process groups of the one-rank world. `published()` publishes a decode
+server's configuration for the block and puts back what was published before;
+`idle_scheduler_state` and `weight_updater` are what a decode scheduler without a batch needs for
+SGLang's idleness report and its memory-release caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+from .prefill_scheduler import _model_path, _process_groups
+
+
+@contextlib.contextmanager
+def published(
+    page_size: int,
+    max_running: int = 8,
+    kv_tokens: int = 4096,
+    context_length: int = 256,
+    **overrides,
+):
+    """A decode server's ServerArgs published for the block (TP = PP = DP = 1, CPU). Releases before
+    0.5.17 publish nothing (their queue reads the scheduler's own server_args): only the process
+    groups are made, and the block gets None."""
+    # lazy: SGLang is optional
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.server_args import ServerArgs
+
+    if not hasattr(rc, "publish"):
+        _process_groups()
+        yield None
+        return
+    state = rc.snapshot_context()
+    try:
+        server_args = ServerArgs(
+            model_path=_model_path(),
+            device="cpu",
+            disaggregation_mode="decode",
+            page_size=page_size,
+            max_running_requests=max_running,
+            max_total_tokens=kv_tokens,
+            context_length=context_length,
+            tp_size=1,
+            disable_cuda_graph=True,
+            attention_backend="torch_native",
+            skip_tokenizer_init=True,
+            disable_overlap_schedule=True,
+            **overrides,
+        )
+        rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+        _process_groups()
+        yield server_args
+    finally:
+        rc.restore_context(state)
+
+
+def idle_scheduler_state(sgl, queue) -> dict:
+    """What SGLang's real Scheduler.is_fully_idle, pause_generation and continue_generation read, for
+    a decode scheduler with no batch around the prealloc `queue`: the queues SGLang keeps (the
+    transfer queue is SGLang's own class, empty until a harness fills it) and the flags of the
+    features the scenarios leave off."""
+    d = sgl.decode
+    transfer = d.DecodeTransferQueue.__new__(d.DecodeTransferQueue)
+    transfer.queue, transfer._deferred_releases = [], []
+    queue.held_rebootstrap_reqs = []
+    return dict(
+        running_batch=types.SimpleNamespace(reqs=[], is_empty=lambda: True),
+        dllm_manager=types.SimpleNamespace(any_staging_reqs=lambda: False),
+        waiting_queue=[],
+        grammar_manager=types.SimpleNamespace(grammar_queue=[]),
+        disaggregation_mode=sgl.decode_utils.DisaggregationMode.DECODE,
+        disagg_decode_transfer_queue=transfer,
+        decode_offload_manager=None,
+        enable_hisparse=False,
+        enable_hierarchical_cache=False,
+        enable_lmcache=False,
+        _pause_started_at=None,
+        _pause_intervals=[],
+    )
+
+
+def weight_updater(sched):
+    """SGLang's SchedulerWeightUpdaterManager, the only caller of the queues' memory release, made
+    as Scheduler.init_weight_updater makes it (inside `published()`: it reads the TP group). Its
+    cache flush is a stand-in for scenarios without pools: it answers what the real flush_cache
+    checks first, SGLang's is_fully_idle."""
+    # lazy: SGLang is optional
+    from sglang.srt.managers.scheduler_components.weight_updater import (
+        SchedulerWeightUpdaterManager,
+    )
+    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+    def flush_cache(empty_cache: bool = True) -> bool:
+        return sched.is_fully_idle(ignore_waiting=sched._engine_paused)
+
+    return SchedulerWeightUpdaterManager(
+        tp_worker=None,
+        draft_worker=None,
+        memory_saver_adapter=TorchMemorySaverAdapter.create(enable=False),
+        flush_cache=flush_cache,
+        is_fully_idle=sched.is_fully_idle,
+        scheduler=sched,
+    )
