@@ -28,10 +28,12 @@ def published(
     0.5.17 publish nothing (their queue reads the scheduler's own server_args): only the process
     groups are made, and the block gets None."""
     # lazy: SGLang is optional
-    from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
-    if not hasattr(rc, "publish"):
+    from .. import load
+
+    rc = load().runtime_context
+    if rc is None or not hasattr(rc, "publish"):
         _process_groups()
         yield None
         return

@@ -491,15 +491,18 @@ def _runner(sgl, cell, mode):
 # are added again, with a new receiver, and the prefill recomputes its KV under the new weights. The
 # trace has no event for that second life of the room, so D-init-once sees the room initialised
 # twice and D-unknown-rooms-only sees its rank asked again (the prefill may answer another rank for
-# the recompute, so asking is right). With the peer gone, the second query never answers, so only
-# the second ask is seen.
+# the recompute, so asking is right), and D-consume-answer sees a room resolved that its own
+# bookkeeping had already settled. With the peer gone, the second query never answers, so only the
+# second ask is seen.
 _REBOOTSTRAP = {
     "D-init-once": "a re-bootstrapped room is initialised again, with a new receiver",
     "D-unknown-rooms-only": "a re-bootstrapped room's rank is asked again",
+    "D-consume-answer": "a re-bootstrapped room is pending again after its first resolve",
 }
+_ASKED_AGAIN = ("D-unknown-rooms-only", "D-consume-answer")
 DIVERGENCES: dict[str, dict[str, str]] = {
     f"{cell.name}/{mode}": (
-        {"D-unknown-rooms-only": _REBOOTSTRAP["D-unknown-rooms-only"]}
+        {k: _REBOOTSTRAP[k] for k in _ASKED_AGAIN}
         if cell.fault is Fault.PEER_GONE
         else dict(_REBOOTSTRAP)
     )

@@ -231,7 +231,6 @@ class Harness:
             is_disable_overlap_for_batch=lambda batch, last_batch=None: False,
             launch_batch_sample_if_needed=lambda result, batch=None: None,  # batch: 0.5.16 on
             _war_barrier_enabled=False,
-            enable_hisparse=False,  # read by add's capacity check in 0.5.19 and 0.5.20
             scheduler_stage_metrics=None,  # process_input_requests' stage recorder (0.5.20 on): off  # the overlap loop's stream wait before 0.5.14: no forward
             on_idle=self._idle,
             _record_scheduler_state_for_paused_engine=lambda: None,
