@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 
-from spec import load_events, modes_of
-from spec.errors import BadInput
+from spec import load_events
 
 from .json_values import strict_loads, suspect
+from .trace_header import SUPPORTED_VERSIONS, TraceFormatError, read_header  # noqa: F401
 from .trace_seq import DENSE_SINCE, gap_reason, seqs_ok
 from .typed_decode import decode_chunk, make_decoder
 
-SUPPORTED_VERSIONS = (1, 2, 3, 4)  # an event with `since = N` (spec/events.toml) needs version >= N
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
 PRIVATE_PREFIX = "x."
@@ -24,12 +23,6 @@ _TYPES = {"int": int, "str": str}
 # line of a whole trace; a trace of version 2 or later without it is truncated (the run was killed,
 # or is still going).
 MARKERS = ("trace_end", "stall")
-
-
-class TraceFormatError(BadInput):
-    def __init__(self, path: str, line: int, reason: str):
-        super().__init__(f"{path}:{line}: {reason}")
-        self.path, self.line, self.reason = path, line, reason
 
 
 def _check_type(value, typ: str) -> bool:
@@ -50,77 +43,6 @@ def _check_type(value, typ: str) -> bool:
     if typ == "int|str":  # an identity (`obj`): Python's id() or a name; 5 and "5" differ
         return type(value) is str or type(value) is int
     return isinstance(value, _TYPES[typ])
-
-
-def read_header(path: str, f) -> dict:
-    """The first line of `f` (opened in text or binary mode), validated."""
-    first = f.readline()
-    if not first:
-        raise TraceFormatError(path, 1, "empty file: expected a pdo-trace header line")
-    if isinstance(first, bytes):
-        try:
-            first = first.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TraceFormatError(path, 1, f"not UTF-8 text ({e.reason})") from None
-    try:
-        header = strict_loads(first)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(path, 1, f"header is not JSON ({e.msg})") from None
-    except ValueError as e:
-        raise TraceFormatError(path, 1, f"header: {e}") from None
-    if not isinstance(header, dict) or header.get("format") != "pdo-trace":
-        raise TraceFormatError(path, 1, "field 'format': expected \"pdo-trace\"")
-    version = header.get("version")
-    if type(version) is not int or version not in SUPPORTED_VERSIONS:  # not true, not 1.0
-        raise TraceFormatError(
-            path,
-            1,
-            f"field 'version': unsupported version {version!r} "
-            f"(this checker reads {', '.join(map(str, SUPPORTED_VERSIONS))})",
-        )
-    role = header.get("role")
-    if role not in ("prefill", "decode"):
-        raise TraceFormatError(
-            path, 1, f'field \'role\': expected "prefill" or "decode", got {role!r}'
-        )
-    modes = modes_of(role)
-    if (
-        header.get("mode") not in modes
-    ):  # the mode selects the rules: a wrong or missing one would check nothing
-        raise TraceFormatError(
-            path,
-            1,
-            f"field 'mode': expected one of {', '.join(modes)} for role {role}, "
-            f"got {header.get('mode')!r}",
-        )
-    if not (
-        type(header.get("page_size")) is int and header["page_size"] > 0
-    ):  # both roles' page-count rules
-        raise TraceFormatError(path, 1, "field 'page_size': expected a positive integer")
-    for name, ok, what in _HEADER_OPTIONAL:
-        if name in header and not ok(header[name]):
-            raise TraceFormatError(
-                path, 1, f"field '{name}': expected {what}, got {header[name]!r}"
-            )
-    if "dp_rank" in header and "dp_size" in header and header["dp_rank"] >= header["dp_size"]:
-        raise TraceFormatError(
-            path,
-            1,
-            f"field 'dp_rank': {header['dp_rank']} is not below dp_size {header['dp_size']}",
-        )
-    return header
-
-
-# Header fields that rules read when present (the cross-process rules, the decode prefetch rules).
-_HEADER_OPTIONAL = (
-    ("dp_size", lambda v: type(v) is int and v > 0, "a positive integer"),
-    ("dp_rank", lambda v: type(v) is int and v >= 0, "a non-negative integer"),
-    ("prefetch", lambda v: type(v) is bool, "true or false"),
-    ("chunk_ranges", lambda v: type(v) is bool, "true or false"),
-    ("sampling", lambda v: v in ("inline", "deferred"), '"inline" or "deferred"'),
-    ("memory_waits", lambda v: type(v) is int and v >= 0, "a non-negative integer"),
-    ("hb", lambda v: type(v) is str, "a string"),
-)
 
 
 # The file is read in binary, a chunk of whole lines (about 256 KiB) at a time. The fast path decodes

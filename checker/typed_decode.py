@@ -24,24 +24,24 @@ except ImportError:  # a declared dependency; without it the reader takes its ot
 
 if msgspec is not None:
     _I64 = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]
-    _SCALAR = Union[_I64, float, str, bool, None]
+    _SCALAR = _I64 | float | str | bool | None
     # An `object` field (admit's chunks, a query's result, a stall's stacks) two levels deep at most
     # here; a deeper one is valid but takes the caller's general path.
-    _OBJECT = dict[str, Union[_SCALAR, list[_SCALAR], dict[str, _SCALAR]]]
+    _OBJECT = dict[str, _SCALAR | list[_SCALAR] | dict[str, _SCALAR]]
     _TYPES = {
         "int": _I64,
         "str": str,
         "bool": bool,
         "list[str]": list[str],
         "list[int]": list[_I64],
-        "int|null": Union[_I64, None],
-        "str|null": Union[str, None],
-        "object|null": Union[_OBJECT, None],
-        "int|str": Union[_I64, str],
+        "int|null": _I64 | None,
+        "str|null": str | None,
+        "object|null": _OBJECT | None,
+        "int|str": _I64 | str,
     }
     _BASE = [("seq", _I64), ("t_ns", _I64), ("thread", str)]
     # the happens-before clock (docs/trace-format.md): own count, or changed components
-    _VC = ("vc", Union[_I64, dict[str, _I64], msgspec.UnsetType], msgspec.UNSET)
+    _VC = ("vc", _I64 | dict[str, _I64] | msgspec.UnsetType, msgspec.UNSET)
 
 
 def _struct(ev: str, spec: dict):
@@ -50,7 +50,7 @@ def _struct(ev: str, spec: dict):
     fields = list(_BASE)
     fields += [(name, _TYPES[typ]) for name, typ in spec.get("fields", {}).items()]
     fields += [
-        (name, Union[_TYPES[typ], msgspec.UnsetType], msgspec.UNSET)
+        (name, _TYPES[typ] | msgspec.UnsetType, msgspec.UNSET)
         for name, typ in spec.get("optional", {}).items()
     ]
     fields.append(_VC)
@@ -69,7 +69,7 @@ def make_decoder(kinds: dict):
     if msgspec is None or not kinds:
         return None
     structs = tuple(_struct(ev, spec) for ev, spec in kinds.items())
-    return msgspec.json.Decoder(Union[structs])
+    return msgspec.json.Decoder(Union[structs])  # noqa: UP007 (a tuple of kinds)
 
 
 def decode_chunk(decoder, raw: list) -> list | None:
