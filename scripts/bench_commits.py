@@ -54,9 +54,10 @@ def main() -> int:
         default=r"([\d,]+(?:\.\d+)?) events/s",
         help="regex whose first group is the figure (first match in the output)",
     )
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
-    a = ap.parse_args()
-    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    command = argv[cut + 1 :]  # the benchmark command, after --
     if not command or a.rounds < 1:
         ap.error("give --rounds >= 1 and a command after --")
     metric = re.compile(a.metric)
