@@ -60,6 +60,7 @@ def _struct(ev: str, spec: dict):
         tag_field="ev",
         tag=ev,
         forbid_unknown_fields=True,
+        gc=False,  # short-lived, holds no cycles: not tracked by the cyclic collector
     )
 
 
