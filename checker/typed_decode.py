@@ -78,5 +78,5 @@ def decode_chunk(decoder, raw: list) -> list | None:
     not valid for the strict schema (the caller then takes its general path)."""
     try:
         return msgspec.to_builtins(decoder.decode_lines(b"".join(raw)))
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: too
         return None

@@ -27,7 +27,10 @@ from tests.trace_fixtures import canonical, write
 def pd_set(tmp_path_factory):
     d = tmp_path_factory.mktemp("pdset")
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["run", "--pd", "--dp", "2", "--requests", "3", "--trace", str(d / "pd.jsonl")]) == 0
+        assert (
+            main(["run", "--pd", "--dp", "2", "--requests", "3", "--trace", str(d / "pd.jsonl")])
+            == 0
+        )
     return [str(d / f"pd.{r}.jsonl") for r in ("decode", "prefill0", "prefill1")]
 
 
@@ -147,3 +150,17 @@ def test_the_typed_path_accepts_only_what_the_exact_path_accepts(i, field, value
         return
     exact = [ev for _, ev in _chunk_slow("t", 2, raw, e["seq"] - 1, tables, HEADER)]
     assert fast == exact
+
+
+def test_deep_nesting_in_a_typed_field_is_bad_input_not_a_crash(tmp_path):
+    """msgspec gives up on 2,000 nested arrays with a RecursionError: the exact path words it."""
+    path = write(tmp_path / "t.jsonl", "ahead", canonical("ahead"))
+    lines = open(path).read().splitlines()
+    e = json.loads(lines[2])
+    lines[2] = json.dumps(e | {"seq": 0})[:-1].replace(
+        '"seq": 0', '"seq": ' + "[" * 2000 + "]" * 2000
+    )
+    lines[2] += "}"
+    open(path, "w").write("\n".join(lines) + "\n")
+    rc, err = check_set([path])
+    assert rc == exits.BAD_INPUT and f"{path}:3: not a checkable value (nested deeper" in err
