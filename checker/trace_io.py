@@ -7,6 +7,7 @@ and exits 2.
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 
 from spec import load_events
 
@@ -170,7 +171,7 @@ def _validate_fast(events: list, valid: dict, last_seq: int, dense: bool) -> boo
                 return False
     except (KeyError, TypeError):  # not an object, no `ev`, a field missing
         return False
-    return seqs_ok([e["seq"] for e in events], last_seq, dense)
+    return seqs_ok(list(map(_SEQ, events)), last_seq, dense)
 
 
 def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | None):
@@ -209,6 +210,7 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, tables: tu
         yield n, e
 
 
+_EV, _SEQ = itemgetter("ev"), itemgetter("seq")
 _TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, tables)
 
 
@@ -278,15 +280,19 @@ def _chunks(
                 )
             nums, events = _decode(path, line_no, raw, last_seq, tables, header, with_lines)
             status["last_line"] = line_no + len(raw) - 1
+            # the chunk's kinds, in C: most chunks have no marker and no engine's own event
+            kinds = set(map(_EV, events))
             if events:
                 status["count"] += len(events)
                 last_seq = events[-1]["seq"]
-                if version >= 2:
+                if version >= 2 and not kinds.isdisjoint(MARKERS):
                     events, nums = _take_markers(path, events, nums, status, line_no, raw)
             line_no += len(raw)
             if events and not own:
-                events, nums = _drop_unknown(events, nums, valid, ignored)
-                admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
+                if not kinds <= valid.keys():
+                    events, nums = _drop_unknown(events, nums, valid, ignored)
+                if "admit" in kinds:
+                    admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
             if events:
                 yield nums, events
 
@@ -300,7 +306,7 @@ def _decode(
     (any extra field, an engine's own events), and the exact path, which words the error."""
     dense = header["version"] >= DENSE_SINCE
     events = decode_chunk(tables[3], raw) if tables[3] is not None else None
-    if events is None or not seqs_ok([e["seq"] for e in events], last_seq, dense):
+    if events is None or not seqs_ok(list(map(_SEQ, events)), last_seq, dense):
         events = None if suspect(raw) else _decode_fast(raw)
         if events is not None and not _validate_fast(events, tables[2], last_seq, dense):
             events = None
