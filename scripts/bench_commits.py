@@ -9,7 +9,10 @@ interpreter, so every commit runs with the same packages. The rounds go commit a
 A B C, ...), so that a load that comes and goes on the machine falls on all of them alike. The
 figure is the first match of --metric (default: the events/s that `pdo bench checker` prints first)
 in the command's output; printed per commit: every round's figure, the median and the spread, and
-each commit's median relative to the first commit's.
+each commit's median relative to the first commit's. Several --metric give several figures per run:
+
+    ... --metric '([\\d,]+) events/s \\(' --metric 'alone ([\\d,]+) events/s' -- python -m engine.cli \
+        bench checker --trace big.jsonl --reps 2 --no-memory   # whole check, and parsing alone
 """
 
 from __future__ import annotations
@@ -32,17 +35,17 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
-def _run(tree: str, command: list[str], metric: re.Pattern) -> float:
-    """The command's figure in the worktree `tree`."""
+def _run(tree: str, command: list[str], metrics: list) -> list[float]:
+    """The command's figures (one per metric) in the worktree `tree`."""
     command = [sys.executable if c == "python" else c for c in command]
     env = {**os.environ, "PYTHONPATH": tree}
     p = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     out = p.stdout + p.stderr
-    m = metric.search(out)
-    if p.returncode != 0 or m is None:
+    found = [m.search(out) for m in metrics]
+    if p.returncode != 0 or None in found:
         tail = " | ".join(out.strip().splitlines()[-3:])
         raise SystemExit(f"{tree}: {shlex.join(command)} exited {p.returncode}, no figure: {tail}")
-    return float(m.group(1).replace(",", ""))
+    return [float(m.group(1).replace(",", "")) for m in found]
 
 
 def main() -> int:
@@ -51,8 +54,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="runs per commit, interleaved")
     ap.add_argument(
         "--metric",
-        default=r"([\d,]+(?:\.\d+)?) events/s",
-        help="regex whose first group is the figure (first match in the output)",
+        action="append",
+        help="regex whose first group is a figure (its first match in the output); repeatable; "
+        "default: the first events/s (pdo bench checker: the whole check)",
     )
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -60,7 +64,7 @@ def main() -> int:
     command = argv[cut + 1 :]  # the benchmark command, after --
     if not command or a.rounds < 1:
         ap.error("give --rounds >= 1 and a command after --")
-    metric = re.compile(a.metric)
+    metrics = [re.compile(m) for m in (a.metric or [r"([\d,]+(?:\.\d+)?) events/s"])]
     shas = [_git("rev-parse", "--short", c) for c in a.commits]
     base = tempfile.mkdtemp(prefix="pdo-bench-commits-")
     trees = {}
@@ -72,22 +76,25 @@ def main() -> int:
         figures: dict = {c: [] for c in a.commits}
         for r in range(a.rounds):
             for c in a.commits:
-                figures[c].append(_run(trees[c], command, metric))
-                print(f"round {r + 1}/{a.rounds} {c}: {figures[c][-1]:,.0f}", flush=True)
+                figures[c].append(_run(trees[c], command, metrics))
+                got = ", ".join(f"{x:,.0f}" for x in figures[c][-1])
+                print(f"round {r + 1}/{a.rounds} {c}: {got}", flush=True)
     finally:
         for t in set(trees.values()):
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", t])
         if os.path.isdir(base) and not os.listdir(base):
             os.rmdir(base)
     print(f"\n{shlex.join(command)}; {a.rounds} interleaved rounds on {os.uname().nodename}")
-    ref = statistics.median(figures[a.commits[0]])
-    for c, sha in zip(a.commits, shas):
-        f = figures[c]
-        med = statistics.median(f)
-        print(
-            f"  {c:>12s} ({sha}): median {med:,.0f}  [{min(f):,.0f} .. {max(f):,.0f}]  "
-            f"x{med / ref:.2f}  rounds: {', '.join(f'{x:,.0f}' for x in f)}"
-        )
+    for k, metric in enumerate(metrics):
+        print(f"  {metric.pattern}:")
+        ref = statistics.median(f[k] for f in figures[a.commits[0]])
+        for c, sha in zip(a.commits, shas):
+            f = [x[k] for x in figures[c]]
+            med = statistics.median(f)
+            print(
+                f"  {c:>12s} ({sha}): median {med:,.0f}  [{min(f):,.0f} .. {max(f):,.0f}]  "
+                f"x{med / ref:.2f}  rounds: {', '.join(f'{x:,.0f}' for x in f)}"
+            )
     return 0
 
 
