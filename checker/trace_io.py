@@ -47,8 +47,10 @@ def _check_type(value, typ: str) -> bool:
 
 
 # The file is read in binary, a chunk of whole lines (about 256 KiB) at a time. The fast path decodes
-# each line with orjson (a maintained C parser, faster than the standard library's) and
-# validates the events with a compiled predicate per event kind. Without orjson, the chunk's lines are
+# the chunk with msgspec into typed structs of the vocabulary (checker/typed_decode.py: types and
+# integer ranges checked in C). A chunk it cannot vouch for (an extra field, an engine's own event)
+# takes the second path: each line decoded by orjson (a maintained C parser) and validated with a
+# compiled predicate per event kind. Without orjson, the chunk's lines are
 # joined with "," into one JSON array and decoded by a single json.loads call; the newline kept in
 # every separator means no string can run from one line into the next (a raw newline is invalid
 # inside a JSON string), and the chunk is accepted only if it decodes to one object per line. A chunk

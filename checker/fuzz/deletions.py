@@ -34,7 +34,9 @@ def problem(rc: int, err: str, paths: list[str]) -> str | None:
         return f"exit {rc}: {err.strip()[:300]}"
     if rc == 2:
         lines = err.strip().splitlines()
-        if len(lines) != 1 or not any(lines[0].startswith(f"pdo check: error: {p}:") for p in paths):
+        if len(lines) != 1 or not any(
+            lines[0].startswith(f"pdo check: error: {p}:") for p in paths
+        ):
             return f"bad input not one line naming a file and line: {err.strip()[:300]!r}"
     return None
 
