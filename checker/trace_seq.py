@@ -37,7 +37,7 @@ def gap_reason(path: str, line: int, last_seq: int, seq: int, hb: str | None) ->
         lost = seq - last_seq - 1
         span = f"seq {last_seq + 1}" if lost == 1 else f"seq {last_seq + 1}..{seq - 1}"
         what = f"{seq} follows {last_seq}: {lost} event(s) missing ({span})"
-    who = _threads_short(path, line, lost, hb) if hb is not None else ""
+    who = _threads_that_lost(path, line, lost, hb) if hb is not None else ""
     return f"field 'seq': {what}{who}; lost events: the trace is not whole"
 
 
@@ -51,7 +51,7 @@ def _own(e: dict, hb: str) -> int | None:
     return None
 
 
-def _threads_short(path: str, line: int, lost: int, hb: str) -> str:
+def _threads_that_lost(path: str, line: int, lost: int, hb: str) -> str:
     """`: thread T lost k before line L, ...` from each thread's own clock count, read again from
     the file's start (an error path: the trace is refused anyway); "" when the clocks do not say."""
     last: dict = {}
