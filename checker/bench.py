@@ -83,6 +83,9 @@ def make_big_trace(
                 e["seq"] = n
                 buf.append(dumps(e))
             f.write("\n".join(buf) + "\n")
+        if header.get("version", 1) >= 2:  # a whole trace: its end counts the events before it
+            end = {"seq": n + 1, "t_ns": evs[-1]["t_ns"] + copies * span, "thread": "scheduler"}
+            f.write(dumps(end | {"ev": "trace_end", "events": n, "reason": "normal"}) + "\n")
     return {"events": n, "bytes": os.path.getsize(out), "copies": copies, "base_events": len(evs)}
 
 

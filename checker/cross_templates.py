@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .streaming import CROSS_TEMPLATES, Ctx, Result, Template
+from .trace_header import check_set
 from .trace_io import iter_events, read_header
 
 
@@ -131,6 +132,8 @@ def cross_pairs(paths: list) -> tuple[dict, list, list]:
         if headers[p]["role"] == "prefill" and isinstance(headers[p].get("dp_rank"), int)
     ]
     decodes = [p for p in paths if headers[p]["role"] == "decode"]
+    if prefills and decodes:
+        check_set(headers, prefills, decodes)
     return headers, prefills, decodes
 
 

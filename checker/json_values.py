@@ -11,7 +11,8 @@ import re
 # Values the checker cannot represent are bad input wherever they are in a line, on both paths:
 # integers outside signed 64 bits (numpy, z3 and the rules' arithmetic hold int64), numbers that
 # are not finite (NaN, Infinity, 1e400), strings with a lone surrogate (not Unicode: they cannot be
-# printed), and nesting deeper than MAX_DEPTH.
+# printed), and more than MAX_DEPTH arrays or objects inside one another (the line's own object
+# included).
 INT64 = (-(1 << 63), (1 << 63) - 1)
 MAX_DEPTH = 64
 
@@ -52,9 +53,9 @@ def strict_loads(text):
 
 
 def bad_value(v, depth: int) -> str | None:
-    """Why a decoded value cannot be checked, or None."""
-    if depth > MAX_DEPTH:
-        return f"nested deeper than {MAX_DEPTH} levels"
+    """Why a decoded value cannot be checked, or None. `depth` is the number of arrays and objects
+    around `v`: each array or object is one level, whichever kind, and a value that is neither adds
+    none, so a line's own object is level 1 and at most MAX_DEPTH levels nest."""
     t = type(v)
     if t is int:
         return None if INT64[0] <= v <= INT64[1] else "integer outside signed 64 bits"
@@ -66,14 +67,15 @@ def bad_value(v, depth: int) -> str | None:
         except UnicodeEncodeError:
             return "string is not valid Unicode (a lone surrogate)"
         return None
+    if t is not list and t is not dict:
+        return None
+    if depth >= MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
     if t is list:
         return next((r for x in v if (r := bad_value(x, depth + 1))), None)
-    if t is dict:
-        return next(
-            (r for k, x in v.items() if (r := bad_value(k, depth + 1) or bad_value(x, depth + 1))),
-            None,
-        )
-    return None
+    return next(
+        (r for k, x in v.items() if (r := bad_value(k, depth + 1) or bad_value(x, depth + 1))), None
+    )
 
 
 # A chunk that may hold such a value goes to the exact path: a 19-digit number from 9e18 up or a

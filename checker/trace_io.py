@@ -7,13 +7,15 @@ and exits 2.
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 
-from spec import load_events, modes_of
-from spec.errors import BadInput
+from spec import load_events
 
 from .json_values import strict_loads, suspect
+from .trace_header import SUPPORTED_VERSIONS, TraceFormatError, read_header  # noqa: F401
+from .trace_seq import DENSE_SINCE, gap_reason, seqs_ok
+from .typed_decode import decode_chunk, make_decoder
 
-SUPPORTED_VERSIONS = (1, 2, 3, 4)  # an event with `since = N` (spec/events.toml) needs version >= N
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
 PRIVATE_PREFIX = "x."
@@ -22,12 +24,6 @@ _TYPES = {"int": int, "str": str}
 # line of a whole trace; a trace of version 2 or later without it is truncated (the run was killed,
 # or is still going).
 MARKERS = ("trace_end", "stall")
-
-
-class TraceFormatError(BadInput):
-    def __init__(self, path: str, line: int, reason: str):
-        super().__init__(f"{path}:{line}: {reason}")
-        self.path, self.line, self.reason = path, line, reason
 
 
 def _check_type(value, typ: str) -> bool:
@@ -50,76 +46,11 @@ def _check_type(value, typ: str) -> bool:
     return isinstance(value, _TYPES[typ])
 
 
-def read_header(path: str, f) -> dict:
-    """The first line of `f` (opened in text or binary mode), validated."""
-    first = f.readline()
-    if not first:
-        raise TraceFormatError(path, 1, "empty file: expected a pdo-trace header line")
-    if isinstance(first, bytes):
-        try:
-            first = first.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TraceFormatError(path, 1, f"not UTF-8 text ({e.reason})") from None
-    try:
-        header = strict_loads(first)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(path, 1, f"header is not JSON ({e.msg})") from None
-    except ValueError as e:
-        raise TraceFormatError(path, 1, f"header: {e}") from None
-    if not isinstance(header, dict) or header.get("format") != "pdo-trace":
-        raise TraceFormatError(path, 1, "field 'format': expected \"pdo-trace\"")
-    version = header.get("version")
-    if type(version) is not int or version not in SUPPORTED_VERSIONS:  # not true, not 1.0
-        raise TraceFormatError(
-            path,
-            1,
-            f"field 'version': unsupported version {version!r} "
-            f"(this checker reads {', '.join(map(str, SUPPORTED_VERSIONS))})",
-        )
-    role = header.get("role")
-    if role not in ("prefill", "decode"):
-        raise TraceFormatError(
-            path, 1, f'field \'role\': expected "prefill" or "decode", got {role!r}'
-        )
-    modes = modes_of(role)
-    if (
-        header.get("mode") not in modes
-    ):  # the mode selects the rules: a wrong or missing one would check nothing
-        raise TraceFormatError(
-            path,
-            1,
-            f"field 'mode': expected one of {', '.join(modes)} for role {role}, "
-            f"got {header.get('mode')!r}",
-        )
-    if not (
-        type(header.get("page_size")) is int and header["page_size"] > 0
-    ):  # both roles' page-count rules
-        raise TraceFormatError(path, 1, "field 'page_size': expected a positive integer")
-    for name, ok, what in _HEADER_OPTIONAL:
-        if name in header and not ok(header[name]):
-            raise TraceFormatError(
-                path, 1, f"field '{name}': expected {what}, got {header[name]!r}"
-            )
-    if "dp_rank" in header and "dp_size" in header and header["dp_rank"] >= header["dp_size"]:
-        raise TraceFormatError(
-            path,
-            1,
-            f"field 'dp_rank': {header['dp_rank']} is not below dp_size {header['dp_size']}",
-        )
-    return header
-
-
-# Header fields that rules read when present (the cross-process rules, the decode prefetch rules).
-_HEADER_OPTIONAL = (
-    ("dp_size", lambda v: type(v) is int and v > 0, "a positive integer"),
-    ("dp_rank", lambda v: type(v) is int and v >= 0, "a non-negative integer"),
-    ("prefetch", lambda v: type(v) is bool, "true or false"),
-)
-
-
 # The file is read in binary, a chunk of whole lines (about 256 KiB) at a time. The fast path decodes
-# each line with orjson (a maintained C parser, faster than the standard library's) and
-# validates the events with a compiled predicate per event kind. Without orjson, the chunk's lines are
+# the chunk with msgspec into typed structs of the vocabulary (checker/typed_decode.py: types and
+# integer ranges checked in C). A chunk it cannot vouch for (an extra field, an engine's own event)
+# takes the second path: each line decoded by orjson (a maintained C parser) and validated with a
+# compiled predicate per event kind. Without orjson, the chunk's lines are
 # joined with "," into one JSON array and decoded by a single json.loads call; the newline kept in
 # every separator means no string can run from one line into the next (a raw newline is invalid
 # inside a JSON string), and the chunk is accepted only if it decodes to one object per line. A chunk
@@ -162,9 +93,10 @@ def _compile_validator(spec: dict, optional: dict):
 
 
 def _validate_slow(
-    path: str, line_no: int, e, last_seq: int, fields_of: dict, role: str, optional_of: dict
+    path: str, line_no: int, e, last_seq: int, tables: tuple, role: str, header: dict
 ) -> None:
     """The reference validation of one decoded event: raises TraceFormatError with the reason."""
+    fields_of, optional_of = tables[0], tables[1]
     if type(e) is not dict:
         raise TraceFormatError(path, line_no, "an event must be a JSON object")
     for key, typ in (("seq", int), ("t_ns", int), ("thread", str), ("ev", str)):
@@ -173,6 +105,10 @@ def _validate_slow(
     if e["seq"] <= last_seq:
         raise TraceFormatError(
             path, line_no, f"field 'seq': {e['seq']} does not increase (previous {last_seq})"
+        )
+    if not seqs_ok([e["seq"]], last_seq, header["version"] >= DENSE_SINCE):
+        raise TraceFormatError(
+            path, line_no, gap_reason(path, line_no, last_seq, e["seq"], header.get("hb"))
         )
     spec = fields_of.get(e["ev"])
     if spec is None:
@@ -229,16 +165,15 @@ def _valid_private(e) -> bool:
     )
 
 
-def _validate_fast(events: list, valid: dict, last_seq: int) -> bool:
+def _validate_fast(events: list, valid: dict, last_seq: int, dense: bool) -> bool:
     get = valid.get
     try:
         for e in events:
-            if not (get(e["ev"], _valid_private)(e) and e["seq"] > last_seq):
+            if not get(e["ev"], _valid_private)(e):
                 return False
-            last_seq = e["seq"]
     except (KeyError, TypeError):  # not an object, no `ev`, a field missing
         return False
-    return True
+    return seqs_ok(list(map(_SEQ, events)), last_seq, dense)
 
 
 def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | None):
@@ -254,15 +189,7 @@ def _drop_unknown(events: list, nums: list | None, known: dict, ignored: dict | 
     return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
 
 
-def _chunk_slow(
-    path: str,
-    first_line: int,
-    raw: list,
-    last_seq: int,
-    fields_of: dict,
-    role: str,
-    optional_of: dict,
-):
+def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, tables: tuple, header: dict):
     """The reference path for one chunk: yields (line_no, event); raises TraceFormatError at the
     first bad line."""
     for n, line in enumerate(raw, first_line):
@@ -275,20 +202,24 @@ def _chunk_slow(
         try:
             e = strict_loads(text)
         except json.JSONDecodeError as exc:
-            raise TraceFormatError(path, n, f"not JSON ({exc.msg} at column {exc.colno})") from None
+            # some of json's messages end in "at" ("Invalid control character at")
+            msg = exc.msg.removesuffix(" at")
+            raise TraceFormatError(path, n, f"not JSON ({msg} at column {exc.colno})") from None
         except ValueError as exc:  # a value the checker cannot represent
             raise TraceFormatError(path, n, f"not a checkable value ({exc})") from None
-        _validate_slow(path, n, e, last_seq, fields_of, role, optional_of)
+        _validate_slow(path, n, e, last_seq, tables, header["role"], header)
         last_seq = e["seq"]
         yield n, e
 
 
-_TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, fields, validators)
+_EV, _SEQ = itemgetter("ev"), itemgetter("seq")
+_TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, tables)
 
 
-def _role_tables(role: str, version: int) -> tuple[dict, dict, dict]:
+def _role_tables(role: str, version: int) -> tuple[dict, dict, dict, object]:
     """(required fields, optional fields, fast validator) per event kind of `role` in `version` of
-    the format (an event is in every version from its `since`, 1 when absent)."""
+    the format (an event is in every version from its `since`, 1 when absent), and the typed
+    decoder of those kinds (checker/typed_decode.py; None without msgspec)."""
     vocab = load_events()
     hit = _TABLES.get((role, version))
     if hit is None or hit[0] is not vocab:
@@ -299,11 +230,14 @@ def _role_tables(role: str, version: int) -> tuple[dict, dict, dict]:
         optional_of = {ev: spec.get("optional", {}) for ev, spec in kinds.items()}
         hit = _TABLES[(role, version)] = (
             vocab,
-            fields_of,
-            optional_of,
-            {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds},
+            (
+                fields_of,
+                optional_of,
+                {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds},
+                make_decoder(kinds),
+            ),
         )
-    return hit[1], hit[2], hit[3]
+    return hit[1]
 
 
 def _chunks(
@@ -322,16 +256,18 @@ def _chunks(
         header = read_header(path, f)
         if header_out is not None:
             header_out.update(header)
-        role = header["role"]
-        fields_of, optional_of, valid = _role_tables(role, header["version"])
-        last_seq = -1  # seq may start at 0 or 1 (or anywhere above): it only has to increase
+        tables = _role_tables(header["role"], header["version"])
+        valid = tables[2]
+        # seq increases; from version 2 on it counts the events (checker/trace_seq.py)
+        last_seq = -1
         line_no = 2
         admitted: set = set()
         version = header["version"]
-        status.update(version=version, end=None, cut_line=None, last_line=1, stalls=0)
+        status.update(version=version, end=None, cut_line=None, last_line=1, stalls=0, count=0)
         while True:
             raw = f.readlines(_CHUNK_BYTES)
             if not raw:
+                _check_count(path, status)
                 _check_consecutive(path, admitted)  # both roles relate batch N to N±1 by id
                 return
             if version >= 2 and not raw[-1].endswith(b"\n") and _cut(raw[-1]):
@@ -344,29 +280,56 @@ def _chunks(
                 raise TraceFormatError(
                     path, status["end_line"], "field 'ev': trace_end is not the last event"
                 )
-            events = None if suspect(raw) else _decode_fast(raw)
-            if events is not None and _validate_fast(events, valid, last_seq):
-                nums = (
-                    [n for n, line in enumerate(raw, line_no) if not line.isspace()]
-                    if with_lines
-                    else None
-                )
-            else:
-                pairs = list(
-                    _chunk_slow(path, line_no, raw, last_seq, fields_of, role, optional_of)
-                )
-                nums, events = [n for n, _ in pairs], [e for _, e in pairs]
+            nums, events = _decode(path, line_no, raw, last_seq, tables, header, with_lines)
             status["last_line"] = line_no + len(raw) - 1
+            # the chunk's kinds, in C: most chunks have no marker and no engine's own event
+            kinds = set(map(_EV, events))
             if events:
+                status["count"] += len(events)
                 last_seq = events[-1]["seq"]
-                if version >= 2:
+                if version >= 2 and not kinds.isdisjoint(MARKERS):
                     events, nums = _take_markers(path, events, nums, status, line_no, raw)
             line_no += len(raw)
             if events and not own:
-                events, nums = _drop_unknown(events, nums, valid, ignored)
-                admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
+                if not kinds <= valid.keys():
+                    events, nums = _drop_unknown(events, nums, valid, ignored)
+                if "admit" in kinds:
+                    admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
             if events:
                 yield nums, events
+
+
+def _decode(
+    path: str, line_no: int, raw: list, last_seq: int, tables: tuple, header: dict, with_lines: bool
+):
+    """(line numbers or None, events) of one chunk, every event validated. Three ways, each taken
+    only when the one before cannot vouch for the chunk: the typed decoder (checker/typed_decode.py:
+    the vocabulary's own fields, checked in C), orjson with a compiled predicate per event kind
+    (any extra field, an engine's own events), and the exact path, which words the error."""
+    dense = header["version"] >= DENSE_SINCE
+    events = decode_chunk(tables[3], raw) if tables[3] is not None else None
+    if events is None or not seqs_ok(list(map(_SEQ, events)), last_seq, dense):
+        events = None if suspect(raw) else _decode_fast(raw)
+        if events is not None and not _validate_fast(events, tables[2], last_seq, dense):
+            events = None
+    if events is None:
+        pairs = list(_chunk_slow(path, line_no, raw, last_seq, tables, header))
+        return [n for n, _ in pairs], [e for _, e in pairs]
+    nums = [n for n, line in enumerate(raw, line_no) if not line.isspace()] if with_lines else None
+    return nums, events
+
+
+def _check_count(path: str, status: dict) -> None:
+    """A whole trace's `trace_end` counts the events before it: fewer read means lines lost."""
+    end = status["end"]
+    if end is None or end["events"] == status["count"] - 1:
+        return
+    raise TraceFormatError(
+        path,
+        status["end_line"],
+        f"field 'events': trace_end says {end['events']} events, but {status['count'] - 1} "
+        f"precede it; lost events: the trace is not whole",
+    )
 
 
 def _cut(line: bytes) -> bool:
@@ -375,6 +338,8 @@ def _cut(line: bytes) -> bool:
         return False
     try:
         json.loads(line)
+    except RecursionError:  # whole, but nested too deep: the decoder says so
+        return False
     except ValueError:
         return True
     return False

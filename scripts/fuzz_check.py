@@ -5,7 +5,14 @@
 Seed traces: the hand-written canonical prefill traces of the four modes (tests/trace_fixtures.py)
 and, unless --no-engine, one `pdo run` trace (ahead, 3 requests). Exits 1 if any case ended in an
 internal error or a bad-input message that is not one line starting with the path (each listed with
-its case number, seed trace and mutations; replay one with --cases N+1 --only N)."""
+its case number, seed trace and mutations; replay one with --cases N+1 --only N).
+
+--deletions instead deletes each line of engine traces in turn (one `pdo run` trace per prefill mode
+and the three traces of a `pdo run --pd --dp 2` run, checked together), every line unless
+--per-kind K (the header and K lines of each event kind): exits 1 if any case passed (exit 0) or
+ended otherwise than in a verdict or a one-line bad-input error naming the file and line.
+
+    PYTHONPATH=. .venv/bin/python scripts/fuzz_check.py --deletions"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import contextlib
 import io
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -36,12 +44,44 @@ def seed_traces(workdir: str, engine: bool) -> list[bytes]:
     return [Path(p).read_bytes() for p in paths]
 
 
+def deletions(per_kind: int | None) -> int:
+    from checker.fuzz.deletions import campaign
+    from engine.cli import main as pdo
+
+    with tempfile.TemporaryDirectory() as d:
+        sets = []
+        with contextlib.redirect_stdout(io.StringIO()):
+            for m in ("normal", "overlap", "thread", "ahead"):
+                path = str(Path(d) / f"{m}.jsonl")
+                if pdo(["run", "--mode", m, "--requests", "3", "--trace", path]) != 0:
+                    sys.exit(f"the {m} run failed")
+                sets.append([path])
+            if pdo(["run", "--pd", "--dp", "2", "--requests", "4", "--trace", f"{d}/pd.jsonl"]):
+                sys.exit("the PD run failed")
+        sets.append([f"{d}/pd.{r}.jsonl" for r in ("decode", "prefill0", "prefill1")])
+        t0 = time.perf_counter()
+        res = campaign(sets, str(Path(d) / "cases"), per_kind=per_kind)
+        for path, line, why in res["problems"]:
+            print(f"PROBLEM {Path(path).name} without line {line}: {why}")
+    counts = ", ".join(f"exit {k}: {v}" for k, v in res["counts"].items())
+    print(
+        f"pdo check deletions: {sum(res['counts'].values())} cases ({len(sets)} trace sets, "
+        f"{len(res['kinds'])} event kinds): {counts}; {len(res['problems'])} problem(s); "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
+    return 1 if res["problems"] else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-engine", action="store_true", help="fixture seed traces only")
+    ap.add_argument("--deletions", action="store_true", help="delete each line of engine traces")
+    ap.add_argument("--per-kind", type=int, default=None, help="with --deletions: a sample")
     a = ap.parse_args()
+    if a.deletions:
+        return deletions(a.per_kind)
     from engine.cli.check_fuzz import campaign
 
     with tempfile.TemporaryDirectory() as d:

@@ -202,6 +202,7 @@ def test_big_trace_is_valid_and_checker_bench_runs(tmp_path):
     assert made["events"] >= 1500 and made["copies"] >= 2
     r = check_file(str(big))
     assert r.ok and r.events == made["events"], [v.message for v in r.violations[:3]]
+    assert r.complete  # it ends with a trace_end that counts its events: a whole trace
     res = bench.bench_checker(trace=str(big), memory=True)
     assert res["ok"] and res["events"] == made["events"] and res["events_per_s"] > 0
     assert (

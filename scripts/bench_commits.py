@@ -1,0 +1,102 @@
+"""Run one benchmark command on several commits side by side, on this machine, interleaved.
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_commits.py --rounds 3 2de26c8 80896c6 HEAD -- \\
+        python -m engine.cli bench checker --quick --reps 2 --no-memory
+
+Each commit is checked out into a temporary worktree (`git worktree add --detach`, removed at the
+end); the command runs there with that tree first on PYTHONPATH and `python` meaning this
+interpreter, so every commit runs with the same packages. The rounds go commit after commit (A B C,
+A B C, ...), so that a load that comes and goes on the machine falls on all of them alike. The
+figure is the first match of --metric (default: the events/s that `pdo bench checker` prints first)
+in the command's output; printed per commit: every round's figure, the median and the spread, and
+each commit's median relative to the first commit's. Several --metric give several figures per run:
+
+    ... --metric '([\\d,]+) events/s \\(' --metric 'alone ([\\d,]+) events/s' -- python -m engine.cli \
+        bench checker --trace big.jsonl --reps 2 --no-memory   # whole check, and parsing alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", ROOT, *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _run(tree: str, command: list[str], metrics: list) -> list[float]:
+    """The command's figures (one per metric) in the worktree `tree`."""
+    command = [sys.executable if c == "python" else c for c in command]
+    env = {**os.environ, "PYTHONPATH": tree}
+    p = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    out = p.stdout + p.stderr
+    found = [m.search(out) for m in metrics]
+    if p.returncode != 0 or None in found:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        raise SystemExit(f"{tree}: {shlex.join(command)} exited {p.returncode}, no figure: {tail}")
+    return [float(m.group(1).replace(",", "")) for m in found]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("commits", nargs="+", help="commits to compare (the first is the reference)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per commit, interleaved")
+    ap.add_argument(
+        "--metric",
+        action="append",
+        help="regex whose first group is a figure (its first match in the output); repeatable; "
+        "default: the first events/s (pdo bench checker: the whole check)",
+    )
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    command = argv[cut + 1 :]  # the benchmark command, after --
+    if not command or a.rounds < 1:
+        ap.error("give --rounds >= 1 and a command after --")
+    metrics = [re.compile(m) for m in (a.metric or [r"([\d,]+(?:\.\d+)?) events/s"])]
+    shas = [_git("rev-parse", "--short", c) for c in a.commits]
+    base = tempfile.mkdtemp(prefix="pdo-bench-commits-")
+    trees = {}
+    try:
+        for c, sha in zip(a.commits, shas):
+            trees[c] = os.path.join(base, sha)
+            if not os.path.exists(trees[c]):
+                _git("worktree", "add", "--detach", trees[c], sha)
+        figures: dict = {c: [] for c in a.commits}
+        for r in range(a.rounds):
+            for c in a.commits:
+                figures[c].append(_run(trees[c], command, metrics))
+                got = ", ".join(f"{x:,.0f}" for x in figures[c][-1])
+                print(f"round {r + 1}/{a.rounds} {c}: {got}", flush=True)
+    finally:
+        for t in set(trees.values()):
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", t])
+        if os.path.isdir(base) and not os.listdir(base):
+            os.rmdir(base)
+    print(f"\n{shlex.join(command)}; {a.rounds} interleaved rounds on {os.uname().nodename}")
+    for k, metric in enumerate(metrics):
+        print(f"  {metric.pattern}:")
+        ref = statistics.median(f[k] for f in figures[a.commits[0]])
+        for c, sha in zip(a.commits, shas):
+            f = [x[k] for x in figures[c]]
+            med = statistics.median(f)
+            print(
+                f"  {c:>12s} ({sha}): median {med:,.0f}  [{min(f):,.0f} .. {max(f):,.0f}]  "
+                f"x{med / ref:.2f}  rounds: {', '.join(f'{x:,.0f}' for x in f)}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
