@@ -15,6 +15,7 @@ from .. import inject, sync
 from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
 from ..device import then_log
+from ..errors import EngineError
 from ..digest import DigestStamp
 from ..forward_state import ForwardResult, ForwardState
 from ..memory import KVPool, PrefixCache, ReqToTokenPool
@@ -48,10 +49,6 @@ EVENTS: dict[str, tuple[str, ...]] = dict(
     store_copied=("rid",),
     store_entry=("rid",),
 )
-
-
-class EngineError(RuntimeError):
-    """A failure that ends the run; the CLI prints its message on one line."""
 
 
 class PrefillScheduler(Admission):
