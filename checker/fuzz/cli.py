@@ -40,6 +40,7 @@ MUTANT_MODE = {m: "ahead" for m in MUTANTS}
 # (checker.fuzz.draw_pd_case: workload, loops, DP ranks, decode knobs, client aborts, memory
 # release, bootstrap latency and failures), the same draw for all six.
 ALL_MUTANTS = {**MUTANTS, **DECODE_MUTANTS}
+INCOMPLETE = 3  # no verdict (engine/cli/exits.py, which imports this module through engine.cli)
 MAX_CASE_REQUESTS = 64  # a case is a small run: hundreds of schedules a minute
 
 
@@ -107,9 +108,27 @@ def _list_mutants() -> int:
 
 
 def _replay(a) -> int:
+    """Run a saved case under its saved schedule, strictly: a step whose thread is not enabled, or
+    a run that ends before the schedule does, is reported as diverged (exit 3, no verdict: what ran
+    is not the saved run), never judged as if it were."""
     case, schedule, saved = load_case(a.replay)
     model = bool(saved.get("model", False))  # the judges of the run that saved it
-    out = run_case(case, Replay(schedule, strict=False), trace_path=a.trace, model=model)
+    replay = Replay(schedule, strict=True)
+    out = run_case(case, replay, trace_path=a.trace, model=model)
+    step = replay.diverged_at
+    if step is None and len(out.schedule) < len(schedule):
+        step = len(out.schedule)
+    if step is not None:
+        what = (
+            f"{schedule[step]!r} is not enabled there"
+            if replay.diverged_at is not None
+            else "the run ended there"
+        )
+        print(
+            f"replayed {a.replay}: DIVERGED at schedule step {step} of {len(schedule)}: {what}; "
+            "not the saved run, no verdict"
+        )
+        return INCOMPLETE
     print(f"replayed {a.replay}: {len(out.schedule)} steps, {out.events} events")
     if a.trace and isinstance(case, PDCase):
         stem = a.trace[:-6] if a.trace.endswith(".jsonl") else a.trace
