@@ -12,11 +12,11 @@ import sys
 import tempfile
 
 from checker.trace_io import iter_events
-from spec import domains as d
 from engine.bench.progress import Progress
 from engine.bench.record import add_json_arguments, machine, now, write_json
 from engine.bench.registry import BENCH, BenchCommand
 from engine.config import EngineConfig
+from spec import domains as d
 from spec.errors import BadInput
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -238,10 +238,7 @@ def cmd_checker(a) -> int:
 def add_checker_arguments(c) -> None:
     c.add_argument("--quick", action="store_true", help="200,000 events instead of 1,000,000")
     c.add_argument(
-        "--events",
-        type=d.integer(1, 100_000_000),
-        default=None,
-        help="size of the generated trace",
+        "--events", type=d.integer(1, 100_000_000), default=None, help="size of the generated trace"
     )
     c.add_argument(
         "--trace",

@@ -94,9 +94,7 @@ def register(sub) -> None:
         help="only this window, in ms from the first event",
     )
     q.add_argument("--title", type=d.text(), help="title above the lanes (default: role and mode)")
-    q.add_argument(
-        "--width", type=d.number(0.5, 100), default=7.0, help="inches (default 7)"
-    )
+    q.add_argument("--width", type=d.number(0.5, 100), default=7.0, help="inches (default 7)")
     q.add_argument(
         "--dpi",
         type=d.integer(10, 1200),

@@ -26,7 +26,6 @@ from .errors import BadInput
 from .tables import mode_table_lines, steady_lines
 from .z3model import unbounded_run
 
-
 # K, the batches (iterations) of a bounded proof: the model grows with K, so it is bounded too.
 BATCHES = d.integer(1, 12)
 

@@ -58,12 +58,16 @@ def check_case(case) -> str | None:
         return f"field case.prompt_len: [{lo}, {hi}] is not MIN <= MAX"
     new = getattr(case, "max_new_tokens", 1)
     if hi + new > CONTEXT:
-        return f"field case.prompt_len: {hi} prompt and {new} new tokens exceed the context {CONTEXT}"
+        return (
+            f"field case.prompt_len: {hi} prompt and {new} new tokens exceed the context {CONTEXT}"
+        )
     if case.chunk_size < case.page_size:
         return f"field case.chunk_size: {case.chunk_size} is less than page_size {case.page_size}"
     unknown = [m for m in case.inject if m not in MUTANTS and m not in DECODE_MUTANTS]
     if unknown:
-        return f"field case.inject: unknown mutant(s) {', '.join(unknown)} (pdo fuzz --list-mutants)"
+        return (
+            f"field case.inject: unknown mutant(s) {', '.join(unknown)} (pdo fuzz --list-mutants)"
+        )
     if isinstance(case, PDCase) and len(case.release) not in (0, 2):
         return f"field case.release: expected [] or [k, n], got {list(case.release)}"
     return None

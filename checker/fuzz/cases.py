@@ -15,7 +15,6 @@ from engine.decode.config import DecodeConfig
 
 from .pressure import with_pressure
 
-
 # The declared domain of each field (msgspec checks a case file against it, checker/fuzz/casefile.py;
 # what spans fields, such as prompt_len's order, casefile.check_case). A case is a small run.
 CONTEXT = 1024  # the tiny model's context: a request's prompt and new tokens fit in it

@@ -46,10 +46,7 @@ def add_decode_arguments(q) -> None:
         help="ms, comma-separated",
     )
     q.add_argument(
-        "--reps",
-        type=d.integer(1, 1000),
-        default=2,
-        help="runs per arm and latency (default 2)",
+        "--reps", type=d.integer(1, 1000), default=2, help="runs per arm and latency (default 2)"
     )
     q.add_argument("--requests", type=d.integer(1, 100_000), default=24)
     q.add_argument("--max-new-tokens", type=d.integer(1, context), default=24)

@@ -46,10 +46,7 @@ def add_json_arguments(p) -> None:
         "--json", action="store_true", help="print the results as JSON on stdout (no table)"
     )
     p.add_argument(
-        "--json-out",
-        type=path(),
-        metavar="FILE",
-        help="also write the results as JSON to FILE",
+        "--json-out", type=path(), metavar="FILE", help="also write the results as JSON to FILE"
     )
 
 

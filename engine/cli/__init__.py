@@ -62,7 +62,9 @@ class Parser(argparse.ArgumentParser):
     every sub-parser is one too (add_subparsers makes its parsers of the parent's class)."""
 
     def error(self, message: str):
-        self.exit(exits.BAD_INPUT, f"{self.prog}: error: {_one_line(message)} ({self.prog} --help)\n")
+        self.exit(
+            exits.BAD_INPUT, f"{self.prog}: error: {_one_line(message)} ({self.prog} --help)\n"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in walk_parsers(parser):  # every sub-command's --help names the exit codes
         if p is not parser:
             p.epilog = f"{p.epilog}\n\n{EXIT_CODES_HELP}" if p.epilog else EXIT_CODES_HELP
+            # an unrecognized argument is reported by the sub-command that was given it
+            p.set_defaults(error=p.error)
     return parser
 
 
@@ -112,9 +116,14 @@ def main(
         # `pdo check t.jsonl | head` ends quietly, like any Unix tool
         if hasattr(signal, "SIGPIPE"):
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    args, unrecognized = parser.parse_known_args(argv)
-    if unrecognized:  # with the sub-command's own usage where it sets `error` (`pdo bootstrap`)
-        getattr(args, "error", parser.error)(f"unrecognized arguments: {' '.join(unrecognized)}")
+    try:
+        args, unrecognized = parser.parse_known_args(argv)
+        if unrecognized:  # by the innermost sub-command's parser (its `error`)
+            getattr(args, "error", parser.error)(
+                f"unrecognized arguments: {' '.join(unrecognized)}"
+            )
+    except SystemExit as exc:  # argparse: --help (0), or a value outside its domain (2, one line)
+        return exc.code
     # A sub-command checks what spans options (`pdo run`: PD-only flags without --pd, a --kill
     # role against --dp): BadInput, before anything runs.
     validate = getattr(args, "validate", None)

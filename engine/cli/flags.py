@@ -50,8 +50,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--num-pages",
         type=d.integer(2, MAX_POOL_TOKENS),
         default=512,
-        help="KV pool pages, page 0 reserved (pages x page size at most %d tokens)"
-        % MAX_POOL_TOKENS,
+        help=f"KV pool pages, page 0 reserved (pages x page size at most {MAX_POOL_TOKENS} tokens)",
     )
     g.add_argument("--chunk-size", type=d.integer(1, MAX_CONTEXT), default=128)
     g.add_argument("--max-batch-tokens", type=d.integer(1, MAX_POOL_TOKENS), default=256)
@@ -85,7 +84,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="MIN:MAX prompt tokens (at most the model's context, less --max-new-tokens)",
     )
     w.add_argument(
-        "--hit", type=d.ratio(), default=0.8, help="prefix-hit ratio (the design text measured at 0.8)"
+        "--hit",
+        type=d.ratio(),
+        default=0.8,
+        help="prefix-hit ratio (the design text measured at 0.8)",
     )
     w.add_argument(
         "--groups", type=d.integer(1, MAX_REQUESTS), default=3, help="distinct shared prefixes"
@@ -95,8 +97,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=d.number(0, 1e9, above=True),
         default=2000.0,
-        help="requests/s for poisson arrival (--requests / --rate at most %g s)"
-        % MAX_ARRIVAL_SPAN_S,
+        help="requests/s for poisson arrival "
+        f"(--requests / --rate at most {MAX_ARRIVAL_SPAN_S:g} s)",
     )
     w.add_argument("--workload-seed", type=d.seed(), default=0)
 

@@ -53,7 +53,10 @@ def add_pd_args(p: argparse.ArgumentParser, *, launch: bool = False) -> None:
         help="query DP ranks only at the consumption point (the synchronous baseline)",
     )
     g.add_argument(
-        "--bootstrap-latency-ms", type=LATENCY_MS, default=0.0, help="delay the bootstrap server adds"
+        "--bootstrap-latency-ms",
+        type=LATENCY_MS,
+        default=0.0,
+        help="delay the bootstrap server adds",
     )
     g.add_argument("--bootstrap-latency-scope", choices=["all", "query_dp_ranks"], default="all")
     g.add_argument(

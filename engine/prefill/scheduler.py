@@ -15,8 +15,8 @@ from .. import inject, sync
 from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
 from ..device import then_log
-from ..errors import EngineError
 from ..digest import DigestStamp
+from ..errors import EngineError
 from ..forward_state import ForwardResult, ForwardState
 from ..memory import KVPool, PrefixCache, ReqToTokenPool
 from ..model import TinyLlama
