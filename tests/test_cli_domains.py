@@ -16,10 +16,15 @@ from hypothesis import strategies as st
 
 import checker.fuzz.cli
 import checker.trace_cli
+import engine.bench.decode
+import engine.bench.prefill
+import engine.bench.trace_overhead
 import engine.bootstrap
 import engine.cli.launch
 import engine.pd
 import engine.run
+import spec.cli
+from checker import bench as checker_bench
 from engine.cli import build_parser, exits, main, walk_parsers
 from spec.domains import Domain
 from tests.trace_fixtures import canonical, write
@@ -46,6 +51,12 @@ def nothing_runs():
         (checker.trace_cli, "export"),
         (checker.fuzz.cli, "run_case"),
         (checker.fuzz.cli, "find_bug"),
+        (engine.bench.decode, "bench_decode"),
+        (engine.bench.prefill, "bench_prefill"),
+        (engine.bench.trace_overhead, "bench_trace_overhead"),
+        (checker_bench, "bench_checker"),
+        (spec.cli, "prove_mode"),
+        (spec.cli.unbounded_run, "run"),
     ]
     with contextlib.ExitStack() as stack:
         for module, name in targets:
@@ -189,7 +200,9 @@ def command_lines(draw):
         if action.nargs == 0:
             argv.append(name)
             continue
-        values = VALUES if action.choices is None else st.sampled_from(list(action.choices))
+        values = (
+            VALUES if action.choices is None else st.sampled_from([str(c) for c in action.choices])
+        )
         argv += [name, draw(st.one_of(values, VALUES))]
     return path, argv
 
