@@ -117,7 +117,7 @@ def test_bench_prefill_device_knobs(capsys):
     import torch
 
     a = argparse.Namespace(
-        prompt_len="24:160",
+        prompt_len=(24, 160),  # as its domain parses "24:160"
         device=None,
         dtype=None,
         launch_cost_us=None,

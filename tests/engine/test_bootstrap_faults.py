@@ -171,7 +171,7 @@ def test_concurrent_queries_from_8_threads():
 
 def test_main_rejects_bad_flags_without_blocking(capsys):
     assert pdo(["bootstrap", "--port", "0", "--failure-rate", "2"]) == 2
-    assert "failure_rate" in capsys.readouterr().err
+    assert "--failure-rate" in capsys.readouterr().err  # its domain, [0, 1]
 
 
 def test_serve_forever_in_subprocess():
