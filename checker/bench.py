@@ -16,6 +16,7 @@ from engine.bench.progress import Progress
 from engine.bench.record import add_json_arguments, machine, now, write_json
 from engine.bench.registry import BENCH, BenchCommand
 from engine.config import EngineConfig
+from spec import domains as d
 from spec.errors import BadInput
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +100,7 @@ def vm(key):  # VmHWM / VmRSS of this process in KiB
     return 0
 from checker.linear import check_file
 from checker.trace_io import iter_events
+from spec import domains as d
 path, mode = sys.argv[1], sys.argv[2]
 out = {"rss_before_kib": vm("VmHWM")}
 if mode == "parse":
@@ -238,10 +240,21 @@ def cmd_checker(a) -> int:
 
 def add_checker_arguments(c) -> None:
     c.add_argument("--quick", action="store_true", help="200,000 events instead of 1,000,000")
-    c.add_argument("--events", type=int, default=None, help="size of the generated trace")
-    c.add_argument("--trace", metavar="FILE", help="measure this trace instead of generating one")
-    c.add_argument("--keep", metavar="FILE", help="write the generated trace here and keep it")
-    c.add_argument("--reps", type=int, default=None, help="measurements (best is reported)")
+    c.add_argument(
+        "--events", type=d.integer(1, 100_000_000), default=None, help="size of the generated trace"
+    )
+    c.add_argument(
+        "--trace",
+        type=d.path(),
+        metavar="FILE",
+        help="measure this trace instead of generating one",
+    )
+    c.add_argument(
+        "--keep", type=d.path(), metavar="FILE", help="write the generated trace here and keep it"
+    )
+    c.add_argument(
+        "--reps", type=d.integer(1, 1000), default=None, help="measurements (best is reported)"
+    )
     c.add_argument("--no-memory", action="store_true", help="skip the tracemalloc pass")
     add_json_arguments(c)
     c.add_argument("--progress", action="store_true")

@@ -8,3 +8,8 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """The message names the setting (as its flag where there is one) and what is wrong with it."""
+
+
+class EngineError(RuntimeError):
+    """A run that failed or can never finish (stuck requests, a failed KV transfer): `pdo` prints
+    its message on one line and exits 1 (FAILED), as for any failed run."""

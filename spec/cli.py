@@ -20,10 +20,14 @@ import time
 from engine.cli.exits import FAILED, INCOMPLETE, OK
 
 from . import docgen
+from . import domains as d
 from . import z3model as zm
 from .errors import BadInput
 from .tables import mode_table_lines, steady_lines
 from .z3model import unbounded_run
+
+# K, the batches (iterations) of a bounded proof: the model grows with K, so it is bounded too.
+BATCHES = d.integer(1, 12)
 
 
 def register(subparsers) -> None:
@@ -34,7 +38,7 @@ def register(subparsers) -> None:
     table = sub.add_parser(
         "table", help="the design's four-mode table computed by z3, and the AHEAD steady state"
     )
-    table.add_argument("--batches", type=int, default=3, metavar="K")
+    table.add_argument("--batches", type=BATCHES, default=3, metavar="K")
     table.add_argument("--json", action="store_true", help='print {"modes": {...}} only')
     table.set_defaults(fn=cmd_table)
     prove = sub.add_parser(
@@ -54,7 +58,7 @@ def register(subparsers) -> None:
         help="default: all of the role's modes (with --role all, a mode runs for "
         "each role that has it)",
     )
-    prove.add_argument("--batches", type=int, default=4, metavar="K")
+    prove.add_argument("--batches", type=BATCHES, default=4, metavar="K")
     prove.add_argument(
         "--basis",
         choices=["auto", "rules", "engine"],
@@ -62,7 +66,12 @@ def register(subparsers) -> None:
         help="prove from the rules alone, else engine ∧ rules (auto); or from one of them only",
     )
     prove.add_argument(
-        "--drop", action="append", default=[], metavar="RULE", help="leave a rule out (what if?)"
+        "--drop",
+        action="append",
+        type=d.named(lambda: [r.id for r in zm.load_rules()], "a rule id of spec/"),
+        default=[],
+        metavar="RULE",
+        help="leave a rule out (what if?)",
     )
     prove.add_argument(
         "--inject",
@@ -72,9 +81,22 @@ def register(subparsers) -> None:
         choices=sorted({**zm.ENGINE_MUTANTS, **zm.DECODE_MODEL_MUTANTS}),
         help="a mutant of the loop model (prefill: ahead mode; decode: the decode loop)",
     )
-    prove.add_argument("--property", action="append", metavar="ID", help="only these properties")
     prove.add_argument(
-        "--timeout", type=float, default=60.0, metavar="S", help="per query (default 60 s)"
+        "--property",
+        action="append",
+        type=d.named(
+            lambda: [p.id for role in ("prefill", "decode") for p in zm.properties(role)],
+            "a property id (pdo spec prove lists them)",
+        ),
+        metavar="ID",
+        help="only these properties",
+    )
+    prove.add_argument(
+        "--timeout",
+        type=d.number(0, 3600, above=True),
+        default=60.0,
+        metavar="S",
+        help="per query (default 60 s)",
     )
     prove.add_argument(
         "--hidden", action="store_true", help="timelines also show queue and device points"
@@ -94,7 +116,7 @@ def register(subparsers) -> None:
         prove.add_argument("--json", action="store_true", help="print JSON on stdout")
     prove.set_defaults(fn=cmd_prove)
     docs = sub.add_parser("docs", help="write docs/spec.md from spec/")
-    docs.add_argument("--out", default=None, help="default: docs/spec.md")
+    docs.add_argument("--out", type=d.path(), default=None, help="default: docs/spec.md")
     docs.add_argument(
         "--check", action="store_true", help="exit 1 if the file differs from what would be written"
     )

@@ -48,6 +48,17 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 @pytest.mark.parametrize("path", PARSERS, ids=" ".join)
+def test_an_argparse_error_is_one_line_exit_2(path):
+    """An unknown option (and any value argparse refuses) is one line naming the sub-command, not
+    a usage block."""
+    rc, out, err = _run([*path, "--no-such-option"])
+    assert rc == exits.BAD_INPUT and not out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pdo {path[0]}"), err
+    assert "--no-such-option" in lines[0] or "required" in lines[0], err
+
+
+@pytest.mark.parametrize("path", PARSERS, ids=" ".join)
 def test_json_is_a_flag_wherever_it_exists(path):
     parser = next(p for p in walk_parsers(build_parser()) if p.pdo_path == path)
     opts = _options(parser)
@@ -91,6 +102,8 @@ def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
     """A ValueError from inside pdo is a bug (70); a BadInput is the user's (2); a PD run that
     failed is 1, one that cannot start as configured 2."""
     from engine.decode.config import PDError, PDStartupError
+    from engine.errors import EngineError
+    from engine.prefill.worker import WorkerError
     from spec.errors import BadInput
 
     path = write(tmp_path / "t.jsonl", "ahead", canonical("ahead"))
@@ -101,6 +114,8 @@ def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
         (BadInput("f: no"), 2),
         (PDError("decode failed"), 1),
         (PDStartupError("not reachable"), 2),
+        (EngineError("stuck: 2 request(s) can never finish"), 1),  # README: a run that failed
+        (WorkerError("forward worker failed"), 1),
     ]
     for exc, want in cases:
 

@@ -6,29 +6,44 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from msgspec import Meta
 
 from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
 
 from .pressure import with_pressure
 
+# The declared domain of each field (msgspec checks a case file against it, checker/fuzz/casefile.py;
+# what spans fields, such as prompt_len's order, casefile.check_case). A case is a small run.
+CONTEXT = 1024  # the tiny model's context: a request's prompt and new tokens fit in it
+Count = Annotated[int, Meta(ge=1, le=64)]
+Tokens = Annotated[int, Meta(ge=1, le=CONTEXT)]
+Pages = Annotated[int, Meta(ge=2, le=65536)]
+Slots = Annotated[int, Meta(ge=1, le=1024)]
+Seed = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
+Ratio = Annotated[float, Meta(ge=0.0, le=1.0)]
+Millis = Annotated[float, Meta(ge=0.0, le=60_000.0)]
+Step = Annotated[int, Meta(ge=-1, le=1_000_000)]
+
 
 @dataclass
 class Case:
-    mode: str = "ahead"
-    inject: tuple = ()
-    requests: int = 4
-    prompt_len: tuple = (8, 40)
-    hit: float = 0.5
-    groups: int = 1
-    logit_bias_frac: float = 0.5
-    page_size: int = 4
-    chunk_size: int = 16
-    max_batch_tokens: int = 24
-    num_pages: int = 64
-    max_slots: int = 16
-    workload_seed: int = 0
-    arrival: str = "burst"
+    mode: Literal["normal", "overlap", "thread", "ahead"] = "ahead"
+    inject: tuple[str, ...] = ()
+    requests: Count = 4
+    prompt_len: tuple[Tokens, Tokens] = (8, 40)
+    hit: Ratio = 0.5
+    groups: Count = 1
+    logit_bias_frac: Ratio = 0.5
+    page_size: Tokens = 4
+    chunk_size: Tokens = 16
+    max_batch_tokens: Annotated[int, Meta(ge=1, le=65536)] = 24
+    num_pages: Pages = 64
+    max_slots: Slots = 16
+    workload_seed: Seed = 0
+    arrival: Literal["burst", "poisson"] = "burst"
 
     def configs(self):
         # lazy: engine.workload imports torch, and `pdo` loads the fuzz CLI at every start-up
@@ -65,32 +80,32 @@ class PDCase(Case):
     streams and KV transfer thread; the decode scheduler, its streams and prefetch workers) is a
     managed thread; the bootstrap server is served in-process."""
 
-    kind: str = "pd"
-    decode_loop: str = "overlap"
+    kind: Literal["pd"] = "pd"
+    decode_loop: Literal["normal", "overlap"] = "overlap"
     prefetch: bool = True
-    dp: int = 2
-    max_new_tokens: int = 3
+    dp: Annotated[int, Meta(ge=1, le=32)] = 2
+    max_new_tokens: Tokens = 3
     # the decode polls its prealloc/transfer queues every N iterations
-    polling_interval: int = 1
+    polling_interval: Annotated[int, Meta(ge=1, le=1000)] = 1
     # decode max_slots: few slots keep resolved requests pending
-    decode_slots: int = 64
+    decode_slots: Slots = 64
     # decode-only requests for rooms no prefill rank serves (never registered)
-    unserved: int = 0
+    unserved: Annotated[int, Meta(ge=0, le=64)] = 0
     # ((iteration, k), ...): after that iteration's prefetch the client aborts the k-th (mod n)
     # pending request, else the k-th unfinished one; k = -1: all of them (clients going away
     # together)
-    aborts: tuple = ()
+    aborts: tuple[tuple[Step, Step], ...] = ()
     # (k, n): release_memory_occupation right after the prefetch that submitted the decode's k-th
     # query (while it is in flight, the case D-release-cancels is about); resume_memory n iterations
     # later
-    release: tuple = ()
-    latency_ms: float = 0.0  # bootstrap latency (virtual time), on latency_scope
-    latency_scope: str = "query_dp_ranks"
+    release: tuple[Step, ...] = ()
+    latency_ms: Millis = 0.0  # bootstrap latency (virtual time), on latency_scope
+    latency_scope: Literal["all", "query_dp_ranks"] = "query_dp_ranks"
     # fraction of query_dp_ranks answered 503 (seeded by fault_seed)
-    failure_rate: float = 0.0
-    fault_seed: int = 0
-    prefill_delay_ms: float = 0.0  # prefill ranks register late: decode sees 503 until then
-    decode_pages: int = 256  # the decode's KV pool (page 0 reserved)
+    failure_rate: Ratio = 0.0
+    fault_seed: Seed = 0
+    prefill_delay_ms: Millis = 0.0  # prefill ranks register late: decode sees 503 until then
+    decode_pages: Pages = 256  # the decode's KV pool (page 0 reserved)
 
     def configs(self):
         cfg, workload = super().configs()

@@ -12,7 +12,9 @@ import statistics
 import sys
 import time
 
+from engine.config import MODES
 from engine.inject import DECODE_MUTANTS, MUTANTS
+from spec import domains as d
 
 from . import (
     CampaignStats,
@@ -38,6 +40,8 @@ MUTANT_MODE = {m: "ahead" for m in MUTANTS}
 # (checker.fuzz.draw_pd_case: workload, loops, DP ranks, decode knobs, client aborts, memory
 # release, bootstrap latency and failures), the same draw for all six.
 ALL_MUTANTS = {**MUTANTS, **DECODE_MUTANTS}
+INCOMPLETE = 3  # no verdict (engine/cli/exits.py, which imports this module through engine.cli)
+MAX_CASE_REQUESTS = 64  # a case is a small run: hundreds of schedules a minute
 
 
 class Progress:
@@ -104,9 +108,27 @@ def _list_mutants() -> int:
 
 
 def _replay(a) -> int:
+    """Run a saved case under its saved schedule, strictly: a step whose thread is not enabled, or
+    a run that ends before the schedule does, is reported as diverged (exit 3, no verdict: what ran
+    is not the saved run), never judged as if it were."""
     case, schedule, saved = load_case(a.replay)
     model = bool(saved.get("model", False))  # the judges of the run that saved it
-    out = run_case(case, Replay(schedule, strict=False), trace_path=a.trace, model=model)
+    replay = Replay(schedule, strict=True)
+    out = run_case(case, replay, trace_path=a.trace, model=model)
+    step = replay.diverged_at
+    if step is None and len(out.schedule) < len(schedule):
+        step = len(out.schedule)
+    if step is not None:
+        what = (
+            f"{schedule[step]!r} is not enabled there"
+            if replay.diverged_at is not None
+            else "the run ended there"
+        )
+        print(
+            f"replayed {a.replay}: DIVERGED at schedule step {step} of {len(schedule)}: {what}; "
+            "not the saved run, no verdict"
+        )
+        return INCOMPLETE
     print(f"replayed {a.replay}: {len(out.schedule)} steps, {out.events} events")
     if a.trace and isinstance(case, PDCase):
         stem = a.trace[:-6] if a.trace.endswith(".jsonl") else a.trace
@@ -206,8 +228,6 @@ def _campaign(a) -> int:
 
 def _campaign_in(a, pool) -> int:
     prog = Progress(a.schedules, a.progress or sys.stderr.isatty())
-    if (a.num_pages is not None and a.num_pages < 2) or (a.slots is not None and a.slots < 1):
-        return _error("--num-pages must be at least 2 (page 0 is reserved), --slots at least 1")
     stats = CampaignStats(pd=a.pd)
     if a.pd:
         if a.strategy == "dfs":
@@ -248,13 +268,8 @@ def _campaign_in(a, pool) -> int:
 def cmd_fuzz(a) -> int:
     if a.list_mutants:
         return _list_mutants()
-    unknown = [m for m in (a.inject or ()) if m not in ALL_MUTANTS]
-    if unknown:
-        return _error(f"unknown mutant(s) {', '.join(unknown)} (see --list-mutants)")
     if a.inject and not a.mutants and any(m in DECODE_MUTANTS for m in a.inject):
         a.pd = True  # a decode mutant needs the decode side: PD cases
-    if a.jobs < 1:
-        return _error(f"--jobs must be at least 1, got {a.jobs}")
     if a.jobs > 1 and a.strategy == "dfs":
         return _error("--strategy dfs is one sequential search; --jobs needs pct or random")
     if a.replay:
@@ -341,7 +356,7 @@ def register(sub) -> None:
     p = sub.add_parser("fuzz", help="fuzz schedules of the engine (controlled interleavings)")
     p.add_argument(
         "--mode",
-        choices=["normal", "overlap", "thread", "ahead"],
+        choices=MODES,
         default=None,
         help="prefill loop (default ahead; with --pd: drawn per schedule unless given)",
     )
@@ -350,49 +365,69 @@ def register(sub) -> None:
         action="store_true",
         help="fuzz whole PD runs (prefill ranks + bootstrap + decode), a case drawn per schedule",
     )
-    p.add_argument("--inject", action="append", metavar="MUTANT", help="turn on a bug (repeatable)")
+    p.add_argument(
+        "--inject",
+        action="append",
+        type=d.one_of(ALL_MUTANTS, "a mutant (--list-mutants)"),
+        metavar="MUTANT",
+        help="turn on a bug (repeatable)",
+    )
     # dfs: prefill only
     p.add_argument("--strategy", choices=["pct", "random", "dfs"], default="pct")
-    p.add_argument("--schedules", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedules", type=d.integer(1, 1_000_000), default=50)
+    p.add_argument("--seed", type=d.seed(), default=0)
     p.add_argument(
         "--jobs",
-        type=int,
+        type=d.integer(1, 256),
         default=1,
         help="run the schedules in N worker processes (same verdicts and replay command as 1)",
     )
-    p.add_argument("--requests", type=int, default=5)
-    p.add_argument("--hit", type=float, default=0.8)
-    p.add_argument("--workload-seed", type=int, default=0)
+    p.add_argument("--requests", type=d.integer(1, MAX_CASE_REQUESTS), default=5)
+    p.add_argument("--hit", type=d.ratio(), default=0.8)
+    p.add_argument("--workload-seed", type=d.seed(), default=0)
     p.add_argument(
         "--num-pages",
-        type=int,
+        type=d.integer(2, 65536),
         default=None,
         help="KV pool pages (every pool of a PD case); default: drawn per schedule near the "
         "working set",
     )
     p.add_argument(
         "--slots",
-        type=int,
+        type=d.integer(1, 1024),
         default=None,
         help="prefill request slots; default: drawn per schedule, 1 to requests+1",
     )
     p.add_argument(
-        "--replay", metavar="FILE", help="replay a saved case (.case.json or .shrunk.json)"
+        "--replay",
+        type=d.path(),
+        metavar="FILE",
+        help="replay a saved case (.case.json or .shrunk.json), strictly: a schedule step that "
+        "does not fit is reported as diverged (exit 3)",
     )
-    p.add_argument("--trace", metavar="FILE", help="with --replay: write the replayed trace here")
+    p.add_argument(
+        "--trace",
+        type=d.path(),
+        metavar="FILE",
+        help="with --replay: write the replayed trace here",
+    )
     p.add_argument(
         "--mutants",
         action="store_true",
         help="the mutant table: schedules to first kill per mutant",
     )
     p.add_argument(
-        "--seeds", type=int, default=5, help="with --mutants: seeds to take the median over"
+        "--seeds",
+        type=d.integer(1, 1000),
+        default=5,
+        help="with --mutants: seeds to take the median over",
     )
     p.add_argument("--list-mutants", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--progress", action="store_true", help="show progress even when stderr is not a terminal"
     )
-    p.add_argument("--out", default="fuzz-out", help="where failing cases are written")
+    p.add_argument(
+        "--out", type=d.path(), default="fuzz-out", help="where failing cases are written"
+    )
     p.set_defaults(fn=cmd_fuzz)

@@ -23,50 +23,67 @@ import statistics
 import sys
 import tempfile
 
+from spec import domains as d
 from spec.errors import BadInput
 
 from ..child_process import spawn, stop
-from ..config import EngineConfig
+from ..config import MODEL_PRESETS, MODES, EngineConfig
 from ..decode.config import DecodeConfig
 from .record import add_json_arguments, write_json
 from .registry import BENCH, BenchCommand
 from .stats import pct
 
 LATENCIES_MS = (0.5, 2.0, 10.0)
+MAX_ARRIVAL_SPAN_S = 3600.0  # as `pdo run --arrival poisson` (engine/cli/flags.py)
 
 
 def add_decode_arguments(q) -> None:
+    context = MODEL_PRESETS["tiny"].max_context  # the model these runs use (EngineConfig's default)
     q.add_argument(
-        "--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS), help="ms, comma-separated"
+        "--latencies",
+        type=d.listed(d.number(0, 60_000)),
+        default=",".join(f"{x:g}" for x in LATENCIES_MS),
+        help="ms, comma-separated",
     )
-    q.add_argument("--reps", type=int, default=2, help="runs per arm and latency (default 2)")
-    q.add_argument("--requests", type=int, default=24)
-    q.add_argument("--max-new-tokens", type=int, default=24)
     q.add_argument(
-        "--rate", type=float, default=10.0, help="request arrival rate (Poisson), per second"
+        "--reps", type=d.integer(1, 1000), default=2, help="runs per arm and latency (default 2)"
     )
-    q.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
+    q.add_argument("--requests", type=d.integer(1, 100_000), default=24)
+    q.add_argument("--max-new-tokens", type=d.integer(1, context), default=24)
+    q.add_argument(
+        "--rate",
+        type=d.number(0, 1e9, above=True),
+        default=10.0,
+        help=f"request arrival rate (Poisson), per second (--requests / --rate at most "
+        f"{MAX_ARRIVAL_SPAN_S:g} s)",
+    )
+    q.add_argument(
+        "--prompt-len",
+        type=d.span(1, context),
+        default="24:160",
+        help="MIN:MAX prompt tokens (with --max-new-tokens, within the model's context)",
+    )
     q.add_argument(
         "--prefill-launch-cost-us",
-        type=float,
+        type=d.number(0, 1e6),
         default=200000.0,
         help="prefill host time per layer launch (EngineConfig.launch_cost_us, GIL "
         "released): the default makes a prefill iteration ~0.4 s, a large model's "
         "prefill step",
     )
-    q.add_argument("--dp", type=int, default=2)
-    q.add_argument("--mode", default="normal", help="prefill loop")
+    q.add_argument("--dp", type=d.integer(1, 32), default=2)
+    q.add_argument("--mode", choices=MODES, default="normal", help="prefill loop")
     q.add_argument("--decode-mode", choices=["normal", "overlap"], default="overlap")
     q.add_argument(
         "--polling-interval",
-        type=int,
+        type=d.integer(1, 1000),
         default=1,
         help="decode polls its prealloc queue every N iterations (SGLang's "
         "--disaggregation-decode-polling-interval)",
     )
     q.add_argument(
         "--recv-wait-us",
-        type=float,
+        type=d.number(0, 1e7),
         default=17000.0,
         help="decode's wait in request intake per iteration, between the loop top and "
         "the consumption point (default: the design text's measured prefetch lead, "
@@ -74,20 +91,33 @@ def add_decode_arguments(q) -> None:
     )
     q.add_argument("--latency-scope", choices=["all", "query_dp_ranks"], default="all")
     add_json_arguments(q)
+    q.set_defaults(validate=validate_decode)
+
+
+def validate_decode(a, _argv) -> None:
+    """What spans the options: a request fits the model, the arrivals end within a bound."""
+    context = MODEL_PRESETS["tiny"].max_context
+    if a.prompt_len[1] + a.max_new_tokens > context:
+        raise BadInput(
+            f"--prompt-len {a.prompt_len[1]} + --max-new-tokens {a.max_new_tokens}: more than the "
+            f"model's context ({context} tokens)"
+        )
+    if a.requests / a.rate > MAX_ARRIVAL_SPAN_S:
+        raise BadInput(
+            f"--rate {a.rate:g}: {a.requests} arrivals would take {a.requests / a.rate:.3g} s on "
+            f"average, more than {MAX_ARRIVAL_SPAN_S:g} s"
+        )
 
 
 def cmd_decode(a) -> int:
-    lat = [float(x) for x in a.latencies.split(",") if x.strip()]
-    if not lat or any(x < 0 for x in lat) or a.reps < 1 or a.requests < 1:
-        raise BadInput("--latencies must be non-negative numbers, --reps and --requests >= 1")
-    lo, _, hi = a.prompt_len.partition(":")
+    lat = [float(x) for x in a.latencies.split(",") if x.strip()]  # domain: spec/domains.py
     res = bench_decode(
         latencies_ms=lat,
         reps=a.reps,
         requests=a.requests,
         max_new_tokens=a.max_new_tokens,
         rate=a.rate,
-        prompt_len=(int(lo), int(hi or lo)),
+        prompt_len=a.prompt_len,
         launch_cost_us=a.prefill_launch_cost_us,
         dp=a.dp,
         mode=a.mode,

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import sys
 
+from spec import domains as d
 from spec.errors import BadInput
 
+from ..config import MODEL_PRESETS
 from .progress import Progress
+
+MAX_CONTEXT = max(m.max_context for m in MODEL_PRESETS.values())
+MAX_POOL_TOKENS = 1 << 20  # as `pdo run` (engine/cli/flags.py)
+COST_US = d.number(0, 1e6)
 
 
 def floats(s: str) -> tuple[float, ...]:
@@ -19,10 +25,15 @@ def floats(s: str) -> tuple[float, ...]:
 
 def add_engine_knobs(p) -> None:
     g = p.add_argument_group("engine and workload")
-    g.add_argument("--model", choices=["tiny", "large"], default="tiny")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--model", choices=list(MODEL_PRESETS), default="tiny")
     g.add_argument(
-        "--dtype", default=None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)"
+        "--device", type=d.device(), default=None, help="cpu or cuda (default: cuda if available)"
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="model dtype (default: bfloat16 on cuda, float32 on cpu)",
     )
     g.add_argument(
         "--attention-backend",
@@ -31,31 +42,36 @@ def add_engine_knobs(p) -> None:
         help="auto: torch on cpu, the Triton kernels on cuda",
     )
     g.add_argument(
-        "--num-pages", type=int, default=512, help="KV pool pages (of --page-size tokens)"
+        "--num-pages",
+        type=d.integer(2, MAX_POOL_TOKENS),
+        default=512,
+        help="KV pool pages (of --page-size tokens)",
     )
-    g.add_argument("--page-size", type=int, default=16)
-    g.add_argument("--max-batch-reqs", type=int, default=16)
+    g.add_argument("--page-size", type=d.integer(1, MAX_CONTEXT), default=16)
+    g.add_argument("--max-batch-reqs", type=d.integer(1, 1024), default=16)
     g.add_argument(
         "--admission-cost-us",
-        type=float,
+        type=COST_US,
         default=0.0,
         help="extra host work per admitted request (a heavier scheduler)",
     )
     g.add_argument(
         "--launch-cost-us",
-        type=float,
+        type=COST_US,
         default=None,
         help="host time per layer launch inside run_batch (eager launch overhead); "
         "default: 0 for trace-overhead, 1000 for prefill on cpu, 0 on cuda "
         "(see docs/benchmarks.md)",
     )
-    g.add_argument("--max-batch-tokens", type=int, default=256)
-    g.add_argument("--chunk-size", type=int, default=128)
-    g.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
-    g.add_argument("--groups", type=int, default=3)
+    g.add_argument("--max-batch-tokens", type=d.integer(1, MAX_POOL_TOKENS), default=256)
+    g.add_argument("--chunk-size", type=d.integer(1, MAX_CONTEXT), default=128)
+    g.add_argument(
+        "--prompt-len", type=d.span(1, MAX_CONTEXT), default="24:160", help="MIN:MAX prompt tokens"
+    )
+    g.add_argument("--groups", type=d.integer(1, 100_000), default=3)
     g.add_argument(
         "--switch-interval-us",
-        type=float,
+        type=d.number(0, 1e6, above=True),
         default=None,
         help="sys.setswitchinterval for the whole benchmark (default: Python's, 5000)",
     )
@@ -66,7 +82,7 @@ def engine_workload(a, default_launch: float) -> tuple[dict, dict]:
     launch cost on the CPU device when --launch-cost-us is not given."""
     import torch  # lazy: torch is slow to import, and every pdo command loads this module
 
-    lo, _, hi = a.prompt_len.partition(":")
+    check_knobs(a)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BadInput(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
@@ -89,8 +105,23 @@ def engine_workload(a, default_launch: float) -> tuple[dict, dict]:
         "page_size": a.page_size,
         "max_batch_reqs": a.max_batch_reqs,
     }
-    workload = {"prompt_len": (int(lo), int(hi or lo)), "groups": a.groups}
+    workload = {"prompt_len": a.prompt_len, "groups": a.groups}
     return engine, workload
+
+
+def check_knobs(a) -> None:
+    """What spans the knobs: a prompt and a chunk fit the model's context, a bounded KV pool."""
+    context = MODEL_PRESETS[a.model].max_context
+    if a.prompt_len[1] >= context or a.chunk_size > context:
+        raise BadInput(
+            f"--prompt-len {a.prompt_len[1]} / --chunk-size {a.chunk_size}: the {a.model} model's "
+            f"context is {context} tokens"
+        )
+    if a.num_pages * a.page_size > MAX_POOL_TOKENS:
+        raise BadInput(
+            f"--num-pages {a.num_pages} x --page-size {a.page_size}: a KV pool of more than "
+            f"{MAX_POOL_TOKENS} tokens"
+        )
 
 
 def progress_of(a) -> Progress:

@@ -8,11 +8,19 @@ from __future__ import annotations
 import sys
 import time
 
+from spec import domains as d
 from spec.errors import BadInput
 
 from ..config import MODES, EngineConfig
 from ..trace import Tracer
-from .knobs import add_engine_knobs, apply_switch_interval, engine_workload, floats, progress_of
+from .knobs import (
+    add_engine_knobs,
+    apply_switch_interval,
+    check_knobs,
+    engine_workload,
+    floats,
+    progress_of,
+)
 from .prefill_chart import format_prefill_table, plot_prefill
 from .progress import Progress
 from .record import add_json_arguments, machine, now, write_json
@@ -283,22 +291,33 @@ def add_prefill_arguments(q) -> None:
         "--quick", action="store_true", help="a small version (under two minutes on two cores)"
     )
     q.add_argument(
-        "--reps", type=int, default=None, help="rounds of A B C D per hit (default 9; quick 3)"
+        "--reps",
+        type=d.integer(1, 100_000),
+        default=None,
+        help="rounds of A B C D per hit (default 9; quick 3)",
     )
     q.add_argument(
         "--requests",
-        type=int,
+        type=d.integer(1, 100_000),
         default=None,
         help="requests per run (default 1000, steady state; quick 160)",
     )
     q.add_argument(
-        "--hits", default=None, help="prefix-hit ratios, comma-separated (default 0,0.5,0.8)"
+        "--hits",
+        type=d.listed(d.ratio()),
+        default=None,
+        help="prefix-hit ratios, comma-separated (default 0,0.5,0.8)",
     )
-    q.add_argument("--modes", default=None, help="loop modes, comma-separated (default all four)")
+    q.add_argument(
+        "--modes",
+        type=d.listed(d.one_of(MODES, "a loop mode")),
+        default=None,
+        help="loop modes, comma-separated (default all four)",
+    )
     add_engine_knobs(q)
     q.add_argument(
         "--gil-free-device",
-        type=float,
+        type=d.number(0, 10_000),
         metavar="MS",
         default=None,
         help="what-if: replace the model's forward by a GIL-free wait of MS ms per full "
@@ -306,11 +325,15 @@ def add_prefill_arguments(q) -> None:
     )
     add_json_arguments(q)
     q.add_argument(
-        "--png", metavar="FILE", help="write a chart (ratios vs thread, overlap efficiency)"
+        "--png",
+        type=d.path(".png", ".svg", ".pdf"),
+        metavar="FILE",
+        help="write a chart (ratios vs thread, overlap efficiency)",
     )
     q.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a TTY"
     )
+    q.set_defaults(validate=lambda a, _argv: check_knobs(a))
 
 
 BENCH.register("prefill")(

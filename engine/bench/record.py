@@ -9,6 +9,8 @@ import json
 import os
 import platform
 
+from spec.domains import path
+
 
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
@@ -43,7 +45,9 @@ def add_json_arguments(p) -> None:
     p.add_argument(
         "--json", action="store_true", help="print the results as JSON on stdout (no table)"
     )
-    p.add_argument("--json-out", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument(
+        "--json-out", type=path(), metavar="FILE", help="also write the results as JSON to FILE"
+    )
 
 
 def write_json(a, res: dict) -> None:

@@ -9,10 +9,18 @@ import tempfile
 import threading
 import time
 
+from spec import domains as d
+
 from .. import hb
 from ..config import MODES, EngineConfig
 from ..trace import NullTracer, Tracer
-from .knobs import add_engine_knobs, apply_switch_interval, engine_workload, progress_of
+from .knobs import (
+    add_engine_knobs,
+    apply_switch_interval,
+    check_knobs,
+    engine_workload,
+    progress_of,
+)
 from .progress import Progress
 from .record import add_json_arguments, machine, now, write_json
 from .registry import BENCH, BenchCommand
@@ -341,18 +349,21 @@ def add_trace_overhead_arguments(t) -> None:
     t.add_argument("--mode", choices=list(MODES), default="ahead")
     t.add_argument(
         "--reps",
-        type=int,
+        type=d.integer(1, 100_000),
         default=None,
         help="on/off pairs (default 400, ~4 min here: fewer rarely resolve a ~1%% "
         "overhead against 3%%; quick 6)",
     )
     t.add_argument(
-        "--requests", type=int, default=None, help="requests per run (default 200; quick 120)"
+        "--requests",
+        type=d.integer(1, 100_000),
+        default=None,
+        help="requests per run (default 200; quick 120)",
     )
     add_engine_knobs(t)
     t.add_argument(
         "--gil-free-device",
-        type=float,
+        type=d.number(0, 10_000),
         metavar="MS",
         default=None,
         help="what-if, as for prefill: the forward a GIL-free wait of MS ms per full batch",
@@ -364,6 +375,7 @@ def add_trace_overhead_arguments(t) -> None:
     )
     add_json_arguments(t)
     t.add_argument("--progress", action="store_true")
+    t.set_defaults(validate=lambda a, _argv: check_knobs(a))
 
 
 BENCH.register("trace-overhead")(

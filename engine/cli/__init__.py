@@ -1,10 +1,15 @@
 """`pdo`: the command-line entry point. One registry of sub-commands (COMMANDS), each entry the
 function that adds its parser(s) to `pdo`'s sub-parsers and sets `fn` on them.
 
+Every option has a declared domain (spec/domains.py), checked as argparse parses it; then the
+sub-command's `validate` (set with set_defaults) checks what spans options (a `--kill` role against
+`--dp`, a prompt that must fit the model), before anything runs.
+
 Exit codes (engine/cli/exits.py, README "Exit codes"): bad input -- a BadInput (spec/errors.py),
 a TraceFormatError, an engine ConfigError, an OSError (a file that cannot be opened), an argparse
-error -- prints one line and exits 2; any other exception is a bug in pdo: one line saying so, exit
-70, and the traceback only with `pdo --debug` (or PDO_DEBUG=1)."""
+error -- prints one line and exits 2; a run that failed (a PD role's PDError, an engine's
+EngineError: stuck or failed) one line and exit 1; any other exception is a bug in pdo: one line
+saying so, exit 70, and the traceback only with `pdo --debug` (or PDO_DEBUG=1)."""
 
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ try:  # Ctrl-C while pdo starts (these imports take a second): exit 130, no trac
     import engine.sglang.conform
     import spec.cli
     from engine.decode.config import PDError
-    from engine.errors import ConfigError
+    from engine.errors import ConfigError, EngineError
     from spec.errors import BadInput
     from spec.registry import Registry
 
@@ -32,6 +37,8 @@ except KeyboardInterrupt:
 
 # The bad input classes, named explicitly: anything else escaping a sub-command is a bug in pdo.
 BAD_INPUT_TYPES = (BadInput, ConfigError, OSError)
+# A run that failed: a role of a PD run, or the engine itself (stuck, a failed transfer).
+FAILED_RUN_TYPES = (PDError, EngineError)
 
 EXIT_CODES_HELP = (
     "exit codes: 0 pass, 1 violation or failed run, 2 bad input, 3 no verdict (incomplete), "
@@ -53,8 +60,18 @@ COMMANDS.register("spec")(spec.cli.register)  # table | prove | docs
 COMMANDS.register("conform")(engine.sglang.conform.register)  # imports SGLang only when it runs
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown option, a value outside its domain) in one line, exit 2;
+    every sub-parser is one too (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(
+            exits.BAD_INPUT, f"{self.prog}: error: {_one_line(message)} ({self.prog} --help)\n"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pdo",
         description="pd-overlap: run the instrumented engine, check its traces.",
         epilog=EXIT_CODES_HELP,
@@ -71,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in walk_parsers(parser):  # every sub-command's --help names the exit codes
         if p is not parser:
             p.epilog = f"{p.epilog}\n\n{EXIT_CODES_HELP}" if p.epilog else EXIT_CODES_HELP
+            # an unrecognized argument is reported by the sub-command that was given it
+            p.set_defaults(error=p.error)
     return parser
 
 
@@ -85,38 +104,53 @@ def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
                 yield from walk_parsers(sub, (*path, name))
 
 
-def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
-    """`pdo argv...`; `parser` is build_parser()'s, for a caller that runs many commands. SIGINT
-    anywhere in it (building the parser included) exits 130 without a traceback."""
+def main(
+    argv: list[str] | None = None,
+    *,
+    parser: argparse.ArgumentParser | None = None,
+    validate_only: bool = False,
+) -> int:
+    """`pdo argv...`; `parser` is build_parser()'s, for a caller that runs many commands.
+    `validate_only`: parse and validate the command line (every check that precedes running), then
+    return OK without running anything (what the tests of the option domains call). SIGINT anywhere
+    in it (building the parser included) exits 130 without a traceback."""
     try:
-        return _main(argv, parser)
+        return _main(argv, parser, validate_only)
     except KeyboardInterrupt:
         return exits.INTERRUPTED
 
 
-def _main(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
+def _main(
+    argv: list[str] | None, parser: argparse.ArgumentParser | None, validate_only: bool
+) -> int:
     parser = parser or build_parser()
     if argv is None:
         argv = sys.argv[1:]
         # `pdo check t.jsonl | head` ends quietly, like any Unix tool
         if hasattr(signal, "SIGPIPE"):
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    args, unrecognized = parser.parse_known_args(argv)
-    if unrecognized:  # with the sub-command's own usage where it sets `error` (`pdo bootstrap`)
-        getattr(args, "error", parser.error)(f"unrecognized arguments: {' '.join(unrecognized)}")
-    # A sub-command may refuse a command line that parses (`pdo run`: PD-only flags without --pd).
-    refuse = getattr(args, "refuse", None)
-    rest = argv[argv.index(args.cmd) + 1 :] if args.cmd in argv else argv[1:]
-    reason = refuse(args, rest) if refuse is not None else None
-    if reason:
-        print(f"pdo {args.cmd}: error: {reason}", file=sys.stderr)
-        return exits.BAD_INPUT
     try:
+        args, unrecognized = parser.parse_known_args(argv)
+        if unrecognized:  # by the innermost sub-command's parser (its `error`)
+            getattr(args, "error", parser.error)(
+                f"unrecognized arguments: {' '.join(unrecognized)}"
+            )
+    except SystemExit as exc:  # argparse: --help (0), or a value outside its domain (2, one line)
+        return exc.code
+    # A sub-command checks what spans options (`pdo run`: PD-only flags without --pd, a --kill
+    # role against --dp): BadInput, before anything runs.
+    validate = getattr(args, "validate", None)
+    rest = argv[argv.index(args.cmd) + 1 :] if args.cmd in argv else argv[1:]
+    try:
+        if validate is not None:
+            validate(args, rest)
+        if validate_only:
+            return exits.OK
         return args.fn(args)
     except BAD_INPUT_TYPES as exc:  # one line, never a traceback, for what the user can cause
         print(f"pdo {args.cmd}: error: {exc}", file=sys.stderr)
         return exits.BAD_INPUT
-    except PDError as exc:  # a role of a PD run failed or timed out: the run failed
+    except FAILED_RUN_TYPES as exc:  # a PD role or the engine failed, or timed out: the run failed
         print(f"pdo {args.cmd}: error: {_one_line(exc)}", file=sys.stderr)
         return exits.FAILED
     except Exception as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from spec import domains as d
+
 from ..bootstrap_faults import FAILURE_STATUSES, LATENCY_SCOPES
 
 
@@ -13,26 +15,31 @@ def register(sub) -> None:
         help="run the bootstrap HTTP server alone",
         description="Run the PD bootstrap server.",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", type=d.text(), default="127.0.0.1")
     p.add_argument(
-        "--port", type=int, default=8998, help="0 picks a free port (default: 8998, as SGLang)"
+        "--port",
+        type=d.integer(0, 65535),
+        default=8998,
+        help="0 picks a free port (default: 8998, as SGLang)",
     )
-    p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to requests")
+    p.add_argument(
+        "--latency-ms", type=d.number(0, 60_000), default=0.0, help="delay added to requests"
+    )
     p.add_argument("--latency-scope", choices=LATENCY_SCOPES, default="all")
     p.add_argument(
-        "--failure-rate", type=float, default=0.0, help="fraction of query_dp_ranks that fail"
+        "--failure-rate", type=d.ratio(), default=0.0, help="fraction of query_dp_ranks that fail"
     )
     p.add_argument("--failure-status", type=int, choices=FAILURE_STATUSES, default=503)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=d.seed(), default=0)
     p.add_argument(
         "--expected-ranks",
-        type=int,
+        type=d.integer(1, 1024),
         default=None,
         help="ranks to wait for before publishing parallel info (default: from topology)",
     )
     p.add_argument(
         "--room-ttl-s",
-        type=float,
+        type=d.number(0, 1e7),
         default=120.0,
         help="forget a room's dp_rank after this long; 0 keeps them (default: 120, as SGLang)",
     )

@@ -8,6 +8,7 @@ import json
 from checker import refine
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
+from spec import domains as d
 from spec.errors import BadInput
 
 from . import exits
@@ -15,7 +16,7 @@ from . import exits
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
-    p.add_argument("traces", nargs="+", metavar="TRACE")
+    p.add_argument("traces", nargs="+", type=d.path(), metavar="TRACE")
     p.add_argument("--json", action="store_true", help="print the reports as one JSON array")
     p.add_argument(
         "--engine", choices=["linear", "z3"], default="linear", help="checker (default: linear)"
@@ -29,6 +30,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--perfetto",
+        type=d.path(),
         metavar="OUT",
         help="also write the trace as Chrome trace-event "
         "JSON, violations highlighted (ui.perfetto.dev)",

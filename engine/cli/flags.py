@@ -1,72 +1,123 @@
-"""The engine and workload flags of `pdo run` and `pdo launch`, and the configs built from them."""
+"""The engine and workload flags of `pdo run` and `pdo launch`, and the configs built from them.
+
+Each flag has a declared domain (spec/domains.py); build_configs then checks what spans flags
+(a prompt that fits the model, a pool of bounded size, arrivals within MAX_ARRIVAL_SPAN_S, a CUDA
+device this torch has), so that every value that parses runs, with a bound."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..config import EngineConfig, mode_from_env
+from spec import domains as d
+from spec.errors import BadInput
+
+from ..config import MODEL_PRESETS, MODES, EngineConfig, mode_from_env
+from ..inject import DECODE_MUTANTS, MUTANTS
+
+# The limits of a run's size: each bounds a value the engine allocates or waits for up front.
+MAX_REQUESTS = 100_000
+MAX_POOL_TOKENS = 1 << 20  # --num-pages x --page-size: the KV pool allocated at start
+# Poisson arrivals: the mean time to the last arrival (--requests / --rate) may be at most this, so
+# that a tiny rate (1e-9) is refused instead of running for ever.
+MAX_ARRIVAL_SPAN_S = 3600.0
+MAX_CONTEXT = max(m.max_context for m in MODEL_PRESETS.values())
+DTYPES = ("float32", "bfloat16", "float16")
+COST_US = d.number(0, 1e6)  # modelled host work: at most one second per admission or launch
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument(
         "--mode",
-        choices=["normal", "overlap", "thread", "ahead"],
+        choices=MODES,
         default=None,
         help="prefill loop (default: from SGLANG_ENABLE_PREFILL_FWD_THREAD / "
         "SGLANG_PREFILL_FWD_THREAD_AHEAD, else ahead)",
     )
-    g.add_argument("--model", choices=["tiny", "large"], default="tiny")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--model", choices=list(MODEL_PRESETS), default="tiny")
     g.add_argument(
-        "--dtype", default=None, help="float32 (CPU default), bfloat16 (CUDA default), float16"
+        "--device", type=d.device(), default=None, help="cpu or cuda (default: cuda if available)"
+    )
+    g.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="float32 (CPU default), bfloat16 (CUDA default), float16",
     )
     g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
-    g.add_argument("--page-size", type=int, default=16)
-    g.add_argument("--num-pages", type=int, default=512)
-    g.add_argument("--chunk-size", type=int, default=128)
-    g.add_argument("--max-batch-tokens", type=int, default=256)
+    g.add_argument("--page-size", type=d.integer(1, MAX_CONTEXT), default=16)
+    g.add_argument(
+        "--num-pages",
+        type=d.integer(2, MAX_POOL_TOKENS),
+        default=512,
+        help=f"KV pool pages, page 0 reserved (pages x page size at most {MAX_POOL_TOKENS} tokens)",
+    )
+    g.add_argument("--chunk-size", type=d.integer(1, MAX_CONTEXT), default=128)
+    g.add_argument("--max-batch-tokens", type=d.integer(1, MAX_POOL_TOKENS), default=256)
     g.add_argument(
         "--admission-cost-us",
-        type=float,
+        type=COST_US,
         default=0.0,
         help="extra host work per admitted request (models a heavier scheduler)",
     )
     g.add_argument(
         "--launch-cost-us",
-        type=float,
+        type=COST_US,
         default=0.0,
         help="host time per layer launch inside run_batch (models eager CUDA launch overhead)",
     )
-    g.add_argument("--seed", type=int, default=0, help="model seed")
+    g.add_argument("--seed", type=d.seed(), default=0, help="model seed")
     g.add_argument(
         "--inject",
         action="append",
+        type=d.one_of([*MUTANTS, *DECODE_MUTANTS], "a mutant"),
         default=[],
         metavar="MUTANT",
         help="turn on a realistic bug (see `pdo fuzz --list-mutants`)",
     )
     w = p.add_argument_group("workload")
-    w.add_argument("--requests", type=int, default=24)
-    w.add_argument("--prompt-len", default="24:160", help="MIN:MAX prompt tokens")
+    w.add_argument("--requests", type=d.integer(1, MAX_REQUESTS), default=24)
     w.add_argument(
-        "--hit", type=float, default=0.8, help="prefix-hit ratio (the design text measured at 0.8)"
+        "--prompt-len",
+        type=d.span(1, MAX_CONTEXT),
+        default="24:160",
+        help="MIN:MAX prompt tokens (at most the model's context, less --max-new-tokens)",
     )
-    w.add_argument("--groups", type=int, default=3, help="distinct shared prefixes")
+    w.add_argument(
+        "--hit",
+        type=d.ratio(),
+        default=0.8,
+        help="prefix-hit ratio (the design text measured at 0.8)",
+    )
+    w.add_argument(
+        "--groups", type=d.integer(1, MAX_REQUESTS), default=3, help="distinct shared prefixes"
+    )
     w.add_argument("--arrival", choices=["burst", "poisson"], default="burst")
-    w.add_argument("--rate", type=float, default=2000.0, help="requests/s for poisson arrival")
-    w.add_argument("--workload-seed", type=int, default=0)
+    w.add_argument(
+        "--rate",
+        type=d.number(0, 1e9, above=True),
+        default=2000.0,
+        help="requests/s for poisson arrival "
+        f"(--requests / --rate at most {MAX_ARRIVAL_SPAN_S:g} s)",
+    )
+    w.add_argument("--workload-seed", type=d.seed(), default=0)
 
 
-def build_configs(args: argparse.Namespace):
-    """(EngineConfig, WorkloadConfig) from the flags of add_engine_args."""
+def build_configs(args: argparse.Namespace, *, max_new_tokens: int = 1):
+    """(EngineConfig, WorkloadConfig) from the flags of add_engine_args; BadInput (naming the
+    flag) for flags that do not go together."""
     import torch  # lazy: start-up time (torch); `pdo --help` imports this module
 
     from ..workload import WorkloadConfig  # lazy: start-up time (engine.request imports torch)
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if cuda else "cpu")
+    if device.startswith("cuda") and not cuda:
+        raise BadInput(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise BadInput(f"--device {device}: this machine has {torch.cuda.device_count()} device(s)")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    lo, _, hi = args.prompt_len.partition(":")
+    check_sizes(args, max_new_tokens)
     cfg = EngineConfig(
         mode=args.mode or mode_from_env("ahead"),
         model=args.model,
@@ -84,7 +135,7 @@ def build_configs(args: argparse.Namespace):
     )
     workload = WorkloadConfig(
         requests=args.requests,
-        prompt_len=(int(lo), int(hi or lo)),
+        prompt_len=args.prompt_len,
         hit=args.hit,
         groups=args.groups,
         arrival=args.arrival,
@@ -94,12 +145,35 @@ def build_configs(args: argparse.Namespace):
     return cfg, workload
 
 
+def check_sizes(args: argparse.Namespace, max_new_tokens: int) -> None:
+    """What spans flags: a request (prompt and new tokens) and a chunk fit the model's context, the
+    KV pool has a bounded size, poisson arrivals end within MAX_ARRIVAL_SPAN_S on average."""
+    context = MODEL_PRESETS[args.model].max_context
+    if args.prompt_len[1] + max_new_tokens > context:
+        raise BadInput(
+            f"--prompt-len {args.prompt_len[0]}:{args.prompt_len[1]}: a request of the {args.model} "
+            f"model holds at most {context} tokens, {max_new_tokens} of them generated"
+        )
+    if args.chunk_size > context:
+        raise BadInput(f"--chunk-size {args.chunk_size}: more than the model's context ({context})")
+    if args.num_pages * args.page_size > MAX_POOL_TOKENS:
+        raise BadInput(
+            f"--num-pages {args.num_pages} x --page-size {args.page_size}: a KV pool of more than "
+            f"{MAX_POOL_TOKENS} tokens"
+        )
+    if args.arrival == "poisson" and args.requests / args.rate > MAX_ARRIVAL_SPAN_S:
+        raise BadInput(
+            f"--rate {args.rate:g}: {args.requests} poisson arrivals would take "
+            f"{args.requests / args.rate:.3g} s on average, more than {MAX_ARRIVAL_SPAN_S:g} s"
+        )
+
+
 def add_flight_args(p: argparse.ArgumentParser) -> None:
     """The flight recorder's flags (docs/trace-format.md, "Truncated traces")."""
     g = p.add_argument_group("flight recorder (with --trace)")
     g.add_argument(
         "--watchdog-s",
-        type=float,
+        type=d.number(0, 86400, above=True),
         default=None,
         metavar="S",
         help="log a `stall` event (every thread's state and stack) when no event was logged for S "
@@ -113,7 +187,7 @@ def add_flight_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--trace-flush-ms",
-        type=float,
+        type=d.number(0, 60_000, above=True),
         default=None,
         metavar="MS",
         help="write the streamed trace at least every MS ms (default 50): what a SIGKILL can lose",
@@ -121,10 +195,8 @@ def add_flight_args(p: argparse.ArgumentParser) -> None:
 
 
 def watchdog_of(args: argparse.Namespace) -> dict | None:
-    if args.watchdog_s is None:
+    if args.watchdog_s is None:  # its domain (> 0) was checked as it was parsed
         return None
-    if args.watchdog_s <= 0:
-        raise ValueError("--watchdog-s: expected a positive number of seconds")
     return {"seconds": args.watchdog_s, "on_stall": args.on_stall}
 
 

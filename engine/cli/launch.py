@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from spec import domains as d
 from spec.errors import BadInput
 
 from .. import bootstrap_client
@@ -43,16 +44,20 @@ def register(sub) -> None:
     add_pd_args(p, launch=True)
     p.add_argument(
         "--trace-dir",
+        type=d.path(),
         metavar="DIR",
         help="write each process's trace and summary here "
         "(default: a temporary directory, removed)",
     )
     p.add_argument(
-        "--timeout-s", type=float, default=120.0, help="give up (and stop every process) after this"
+        "--timeout-s",
+        type=d.number(0, 86400, above=True),
+        default=120.0,
+        help="give up (and stop every process) after this",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_flight_args(p)
-    p.set_defaults(fn=cmd_launch)
+    p.set_defaults(fn=cmd_launch, validate=lambda args, _argv: configs_from_args(args))
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

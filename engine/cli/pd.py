@@ -7,11 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from spec import domains as d
 from spec.errors import BadInput
 
 from ..decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
 from .exits import FAILED, OK
-from .flags import build_configs, exit_on_sigterm
+from .flags import MAX_CONTEXT, build_configs, exit_on_sigterm
+
+MAX_DP = 32  # prefill DP ranks (`pdo launch` starts a process for each)
+SECONDS = d.number(0, 86400, above=True)  # a timeout: more than 0, at most a day
+LATENCY_MS = d.number(0, 60_000)
 
 # The run flags that open the window a prefetch can serve (docs/decode.md, "When the prefetch
 # serves"): requests that arrive while decode is busy, an intake wait between the loop top and the
@@ -31,10 +36,11 @@ def add_pd_args(p: argparse.ArgumentParser, *, launch: bool = False) -> None:
         )
         g.add_argument(
             "--bootstrap-url",
+            type=d.url(),
             metavar="URL",
             help="use this bootstrap server (pdo bootstrap) instead of starting one in process",
         )
-    g.add_argument("--dp", type=int, default=1, help="prefill DP ranks")
+    g.add_argument("--dp", type=d.integer(1, MAX_DP), default=1, help="prefill DP ranks")
     g.add_argument(
         "--router", choices=ROUTERS, default="round_robin", help="request → DP rank (seeded)"
     )
@@ -47,38 +53,47 @@ def add_pd_args(p: argparse.ArgumentParser, *, launch: bool = False) -> None:
         help="query DP ranks only at the consumption point (the synchronous baseline)",
     )
     g.add_argument(
-        "--bootstrap-latency-ms", type=float, default=0.0, help="delay the bootstrap server adds"
+        "--bootstrap-latency-ms",
+        type=LATENCY_MS,
+        default=0.0,
+        help="delay the bootstrap server adds",
     )
     g.add_argument("--bootstrap-latency-scope", choices=["all", "query_dp_ranks"], default="all")
     g.add_argument(
         "--decode-polling-interval",
-        type=int,
+        type=d.integer(1, 1000),
         default=1,
         help="poll the prealloc/transfer queues every N iterations (SGLang's "
         "--disaggregation-decode-polling-interval)",
     )
     g.add_argument(
         "--decode-recv-wait-us",
-        type=float,
+        type=d.number(0, 1e7),
         default=0.0,
         help="decode's wait in request intake per iteration (models recv_requests' TP broadcast)",
     )
-    g.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per request")
+    g.add_argument(
+        "--max-new-tokens",
+        type=d.integer(1, MAX_CONTEXT),
+        default=8,
+        help="tokens generated per request",
+    )
     g.add_argument(
         "--decode-bootstrap-timeout-s",
-        type=float,
+        type=SECONDS,
         default=DecodeConfig.bootstrap_timeout_s,
         help="abort a request whose room the bootstrap server still does not know after this "
         "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)",
     )
     g.add_argument(
         "--decode-kv-timeout-s",
-        type=float,
+        type=SECONDS,
         default=DecodeConfig.kv_timeout_s,
         help="abort a request whose KV is still incomplete this long after its receiver init",
     )
     g.add_argument(
         "--kill",
+        type=KILL,
         metavar="ROLE@N",
         help="fault: kill one role at a moment: prefillI@N once rank I sent N KV chunks (0: right "
         "after it registered)"
@@ -102,27 +117,41 @@ def add_no_verify(g) -> None:
     )
 
 
+def _kill_text(text: str) -> str:
+    role, sep, at = text.partition("@")
+    if not sep or not (role in ("bootstrap", "decode") or role.startswith("prefill")):
+        raise ValueError(text)
+    if role.startswith("prefill") and not role[len("prefill") :].isdigit():
+        raise ValueError(text)
+    d.integer(0, 1_000_000_000)(at)
+    return text
+
+
+# Its form here; which roles exist (prefill0..dp-1, and bootstrap and decode under `pdo launch`)
+# parse_kill checks once --dp is known.
+KILL = d.Domain("ROLE@N (prefillI, decode or bootstrap; N in [0, 1e9])", _kill_text)
+
+
 def parse_kill(text: str | None, dp: int, *, launch: bool) -> dict | None:
-    """`--kill ROLE@N` as {"role": ROLE, "at": N}; ValueError naming the flag otherwise. In one
+    """`--kill ROLE@N` as {"role": ROLE, "at": N}; BadInput naming the flag otherwise. In one
     process (`pdo run --pd`) only a prefill rank can be killed."""
     if not text:
         return None
     role, _, at = text.partition("@")
     roles = [*(["bootstrap", "decode"] if launch else []), *(f"prefill{i}" for i in range(dp))]
     if role not in roles or not at.isdigit():
-        raise ValueError(f"--kill: expected ROLE@N with ROLE one of {roles}, got {text!r}")
+        raise BadInput(
+            f"--kill {text}: this run's roles are {', '.join(roles)} (--dp {dp})"
+            + ("" if launch else "; pdo launch kills decode and bootstrap too")
+        )
     return {"role": role, "at": int(at)}
 
 
 def configs_from_args(args: argparse.Namespace):
-    """(EngineConfig, WorkloadConfig, DecodeConfig, run_pd's keyword options) from the flags."""
-    if args.dp < 1:
-        raise BadInput(f"--dp must be >= 1, got {args.dp}")
-    if args.max_new_tokens < 1:
-        raise BadInput(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.bootstrap_latency_ms < 0:
-        raise BadInput(f"--bootstrap-latency-ms must be >= 0, got {args.bootstrap_latency_ms}")
-    cfg, workload = build_configs(args)
+    """(EngineConfig, WorkloadConfig, DecodeConfig, run_pd's keyword options) from the flags;
+    BadInput for flags that do not go together. Each flag's own domain was checked as it was
+    parsed (spec/domains.py)."""
+    cfg, workload = build_configs(args, max_new_tokens=args.max_new_tokens)
     workload.max_new_tokens = args.max_new_tokens
     decode = DecodeConfig(
         loop=args.decode_mode,

@@ -7,9 +7,12 @@ import functools
 import json
 import os
 
+from spec import domains as d
+from spec.errors import BadInput
+
 from .. import hb
 from .flags import add_engine_args, add_flight_args, build_configs, exit_on_sigterm, watchdog_of
-from .pd import add_no_verify, add_pd_args, cmd_run_pd
+from .pd import add_no_verify, add_pd_args, cmd_run_pd, configs_from_args
 
 _UNSET = object()
 
@@ -18,7 +21,9 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run the prefill engine (optionally writing a trace)")
     add_engine_args(p)
     add_pd_args(p)
-    p.add_argument("--trace", metavar="FILE", help="write a pdo-trace (JSON Lines) here")
+    p.add_argument(
+        "--trace", type=d.path(), metavar="FILE", help="write a pdo-trace (JSON Lines) here"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
         "--hb",
@@ -27,7 +32,16 @@ def register(sub) -> None:
     )
     add_no_verify(p)
     add_flight_args(p)
-    p.set_defaults(fn=cmd_run, refuse=functools.partial(refuse_pd_only_flags, p))
+    p.set_defaults(fn=cmd_run, validate=functools.partial(validate_run, p))
+
+
+def validate_run(run_parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> None:
+    """What spans the flags of `pdo run`, before anything runs: BadInput naming the flag."""
+    refuse_pd_only_flags(run_parser, args, argv)
+    if args.pd:
+        configs_from_args(args)
+    else:
+        build_configs(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -98,11 +112,10 @@ def pd_only_flags_given(run_parser: argparse.ArgumentParser, argv: list[str]) ->
 
 def refuse_pd_only_flags(
     run_parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
-) -> str | None:
-    """Why `pdo run` refuses this command line (PD-only options without --pd), or None."""
+) -> None:
+    """BadInput for PD-only options given without --pd (they would be ignored)."""
     if args.pd:
-        return None
+        return
     given = pd_only_flags_given(run_parser, argv)
-    if not given:
-        return None
-    return f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --pd"
+    if given:
+        raise BadInput(f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --pd")

@@ -16,6 +16,7 @@ from ..attention import ExtendMeta, make_backend
 from ..config import EngineConfig
 from ..device import then_log
 from ..digest import DigestStamp
+from ..errors import EngineError
 from ..forward_state import ForwardResult, ForwardState
 from ..memory import KVPool, PrefixCache, ReqToTokenPool
 from ..model import TinyLlama
@@ -48,10 +49,6 @@ EVENTS: dict[str, tuple[str, ...]] = dict(
     store_copied=("rid",),
     store_entry=("rid",),
 )
-
-
-class EngineError(RuntimeError):
-    """A failure that ends the run; the CLI prints its message on one line."""
 
 
 class PrefillScheduler(Admission):

@@ -125,8 +125,8 @@ def test_an_eviction_bug_is_found_only_under_pressure(monkeypatch):
     "argv,what",
     [
         (["--num-pages", "3"], "the largest request needs"),
-        (["--num-pages", "1"], "--num-pages must be at least 2"),
-        (["--pd", "--slots", "0"], "--slots at least 1"),
+        (["--num-pages", "1"], "argument --num-pages: expected an integer in [2, 65536]"),
+        (["--pd", "--slots", "0"], "argument --slots: expected an integer in [1, 1024]"),
     ],
 )
 def test_pdo_fuzz_refuses_pools_that_can_never_finish(capsys, argv, what):

@@ -125,9 +125,9 @@ def test_pdo_run_pd_cli_and_check(tmp_path):
 @pytest.mark.parametrize(
     "argv, reason",
     [
-        (["--dp", "0"], "--dp must be >= 1"),
-        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-        (["--bootstrap-latency-ms", "-1"], "--bootstrap-latency-ms must be >= 0"),
+        (["--dp", "0"], "argument --dp: expected an integer in [1, 32], got '0'"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer in [1, "),
+        (["--bootstrap-latency-ms", "-1"], "argument --bootstrap-latency-ms: expected a finite"),
     ],
 )
 def test_bad_pd_flags_are_one_line_errors(argv, reason):

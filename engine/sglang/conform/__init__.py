@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import sys
 
+from spec import domains as d
+
 from .. import SGLangUnavailable, check_version, range_warning, versions
 
 
@@ -35,18 +37,24 @@ def register(sub) -> None:
     )
     p.add_argument("target", choices=["sglang"], help="the system to check")
     p.add_argument(
-        "--trace-dir", default=None, help="keep the traces here (default: a temporary folder)"
+        "--trace-dir",
+        type=d.path(),
+        default=None,
+        help="keep the traces here (default: a temporary folder)",
     )
     p.add_argument(
         "--scenario",
         action="append",
+        type=d.text(),
         default=None,
         help="run only this scenario (repeatable; a prefix such as 'decode-' selects several)",
     )
-    p.add_argument("--mutant", default=None, help="apply this real-code mutation (see --list)")
+    p.add_argument(
+        "--mutant", type=d.text(), default=None, help="apply this real-code mutation (see --list)"
+    )
     p.add_argument(
         "--fuzz",
-        type=int,
+        type=d.integer(0, 100_000),
         default=0,
         metavar="N",
         help="also run each scenario under N controlled schedules (decode: thread interleavings of "
@@ -54,7 +62,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--fuzz-seed",
-        type=int,
+        type=d.seed(),
         default=None,
         metavar="S",
         help="run each scenario under schedule S only (what a failing --fuzz run prints to replay)",
@@ -64,6 +72,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--sglang-version",
+        type=d.text(),
         default=None,
         metavar="V",
         help="check SGLang release V, installed side by side "
