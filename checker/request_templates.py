@@ -367,13 +367,20 @@ class Delivered(Template):
     """A consumer comes after the completion it needs (spec/z3model/delivery_encodings.py encodes the
     same): without `sends`, some `done` of the rid before each `consumer`; with `sends`, the `done`
     of each of the rid's sends before the consumer (the same `start` where the send carries one),
-    every send completed by the end, and no completion without an earlier send."""
+    every send completed by the end, and no completion without an earlier send. A `failed` of the
+    rid (its transfer ended in failure) completes every send of the rid logged before it."""
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.done, self.consumer = rule["done"], rule["consumer"]
+        self.failed = rule.get("failed")
         self.sends = tuple(rule.get("sends") or ())
-        self.events = (self.done, self.consumer, *self.sends)
+        self.events = (
+            self.done,
+            self.consumer,
+            *self.sends,
+            *([self.failed] if self.failed else []),
+        )
         self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
         self.completed: dict = {}  # rid -> {start: seq of the first completion}
 
@@ -381,6 +388,8 @@ class Delivered(Template):
         ev, rid = e["ev"], e["rid"]
         if ev == self.done:
             self._done(e, rid)
+        elif ev == self.failed:
+            self._failed(e, rid)
         elif ev == self.consumer:
             self._consumer(e, rid)
         else:
@@ -399,6 +408,12 @@ class Delivered(Template):
                 "that was never made",
                 e["seq"],
             )
+
+    def _failed(self, e, rid):
+        """Every send of the rid so far is over: completed, though not delivered."""
+        done = self.completed.setdefault(rid, {})
+        for start in self.sent.get(rid, {}):
+            done.setdefault(start, e["seq"])
 
     def _consumer(self, e, rid):
         self.checks += 1

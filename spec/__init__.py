@@ -53,7 +53,7 @@ PARAMS: dict[str, dict[str, str]] = {
     "in_span": {"ev": "event", "span": "span"},
     "each_in_span": {"ev": "event", "span": "span"},
     "chunk_sent": {"sends": "events", "done": "event", "started": "event", "release": "event"},
-    "delivered": {"done": "event", "consumer": "event", "sends?": "events"},
+    "delivered": {"done": "event", "consumer": "event", "sends?": "events", "failed?": "event"},
     # decode and cross-process kinds (spec/decode_rules.toml, checker/decode_templates.py)
     "prefetch_top": {"thread?": "thread"},
     **{

@@ -453,7 +453,8 @@ def _expect_delivery(st: _State, sender, fields: dict) -> None:
 
 def _polls(sink, wrapped, module, args, kwargs):
     """The senders' own poll() answers, as the scheduler collects them before its all-reduce: a
-    sender that answers Success has delivered every chunk handed to it (kv_delivered each)."""
+    sender that answers Success has delivered every chunk handed to it (kv_delivered each); one that
+    answers Failed has ended its transfer without delivering (kv_failed, once per request)."""
     pollers = list(args[0] if args else kwargs["pollers"])
     polls = wrapped(*args, **kwargs)
     if not _in_loop():
@@ -461,12 +462,18 @@ def _polls(sink, wrapped, module, args, kwargs):
     from sglang.srt.disaggregation.base import KVPoll  # lazy: SGLang is optional
 
     st = _state(sink)
+    ended = (int(KVPoll.Success), int(KVPoll.Failed))
     for poller, state in zip(pollers, polls):
         entry = st.undelivered.get(id(poller))
-        if state == int(KVPoll.Success) and entry is not None and entry[0] is poller:
-            del st.undelivered[id(poller)]
+        if state not in ended or entry is None or entry[0] is not poller:
+            continue
+        del st.undelivered[id(poller)]
+        if state == int(KVPoll.Success):
             for fields in entry[1]:
                 sink.emit("kv_delivered", **fields)
+        else:  # the transfer ended in failure: none of its sends is read after this
+            for rid, obj in dict.fromkeys((f["rid"], f["obj"]) for f in entry[1]):
+                sink.emit("kv_failed", rid=rid, obj=obj)
     return polls
 
 

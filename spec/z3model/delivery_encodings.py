@@ -15,10 +15,19 @@ def _matches(done, send) -> object:
     return True if not isinstance(start, int) else eq(done.f["start"], start)
 
 
+def _ended(send, failures, before=None) -> list:
+    """The rid's failures that end `send`: after it (and before `before`, where given)."""
+    mine = [f for f in failures if f.rid == send.rid]
+    return [
+        conj(f.exists, lt(send, f), *([lt(f, before)] if before is not None else [])) for f in mine
+    ]
+
+
 @ENCODERS.register("delivered")
 def enc_delivered(rule, universe):
     dones = universe.named(rule["done"])
     consumers = universe.named(rule["consumer"])
+    failures = universe.named(rule["failed"]) if rule.get("failed") else []
     sends = [s for name in rule.get("sends") or () for s in universe.named(name)]
     for c in consumers:
         mine = [d for d in dones if d.rid == c.rid]
@@ -26,12 +35,17 @@ def enc_delivered(rule, universe):
             ok = disj(*[conj(d.exists, lt(d, c)) for d in mine])
             yield implies(c.exists, ok), [c, *mine]
             continue
+        fails = [f for f in failures if f.rid == c.rid]
         for s in (s for s in sends if s.rid == c.rid):
-            ok = disj(*[conj(d.exists, lt(d, c), _matches(d, s)) for d in mine])
-            yield implies(conj(s.exists, c.exists, lt(s, c)), ok), [s, c, *mine]
-    for s in sends:  # every send completes, by the end
+            ok = disj(
+                *[conj(d.exists, lt(d, c), _matches(d, s)) for d in mine], *_ended(s, fails, c)
+            )
+            yield implies(conj(s.exists, c.exists, lt(s, c)), ok), [s, c, *mine, *fails]
+    for s in sends:  # every send completes (or fails), by the end
         mine = [d for d in dones if d.rid == s.rid]
-        yield implies(s.exists, disj(*[conj(d.exists, _matches(d, s)) for d in mine])), [s, *mine]
+        fails = [f for f in failures if f.rid == s.rid]
+        ok = disj(*[conj(d.exists, _matches(d, s)) for d in mine], *_ended(s, fails))
+        yield implies(s.exists, ok), [s, *mine, *fails]
     for d in dones if sends else ():  # a completion completes an earlier send
         mine = [s for s in sends if s.rid == d.rid]
         yield (
