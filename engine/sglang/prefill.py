@@ -204,7 +204,8 @@ def _sampling(mode: str) -> str:
     the rule that every batch is sampled after its forward is not applied to inline sampling."""
     from sglang.srt.environ import envs  # lazy: SGLang is optional
 
-    return "deferred" if mode == "overlap" and envs.SGLANG_ENABLE_DELAY_SAMPLE.get() else "inline"
+    switch = getattr(envs, "SGLANG_ENABLE_DELAY_SAMPLE", None)  # before 0.5.18: grammar batches only
+    return "deferred" if mode == "overlap" and switch is not None and switch.get() else "inline"
 
 
 # ---- the middle-chunk counter ---------------------------------------------------------------------

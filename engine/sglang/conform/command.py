@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .. import hooks
-from . import decode_scenarios, driver, mutants
+from . import decode_scenarios, driver, mutants, prefill_scenarios
 
 
 def run(a) -> int:
@@ -84,6 +84,8 @@ def _print_results(sgl, results: list[dict], trace_dir: str) -> None:
     print(hooks.report())
     for name, absent in decode_scenarios.inapplicable(sgl).items():
         print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
+    for name, why in prefill_scenarios.inapplicable().items():
+        print(f"not applicable to SGLang {sgl.version}: {name} ({why})")
 
 
 def _prefill_mutant(sgl, a) -> int:

@@ -195,8 +195,10 @@ class FakeModelWorker:
         tokens = torch.tensor(
             [(7 * n + i) % 200 + 3 for i in range(len(batch.reqs))], dtype=torch.int64
         )
+        delay_sample = getattr(envs, "SGLANG_ENABLE_DELAY_SAMPLE", None)  # from 0.5.18
         deferred = self.enable_overlap and (
-            batch.sampling_info.grammars is not None or envs.SGLANG_ENABLE_DELAY_SAMPLE.get()
+            batch.sampling_info.grammars is not None
+            or (delay_sample is not None and delay_sample.get())
         )
         if deferred:
 

@@ -20,7 +20,7 @@ from spec.registry import Registry
 
 from .prefill_fakes import Arrival
 from .prefill_run import run_workload
-from .prefill_scheduler import Workload
+from .prefill_scheduler import Workload, missing_switches
 
 
 def _chunked_mix() -> list[Arrival]:
@@ -124,6 +124,18 @@ def _scenario(name: str):
     return run
 
 
+def inapplicable() -> dict[str, str]:
+    """Scenario -> why it is not run on this release: a switch its workload turns on that the
+    release lacks."""
+    out = {}
+    for name, (workload, _) in SCENARIOS.items():
+        if missing := missing_switches(workload):
+            out[name] = f"needs {', '.join(missing)}"
+    return out
+
+
 def scenarios() -> list:
-    """[(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", ...})]"""
-    return [(name, _scenario(name)) for name in SCENARIOS]
+    """[(name, run(trace_dir, fuzz_schedule=None) -> {"trace", "functions", ...})] for each
+    scenario this release can run (inapplicable() lists the others)."""
+    skip = inapplicable()
+    return [(name, _scenario(name)) for name in SCENARIOS if name not in skip]

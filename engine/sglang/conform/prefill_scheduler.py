@@ -11,7 +11,9 @@ SCENARIO_LOCK.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import tempfile
@@ -79,6 +81,31 @@ class Workload:
     radix_cache: bool = True
     max_iterations: int = 400
 
+    def switches(self) -> dict[str, bool]:
+        """SGLang's environment switch for each setting the workload depends on -> its value. The
+        sampling switch matters to the overlap loop only (the normal loop samples in the forward)."""
+        out = {name: getattr(self, field) for field, name in SWITCHES.items()}
+        if self.mode != "overlap":
+            del out[SWITCHES["delay_sample"]]
+        return out
+
+
+# Workload setting -> SGLang's environment switch for it. A release without the switch behaves as
+# with it off: it has no such feature (continuous polling from 0.5.22, the early cached-prefix send
+# from 0.5.15, deferred sampling of a grammar-free batch from 0.5.18).
+SWITCHES = {
+    "continuous_polling": "SGLANG_ENABLE_DISAGG_PREFILL_CONTINUOUS_INPUT_POLLING",
+    "early_send_prefix": "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX",
+    "delay_sample": "SGLANG_ENABLE_DELAY_SAMPLE",
+}
+
+
+def missing_switches(workload: Workload) -> list[str]:
+    """The switches the workload turns on that this release lacks (it cannot run the workload)."""
+    from sglang.srt.environ import envs  # lazy: SGLang is optional
+
+    return [n for n, on in workload.switches().items() if on and getattr(envs, n, None) is None]
+
 
 _model_dir: list[str] = []
 
@@ -123,10 +150,9 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     sched = scheduler_cls.__new__(scheduler_cls)
     schedule_args = get_schedule()
     _plain_settings(sched, server_args, schedule_args)
-    sched.init_model_config()
-    sched.init_tokenizer()
-    sched.init_moe_gemm_config()
-    sched.init_metrics_collector()
+    _init_steps(
+        sched, "init_model_config", "init_tokenizer", "init_moe_gemm_config", "init_metrics_collector"
+    )
     worker = _model_worker(sched, workload, log)
     _limits(sched, workload, schedule_args)
     _groups(sched)
@@ -137,17 +163,17 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     kv_pool = _pools_and_cache(sched, workload, schedule_args)
     _outputs(sched, log)
     _ngram_embedding(sched, worker)
-    for step in ("init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter"):
-        getattr(sched, step)()
-    sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
-    for step in (
+    _init_steps(sched, "init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter")
+    reporter = getattr(sched, "metrics_reporter", None)  # from 0.5.21
+    sched.scheduler_stage_metrics = getattr(reporter, "scheduler_stage_metrics", None)
+    _init_steps(
+        sched,
         "init_schedule_policy",
         "init_profiler",
         "init_running_status",
         "init_chunked_prefill",
         "maybe_init_dynamic_chunk_sizer",
-    ):
-        getattr(sched, step)()
+    )
     _disaggregation(sched, workload, server_args, kv_pool)
     sched.init_overlap()
     _device(sched, log, schedule)
@@ -227,7 +253,8 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     sched.max_recv_per_poll = envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get()
     sched.max_new_tokens_limit = envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get()
     sched.enable_hisparse = mem.enable_hisparse
-    sched.attn_dp_enabled = get_parallel().attn_dp_enabled
+    # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
+    sched.attn_dp_enabled = sched.enable_dp_attention = False
     sched.enable_unified_memory = mem.enable_unified_memory
 
 
@@ -270,7 +297,7 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
 def _groups(sched) -> None:
     """The process groups of the one-rank world (_process_groups built them)."""
     # lazy: SGLang is optional
-    from sglang.srt.layers.dp_attention import get_dp_tp_group
+    from sglang.srt.layers import dp_attention
     from sglang.srt.runtime_context import get_parallel
 
     sched.tp_group = get_parallel().tp_group
@@ -281,7 +308,9 @@ def _groups(sched) -> None:
     sched.attn_cp_cpu_group = sched.attn_cp_group.cpu_group
     sched.pp_group = get_parallel().pp_group
     sched.world_group = get_parallel().world_group
-    sched.dp_tp_group = get_dp_tp_group()
+    get_dp_tp_group = getattr(dp_attention, "get_dp_tp_group", None)
+    # before it, Scheduler.__init__ takes the TP group where DP attention is off
+    sched.dp_tp_group = get_dp_tp_group() if get_dp_tp_group else sched.tp_group
     sched.dp_tp_cpu_group = sched.dp_tp_group.cpu_group
     sched.pad_input_ids_func = None
 
@@ -398,7 +427,8 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
     )
     size = sched.max_running_requests * 2
     sched.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(size)
-    sched.disagg_metadata_buffers = MetadataBuffers(
+    sched.disagg_metadata_buffers = construct(
+        MetadataBuffers,
         size,
         hidden_size=16,
         hidden_states_dtype=torch.float32,
@@ -407,7 +437,8 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         output_dsa_topk_indices_dim=0,
         kv_checksum_enabled=False,
     )
-    sched.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue(
+    sched.disagg_prefill_bootstrap_queue = construct(
+        PrefillBootstrapQueue,
         token_to_kv_pool=kv_pool,
         draft_token_to_kv_pool=None,
         req_to_metadata_buffer_idx_allocator=sched.req_to_metadata_buffer_idx_allocator,
@@ -418,10 +449,58 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         scheduler=sched,
         scheduler_stage_metrics=sched.scheduler_stage_metrics,
         transfer_backend=TransferBackend.FAKE,
+        # what releases before 0.5.21 read of the one-rank world
+        gloo_group=sched.attn_tp_cpu_group,
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
     )
     sched.disagg_prefill_inflight_queue = []
     sched.disagg_prefill_pending_chunk_rids = set()
     sched.enable_staging = envs.SGLANG_DISAGG_STAGING_BUFFER.get()
+
+
+class _NaiveExtendLaunch:
+    """`alloc_extend_kernel[grid](...)` run as the same release's torch-native alloc_extend_naive.
+    Before 0.5.22 the paged allocator launches its Triton kernel unconditionally, which needs a GPU;
+    the release's own alloc_extend_naive computes the same out_indices on the CPU (0.5.22 on picks
+    it there itself)."""
+
+    def __init__(self, naive):
+        self.naive = naive
+
+    def __getitem__(self, grid):
+        def launch(prefix_lens, seq_lens, last_loc, free_pages, out_indices, bs_upper, page_size):
+            self.naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, "cpu")
+
+        return launch
+
+
+def cpu_kernels() -> contextlib.ExitStack:
+    """For the run: the allocator's kernel launch on the CPU where this release launches Triton
+    without asking the platform (nothing where it asks)."""
+    from sglang.srt.mem_cache.allocator import paged  # lazy: SGLang is optional
+
+    from .. import mutate
+    from ..decode import unwrap
+
+    stack = contextlib.ExitStack()
+    source = inspect.getsource(unwrap(paged.PagedTokenToKVPoolAllocator.alloc_extend))
+    if "use_triton_kernels" not in source and hasattr(paged, "alloc_extend_naive"):
+        naive = _NaiveExtendLaunch(paged.alloc_extend_naive)
+        stack.enter_context(mutate.swapped(paged, "alloc_extend_kernel", naive))
+    return stack
+
+
+def construct(cls, *args, **kwargs):
+    """cls(*args, **kwargs) with only the keyword arguments this release's constructor accepts:
+    the callers pass what every release they cover reads, and a release adds, renames and drops
+    parameters. A required parameter none of them names still fails, in cls's own words."""
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return cls(*args, **kwargs)
 
 
 def _device(sched, log: CallLog, schedule: Schedule) -> None:
@@ -434,9 +513,20 @@ def _device(sched, log: CallLog, schedule: Schedule) -> None:
     sched.copy_stream_ctx = device.stream(sched.copy_stream)
 
 
+def _init_steps(sched, *steps: str) -> None:
+    """SGLang's own init_* steps, in this order, each where this release's Scheduler has it (a
+    release adds, splits and drops steps; the state a missing step would set is not read by a
+    release without it)."""
+    for step in steps:
+        method = getattr(sched, step, None)
+        if method is not None:
+            method()
+
+
 def _remaining_init_steps(sched) -> None:
     """SGLang's init_* steps after the device, then the flags the end of Scheduler.__init__ sets."""
-    for step in (
+    _init_steps(
+        sched,
         "maybe_init_ngram_embedding",
         "init_deterministic_inference_config",
         "init_dsa_kpool_truncation_align",
@@ -456,8 +546,8 @@ def _remaining_init_steps(sched) -> None:
         "init_output_streamer",
         "init_batch_result_processor",
         "init_kv_events_publisher",
-    ):
-        getattr(sched, step)()
+        "init_internal_state",  # 0.5.22 only
+    )
     sched.idle_sleeper = None
     sched.is_initializing = False
     # Scheduler.run_event_loop's switch: on by default on CUDA, which these scenarios stand for.
