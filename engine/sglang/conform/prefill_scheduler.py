@@ -140,18 +140,19 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     """A real Scheduler, made as Scheduler.__new__ and initialised by SGLang's own init_* methods
     where they run without a GPU, a model or a network; the rest (the pools, the bootstrap queue
     with SGLang's fake transfer backend) is built here from SGLang's classes."""
-    # lazy: SGLang is optional
-    from sglang.srt.runtime_context import get_schedule
-
     sgl = sglang()
     server_args = _publish_server_args(workload)
     _process_groups()
     scheduler_cls = sgl.scheduler.Scheduler
     sched = scheduler_cls.__new__(scheduler_cls)
-    schedule_args = get_schedule()
+    schedule_args = _Config("schedule", server_args)
     _plain_settings(sched, server_args, schedule_args)
     _init_steps(
-        sched, "init_model_config", "init_tokenizer", "init_moe_gemm_config", "init_metrics_collector"
+        sched,
+        "init_model_config",
+        "init_tokenizer",
+        "init_moe_gemm_config",
+        "init_metrics_collector",
     )
     worker = _model_worker(sched, workload, log)
     _limits(sched, workload, schedule_args)
@@ -204,24 +205,23 @@ def _publish_server_args(workload: Workload):
         disable_radix_cache=not workload.radix_cache,
         disable_overlap_schedule=workload.mode != "overlap",
     )
-    rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    if hasattr(rc, "SpawnRanks"):  # 0.5.21 on: the ranks are published with the configuration
+        rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    else:
+        rc.publish(server_args, role="scheduler")
     return server_args
 
 
 def _plain_settings(sched, server_args, schedule_args) -> None:
-    """The plain settings Scheduler.__init__ reads from the published configuration."""
+    """The plain settings Scheduler.__init__ reads from the published configuration (before 0.5.21,
+    some from the server arguments, of the same name: _Config reads either)."""
     # lazy: SGLang is optional
     from sglang.srt.environ import envs
-    from sglang.srt.runtime_context import (
-        get_disagg,
-        get_lora,
-        get_memory,
-        get_parallel,
-        get_serving,
-        get_spec,
-    )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    lora, disagg, serving, mem = (
+        _Config(g, server_args) for g in ("lora", "disagg", "serving", "memory")
+    )
     sched.server_args = server_args
     sched.is_initializing = True
     sched.forward_ct = sched.processed_tokens_counter = 0
@@ -233,17 +233,18 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     sched.priority_scheduling_preemption_threshold = (
         schedule_args.priority_scheduling_preemption_threshold
     )
-    sched.enable_lora = get_lora().enable_lora
-    sched.enable_lora_overlap_loading = get_lora().enable_lora_overlap_loading
-    sched.max_loras_per_batch = get_lora().max_loras_per_batch
+    sched.enable_lora = lora.enable_lora
+    sched.enable_lora_overlap_loading = lora.enable_lora_overlap_loading
+    sched.max_loras_per_batch = lora.max_loras_per_batch
     sched.enable_overlap = not schedule_args.disable_overlap_schedule
     sched.enable_overlap_mlx = False
-    sched.enable_pdmux = get_disagg().enable_pdmux
-    sched.skip_tokenizer_init = get_serving().skip_tokenizer_init
-    sched.stream_interval = get_serving().stream_interval
-    sched.spec_algorithm = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
+    sched.enable_pdmux = disagg.enable_pdmux
+    sched.skip_tokenizer_init = serving.skip_tokenizer_init
+    sched.stream_interval = serving.stream_interval
+    sched.spec_algorithm = SpeculativeAlgorithm.from_string(
+        _Config("spec", server_args).speculative_algorithm
+    )
     sched.page_size = schedule_args.page_size
-    mem = get_memory()
     sched.enable_hierarchical_cache = mem.enable_hierarchical_cache
     sched.enable_lmcache = mem.enable_lmcache
     sched.enable_session_radix_cache = mem.enable_session_radix_cache
@@ -256,6 +257,38 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
     sched.attn_dp_enabled = sched.enable_dp_attention = False
     sched.enable_unified_memory = mem.enable_unified_memory
+    _parallel_state(sched)
+
+
+class _Config:
+    """One group of the published configuration (runtime_context.get_<group>()), falling back to
+    the server argument of the same name where this release's group lacks the field, or the
+    release has no published configuration (before 0.5.17)."""
+
+    def __init__(self, group: str, server_args):
+        from sglang.srt import runtime_context as rc  # lazy: SGLang is optional
+
+        getter = getattr(rc, f"get_{group}", None)
+        self._group, self._args = (getter() if getter else None), server_args
+
+    def __getattr__(self, name: str):
+        try:
+            return getattr(self._group, name)
+        except AttributeError:
+            return getattr(self._args, name)
+
+
+def _parallel_state(sched) -> None:
+    """Scheduler.ps, the ranks and sizes of the one-rank world, where this release keeps them in a
+    ParallelState (0.5.17 to 0.5.20; later releases read the published configuration)."""
+    from sglang.srt.managers import scheduler  # lazy: SGLang is optional
+
+    cls = getattr(scheduler, "ParallelState", None)
+    if cls is None:
+        return
+    ranks = ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dcp", "attn_dp", "moe_ep", "moe_dp")
+    values = {f"{r}_rank": 0 for r in ranks} | {f"{r}_size": 1 for r in ranks}
+    sched.ps = construct(cls, gpu_id=0, dcp_size=1, **values)
 
 
 def _model_worker(sched, workload: Workload, log: CallLog) -> FakeModelWorker:
