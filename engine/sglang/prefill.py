@@ -121,12 +121,15 @@ def install(sgl) -> None:
         hooks.wrap(mixin, name, _loop(mode, sgl.version))
     hooks.wrap(mixin, "get_next_disagg_prefill_batch_to_run", _admit)
     hooks.wrap(ScheduleBatch, "copy", _copy)
-    hooks.wrap(sched, "run_batch", _run_batch)
-    hooks.wrap(sched, "_apply_war_barrier", _war_barrier)
-    hooks.wrap(sched, "launch_batch_sample_if_needed", _sample)
-    hooks.wrap(sched, "process_batch_result", _process)
-    hooks.wrap(mixin, "_send_kv_chunk", _send_kv_chunk)
-    hooks.wrap(mixin, "maybe_send_cached_prefix_chunk", _within("prefix_send"))
+    hooks.wrap(sched, "run_batch", _run_batch, ("batch",))
+    hooks.wrap(sched, "_apply_war_barrier", _war_barrier)  # from 0.5.14
+    # the batch it samples is a parameter from 0.5.16; before, the hook cannot name the batch
+    hooks.wrap(sched, "launch_batch_sample_if_needed", _sample, ("batch_result", "cur_batch"))
+    hooks.wrap(sched, "process_batch_result", _process, ("batch",))
+    # the chunk's send: split out of send_kv_chunk (which adds a checksum around it) in 0.5.21
+    if not hooks.wrap(mixin, "_send_kv_chunk", _send_kv_chunk, ("req",)):
+        hooks.wrap(mixin, "send_kv_chunk", _send_kv_chunk, ("req",))
+    hooks.wrap(mixin, "maybe_send_cached_prefix_chunk", _within("prefix_send"), ("req",))
     _import_senders()
     for cls in _classes_defining(BaseKVSender, "send"):
         hooks.wrap(cls, "send", _sender_send)
@@ -249,7 +252,8 @@ def _admit(sink, wrapped, sched, args, kwargs):
     _watch(st, candidates)
     with hooks.inside("admission"):
         plan = wrapped(*args, **kwargs)
-    batch = plan.batch_to_run
+    # a plan (running_batch, batch_to_run) from 0.5.16; before, the batch itself
+    batch = getattr(plan, "batch_to_run", plan)
     if batch is not None and st.bid(batch) is None:
         bid = st.next_bid
         st.next_bid += 1

@@ -159,6 +159,7 @@ class FakeRunner:
         self.sliding_window_size = None
         self.is_hybrid_swa = False
         self.effective_logical_max_total_num_tokens = kv_tokens
+        self.effective_max_total_num_tokens = kv_tokens  # its name before 0.5.21
         self.kv_cache_dtype_str = "auto"
         self.ngram_embedding_manager = None  # SGLang's own (disabled), set by build_scheduler
 

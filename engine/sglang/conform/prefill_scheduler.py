@@ -553,7 +553,16 @@ def _init_steps(sched, *steps: str) -> None:
     for step in steps:
         method = getattr(sched, step, None)
         if method is not None:
-            method()
+            args = _RANK_ARGS | {"server_args": sched.server_args}
+            params = inspect.signature(method).parameters
+            method(**{k: v for k, v in args.items() if k in params})
+
+
+# What Scheduler.__init__ is given for the one rank of the world, and hands to those init_* steps that
+# take it (before 0.5.21: the ranks, and the server arguments to some).
+_RANK_ARGS = dict(
+    gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0, attn_cp_rank=0, moe_dp_rank=0, dp_rank=None
+)
 
 
 def _remaining_init_steps(sched) -> None:
