@@ -233,12 +233,13 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     sched.priority_scheduling_preemption_threshold = (
         schedule_args.priority_scheduling_preemption_threshold
     )
+    # a feature switch a release does not have is a feature it does not have: off
     sched.enable_lora = lora.enable_lora
-    sched.enable_lora_overlap_loading = lora.enable_lora_overlap_loading
+    sched.enable_lora_overlap_loading = getattr(lora, "enable_lora_overlap_loading", False)
     sched.max_loras_per_batch = lora.max_loras_per_batch
     sched.enable_overlap = not schedule_args.disable_overlap_schedule
     sched.enable_overlap_mlx = False
-    sched.enable_pdmux = disagg.enable_pdmux
+    sched.enable_pdmux = getattr(disagg, "enable_pdmux", False)
     sched.skip_tokenizer_init = serving.skip_tokenizer_init
     sched.stream_interval = serving.stream_interval
     sched.spec_algorithm = SpeculativeAlgorithm.from_string(
@@ -246,17 +247,19 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     )
     sched.page_size = schedule_args.page_size
     sched.enable_hierarchical_cache = mem.enable_hierarchical_cache
-    sched.enable_lmcache = mem.enable_lmcache
-    sched.enable_session_radix_cache = mem.enable_session_radix_cache
+    sched.enable_lmcache = getattr(mem, "enable_lmcache", False)
+    sched.enable_session_radix_cache = getattr(mem, "enable_session_radix_cache", False)
     sched.enable_hicache_storage = mem.hicache_storage_backend is not None
-    sched.enable_unified_cache_external_linker = mem.enable_unified_cache_external_linker
+    sched.enable_unified_cache_external_linker = getattr(
+        mem, "enable_unified_cache_external_linker", False
+    )
     sched.enable_decode_hicache = False
     sched.max_recv_per_poll = envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get()
     sched.max_new_tokens_limit = envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get()
-    sched.enable_hisparse = mem.enable_hisparse
+    sched.enable_hisparse = getattr(mem, "enable_hisparse", False)
     # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
     sched.attn_dp_enabled = sched.enable_dp_attention = False
-    sched.enable_unified_memory = mem.enable_unified_memory
+    sched.enable_unified_memory = getattr(mem, "enable_unified_memory", False)
     _parallel_state(sched)
 
 
@@ -352,7 +355,6 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
     """The pools and the cache, SGLang's classes on the CPU (what kv_cache_builder.build_kv_cache
     builds for this model, without a model runner to size them). Returns the KV pool."""
     # lazy: SGLang is optional
-    from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -399,7 +401,12 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
     sched.is_hybrid_swa = sched.is_hybrid_ssm = False
     sched.sliding_window_size = None
     sched.full_tokens_per_layer, sched.swa_tokens_per_layer = workload.kv_tokens, 0
-    sched.kv_shard_widening = page_interleave_shard_size(sched.token_to_kv_pool_allocator)
+    try:  # page interleaving arrives in 0.5.20; a release without it does not read the widening
+        from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
+    except ModuleNotFoundError:
+        pass
+    else:
+        sched.kv_shard_widening = page_interleave_shard_size(sched.token_to_kv_pool_allocator)
     sched.decode_offload_manager = None
     sched.rust_server = None
     sched.memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
@@ -465,7 +472,7 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         size,
         hidden_size=16,
         hidden_states_dtype=torch.float32,
-        max_sampling_mask_tokens=server_args.sampling_mask_max_tokens,
+        max_sampling_mask_tokens=getattr(server_args, "sampling_mask_max_tokens", None),
         custom_mem_pool=None,
         output_dsa_topk_indices_dim=0,
         kv_checksum_enabled=False,
