@@ -207,7 +207,8 @@ def _sampling(mode: str) -> str:
     the rule that every batch is sampled after its forward is not applied to inline sampling."""
     from sglang.srt.environ import envs  # lazy: SGLang is optional
 
-    switch = getattr(envs, "SGLANG_ENABLE_DELAY_SAMPLE", None)  # before 0.5.18: grammar batches only
+    # before 0.5.18 there is no switch: only grammar batches are deferred
+    switch = getattr(envs, "SGLANG_ENABLE_DELAY_SAMPLE", None)
     return "deferred" if mode == "overlap" and switch is not None and switch.get() else "inline"
 
 

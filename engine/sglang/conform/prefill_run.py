@@ -54,7 +54,9 @@ def _install_intake(
     FakeKVSender create_sender made (before anything polls it), and the exit once every request
     arrived and SGLang's is_fully_idle says nothing is left: `gracefully_exit` where the loop reads
     it, else _LoopEnd."""
-    name = "ingest_requests" if hasattr(type(sched), "ingest_requests") else "process_input_requests"
+    name = (
+        "ingest_requests" if hasattr(type(sched), "ingest_requests") else "process_input_requests"
+    )
     real = getattr(type(sched), name)
     scripted = scripted_sender_class()
     state = {"iterations": 0}
