@@ -137,9 +137,10 @@ def inapplicable() -> dict[str, str]:
     a switch its workload turns on that the release lacks."""
     from packaging.version import Version
 
-    from .. import installed_version
+    from .. import load
 
-    if Version(installed_version()) < Version(HARNESS_OLDEST):
+    # load(): SGLang imported with the CPU workarounds before anything reads its switches
+    if Version(load().version) < Version(HARNESS_OLDEST):
         return {name: NOT_COVERED for name in SCENARIOS}
     out = {}
     for name, (workload, _) in SCENARIOS.items():
