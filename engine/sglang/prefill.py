@@ -426,23 +426,30 @@ def _slot_alloc(sink, wrapped, pool, args, kwargs):
     reqs = list(args[0] if args else kwargs["reqs"])
     if not _in_loop() or "slot_alloc" in hooks.context():
         return wrapped(*args, **kwargs)
-    held = [r.kv.holds_kv for r in reqs]
+    held = [_slot(r) is not None for r in reqs]
     with hooks.inside("slot_alloc"):
         out = wrapped(*args, **kwargs)
     if out is not None:
         for req, before in zip(reqs, held):
-            if not before and req.kv.holds_kv:
-                sink.emit(
-                    "alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(req.kv.req_pool_idx)
-                )
+            if not before and _slot(req) is not None:
+                sink.emit("alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(_slot(req)))
     return out
+
+
+def _slot(req) -> int | None:
+    """The request's req_to_token row: on its KV record (req.kv.req_pool_idx, 0.5.23), or before
+    that record held it, on the Req itself (req.req_pool_idx)."""
+    kv = getattr(req, "kv", None)
+    if kv is not None and hasattr(kv, "req_pool_idx"):
+        return kv.req_pool_idx
+    return getattr(req, "req_pool_idx", None)
 
 
 def _slot_free(sink, wrapped, pool, args, kwargs):
     req = args[0] if args else kwargs["req"]
     if not _in_loop() or "slot_free" in hooks.context() or not hasattr(req, "kv"):
         return wrapped(*args, **kwargs)
-    slot = req.kv.req_pool_idx
+    slot = _slot(req)
     with hooks.inside("slot_free"):
         out = wrapped(*args, **kwargs)
     if slot is not None:

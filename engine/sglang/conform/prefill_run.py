@@ -118,7 +118,7 @@ def run_workload(
         log, schedule = CallLog(), Schedule(fuzz_schedule)
         # The scenario publishes its own configuration; what was published before is put back after
         # (the process groups of the one-rank world stay: building them again is not supported).
-        with _envs(workload), _restored(rc.snapshot_context(), rc.restore_context):
+        with _envs(workload), _restored(rc):
             sched = build_scheduler(workload, log, schedule)
             socket = FakeTokenizerSocket(workload.arrivals, sched.model_config.vocab_size, log)
             sched.request_receiver = SimpleNamespace(recv_requests=socket.recv_requests)
@@ -151,11 +151,17 @@ def run_workload(
 
 
 @contextlib.contextmanager
-def _restored(state, restore):
+def _restored(rc):
+    """The published configuration put back after the block, where the release can snapshot it
+    (0.5.19 on); before, the next publish replaces every field of it."""
+    if not hasattr(rc, "snapshot_context"):
+        yield
+        return
+    state = rc.snapshot_context()
     try:
         yield
     finally:
-        restore(state)
+        rc.restore_context(state)
 
 
 def _leaks(sched) -> dict:

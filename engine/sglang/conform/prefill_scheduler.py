@@ -436,7 +436,9 @@ def _ngram_embedding(sched, worker: FakeModelWorker) -> None:
     )
 
     model_config = sched.model_config
-    worker.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
+    worker.model_runner.ngram_embedding_manager = construct(
+        NgramEmbeddingManager.from_model,
+        server_args=sched.server_args,  # read there before 0.5.19
         model=torch.nn.Module(),
         model_config=model_config,
         req_to_token_pool=sched.req_to_token_pool,
@@ -534,7 +536,8 @@ def cpu_kernels() -> contextlib.ExitStack:
 
 
 def construct(cls, *args, **kwargs):
-    """cls(*args, **kwargs) with only the keyword arguments this release's constructor accepts:
+    """cls(*args, **kwargs) (a class or a factory) with only the keyword arguments this release's
+    version of it accepts:
     the callers pass what every release they cover reads, and a release adds, renames and drops
     parameters. A required parameter none of them names still fails, in cls's own words."""
     params = inspect.signature(cls).parameters
