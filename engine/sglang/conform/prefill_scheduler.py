@@ -207,8 +207,10 @@ def _publish_server_args(workload: Workload):
     )
     if hasattr(rc, "SpawnRanks"):  # 0.5.21 on: the ranks are published with the configuration
         rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
-    else:
+    elif hasattr(rc, "publish"):  # 0.5.17 on
         rc.publish(server_args, role="scheduler")
+    else:  # the server arguments alone, on the process's context
+        rc.get_context().set_server_args(server_args)
     return server_args
 
 
@@ -323,9 +325,12 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
     sched.max_req_len = min(model_config.context_len - 1, workload.kv_tokens - 1)
     sched.max_req_input_len = sched.max_req_len - 5
     sched.min_free_slots_delayer = None
-    if not get_parallel().pp_max_micro_batch_size:
+    if not _Config("parallel", sched.server_args).pp_max_micro_batch_size:
         micro_batch = max(sched.max_running_requests // get_parallel().pp_size, 1)
-        rc.get_context().override(
+        # on the context from 0.5.17; on the server arguments before
+        ctx = rc.get_context()
+        owner = ctx if hasattr(ctx, "override") else sched.server_args
+        owner.override(
             "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=micro_batch
         )
 
@@ -358,8 +363,6 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
     model_config = sched.model_config
@@ -387,16 +390,16 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
         kvcache=kv_pool,
         need_sort=False,
     )
-    sched.tree_cache = UnifiedRadixCache(
-        CacheInitParams(
-            disable=not workload.radix_cache,
-            req_to_token_pool=sched.req_to_token_pool,
-            token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
-            page_size=workload.page_size,
-            tree_components=(ComponentType.FULL,),
-            chunked_prefill_size=schedule_args.chunked_prefill_size,
-        )
+    params = construct(
+        CacheInitParams,
+        disable=not workload.radix_cache,
+        req_to_token_pool=sched.req_to_token_pool,
+        token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
+        page_size=workload.page_size,
+        tree_components=_full_component(),
+        chunked_prefill_size=schedule_args.chunked_prefill_size,
     )
+    sched.tree_cache = _radix_cache_class()(params)
     sched.disable_radix_cache = not workload.radix_cache
     sched.is_hybrid_swa = sched.is_hybrid_ssm = False
     sched.sliding_window_size = None
@@ -412,6 +415,30 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
     sched.memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
     sched.recv_skipper = sched.input_blocker = None
     return kv_pool
+
+
+def _radix_cache_class():
+    """The radix cache this release's default factory (mem_cache.registry) makes for a plain model:
+    RadixCache up to 0.5.18, UnifiedRadixCache from 0.5.19."""
+    from sglang.srt.mem_cache import registry  # lazy: SGLang is optional
+
+    if "return RadixCache(params)" in inspect.getsource(registry.default_radix_cache_factory):
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        return RadixCache
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    return UnifiedRadixCache
+
+
+def _full_component() -> tuple:
+    """(ComponentType.FULL,): the unified cache's one component for a plain model (its module moved
+    in 0.5.19)."""
+    try:
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    except ModuleNotFoundError:
+        from sglang.srt.mem_cache.unified_cache_components import ComponentType
+    return (ComponentType.FULL,)
 
 
 def _outputs(sched, log: CallLog) -> None:
