@@ -377,11 +377,15 @@ def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
     stack = getattr(_local, "sending", None)
     if stack is None:
         stack = _local.sending = []
-    stack.append([req, int(req.start_send_idx)])
+    entry = [req, int(req.start_send_idx), None]  # [req, next token offset, a send left to size]
+    stack.append(entry)
     try:
-        return wrapped(*args, **kwargs)
+        out = wrapped(*args, **kwargs)
     finally:
         stack.pop()
+    if entry[2] is not None:  # the send's tokens: how far the chunk advanced start_send_idx
+        entry[2](int(req.start_send_idx) - entry[1])
+    return out
 
 
 def _sender_send(sink, wrapped, sender, args, kwargs):
@@ -399,25 +403,28 @@ def _sender_send(sink, wrapped, sender, args, kwargs):
     device_wait = getattr(sender, "_early_send_wait_event", None) is not None
     with hooks.inside("sender_send"):
         out = wrapped(*args, **kwargs)
-    if tokens is None:  # every 0.5.23 caller passes it; without it the send's size is unknown
-        sink.emit("x.kv_send_unsized", rid=str(req.rid), pages=int(len(page_indices)))
-        return out
-    fields = dict(
-        rid=str(req.rid),
-        obj=sink.obj(req),
-        tokens=int(tokens),
-        pages=int(len(page_indices)),
-        start=entry[1],
-    )
-    entry[1] += int(tokens)
-    if "prefix_send" in hooks.context():
-        running = _state(sink).running
-        if running is None:  # 0.5.23 sends the cached prefix from run_batch only
+    prefix, running = "prefix_send" in hooks.context(), _state(sink).running
+
+    def emit(tokens: int) -> None:
+        fields = dict(
+            rid=str(req.rid),
+            obj=sink.obj(req),
+            tokens=int(tokens),
+            pages=int(len(page_indices)),
+            start=entry[1],
+        )
+        entry[1] += int(tokens)
+        if not prefix:
+            sink.emit("kv_send", **fields)
+        elif running is None:  # 0.5.23 sends the cached prefix from run_batch only
             sink.emit("x.prefix_send_outside_run_batch", **fields)
         else:
             sink.emit("prefix_send", batch=running, device_wait=device_wait, **fields)
+
+    if tokens is None:  # 0.5.16's send_kv_chunk does not tell the sender: sized once it returns
+        entry[2] = emit
     else:
-        sink.emit("kv_send", **fields)
+        emit(tokens)
     return out
 
 

@@ -487,7 +487,6 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         TransferBackend,
     )
     from sglang.srt.environ import envs
-    from sglang.srt.runtime_context import get_disagg
 
     sched.disaggregation_mode = DisaggregationMode.PREFILL
     sched.transfer_backend = TransferBackend.FAKE
@@ -513,7 +512,7 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         req_to_metadata_buffer_idx_allocator=sched.req_to_metadata_buffer_idx_allocator,
         metadata_buffers=sched.disagg_metadata_buffers,
         gpu_id=0,
-        bootstrap_port=get_disagg().disaggregation_bootstrap_port,
+        bootstrap_port=_Config("disagg", server_args).disaggregation_bootstrap_port,
         max_total_num_tokens=workload.kv_tokens,
         scheduler=sched,
         scheduler_stage_metrics=sched.scheduler_stage_metrics,
