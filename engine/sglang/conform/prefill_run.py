@@ -21,7 +21,8 @@ from .prefill_fakes import (
     scripted_sender,
     scripted_sender_class,
 )
-from .prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, cpu_kernels, sglang
+from .prefill_releases import cpu_kernels
+from .prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
 
 
 def _envs(workload: Workload):

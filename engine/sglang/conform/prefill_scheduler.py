@@ -1,4 +1,5 @@
-"""SGLang 0.5.23's real prefill Scheduler on CPU, around the fakes of prefill_fakes.py.
+"""SGLang's real prefill Scheduler on CPU (0.5.16 to 0.5.23: prefill_releases.py finds out what
+each release has), around the fakes of prefill_fakes.py.
 
 The Scheduler is made with `Scheduler.__new__` (as SGLang's own unit tests do) and given SGLang's
 real components where they run on a CPU: the published server configuration, the req_to_token pool,
@@ -11,9 +12,7 @@ SCENARIO_LOCK.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import tempfile
@@ -33,6 +32,14 @@ from .prefill_fakes import (
     FakeSocket,
     FakeStream,
     Schedule,
+)
+from .prefill_releases import (
+    Config,
+    construct,
+    full_component,
+    init_steps,
+    parallel_state,
+    radix_cache_class,
 )
 
 _MODEL = {
@@ -145,9 +152,9 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     _process_groups()
     scheduler_cls = sgl.scheduler.Scheduler
     sched = scheduler_cls.__new__(scheduler_cls)
-    schedule_args = _Config("schedule", server_args)
+    schedule_args = Config("schedule", server_args)
     _plain_settings(sched, server_args, schedule_args)
-    _init_steps(
+    init_steps(
         sched,
         "init_model_config",
         "init_tokenizer",
@@ -164,10 +171,10 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     kv_pool = _pools_and_cache(sched, workload, schedule_args)
     _outputs(sched, log)
     _ngram_embedding(sched, worker)
-    _init_steps(sched, "init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter")
+    init_steps(sched, "init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter")
     reporter = getattr(sched, "metrics_reporter", None)  # from 0.5.21
     sched.scheduler_stage_metrics = getattr(reporter, "scheduler_stage_metrics", None)
-    _init_steps(
+    init_steps(
         sched,
         "init_schedule_policy",
         "init_profiler",
@@ -178,7 +185,7 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     _disaggregation(sched, workload, server_args, kv_pool)
     sched.init_overlap()
     _device(sched, log, schedule)
-    _remaining_init_steps(sched)
+    _remaininginit_steps(sched)
     return sched
 
 
@@ -216,13 +223,13 @@ def _publish_server_args(workload: Workload):
 
 def _plain_settings(sched, server_args, schedule_args) -> None:
     """The plain settings Scheduler.__init__ reads from the published configuration (before 0.5.21,
-    some from the server arguments, of the same name: _Config reads either)."""
+    some from the server arguments, of the same name: Config reads either)."""
     # lazy: SGLang is optional
     from sglang.srt.environ import envs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     lora, disagg, serving, mem = (
-        _Config(g, server_args) for g in ("lora", "disagg", "serving", "memory")
+        Config(g, server_args) for g in ("lora", "disagg", "serving", "memory")
     )
     sched.server_args = server_args
     sched.is_initializing = True
@@ -245,7 +252,7 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     sched.skip_tokenizer_init = serving.skip_tokenizer_init
     sched.stream_interval = serving.stream_interval
     sched.spec_algorithm = SpeculativeAlgorithm.from_string(
-        _Config("spec", server_args).speculative_algorithm
+        Config("spec", server_args).speculative_algorithm
     )
     sched.page_size = schedule_args.page_size
     sched.enable_hierarchical_cache = mem.enable_hierarchical_cache
@@ -262,38 +269,7 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
     sched.attn_dp_enabled = sched.enable_dp_attention = False
     sched.enable_unified_memory = getattr(mem, "enable_unified_memory", False)
-    _parallel_state(sched)
-
-
-class _Config:
-    """One group of the published configuration (runtime_context.get_<group>()), falling back to
-    the server argument of the same name where this release's group lacks the field, or the
-    release has no published configuration (before 0.5.17)."""
-
-    def __init__(self, group: str, server_args):
-        from sglang.srt import runtime_context as rc  # lazy: SGLang is optional
-
-        getter = getattr(rc, f"get_{group}", None)
-        self._group, self._args = (getter() if getter else None), server_args
-
-    def __getattr__(self, name: str):
-        try:
-            return getattr(self._group, name)
-        except AttributeError:
-            return getattr(self._args, name)
-
-
-def _parallel_state(sched) -> None:
-    """Scheduler.ps, the ranks and sizes of the one-rank world, where this release keeps them in a
-    ParallelState (0.5.17 to 0.5.20; later releases read the published configuration)."""
-    from sglang.srt.managers import scheduler  # lazy: SGLang is optional
-
-    cls = getattr(scheduler, "ParallelState", None)
-    if cls is None:
-        return
-    ranks = ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dcp", "attn_dp", "moe_ep", "moe_dp")
-    values = {f"{r}_rank": 0 for r in ranks} | {f"{r}_size": 1 for r in ranks}
-    sched.ps = construct(cls, gpu_id=0, dcp_size=1, **values)
+    parallel_state(sched)
 
 
 def _model_worker(sched, workload: Workload, log: CallLog) -> FakeModelWorker:
@@ -325,7 +301,7 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
     sched.max_req_len = min(model_config.context_len - 1, workload.kv_tokens - 1)
     sched.max_req_input_len = sched.max_req_len - 5
     sched.min_free_slots_delayer = None
-    if not _Config("parallel", sched.server_args).pp_max_micro_batch_size:
+    if not Config("parallel", sched.server_args).pp_max_micro_batch_size:
         micro_batch = max(sched.max_running_requests // get_parallel().pp_size, 1)
         # on the context from 0.5.17; on the server arguments before
         ctx = rc.get_context()
@@ -396,10 +372,10 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
         req_to_token_pool=sched.req_to_token_pool,
         token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
         page_size=workload.page_size,
-        tree_components=_full_component(),
+        tree_components=full_component(),
         chunked_prefill_size=schedule_args.chunked_prefill_size,
     )
-    sched.tree_cache = _radix_cache_class()(params)
+    sched.tree_cache = radix_cache_class()(params)
     sched.disable_radix_cache = not workload.radix_cache
     sched.is_hybrid_swa = sched.is_hybrid_ssm = False
     sched.sliding_window_size = None
@@ -415,30 +391,6 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
     sched.memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
     sched.recv_skipper = sched.input_blocker = None
     return kv_pool
-
-
-def _radix_cache_class():
-    """The radix cache this release's default factory (mem_cache.registry) makes for a plain model:
-    RadixCache up to 0.5.18, UnifiedRadixCache from 0.5.19."""
-    from sglang.srt.mem_cache import registry  # lazy: SGLang is optional
-
-    if "return RadixCache(params)" in inspect.getsource(registry.default_radix_cache_factory):
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-
-        return RadixCache
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
-    return UnifiedRadixCache
-
-
-def _full_component() -> tuple:
-    """(ComponentType.FULL,): the unified cache's one component for a plain model (its module moved
-    in 0.5.19)."""
-    try:
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    except ModuleNotFoundError:
-        from sglang.srt.mem_cache.unified_cache_components import ComponentType
-    return (ComponentType.FULL,)
 
 
 def _outputs(sched, log: CallLog) -> None:
@@ -512,7 +464,7 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         req_to_metadata_buffer_idx_allocator=sched.req_to_metadata_buffer_idx_allocator,
         metadata_buffers=sched.disagg_metadata_buffers,
         gpu_id=0,
-        bootstrap_port=_Config("disagg", server_args).disaggregation_bootstrap_port,
+        bootstrap_port=Config("disagg", server_args).disaggregation_bootstrap_port,
         max_total_num_tokens=workload.kv_tokens,
         scheduler=sched,
         scheduler_stage_metrics=sched.scheduler_stage_metrics,
@@ -529,49 +481,6 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
     sched.enable_staging = envs.SGLANG_DISAGG_STAGING_BUFFER.get()
 
 
-class _NaiveExtendLaunch:
-    """`alloc_extend_kernel[grid](...)` run as the same release's torch-native alloc_extend_naive.
-    Before 0.5.22 the paged allocator launches its Triton kernel unconditionally, which needs a GPU;
-    the release's own alloc_extend_naive computes the same out_indices on the CPU (0.5.22 on picks
-    it there itself)."""
-
-    def __init__(self, naive):
-        self.naive = naive
-
-    def __getitem__(self, grid):
-        def launch(prefix_lens, seq_lens, last_loc, free_pages, out_indices, bs_upper, page_size):
-            self.naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, "cpu")
-
-        return launch
-
-
-def cpu_kernels() -> contextlib.ExitStack:
-    """For the run: the allocator's kernel launch on the CPU where this release launches Triton
-    without asking the platform (nothing where it asks)."""
-    from sglang.srt.mem_cache.allocator import paged  # lazy: SGLang is optional
-
-    from .. import mutate
-    from ..decode import unwrap
-
-    stack = contextlib.ExitStack()
-    source = inspect.getsource(unwrap(paged.PagedTokenToKVPoolAllocator.alloc_extend))
-    if "use_triton_kernels" not in source and hasattr(paged, "alloc_extend_naive"):
-        naive = _NaiveExtendLaunch(paged.alloc_extend_naive)
-        stack.enter_context(mutate.swapped(paged, "alloc_extend_kernel", naive))
-    return stack
-
-
-def construct(cls, *args, **kwargs):
-    """cls(*args, **kwargs) (a class or a factory) with only the keyword arguments this release's
-    version of it accepts:
-    the callers pass what every release they cover reads, and a release adds, renames and drops
-    parameters. A required parameter none of them names still fails, in cls's own words."""
-    params = inspect.signature(cls).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return cls(*args, **kwargs)
-
-
 def _device(sched, log: CallLog, schedule: Schedule) -> None:
     """init_overlap took torch's CPU device module; the device's streams and events are the
     fakes."""
@@ -582,28 +491,9 @@ def _device(sched, log: CallLog, schedule: Schedule) -> None:
     sched.copy_stream_ctx = device.stream(sched.copy_stream)
 
 
-def _init_steps(sched, *steps: str) -> None:
-    """SGLang's own init_* steps, in this order, each where this release's Scheduler has it (a
-    release adds, splits and drops steps; the state a missing step would set is not read by a
-    release without it)."""
-    for step in steps:
-        method = getattr(sched, step, None)
-        if method is not None:
-            args = _RANK_ARGS | {"server_args": sched.server_args}
-            params = inspect.signature(method).parameters
-            method(**{k: v for k, v in args.items() if k in params})
-
-
-# What Scheduler.__init__ is given for the one rank of the world, and hands to those init_* steps that
-# take it (before 0.5.21: the ranks, and the server arguments to some).
-_RANK_ARGS = dict(
-    gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0, attn_cp_rank=0, moe_dp_rank=0, dp_rank=None
-)
-
-
-def _remaining_init_steps(sched) -> None:
+def _remaininginit_steps(sched) -> None:
     """SGLang's init_* steps after the device, then the flags the end of Scheduler.__init__ sets."""
-    _init_steps(
+    init_steps(
         sched,
         "maybe_init_ngram_embedding",
         "init_deterministic_inference_config",
