@@ -264,7 +264,8 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     )
     sched.enable_decode_hicache = False
     sched.max_recv_per_poll = envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get()
-    sched.max_new_tokens_limit = envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get()
+    limit = getattr(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT", None)  # 0.5.16 on; before, no limit
+    sched.max_new_tokens_limit = limit.get() if limit is not None else None
     sched.enable_hisparse = getattr(mem, "enable_hisparse", False)
     # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
     sched.attn_dp_enabled = sched.enable_dp_attention = False
