@@ -129,12 +129,15 @@ def install(sgl) -> None:
         hooks.wrap(mixin, name, _loop(mode, sgl.version))
     hooks.wrap(mixin, "get_next_disagg_prefill_batch_to_run", _admit)
     hooks.wrap(ScheduleBatch, "copy", _copy)
-    hooks.wrap(sched, "run_batch", _run_batch)
-    hooks.wrap(sched, "_apply_war_barrier", _war_barrier)
-    hooks.wrap(sched, "launch_batch_sample_if_needed", _sample)
-    hooks.wrap(sched, "process_batch_result", _process)
-    hooks.wrap(mixin, "_send_kv_chunk", _send_kv_chunk)
-    hooks.wrap(mixin, "maybe_send_cached_prefix_chunk", _within("prefix_send"))
+    hooks.wrap(sched, "run_batch", _run_batch, ("batch",))
+    hooks.wrap(sched, "_apply_war_barrier", _war_barrier)  # from 0.5.14
+    # the batch it samples is a parameter from 0.5.16; before, the hook cannot name the batch
+    hooks.wrap(sched, "launch_batch_sample_if_needed", _sample, ("batch_result", "cur_batch"))
+    hooks.wrap(sched, "process_batch_result", _process, ("batch",))
+    # the chunk's send: split out of send_kv_chunk (which adds a checksum around it) in 0.5.21
+    if not hooks.wrap(mixin, "_send_kv_chunk", _send_kv_chunk, ("req",)):
+        hooks.wrap(mixin, "send_kv_chunk", _send_kv_chunk, ("req",))
+    hooks.wrap(mixin, "maybe_send_cached_prefix_chunk", _within("prefix_send"), ("req",))
     _import_senders()
     for cls in _classes_defining(BaseKVSender, "send"):
         hooks.wrap(cls, "send", _sender_send)
@@ -231,7 +234,9 @@ def _sampling(mode: str) -> str:
     the rule that every batch is sampled after its forward is not applied to inline sampling."""
     from sglang.srt.environ import envs  # lazy: SGLang is optional
 
-    return "deferred" if mode == "overlap" and envs.SGLANG_ENABLE_DELAY_SAMPLE.get() else "inline"
+    # before 0.5.18 there is no switch: only grammar batches are deferred
+    switch = getattr(envs, "SGLANG_ENABLE_DELAY_SAMPLE", None)
+    return "deferred" if mode == "overlap" and switch is not None and switch.get() else "inline"
 
 
 # ---- the middle-chunk counter ---------------------------------------------------------------------
@@ -275,7 +280,8 @@ def _admit(sink, wrapped, sched, args, kwargs):
     _watch(st, candidates)
     with hooks.inside("admission"):
         plan = wrapped(*args, **kwargs)
-    batch = plan.batch_to_run
+    # a plan (running_batch, batch_to_run) from 0.5.16; before, the batch itself
+    batch = getattr(plan, "batch_to_run", plan)
     if batch is not None and st.bid(batch) is None:
         bid = st.next_bid
         st.next_bid += 1
@@ -398,11 +404,15 @@ def _send_kv_chunk(sink, wrapped, sched, args, kwargs):
     stack = getattr(_local, "sending", None)
     if stack is None:
         stack = _local.sending = []
-    stack.append([req, int(req.start_send_idx)])
+    entry = [req, int(req.start_send_idx), None]  # [req, next token offset, a send left to size]
+    stack.append(entry)
     try:
-        return wrapped(*args, **kwargs)
+        out = wrapped(*args, **kwargs)
     finally:
         stack.pop()
+    if entry[2] is not None:  # the send's tokens: how far the chunk advanced start_send_idx
+        entry[2](int(req.start_send_idx) - entry[1])
+    return out
 
 
 def _sender_send(sink, wrapped, sender, args, kwargs):
@@ -420,26 +430,29 @@ def _sender_send(sink, wrapped, sender, args, kwargs):
     device_wait = getattr(sender, "_early_send_wait_event", None) is not None
     with hooks.inside("sender_send"):
         out = wrapped(*args, **kwargs)
-    if tokens is None:  # every 0.5.23 caller passes it; without it the send's size is unknown
-        sink.emit("x.kv_send_unsized", rid=str(req.rid), pages=int(len(page_indices)))
-        return out
-    fields = dict(
-        rid=str(req.rid),
-        obj=sink.obj(req),
-        tokens=int(tokens),
-        pages=int(len(page_indices)),
-        start=entry[1],
-    )
-    entry[1] += int(tokens)
-    if "prefix_send" in hooks.context():
-        running = _state(sink).running
-        if running is None:  # 0.5.23 sends the cached prefix from run_batch only
+    prefix, running = "prefix_send" in hooks.context(), _state(sink).running
+
+    def emit(tokens: int) -> None:
+        fields = dict(
+            rid=str(req.rid),
+            obj=sink.obj(req),
+            tokens=int(tokens),
+            pages=int(len(page_indices)),
+            start=entry[1],
+        )
+        entry[1] += int(tokens)
+        if not prefix:
+            sink.emit("kv_send", **fields)
+        elif running is None:  # 0.5.23 sends the cached prefix from run_batch only
             sink.emit("x.prefix_send_outside_run_batch", **fields)
         else:
             sink.emit("prefix_send", batch=running, device_wait=device_wait, **fields)
+        _expect_delivery(_state(sink), sender, fields)
+
+    if tokens is None:  # 0.5.16's send_kv_chunk does not tell the sender: sized once it returns
+        entry[2] = emit
     else:
-        sink.emit("kv_send", **fields)
-    _expect_delivery(_state(sink), sender, fields)
+        emit(tokens)
     return out
 
 
@@ -482,23 +495,30 @@ def _slot_alloc(sink, wrapped, pool, args, kwargs):
     reqs = list(args[0] if args else kwargs["reqs"])
     if not _in_loop() or "slot_alloc" in hooks.context():
         return wrapped(*args, **kwargs)
-    held = [r.kv.holds_kv for r in reqs]
+    held = [_slot(r) is not None for r in reqs]
     with hooks.inside("slot_alloc"):
         out = wrapped(*args, **kwargs)
     if out is not None:
         for req, before in zip(reqs, held):
-            if not before and req.kv.holds_kv:
-                sink.emit(
-                    "alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(req.kv.req_pool_idx)
-                )
+            if not before and _slot(req) is not None:
+                sink.emit("alloc", rid=str(req.rid), obj=sink.obj(req), slot=int(_slot(req)))
     return out
+
+
+def _slot(req) -> int | None:
+    """The request's req_to_token row: on its KV record (req.kv.req_pool_idx, 0.5.23), or before
+    that record held it, on the Req itself (req.req_pool_idx)."""
+    kv = getattr(req, "kv", None)
+    if kv is not None and hasattr(kv, "req_pool_idx"):
+        return kv.req_pool_idx
+    return getattr(req, "req_pool_idx", None)
 
 
 def _slot_free(sink, wrapped, pool, args, kwargs):
     req = args[0] if args else kwargs["req"]
     if not _in_loop() or "slot_free" in hooks.context() or not hasattr(req, "kv"):
         return wrapped(*args, **kwargs)
-    slot = req.kv.req_pool_idx
+    slot = _slot(req)
     with hooks.inside("slot_free"):
         out = wrapped(*args, **kwargs)
     if slot is not None:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .. import hooks
-from . import decode_scenarios, driver, mutants
+from . import decode_scenarios, driver, mutants, prefill_scenarios
 
 
 def run(a) -> int:
@@ -36,6 +36,9 @@ def run(a) -> int:
         mutant = mutants.DECODE_MUTANTS[a.mutant]
     wanted = a.scenario or (list(mutant.scenarios) if mutant else None)
     chosen = driver.selected(scenarios, wanted)
+    if not chosen and driver.selected(_not_applicable(sgl), wanted):
+        _print_results(sgl, [], "(none)")  # every scenario asked for is listed as not applicable
+        return 0
     if not chosen:
         print(f"pdo conform: no scenario matches {wanted}", file=sys.stderr)
         return 2
@@ -51,6 +54,16 @@ def run(a) -> int:
     else:
         _print_results(sgl, results, trace_dir)
     return 0 if all(driver.met(r) for r in results) else 1
+
+
+def _not_applicable(sgl) -> list[tuple[str, None]]:
+    """(name, None) for the scenarios this release cannot run (a mode of each decode script)."""
+    decode = [
+        (f"{n}/{m}", None)
+        for n in decode_scenarios.inapplicable(sgl)
+        for m in ("normal", "overlap")
+    ]
+    return decode + [(n, None) for n in prefill_scenarios.inapplicable()]
 
 
 def _trace_dir(a) -> str:
@@ -90,6 +103,8 @@ def _print_release(sgl) -> None:
     print(hooks.report())
     for name, absent in decode_scenarios.inapplicable(sgl).items():
         print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
+    for name, why in prefill_scenarios.inapplicable().items():
+        print(f"not applicable to SGLang {sgl.version}: {name} ({why})")
 
 
 def _prefill_mutant(sgl, a) -> int:

@@ -156,9 +156,11 @@ class FakeRunner:
         self.attn_backend = SimpleNamespace(extend_attention_block_m=64)
         self.prefill_aware_swa = False
         self.shared_read_done_event = None
+        self.war_fastpath_read_done_event = None
         self.sliding_window_size = None
         self.is_hybrid_swa = False
         self.effective_logical_max_total_num_tokens = kv_tokens
+        self.effective_max_total_num_tokens = kv_tokens  # its name before 0.5.21
         self.kv_cache_dtype_str = "auto"
         self.ngram_embedding_manager = None  # SGLang's own (disabled), set by build_scheduler
 
@@ -181,6 +183,8 @@ class FakeModelWorker:
     def last_shared_read_runner(self):
         return self.model_runner
 
+    war_fastpath_runner = last_shared_read_runner  # its name up to 0.5.17
+
     def forward_batch_generation(self, batch, **kwargs):
         # lazy: SGLang is optional
         from sglang.srt.environ import envs
@@ -190,13 +194,18 @@ class FakeModelWorker:
         n = self.forwards
         self.log("forward", [str(r.rid) for r in batch.reqs], list(batch.extend_lens))
         if self.fine_barrier:
-            self.model_runner.shared_read_done_event = FakeEvent(self.log, f"shared_read{n}")
+            event = FakeEvent(self.log, f"shared_read{n}")
+            # the event's name up to 0.5.17 too: a release reads (and clears) only its own name
+            self.model_runner.shared_read_done_event = event
+            self.model_runner.war_fastpath_read_done_event = event
         result = GenerationBatchResult(logits_output=None, can_run_cuda_graph=False)
         tokens = torch.tensor(
             [(7 * n + i) % 200 + 3 for i in range(len(batch.reqs))], dtype=torch.int64
         )
+        delay_sample = getattr(envs, "SGLANG_ENABLE_DELAY_SAMPLE", None)  # from 0.5.18
         deferred = self.enable_overlap and (
-            batch.sampling_info.grammars is not None or envs.SGLANG_ENABLE_DELAY_SAMPLE.get()
+            batch.sampling_info.grammars is not None
+            or (delay_sample is not None and delay_sample.get())
         )
         if deferred:
 
@@ -259,6 +268,8 @@ def scripted_sender_class():
                 state_indices is not None,
             )
             self.sent_pages += len(kv_indices)
+            if num_kv_tokens is None:  # FakeKVSender.send takes no token count before 0.5.17
+                return super().send(kv_indices, state_indices)
             return super().send(kv_indices, state_indices, num_kv_tokens)
 
         def clear(self):

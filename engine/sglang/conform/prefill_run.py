@@ -6,6 +6,7 @@ until the work is done and `gracefully_exit` ends the loop.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -20,22 +21,20 @@ from .prefill_fakes import (
     scripted_sender,
     scripted_sender_class,
 )
+from .prefill_releases import cpu_kernels
 from .prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
 
 
 def _envs(workload: Workload):
+    """The workload's switches, set where this release has them (missing_switches says whether a
+    release without one can run the workload)."""
     from sglang.srt.environ import envs  # lazy: SGLang is optional
 
     stack = contextlib.ExitStack()
-    stack.enter_context(envs.SGLANG_ENABLE_DELAY_SAMPLE.override(workload.delay_sample))
-    stack.enter_context(
-        envs.SGLANG_ENABLE_DISAGG_PREFILL_CONTINUOUS_INPUT_POLLING.override(
-            workload.continuous_polling
-        )
-    )
-    stack.enter_context(
-        envs.SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX.override(workload.early_send_prefix)
-    )
+    for name, value in workload.switches().items():
+        switch = getattr(envs, name, None)
+        if switch is not None:
+            stack.enter_context(switch.override(value))
     return stack
 
 
@@ -43,23 +42,32 @@ class Stuck(RuntimeError):
     """The loop ran past the workload's iteration bound without finishing its requests."""
 
 
+class _LoopEnd(Exception):
+    """Ends a loop that has no exit of its own (before 0.5.21 the prefill loops never leave)."""
+
+
 def _install_intake(
     sched, workload: Workload, socket: FakeTokenizerSocket, log: CallLog, schedule: Schedule
 ) -> None:
-    """The loop's ingest_requests, as the instance sees it: SGLang's real Scheduler.ingest_requests
-    (the socket above feeds it), then, for each request it queued in the bootstrap queue, the
-    scripted sender in place of the FakeKVSender create_sender made (before anything polls it), and
-    the exit: `gracefully_exit` once every request arrived and SGLang's is_fully_idle says nothing
-    is left."""
-    real = type(sched).ingest_requests
+    """The loop's intake, as the instance sees it: SGLang's real Scheduler.ingest_requests (from
+    0.5.20; before, process_input_requests of what recv_requests got; the socket above feeds both),
+    then, for each request it queued in the bootstrap queue, the scripted sender in place of the
+    FakeKVSender create_sender made (before anything polls it), and the exit once every request
+    arrived and SGLang's is_fully_idle says nothing is left: `gracefully_exit` where the loop reads
+    it, else _LoopEnd."""
+    name = (
+        "ingest_requests" if hasattr(type(sched), "ingest_requests") else "process_input_requests"
+    )
+    real = getattr(type(sched), name)
     scripted = scripted_sender_class()
     state = {"iterations": 0}
+    reads_exit = _reads_gracefully_exit(sched, workload)
 
-    def ingest_requests(stop_at_pause: bool = False):
+    def intake(*args, **kwargs):
         state["iterations"] += 1
         if state["iterations"] > workload.max_iterations:
             raise Stuck(f"loop still running after {workload.max_iterations} iterations")
-        out = real(sched, stop_at_pause=stop_at_pause)
+        out = real(sched, *args, **kwargs)
         for req in sched.disagg_prefill_bootstrap_queue.queue:
             if not isinstance(req.disagg_kv_sender, scripted):
                 req.disagg_kv_sender = scripted_sender(
@@ -76,9 +84,19 @@ def _install_intake(
         ):
             log("exit")
             sched.gracefully_exit = True
+            if not reads_exit:
+                raise _LoopEnd
         return out
 
-    sched.ingest_requests = ingest_requests
+    setattr(sched, name, intake)
+
+
+def _reads_gracefully_exit(sched, workload: Workload) -> bool:
+    """Whether the workload's loop reads `self.gracefully_exit` (from 0.5.21)."""
+    from ..decode import unwrap  # the plain function under the hooks' wrapper
+
+    loop = unwrap(getattr(type(sched), LOOPS[workload.mode]))
+    return "self.gracefully_exit" in inspect.getsource(loop)
 
 
 LOOPS = {
@@ -101,7 +119,7 @@ def run_workload(
         log, schedule = CallLog(), Schedule(fuzz_schedule)
         # The scenario publishes its own configuration; what was published before is put back after
         # (the process groups of the one-rank world stay: building them again is not supported).
-        with _envs(workload), _restored(rc.snapshot_context(), rc.restore_context):
+        with _envs(workload), _restored(rc):
             sched = build_scheduler(workload, log, schedule)
             socket = FakeTokenizerSocket(workload.arrivals, sched.model_config.vocab_size, log)
             sched.request_receiver = SimpleNamespace(recv_requests=socket.recv_requests)
@@ -109,12 +127,14 @@ def run_workload(
             before = dict(hooks.ran)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(mutate.swapped(torch.cuda, "Event", FakeCudaEvents(log)))
+                stack.enter_context(cpu_kernels())
                 if patch is not None:
                     stack.enter_context(patch)
                 if trace_path is not None:
                     stack.enter_context(hooks.tracing(TraceSink(trace_path)))
                 # looked up inside the patch: a mutant is the loop that runs
-                getattr(sched, LOOPS[workload.mode])()
+                with contextlib.suppress(_LoopEnd):
+                    getattr(sched, LOOPS[workload.mode])()
         ran = sorted(k for k, v in hooks.ran.items() if v > before.get(k, 0))
         outputs = [
             rid
@@ -132,11 +152,17 @@ def run_workload(
 
 
 @contextlib.contextmanager
-def _restored(state, restore):
+def _restored(rc):
+    """The published configuration put back after the block, where the release can snapshot it
+    (0.5.19 on); before, the next publish replaces every field of it."""
+    if not hasattr(rc, "snapshot_context"):
+        yield
+        return
+    state = rc.snapshot_context()
     try:
         yield
     finally:
-        restore(state)
+        rc.restore_context(state)
 
 
 def _leaks(sched) -> dict:

@@ -1,4 +1,5 @@
-"""SGLang 0.5.23's real prefill Scheduler on CPU, around the fakes of prefill_fakes.py.
+"""SGLang's real prefill Scheduler on CPU (0.5.16 to 0.5.23: prefill_releases.py finds out what
+each release has), around the fakes of prefill_fakes.py.
 
 The Scheduler is made with `Scheduler.__new__` (as SGLang's own unit tests do) and given SGLang's
 real components where they run on a CPU: the published server configuration, the req_to_token pool,
@@ -31,6 +32,14 @@ from .prefill_fakes import (
     FakeSocket,
     FakeStream,
     Schedule,
+)
+from .prefill_releases import (
+    Config,
+    construct,
+    full_component,
+    init_steps,
+    parallel_state,
+    radix_cache_class,
 )
 
 _MODEL = {
@@ -79,6 +88,31 @@ class Workload:
     radix_cache: bool = True
     max_iterations: int = 400
 
+    def switches(self) -> dict[str, bool]:
+        """SGLang's environment switch for each setting the workload depends on -> its value. The
+        sampling switch matters to the overlap loop only (the normal loop samples in the forward)."""
+        out = {name: getattr(self, field) for field, name in SWITCHES.items()}
+        if self.mode != "overlap":
+            del out[SWITCHES["delay_sample"]]
+        return out
+
+
+# Workload setting -> SGLang's environment switch for it. A release without the switch behaves as
+# with it off: it has no such feature (continuous polling from 0.5.22, the early cached-prefix send
+# from 0.5.15, deferred sampling of a grammar-free batch from 0.5.18).
+SWITCHES = {
+    "continuous_polling": "SGLANG_ENABLE_DISAGG_PREFILL_CONTINUOUS_INPUT_POLLING",
+    "early_send_prefix": "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX",
+    "delay_sample": "SGLANG_ENABLE_DELAY_SAMPLE",
+}
+
+
+def missing_switches(workload: Workload) -> list[str]:
+    """The switches the workload turns on that this release lacks (it cannot run the workload)."""
+    from sglang.srt.environ import envs  # lazy: SGLang is optional
+
+    return [n for n, on in workload.switches().items() if on and getattr(envs, n, None) is None]
+
 
 _model_dir: list[str] = []
 
@@ -113,20 +147,20 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     """A real Scheduler, made as Scheduler.__new__ and initialised by SGLang's own init_* methods
     where they run without a GPU, a model or a network; the rest (the pools, the bootstrap queue
     with SGLang's fake transfer backend) is built here from SGLang's classes."""
-    # lazy: SGLang is optional
-    from sglang.srt.runtime_context import get_schedule
-
     sgl = sglang()
     server_args = _publish_server_args(workload)
     _process_groups()
     scheduler_cls = sgl.scheduler.Scheduler
     sched = scheduler_cls.__new__(scheduler_cls)
-    schedule_args = get_schedule()
+    schedule_args = Config("schedule", server_args)
     _plain_settings(sched, server_args, schedule_args)
-    sched.init_model_config()
-    sched.init_tokenizer()
-    sched.init_moe_gemm_config()
-    sched.init_metrics_collector()
+    init_steps(
+        sched,
+        "init_model_config",
+        "init_tokenizer",
+        "init_moe_gemm_config",
+        "init_metrics_collector",
+    )
     worker = _model_worker(sched, workload, log)
     _limits(sched, workload, schedule_args)
     _groups(sched)
@@ -137,21 +171,21 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     kv_pool = _pools_and_cache(sched, workload, schedule_args)
     _outputs(sched, log)
     _ngram_embedding(sched, worker)
-    for step in ("init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter"):
-        getattr(sched, step)()
-    sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
-    for step in (
+    init_steps(sched, "init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter")
+    reporter = getattr(sched, "metrics_reporter", None)  # from 0.5.21
+    sched.scheduler_stage_metrics = getattr(reporter, "scheduler_stage_metrics", None)
+    init_steps(
+        sched,
         "init_schedule_policy",
         "init_profiler",
         "init_running_status",
         "init_chunked_prefill",
         "maybe_init_dynamic_chunk_sizer",
-    ):
-        getattr(sched, step)()
+    )
     _disaggregation(sched, workload, server_args, kv_pool)
     sched.init_overlap()
     _device(sched, log, schedule)
-    _remaining_init_steps(sched)
+    _remaininginit_steps(sched)
     return sched
 
 
@@ -178,24 +212,25 @@ def _publish_server_args(workload: Workload):
         disable_radix_cache=not workload.radix_cache,
         disable_overlap_schedule=workload.mode != "overlap",
     )
-    rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    if hasattr(rc, "SpawnRanks"):  # 0.5.21 on: the ranks are published with the configuration
+        rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    elif hasattr(rc, "publish"):  # 0.5.17 on
+        rc.publish(server_args, role="scheduler")
+    else:  # the server arguments alone, on the process's context
+        rc.get_context().set_server_args(server_args)
     return server_args
 
 
 def _plain_settings(sched, server_args, schedule_args) -> None:
-    """The plain settings Scheduler.__init__ reads from the published configuration."""
+    """The plain settings Scheduler.__init__ reads from the published configuration (before 0.5.21,
+    some from the server arguments, of the same name: Config reads either)."""
     # lazy: SGLang is optional
     from sglang.srt.environ import envs
-    from sglang.srt.runtime_context import (
-        get_disagg,
-        get_lora,
-        get_memory,
-        get_parallel,
-        get_serving,
-        get_spec,
-    )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    lora, disagg, serving, mem = (
+        Config(g, server_args) for g in ("lora", "disagg", "serving", "memory")
+    )
     sched.server_args = server_args
     sched.is_initializing = True
     sched.forward_ct = sched.processed_tokens_counter = 0
@@ -207,28 +242,35 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     sched.priority_scheduling_preemption_threshold = (
         schedule_args.priority_scheduling_preemption_threshold
     )
-    sched.enable_lora = get_lora().enable_lora
-    sched.enable_lora_overlap_loading = get_lora().enable_lora_overlap_loading
-    sched.max_loras_per_batch = get_lora().max_loras_per_batch
+    # a feature switch a release does not have is a feature it does not have: off
+    sched.enable_lora = lora.enable_lora
+    sched.enable_lora_overlap_loading = getattr(lora, "enable_lora_overlap_loading", False)
+    sched.max_loras_per_batch = lora.max_loras_per_batch
     sched.enable_overlap = not schedule_args.disable_overlap_schedule
     sched.enable_overlap_mlx = False
-    sched.enable_pdmux = get_disagg().enable_pdmux
-    sched.skip_tokenizer_init = get_serving().skip_tokenizer_init
-    sched.stream_interval = get_serving().stream_interval
-    sched.spec_algorithm = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
+    sched.enable_pdmux = getattr(disagg, "enable_pdmux", False)
+    sched.skip_tokenizer_init = serving.skip_tokenizer_init
+    sched.stream_interval = serving.stream_interval
+    sched.spec_algorithm = SpeculativeAlgorithm.from_string(
+        Config("spec", server_args).speculative_algorithm
+    )
     sched.page_size = schedule_args.page_size
-    mem = get_memory()
     sched.enable_hierarchical_cache = mem.enable_hierarchical_cache
-    sched.enable_lmcache = mem.enable_lmcache
-    sched.enable_session_radix_cache = mem.enable_session_radix_cache
+    sched.enable_lmcache = getattr(mem, "enable_lmcache", False)
+    sched.enable_session_radix_cache = getattr(mem, "enable_session_radix_cache", False)
     sched.enable_hicache_storage = mem.hicache_storage_backend is not None
-    sched.enable_unified_cache_external_linker = mem.enable_unified_cache_external_linker
+    sched.enable_unified_cache_external_linker = getattr(
+        mem, "enable_unified_cache_external_linker", False
+    )
     sched.enable_decode_hicache = False
     sched.max_recv_per_poll = envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get()
-    sched.max_new_tokens_limit = envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get()
-    sched.enable_hisparse = mem.enable_hisparse
-    sched.attn_dp_enabled = get_parallel().attn_dp_enabled
-    sched.enable_unified_memory = mem.enable_unified_memory
+    limit = getattr(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT", None)  # 0.5.16 on; before, no limit
+    sched.max_new_tokens_limit = limit.get() if limit is not None else None
+    sched.enable_hisparse = getattr(mem, "enable_hisparse", False)
+    # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
+    sched.attn_dp_enabled = sched.enable_dp_attention = False
+    sched.enable_unified_memory = getattr(mem, "enable_unified_memory", False)
+    parallel_state(sched)
 
 
 def _model_worker(sched, workload: Workload, log: CallLog) -> FakeModelWorker:
@@ -260,9 +302,12 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
     sched.max_req_len = min(model_config.context_len - 1, workload.kv_tokens - 1)
     sched.max_req_input_len = sched.max_req_len - 5
     sched.min_free_slots_delayer = None
-    if not get_parallel().pp_max_micro_batch_size:
+    if not Config("parallel", sched.server_args).pp_max_micro_batch_size:
         micro_batch = max(sched.max_running_requests // get_parallel().pp_size, 1)
-        rc.get_context().override(
+        # on the context from 0.5.17; on the server arguments before
+        ctx = rc.get_context()
+        owner = ctx if hasattr(ctx, "override") else sched.server_args
+        owner.override(
             "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=micro_batch
         )
 
@@ -270,7 +315,7 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
 def _groups(sched) -> None:
     """The process groups of the one-rank world (_process_groups built them)."""
     # lazy: SGLang is optional
-    from sglang.srt.layers.dp_attention import get_dp_tp_group
+    from sglang.srt.layers import dp_attention
     from sglang.srt.runtime_context import get_parallel
 
     sched.tp_group = get_parallel().tp_group
@@ -281,7 +326,9 @@ def _groups(sched) -> None:
     sched.attn_cp_cpu_group = sched.attn_cp_group.cpu_group
     sched.pp_group = get_parallel().pp_group
     sched.world_group = get_parallel().world_group
-    sched.dp_tp_group = get_dp_tp_group()
+    get_dp_tp_group = getattr(dp_attention, "get_dp_tp_group", None)
+    # before it, Scheduler.__init__ takes the TP group where DP attention is off
+    sched.dp_tp_group = get_dp_tp_group() if get_dp_tp_group else sched.tp_group
     sched.dp_tp_cpu_group = sched.dp_tp_group.cpu_group
     sched.pad_input_ids_func = None
 
@@ -290,12 +337,9 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
     """The pools and the cache, SGLang's classes on the CPU (what kv_cache_builder.build_kv_cache
     builds for this model, without a model runner to size them). Returns the KV pool."""
     # lazy: SGLang is optional
-    from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
     model_config = sched.model_config
@@ -323,21 +367,26 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
         kvcache=kv_pool,
         need_sort=False,
     )
-    sched.tree_cache = UnifiedRadixCache(
-        CacheInitParams(
-            disable=not workload.radix_cache,
-            req_to_token_pool=sched.req_to_token_pool,
-            token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
-            page_size=workload.page_size,
-            tree_components=(ComponentType.FULL,),
-            chunked_prefill_size=schedule_args.chunked_prefill_size,
-        )
+    params = construct(
+        CacheInitParams,
+        disable=not workload.radix_cache,
+        req_to_token_pool=sched.req_to_token_pool,
+        token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
+        page_size=workload.page_size,
+        tree_components=full_component(),
+        chunked_prefill_size=schedule_args.chunked_prefill_size,
     )
+    sched.tree_cache = radix_cache_class()(params)
     sched.disable_radix_cache = not workload.radix_cache
     sched.is_hybrid_swa = sched.is_hybrid_ssm = False
     sched.sliding_window_size = None
     sched.full_tokens_per_layer, sched.swa_tokens_per_layer = workload.kv_tokens, 0
-    sched.kv_shard_widening = page_interleave_shard_size(sched.token_to_kv_pool_allocator)
+    try:  # page interleaving arrives in 0.5.20; a release without it does not read the widening
+        from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
+    except ModuleNotFoundError:
+        pass
+    else:
+        sched.kv_shard_widening = page_interleave_shard_size(sched.token_to_kv_pool_allocator)
     sched.decode_offload_manager = None
     sched.rust_server = None
     sched.memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
@@ -367,7 +416,9 @@ def _ngram_embedding(sched, worker: FakeModelWorker) -> None:
     )
 
     model_config = sched.model_config
-    worker.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
+    worker.model_runner.ngram_embedding_manager = construct(
+        NgramEmbeddingManager.from_model,
+        server_args=sched.server_args,  # read there before 0.5.19
         model=torch.nn.Module(),
         model_config=model_config,
         req_to_token_pool=sched.req_to_token_pool,
@@ -389,7 +440,6 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
         TransferBackend,
     )
     from sglang.srt.environ import envs
-    from sglang.srt.runtime_context import get_disagg
 
     sched.disaggregation_mode = DisaggregationMode.PREFILL
     sched.transfer_backend = TransferBackend.FAKE
@@ -398,26 +448,34 @@ def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:
     )
     size = sched.max_running_requests * 2
     sched.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(size)
-    sched.disagg_metadata_buffers = MetadataBuffers(
+    sched.disagg_metadata_buffers = construct(
+        MetadataBuffers,
         size,
         hidden_size=16,
         hidden_states_dtype=torch.float32,
-        max_sampling_mask_tokens=server_args.sampling_mask_max_tokens,
+        max_sampling_mask_tokens=getattr(server_args, "sampling_mask_max_tokens", None),
         custom_mem_pool=None,
         output_dsa_topk_indices_dim=0,
         kv_checksum_enabled=False,
     )
-    sched.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue(
+    sched.disagg_prefill_bootstrap_queue = construct(
+        PrefillBootstrapQueue,
         token_to_kv_pool=kv_pool,
         draft_token_to_kv_pool=None,
         req_to_metadata_buffer_idx_allocator=sched.req_to_metadata_buffer_idx_allocator,
         metadata_buffers=sched.disagg_metadata_buffers,
         gpu_id=0,
-        bootstrap_port=get_disagg().disaggregation_bootstrap_port,
+        bootstrap_port=Config("disagg", server_args).disaggregation_bootstrap_port,
         max_total_num_tokens=workload.kv_tokens,
         scheduler=sched,
         scheduler_stage_metrics=sched.scheduler_stage_metrics,
         transfer_backend=TransferBackend.FAKE,
+        # what releases before 0.5.21 read of the one-rank world
+        gloo_group=sched.attn_tp_cpu_group,
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
     )
     sched.disagg_prefill_inflight_queue = []
     sched.disagg_prefill_pending_chunk_rids = set()
@@ -434,9 +492,10 @@ def _device(sched, log: CallLog, schedule: Schedule) -> None:
     sched.copy_stream_ctx = device.stream(sched.copy_stream)
 
 
-def _remaining_init_steps(sched) -> None:
+def _remaininginit_steps(sched) -> None:
     """SGLang's init_* steps after the device, then the flags the end of Scheduler.__init__ sets."""
-    for step in (
+    init_steps(
+        sched,
         "maybe_init_ngram_embedding",
         "init_deterministic_inference_config",
         "init_dsa_kpool_truncation_align",
@@ -456,8 +515,8 @@ def _remaining_init_steps(sched) -> None:
         "init_output_streamer",
         "init_batch_result_processor",
         "init_kv_events_publisher",
-    ):
-        getattr(sched, step)()
+        "init_internal_state",  # 0.5.22 only
+    )
     sched.idle_sleeper = None
     sched.is_initializing = False
     # Scheduler.run_event_loop's switch: on by default on CUDA, which these scenarios stand for.

@@ -38,9 +38,9 @@ def _pdo_as_if(version, *args):
 
 
 @pytest.mark.parametrize(
-    "version, says", [(None, "not installed"), ("0.5.22", "not a version the adapter knows")]
+    "version, says", [(None, "not installed"), ("0.5.12", "below the supported range")]
 )
-def test_missing_or_other_sglang_exits_2_with_one_line(version, says):
+def test_missing_or_too_old_sglang_exits_2_with_one_line(version, says):
     out = _pdo_as_if(version, "conform", "sglang")
     assert out.returncode == 2
     assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1
