@@ -45,8 +45,8 @@ def seed_traces(workdir: str, engine: bool) -> list[bytes]:
 
 
 def deletions(per_kind: int | None) -> int:
-    from checker.fuzz.deletions import campaign
     from engine.cli import main as pdo
+    from engine.cli.check_deletions import campaign
 
     with tempfile.TemporaryDirectory() as d:
         sets = []

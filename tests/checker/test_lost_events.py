@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from checker.fuzz.deletions import campaign, check_set
 from engine.cli import exits, main
+from engine.cli.check_deletions import campaign, check_set
 from tests.trace_fixtures import canonical, write
 
 MODES = ("normal", "overlap", "thread", "ahead")

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checker.fuzz.deletions import check_set
 from checker.fuzz.trace_mutate import ODD_VALUES
 from checker.json_values import MAX_DEPTH
 from checker.trace_io import _chunk_slow, _role_tables
 from checker.typed_decode import decode_chunk
 from engine.cli import exits, main
+from engine.cli.check_deletions import check_set
 from tests.trace_fixtures import canonical, write
 
 

@@ -242,7 +242,8 @@ def test_an_event_after_trace_end_is_malformed(tmp_path, capsys):
     path, _ = _run(tmp_path, requests=4, mode="normal")
     lines = path.read_text().splitlines(keepends=True)
     bad = tmp_path / "bad.jsonl"
-    last = json.loads(lines[-2]) | {"seq": len(lines) + 5}
+    # the next seq after trace_end's: no gap, so what is wrong is the event's place alone
+    last = json.loads(lines[-2]) | {"seq": json.loads(lines[-1])["seq"] + 1}
     bad.write_text("".join(lines) + json.dumps(last) + "\n")
     assert pdo(["check", str(bad)]) == BAD_INPUT
     assert f"bad.jsonl:{len(lines)}: field 'ev': trace_end is not the last event" in (

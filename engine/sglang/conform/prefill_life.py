@@ -212,7 +212,7 @@ class PrefillLife:
 
             sglang()
             log, schedule = CallLog(), Schedule(None)
-            with _envs(workload), _restored(rc.snapshot_context(), rc.restore_context):
+            with _envs(workload), _restored(rc):
                 sched = build_scheduler(workload, log, schedule)
                 self.ledger = lifecycle.Ledger(sched)
                 capacity = lifecycle.capacity(sched)

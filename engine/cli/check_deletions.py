@@ -18,7 +18,7 @@ from collections import Counter
 
 def check_set(paths: list[str], parser=None) -> tuple[int, str]:
     """`pdo check PATHS...` in this process: (exit code, what it wrote on stderr)."""
-    from engine.cli import main  # lazy: checker does not import the CLI
+    from engine.cli import main  # lazy: a module of the CLI package, imported by scripts and tests
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -61,7 +61,7 @@ def lines_to_delete(path: str, per_kind: int | None, rng: random.Random) -> list
 def campaign(sets: list[list[str]], workdir: str, *, per_kind: int | None = None, seed: int = 0):
     """Each set with each chosen line of each of its files deleted, checked as a set. Returns
     {counts: exit code -> cases, kinds: the event kinds deleted, problems: [(file, line, why)]}."""
-    from engine.cli import build_parser
+    from engine.cli import build_parser  # lazy: as main above
 
     parser = build_parser()
     rng = random.Random(seed)
