@@ -44,6 +44,9 @@ def _noop(sink, wrapped, instance, args, kwargs):
 
 
 def test_a_hook_attaches_only_to_a_target_with_the_parameters_it_reads():
+    # the adapter's own hooks may be installed in this process: set them aside, and undo only ours
+    attached, installed = dict(hooks.attached), len(hooks._installed)
+    hooks.attached.clear()
     try:
         assert hooks.wrap(_Target, "present", _noop, ("req",))
         assert not hooks.wrap(_Target, "absent", _noop)
@@ -56,9 +59,12 @@ def test_a_hook_attaches_only_to_a_target_with_the_parameters_it_reads():
         assert "_Target.absent (absent)" in line and "_Target.renamed (signature (request))" in line
         assert _Target().present(7) == 7  # the wrapper passes the call through
     finally:
-        hooks.uninstall()
+        while len(hooks._installed) > installed:
+            owner, name, original = hooks._installed.pop()
+            setattr(owner, name, original)
+        hooks.attached.clear()
+        hooks.attached.update(attached)
     assert "present" in _Target.__dict__ and not hasattr(_Target.present, "__wrapped__")
-    assert hooks.attached == {}
 
 
 # ---- the range ------------------------------------------------------------------------------------
