@@ -30,6 +30,7 @@ from . import (
     shrink,
     with_pressure,
 )
+from .runs import MODEL_EVERY
 
 # The workload each prefill mutant is hunted with: small enough for hundreds of schedules a minute,
 # rich enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
@@ -186,10 +187,12 @@ def _campaign_result(a, idx, out, label: str, stats: CampaignStats, what: str) -
             "failures": out.failures if idx is not None else [],
             "events": out if idx is None else None,
             "memory": stats.as_dict(),
+            "judges": stats.judges_dict(),
         }
         print(json.dumps(report))
     else:
         print(f"  {stats.line()}")
+        print(f"  {stats.judges_line()}")
     return code
 
 
@@ -221,6 +224,7 @@ def _campaign_in(a, pool) -> int:
             draw=pd_draws(a.seed, **_pd_fixed(a)),
             stats=stats,
             pool=pool,
+            model_every=a.model_every,
         )
         label, what = "pd", "PD cases"
     else:
@@ -240,6 +244,7 @@ def _campaign_in(a, pool) -> int:
             draw=draw,
             stats=stats,
             pool=pool,
+            model_every=a.model_every,
         )
         label, what = case.mode, f"mode={case.mode}"
     return _campaign_result(a, idx, out, label, stats, what)
@@ -255,6 +260,8 @@ def cmd_fuzz(a) -> int:
         a.pd = True  # a decode mutant needs the decode side: PD cases
     if a.jobs < 1:
         return _error(f"--jobs must be at least 1, got {a.jobs}")
+    if a.model_every < 0:
+        return _error(f"--model-every must be 0 (never) or more, got {a.model_every}")
     if a.jobs > 1 and a.strategy == "dfs":
         return _error("--strategy dfs is one sequential search; --jobs needs pct or random")
     if a.replay:
@@ -360,6 +367,14 @@ def register(sub) -> None:
         type=int,
         default=1,
         help="run the schedules in N worker processes (same verdicts and replay command as 1)",
+    )
+    p.add_argument(
+        "--model-every",
+        type=int,
+        default=MODEL_EVERY,
+        metavar="N",
+        help=f"judge refinement (z3, the costly judge) on every N-th schedule by index; 1: every "
+        f"schedule, 0: none (default {MODEL_EVERY})",
     )
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--hit", type=float, default=0.8)

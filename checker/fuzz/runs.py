@@ -54,6 +54,9 @@ class Outcome:
     # the run's memory counters (checker/fuzz/pressure.py), summed into the campaign statistics
     stats: dict = field(repr=False, default_factory=dict)
     model: bool = False  # whether refinement was judged (a saved case replays with the same judges)
+    # what the judges judged: "rules" (traces checked), "outputs" (1: outputs compared with the
+    # reference), "model_refines" / "model_drift" / "model_unknown" (traces, by refinement verdict)
+    judged: dict = field(repr=False, default_factory=dict)
     _digest: str | None = field(repr=False, default=None)
 
     @property
@@ -116,15 +119,17 @@ def _rule_failures(results) -> list[str]:
     return [f"rule {rid}" for rid in rule_ids]
 
 
-def _model_failures(paths) -> list[str]:
+def _model_failures(paths, judged: dict) -> list[str]:
     """The third judge: each prefill trace a schedule of the loop model of its mode, the decode
     trace of a PD case one of the decode loop model (checker/refine.py; a decode run the model
     leaves out is not judged); a drift names the engine groups the conflict needs, a verdict that
     is the same in every process (the events of the conflict are one of several: `pdo check
-    --model` on the trace shows them)."""
+    --model` on the trace shows them). Counts each trace's verdict into `judged`."""
     failures = []
     for path in paths:
         check = check_model(path, timeout_ms=MODEL_TIMEOUT_MS)
+        verdict = "refines" if check.ok else "drift" if check.judged else "unknown"
+        judged[f"model_{verdict}"] = judged.get(f"model_{verdict}", 0) + 1
         if check.judged and not check.ok:
             a = check.answer
             reason = f": {a.reason}" if a.reason else ""
@@ -173,11 +178,12 @@ def run_prefill_case(
         os.close(fd)
     else:
         path = trace_path
+    judged = {"rules": 1, "outputs": 1}
     try:
         tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
         failures += _rule_failures([check_file(path)])
         if model:
-            failures += _model_failures([path])
+            failures += _model_failures([path], judged)
     finally:
         if trace_path is None:
             os.unlink(path)
@@ -193,6 +199,7 @@ def run_prefill_case(
         case=case,
         stats=prefill_run_stats(summary),
         model=model,
+        judged=judged,
     )
 
 
@@ -376,11 +383,12 @@ def run_pd_case(
     ctl = Controller(strategy, max_steps=60_000)
     summary, error, survivors = _run_pd(case, ctl, cfg, workload, decode_cfg, extra, stem)
     failures = _run_failures(ctl, error, survivors)
-    trace = []
+    trace, judged = [], {}
     if summary is not None:
+        judged = {"rules": len(summary["traces"]), "outputs": 1}
         failures += _rule_failures(check_files(summary["traces"], rules=_rules()))
         if model:
-            failures += _model_failures(summary["traces"])
+            failures += _model_failures(summary["traces"], judged)
         failures += _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary)
         failures += _leak_failure(_pd_leaks(summary))
         trace = _read_traces(summary["traces"])
@@ -389,5 +397,13 @@ def run_pd_case(
     _sorted_failures(failures)
     stats = pd_run_stats(summary) if summary is not None else {}
     return Outcome(
-        failures, list(ctl.choices), len(trace), trace, {}, case=case, stats=stats, model=model
+        failures,
+        list(ctl.choices),
+        len(trace),
+        trace,
+        {},
+        case=case,
+        stats=stats,
+        model=model,
+        judged=judged,
     )
