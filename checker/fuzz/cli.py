@@ -30,7 +30,7 @@ from . import (
     shrink,
     with_pressure,
 )
-from .runs import MODEL_EVERY
+from .runs import MODEL_EVERY, MODEL_TIMEOUT_MS
 
 # The workload each prefill mutant is hunted with: small enough for hundreds of schedules a minute,
 # rich enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
@@ -225,6 +225,7 @@ def _campaign_in(a, pool) -> int:
             stats=stats,
             pool=pool,
             model_every=a.model_every,
+            model_timeout_ms=a.model_timeout_ms,
         )
         label, what = "pd", "PD cases"
     else:
@@ -245,6 +246,7 @@ def _campaign_in(a, pool) -> int:
             stats=stats,
             pool=pool,
             model_every=a.model_every,
+            model_timeout_ms=a.model_timeout_ms,
         )
         label, what = case.mode, f"mode={case.mode}"
     return _campaign_result(a, idx, out, label, stats, what)
@@ -262,6 +264,8 @@ def cmd_fuzz(a) -> int:
         return _error(f"--jobs must be at least 1, got {a.jobs}")
     if a.model_every < 0:
         return _error(f"--model-every must be 0 (never) or more, got {a.model_every}")
+    if a.model_timeout_ms < 1:
+        return _error(f"--model-timeout-ms must be at least 1, got {a.model_timeout_ms}")
     if a.jobs > 1 and a.strategy == "dfs":
         return _error("--strategy dfs is one sequential search; --jobs needs pct or random")
     if a.replay:
@@ -375,6 +379,14 @@ def register(sub) -> None:
         metavar="N",
         help=f"judge refinement (z3, the costly judge) on every N-th schedule by index; 1: every "
         f"schedule, 0: none (default {MODEL_EVERY})",
+    )
+    p.add_argument(
+        "--model-timeout-ms",
+        type=int,
+        default=MODEL_TIMEOUT_MS,
+        metavar="MS",
+        help=f"z3's time per trace for refinement; past it the trace is counted not judged "
+        f"(default {MODEL_TIMEOUT_MS})",
     )
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--hit", type=float, default=0.8)

@@ -119,7 +119,7 @@ def _rule_failures(results) -> list[str]:
     return [f"rule {rid}" for rid in rule_ids]
 
 
-def _model_failures(paths, judged: dict) -> list[str]:
+def _model_failures(paths, judged: dict, timeout_ms: int = MODEL_TIMEOUT_MS) -> list[str]:
     """The third judge: each prefill trace a schedule of the loop model of its mode, the decode
     trace of a PD case one of the decode loop model (checker/refine.py; a decode run the model
     leaves out is not judged); a drift names the engine groups the conflict needs, a verdict that
@@ -127,7 +127,7 @@ def _model_failures(paths, judged: dict) -> list[str]:
     --model` on the trace shows them). Counts each trace's verdict into `judged`."""
     failures = []
     for path in paths:
-        check = check_model(path, timeout_ms=MODEL_TIMEOUT_MS)
+        check = check_model(path, timeout_ms=timeout_ms)
         verdict = "refines" if check.ok else "drift" if check.judged else "unknown"
         judged[f"model_{verdict}"] = judged.get(f"model_{verdict}", 0) + 1
         if check.judged and not check.ok:
@@ -137,12 +137,21 @@ def _model_failures(paths, judged: dict) -> list[str]:
     return failures
 
 
-def run_case(case, strategy, *, trace_path: str | None = None, model: bool = False) -> Outcome:
+def run_case(
+    case,
+    strategy,
+    *,
+    trace_path: str | None = None,
+    model: bool = False,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
+) -> Outcome:
     """Run one controlled schedule of `case` (a prefill Case or a PDCase) and judge it; `model`:
-    also judge refinement of the loop model (the campaigns do on every MODEL_EVERY-th schedule)."""
-    if isinstance(case, PDCase):
-        return run_pd_case(case, strategy, trace_path=trace_path, model=model)
-    return run_prefill_case(case, strategy, trace_path=trace_path, model=model)
+    also judge refinement of the loop model (the campaigns do on every MODEL_EVERY-th schedule),
+    z3 given `model_timeout_ms` per trace (past it the trace is not judged)."""
+    run = run_pd_case if isinstance(case, PDCase) else run_prefill_case
+    return run(
+        case, strategy, trace_path=trace_path, model=model, model_timeout_ms=model_timeout_ms
+    )
 
 
 # ---- one prefill case ----------------------------------------------------------------------------
@@ -154,7 +163,12 @@ def _prefill_output_failures(summary) -> list[str]:
 
 
 def run_prefill_case(
-    case, strategy, *, trace_path: str | None = None, model: bool = True
+    case,
+    strategy,
+    *,
+    trace_path: str | None = None,
+    model: bool = True,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
 ) -> Outcome:
     """Run one controlled schedule of a prefill case and judge it: the trace against its rules, each
     request's output against the reference, and leaks."""
@@ -183,7 +197,7 @@ def run_prefill_case(
         tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
         failures += _rule_failures([check_file(path)])
         if model:
-            failures += _model_failures([path], judged)
+            failures += _model_failures([path], judged, model_timeout_ms)
     finally:
         if trace_path is None:
             os.unlink(path)
@@ -370,7 +384,12 @@ def _read_traces(paths) -> list[dict]:
 
 
 def run_pd_case(
-    case: PDCase, strategy, *, trace_path: str | None = None, model: bool = True
+    case: PDCase,
+    strategy,
+    *,
+    trace_path: str | None = None,
+    model: bool = True,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
 ) -> Outcome:
     """Run one controlled schedule of a PD case and judge it: every trace (decode, each prefill
     rank) against its rules plus the cross rules, every finished request's tokens against the
@@ -388,7 +407,7 @@ def run_pd_case(
         judged = {"rules": len(summary["traces"]), "outputs": 1}
         failures += _rule_failures(check_files(summary["traces"], rules=_rules()))
         if model:
-            failures += _model_failures(summary["traces"], judged)
+            failures += _model_failures(summary["traces"], judged, model_timeout_ms)
         failures += _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary)
         failures += _leak_failure(_pd_leaks(summary))
         trace = _read_traces(summary["traces"])
