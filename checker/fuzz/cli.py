@@ -31,6 +31,7 @@ from . import (
     with_pressure,
 )
 from .runs import MODEL_EVERY, MODEL_TIMEOUT_MS
+from .shrink import fails_alike
 
 # The workload each prefill mutant is hunted with: small enough for hundreds of schedules a minute,
 # rich enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
@@ -135,7 +136,23 @@ def _report_failure(a, idx: int, out, label: str) -> int:
         index=idx,
         model=out.model,
     )
-    small, sched, small_out = shrink(case, out.schedule, out.failures)
+    print(f"pdo fuzz: failure after {idx + 1} schedule(s) ({a.strategy}, seed {a.seed}):")
+    for f in out.failures[:6]:
+        print(f"  {f}")
+    small, sched, small_out = shrink(case, out.schedule, out.failures, model=out.model)
+    traces = f"{stem}.trace.*.jsonl" if isinstance(small, PDCase) else f"{stem}.trace.jsonl"
+    if not fails_alike(small_out, out.failures):
+        # Neither a smaller case nor the case itself failed again as it did: no shrunk case, and
+        # no replay command that would print "no failure".
+        run_case(case, Replay(out.schedule, strict=False), trace_path=stem + ".trace.jsonl")
+        print(
+            "  shrink lost the failure: no run of the case, smaller or whole, failed again the "
+            f"same way (the rerun: {', '.join(small_out.failures[:3]) or 'no failure'}); "
+            "no shrunk case written"
+        )
+        print(f"  trace (a rerun of the case): {traces}   case: {stem}.case.json")
+        print(f"replay (may not fail again): pdo fuzz --replay {stem}.case.json")
+        return 1
     save_case(
         stem + ".shrunk.json",
         small,
@@ -145,14 +162,10 @@ def _report_failure(a, idx: int, out, label: str) -> int:
         model=small_out.model,
     )
     run_case(small, Replay(sched, strict=False), trace_path=stem + ".trace.jsonl")
-    print(f"pdo fuzz: failure after {idx + 1} schedule(s) ({a.strategy}, seed {a.seed}):")
-    for f in out.failures[:6]:
-        print(f"  {f}")
     print(
         f"  shrunk to {small.requests} request(s), {len(sched)} schedule steps: "
         f"{', '.join(small_out.failures[:3])}"
     )
-    traces = f"{stem}.trace.*.jsonl" if isinstance(small, PDCase) else f"{stem}.trace.jsonl"
     print(f"  trace: {traces}   case: {stem}.case.json")
     print(f"replay: pdo fuzz --replay {stem}.shrunk.json")
     return 1

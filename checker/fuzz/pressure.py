@@ -89,7 +89,15 @@ COUNTERS = (
 )
 
 
-JUDGED = ("rules", "outputs", "model_refines", "model_drift", "model_unknown")
+JUDGED = (
+    "rules",
+    "outputs",
+    "model_refines",
+    "model_drift",
+    "model_outside",
+    "model_timeout",
+    "model_unknown",
+)
 
 
 class CampaignStats:
@@ -138,8 +146,9 @@ class CampaignStats:
         return (
             f"judges: {self.schedules} schedules; rules {j['rules']} traces; outputs "
             f"{j['outputs']} schedules; refinement {self.model_schedules} schedules, traces "
-            f"{j['model_refines']} refine, {j['model_drift']} drift, {j['model_unknown']} not "
-            "judged (unknown)"
+            f"{j['model_refines']} refine, {j['model_drift']} drift, not judged: "
+            f"{j['model_outside']} outside the model, {j['model_timeout']} z3 out of time"
+            + (f", {j['model_unknown']} with no model" if j["model_unknown"] else "")
         )
 
     def judges_dict(self) -> dict:

@@ -55,7 +55,9 @@ class Outcome:
     stats: dict = field(repr=False, default_factory=dict)
     model: bool = False  # whether refinement was judged (a saved case replays with the same judges)
     # what the judges judged: "rules" (traces checked), "outputs" (1: outputs compared with the
-    # reference), "model_refines" / "model_drift" / "model_unknown" (traces, by refinement verdict)
+    # reference), "model_refines" / "model_drift" / "model_outside" (not judged: a run the model
+    # leaves out) / "model_timeout" (not judged: z3 out of time) / "model_unknown" (a role with no
+    # loop model): traces, by refinement verdict
     judged: dict = field(repr=False, default_factory=dict)
     _digest: str | None = field(repr=False, default=None)
 
@@ -129,6 +131,9 @@ def _model_failures(paths, judged: dict, timeout_ms: int = MODEL_TIMEOUT_MS) -> 
     for path in paths:
         check = check_model(path, timeout_ms=timeout_ms)
         verdict = "refines" if check.ok else "drift" if check.judged else "unknown"
+        if verdict == "unknown" and check.answer is not None:
+            # z3 out of time ("canceled", "timeout") or a run the model leaves out (the reason)
+            verdict = "timeout" if check.answer.reason in ("canceled", "timeout") else "outside"
         judged[f"model_{verdict}"] = judged.get(f"model_{verdict}", 0) + 1
         if check.judged and not check.ok:
             a = check.answer
