@@ -4,7 +4,7 @@ already taken it) may log query_begin after the cancel; and a shrunk case must k
 that failed (a shrink that loses the failure says so).
 
 The bounded campaign here is the CI part of the long one in docs/fuzzing.md: PDO_FUZZ_BUDGET=N
-multiplies its schedules (N=250: 2,000 in all)."""
+multiplies its schedules (N=250: the whole campaign, 2,000 schedules)."""
 
 import json
 
