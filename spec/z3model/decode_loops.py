@@ -363,6 +363,14 @@ class _DecodeLoop:
                 self.known[(r, i)] = self.define(
                     f"known:r{r}:{i}", disj(self.known[(r, i - 1)], need[r])
                 )
+            # a query submitted before the parallel info said one rank (the
+            # prefetch-before-published mutant) is neither used nor cancelled here: it stays
+            # outstanding, as in engine/decode/prealloc.py, until a cancel ends it
+            for k in self.keys(a):
+                if k in live:
+                    self.out[(k, i + 1)] = self.define(
+                        f"out:{k}:{i + 1}", conj(live[k], neg(empty))
+                    )
             return
         tag = self.workload.sync_tag(i)
         has = disj(*need.values())
