@@ -44,11 +44,14 @@ def _answered(e: dict) -> dict:
 
 
 class Outstanding:
-    """Prefetched queries not yet consumed or cancelled: addr -> (qid, rooms, seq)."""
+    """Prefetched queries not yet consumed or cancelled: addr -> (qid, rooms, seq); the qids
+    cancelled, and of those the ones whose cancel did not stop them (`stopped` false or absent:
+    the pool thread may have taken the call, its query_begin may follow)."""
 
     def __init__(self):
         self.by_addr: dict = {}
         self.cancelled: set = set()
+        self.may_run: set = set()
 
     def on(self, e: dict):
         ev, addr = e["ev"], e.get("addr")
@@ -58,6 +61,8 @@ class Outstanding:
             return prev
         if ev == "prefetch_cancel":
             self.cancelled.add(e["qid"])
+            if e.get("stopped") is not True:
+                self.may_run.add(e["qid"])
             if addr in self.by_addr and self.by_addr[addr][0] == e["qid"]:
                 del self.by_addr[addr]
         elif ev == "resolve" and e.get("qid") is not None:
@@ -173,16 +178,18 @@ class UnknownRooms(DecodeTemplate):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.known: dict = {}  # room -> seq of the resolve that answered it
-        self.cancelled = set()
+        self.may_run = set()  # qids cancelled by a cancel that did not stop them
 
     def on(self, e):
         ev = e["ev"]
         if ev == "prefetch_cancel":
-            self.cancelled.add(e["qid"])
+            if e.get("stopped") is not True:
+                self.may_run.add(e["qid"])
         elif ev == "resolve":
             for room in _answered(e):
                 self.known.setdefault(room, e["seq"])
-        elif e["qid"] not in self.cancelled:  # a cancelled future that started anyway asks, unused
+        # a future the cancel did not stop (the pool had taken it) starts anyway: it asks, unused
+        elif e["qid"] not in self.may_run:
             self.checks += 1
             again = [r for r in _rooms(e) if r in self.known]
             if again:
@@ -313,14 +320,14 @@ class NoStale(DecodeTemplate):
         self.out.on(e)
 
 
-def _asks_while_released(e) -> bool:
+def _asks_while_released(e, may_run: set) -> bool:
     """What D-release-cancels forbids between release_memory and resume_memory: a prefetch
-    submitted, a synchronous query, a parallel-info fetch, a receiver initialised. (A prefetch query
-    the pool had already started cannot be cancelled: its query_begin, source prefetch, may still
-    come.)"""
+    submitted, a query, a parallel-info fetch, a receiver initialised; but the query_begin of a
+    prefetched query whose cancel did not stop it (`may_run`: the pool thread had taken the call,
+    so it runs after the cancel; a cancel that stopped it means it never runs)."""
     ev = e["ev"]
     return ev in ("prefetch_submit", "receiver_init", "prefill_info") or (
-        ev == "query_begin" and e["source"] == "sync"
+        ev == "query_begin" and not (e.get("source") == "prefetch" and e.get("qid") in may_run)
     )
 
 
@@ -353,7 +360,7 @@ class Release(DecodeTemplate):
             self.released = e["seq"]
         elif ev == "resume_memory":
             self.released = None
-        elif self.released is not None and _asks_while_released(e):
+        elif self.released is not None and _asks_while_released(e, self.out.may_run):
             self.checks += 1
             what = {
                 "receiver_init": lambda: f"room {e['room']}",

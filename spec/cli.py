@@ -217,6 +217,22 @@ def _decode_vacuity(model, k: int) -> list:
             "sat" if k >= 4 else "unsat",
             "intended" if k >= 4 else "needs K >= 4",
         ),
+        (
+            zm.Query(
+                "a query begins after a cancel that did not stop it (engine ∧ rules)",
+                model.check(both, zm.query_after_cancel(universe, stopped=False)),
+            ),
+            "sat" if k >= first else "unsat",
+            "the pool thread took it first" if k >= first else f"needs K >= {first}",
+        ),
+        (
+            zm.Query(
+                "... after a cancel that stopped it (loop model)",
+                model.check(model.engine_ids, zm.query_after_cancel(universe, stopped=True)),
+            ),
+            "unsat",
+            "as designed",
+        ),
     ]
     checks += [
         (

@@ -72,7 +72,9 @@ DECODE_INTRO = """\
 
 The decode universe: {k} loop iterations, two bootstrap addresses (rooms 1, 2, 3 at the
 first, room 4 at the second); per address, iteration and room set a prefetched query (submit, its
-pool thread's query_begin, a cancel, a resolve using it as is or as the prefix of a larger set);
+pool thread's query_begin, a cancel (with Future.cancel()'s result, `stopped`: a cancel that
+stopped the query means it never begins, one that did not lets it begin after the cancel), a
+resolve using it as is or as the prefix of a larger set);
 per address and room set a synchronous one; per room its request's life (done or aborted); one
 release and one resume of memory. The loop model (`E:` groups below) is the prefetch and
 consumption code of engine/decode/ unrolled over the iterations; the environment chooses arrivals,

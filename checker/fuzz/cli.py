@@ -32,6 +32,8 @@ from . import (
     shrink,
     with_pressure,
 )
+from .runs import MODEL_EVERY, MODEL_TIMEOUT_MS
+from .shrink import fails_alike
 
 # The workload each prefill mutant is hunted with: small enough for hundreds of schedules a minute,
 # rich enough to exercise what the bug breaks (chunked requests, cached prefixes, logit bias).
@@ -156,7 +158,23 @@ def _report_failure(a, idx: int, out, label: str) -> int:
         index=idx,
         model=out.model,
     )
-    small, sched, small_out = shrink(case, out.schedule, out.failures)
+    print(f"pdo fuzz: failure after {idx + 1} schedule(s) ({a.strategy}, seed {a.seed}):")
+    for f in out.failures[:6]:
+        print(f"  {f}")
+    small, sched, small_out = shrink(case, out.schedule, out.failures, model=out.model)
+    traces = f"{stem}.trace.*.jsonl" if isinstance(small, PDCase) else f"{stem}.trace.jsonl"
+    if not fails_alike(small_out, out.failures):
+        # Neither a smaller case nor the case itself failed again as it did: no shrunk case, and
+        # no replay command that would print "no failure".
+        run_case(case, Replay(out.schedule, strict=False), trace_path=stem + ".trace.jsonl")
+        print(
+            "  shrink lost the failure: no run of the case, smaller or whole, failed again the "
+            f"same way (the rerun: {', '.join(small_out.failures[:3]) or 'no failure'}); "
+            "no shrunk case written"
+        )
+        print(f"  trace (a rerun of the case): {traces}   case: {stem}.case.json")
+        print(f"replay (may not fail again): pdo fuzz --replay {stem}.case.json")
+        return 1
     save_case(
         stem + ".shrunk.json",
         small,
@@ -166,14 +184,10 @@ def _report_failure(a, idx: int, out, label: str) -> int:
         model=small_out.model,
     )
     run_case(small, Replay(sched, strict=False), trace_path=stem + ".trace.jsonl")
-    print(f"pdo fuzz: failure after {idx + 1} schedule(s) ({a.strategy}, seed {a.seed}):")
-    for f in out.failures[:6]:
-        print(f"  {f}")
     print(
         f"  shrunk to {small.requests} request(s), {len(sched)} schedule steps: "
         f"{', '.join(small_out.failures[:3])}"
     )
-    traces = f"{stem}.trace.*.jsonl" if isinstance(small, PDCase) else f"{stem}.trace.jsonl"
     print(f"  trace: {traces}   case: {stem}.case.json")
     print(f"replay: pdo fuzz --replay {stem}.shrunk.json")
     return 1
@@ -208,10 +222,12 @@ def _campaign_result(a, idx, out, label: str, stats: CampaignStats, what: str) -
             "failures": out.failures if idx is not None else [],
             "events": out if idx is None else None,
             "memory": stats.as_dict(),
+            "judges": stats.judges_dict(),
         }
         print(json.dumps(report))
     else:
         print(f"  {stats.line()}")
+        print(f"  {stats.judges_line()}")
     return code
 
 
@@ -241,6 +257,8 @@ def _campaign_in(a, pool) -> int:
             draw=pd_draws(a.seed, **_pd_fixed(a)),
             stats=stats,
             pool=pool,
+            model_every=a.model_every,
+            model_timeout_ms=a.model_timeout_ms,
         )
         label, what = "pd", "PD cases"
     else:
@@ -260,6 +278,8 @@ def _campaign_in(a, pool) -> int:
             draw=draw,
             stats=stats,
             pool=pool,
+            model_every=a.model_every,
+            model_timeout_ms=a.model_timeout_ms,
         )
         label, what = case.mode, f"mode={case.mode}"
     return _campaign_result(a, idx, out, label, stats, what)
@@ -381,6 +401,22 @@ def register(sub) -> None:
         type=d.integer(1, 256),
         default=1,
         help="run the schedules in N worker processes (same verdicts and replay command as 1)",
+    )
+    p.add_argument(
+        "--model-every",
+        type=d.integer(0, 1_000_000),
+        default=MODEL_EVERY,
+        metavar="N",
+        help=f"judge refinement (z3, the costly judge) on every N-th schedule by index; 1: every "
+        f"schedule, 0: none (default {MODEL_EVERY})",
+    )
+    p.add_argument(
+        "--model-timeout-ms",
+        type=d.integer(1, 3_600_000),
+        default=MODEL_TIMEOUT_MS,
+        metavar="MS",
+        help=f"z3's time per trace for refinement; past it the trace is counted not judged "
+        f"(default {MODEL_TIMEOUT_MS})",
     )
     p.add_argument("--requests", type=d.integer(1, MAX_CASE_REQUESTS), default=5)
     p.add_argument("--hit", type=d.ratio(), default=0.8)

@@ -89,18 +89,37 @@ COUNTERS = (
 )
 
 
+JUDGED = (
+    "rules",
+    "outputs",
+    "model_refines",
+    "model_drift",
+    "model_outside",
+    "model_timeout",
+    "model_unknown",
+)
+
+
 class CampaignStats:
     """Sums over a campaign's schedules of the memory counters of each run (Outcome.stats), and in
-    how many schedules each was nonzero."""
+    how many schedules each was nonzero; and what each judge judged (Outcome.judged): traces
+    checked against the rules, schedules whose outputs were compared, schedules judged for
+    refinement and their traces by verdict."""
 
     def __init__(self, pd: bool = False):
         self.pd = pd
         self.schedules = 0
         self.totals = {k: 0 for k, _ in COUNTERS}
         self.cases = {k: 0 for k, _ in COUNTERS}
+        self.judged = dict.fromkeys(JUDGED, 0)
+        self.model_schedules = 0
 
     def add(self, outcome) -> None:
         self.schedules += 1
+        judged = getattr(outcome, "judged", None) or {}
+        for k in JUDGED:
+            self.judged[k] += judged.get(k, 0)
+        self.model_schedules += bool(getattr(outcome, "model", False))
         for k, _ in COUNTERS:
             n = (outcome.stats or {}).get(k, 0)
             self.totals[k] += n
@@ -121,6 +140,19 @@ class CampaignStats:
         missing = self.not_exercised()
         tail = f"; not exercised: {', '.join(missing)}" if missing else ""
         return f"memory: {self.schedules} schedules, " + ", ".join(parts) + tail
+
+    def judges_line(self) -> str:
+        j = self.judged
+        return (
+            f"judges: {self.schedules} schedules; rules {j['rules']} traces; outputs "
+            f"{j['outputs']} schedules; refinement {self.model_schedules} schedules, traces "
+            f"{j['model_refines']} refine, {j['model_drift']} drift, not judged: "
+            f"{j['model_outside']} outside the model, {j['model_timeout']} z3 out of time"
+            + (f", {j['model_unknown']} with no model" if j["model_unknown"] else "")
+        )
+
+    def judges_dict(self) -> dict:
+        return {"schedules": self.schedules, "model_schedules": self.model_schedules, **self.judged}
 
     def as_dict(self) -> dict:
         keys = [k for k, _ in self._counters()]

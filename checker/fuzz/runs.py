@@ -54,6 +54,11 @@ class Outcome:
     # the run's memory counters (checker/fuzz/pressure.py), summed into the campaign statistics
     stats: dict = field(repr=False, default_factory=dict)
     model: bool = False  # whether refinement was judged (a saved case replays with the same judges)
+    # what the judges judged: "rules" (traces checked), "outputs" (1: outputs compared with the
+    # reference), "model_refines" / "model_drift" / "model_outside" (not judged: a run the model
+    # leaves out) / "model_timeout" (not judged: z3 out of time) / "model_unknown" (a role with no
+    # loop model): traces, by refinement verdict
+    judged: dict = field(repr=False, default_factory=dict)
     _digest: str | None = field(repr=False, default=None)
 
     @property
@@ -116,15 +121,20 @@ def _rule_failures(results) -> list[str]:
     return [f"rule {rid}" for rid in rule_ids]
 
 
-def _model_failures(paths) -> list[str]:
+def _model_failures(paths, judged: dict, timeout_ms: int = MODEL_TIMEOUT_MS) -> list[str]:
     """The third judge: each prefill trace a schedule of the loop model of its mode, the decode
     trace of a PD case one of the decode loop model (checker/refine.py; a decode run the model
     leaves out is not judged); a drift names the engine groups the conflict needs, a verdict that
     is the same in every process (the events of the conflict are one of several: `pdo check
-    --model` on the trace shows them)."""
+    --model` on the trace shows them). Counts each trace's verdict into `judged`."""
     failures = []
     for path in paths:
-        check = check_model(path, timeout_ms=MODEL_TIMEOUT_MS)
+        check = check_model(path, timeout_ms=timeout_ms)
+        verdict = "refines" if check.ok else "drift" if check.judged else "unknown"
+        if verdict == "unknown" and check.answer is not None:
+            # z3 out of time ("canceled", "timeout") or a run the model leaves out (the reason)
+            verdict = "timeout" if check.answer.reason in ("canceled", "timeout") else "outside"
+        judged[f"model_{verdict}"] = judged.get(f"model_{verdict}", 0) + 1
         if check.judged and not check.ok:
             a = check.answer
             reason = f": {a.reason}" if a.reason else ""
@@ -132,12 +142,21 @@ def _model_failures(paths) -> list[str]:
     return failures
 
 
-def run_case(case, strategy, *, trace_path: str | None = None, model: bool = False) -> Outcome:
+def run_case(
+    case,
+    strategy,
+    *,
+    trace_path: str | None = None,
+    model: bool = False,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
+) -> Outcome:
     """Run one controlled schedule of `case` (a prefill Case or a PDCase) and judge it; `model`:
-    also judge refinement of the loop model (the campaigns do on every MODEL_EVERY-th schedule)."""
-    if isinstance(case, PDCase):
-        return run_pd_case(case, strategy, trace_path=trace_path, model=model)
-    return run_prefill_case(case, strategy, trace_path=trace_path, model=model)
+    also judge refinement of the loop model (the campaigns do on every MODEL_EVERY-th schedule),
+    z3 given `model_timeout_ms` per trace (past it the trace is not judged)."""
+    run = run_pd_case if isinstance(case, PDCase) else run_prefill_case
+    return run(
+        case, strategy, trace_path=trace_path, model=model, model_timeout_ms=model_timeout_ms
+    )
 
 
 # ---- one prefill case ----------------------------------------------------------------------------
@@ -149,7 +168,12 @@ def _prefill_output_failures(summary) -> list[str]:
 
 
 def run_prefill_case(
-    case, strategy, *, trace_path: str | None = None, model: bool = True
+    case,
+    strategy,
+    *,
+    trace_path: str | None = None,
+    model: bool = True,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
 ) -> Outcome:
     """Run one controlled schedule of a prefill case and judge it: the trace against its rules, each
     request's output against the reference, and leaks."""
@@ -173,11 +197,12 @@ def run_prefill_case(
         os.close(fd)
     else:
         path = trace_path
+    judged = {"rules": 1, "outputs": 1}
     try:
         tracer.write(path, extra_header={"schedule_steps": len(ctl.choices)})
         failures += _rule_failures([check_file(path)])
         if model:
-            failures += _model_failures([path])
+            failures += _model_failures([path], judged, model_timeout_ms)
     finally:
         if trace_path is None:
             os.unlink(path)
@@ -193,6 +218,7 @@ def run_prefill_case(
         case=case,
         stats=prefill_run_stats(summary),
         model=model,
+        judged=judged,
     )
 
 
@@ -363,7 +389,12 @@ def _read_traces(paths) -> list[dict]:
 
 
 def run_pd_case(
-    case: PDCase, strategy, *, trace_path: str | None = None, model: bool = True
+    case: PDCase,
+    strategy,
+    *,
+    trace_path: str | None = None,
+    model: bool = True,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
 ) -> Outcome:
     """Run one controlled schedule of a PD case and judge it: every trace (decode, each prefill
     rank) against its rules plus the cross rules, every finished request's tokens against the
@@ -376,11 +407,12 @@ def run_pd_case(
     ctl = Controller(strategy, max_steps=60_000)
     summary, error, survivors = _run_pd(case, ctl, cfg, workload, decode_cfg, extra, stem)
     failures = _run_failures(ctl, error, survivors)
-    trace = []
+    trace, judged = [], {}
     if summary is not None:
+        judged = {"rules": len(summary["traces"]), "outputs": 1}
         failures += _rule_failures(check_files(summary["traces"], rules=_rules()))
         if model:
-            failures += _model_failures(summary["traces"])
+            failures += _model_failures(summary["traces"], judged, model_timeout_ms)
         failures += _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary)
         failures += _leak_failure(_pd_leaks(summary))
         trace = _read_traces(summary["traces"])
@@ -389,5 +421,13 @@ def run_pd_case(
     _sorted_failures(failures)
     stats = pd_run_stats(summary) if summary is not None else {}
     return Outcome(
-        failures, list(ctl.choices), len(trace), trace, {}, case=case, stats=stats, model=model
+        failures,
+        list(ctl.choices),
+        len(trace),
+        trace,
+        {},
+        case=case,
+        stats=stats,
+        model=model,
+        judged=judged,
     )

@@ -8,7 +8,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 from .cases import Case, pct_steps
-from .runs import MODEL_EVERY, run_case
+from .runs import MODEL_EVERY, MODEL_TIMEOUT_MS, run_case
 from .strategies import Replay, make_strategy
 
 
@@ -52,17 +52,27 @@ def dfs_schedules(case: Case, *, preemption_bound: int = 2, limit: int = 100):
                     stack.append(branch)
 
 
-def run_drawn(case, strategy: str, seed: int, i: int, draw=None):
+def run_drawn(
+    case,
+    strategy: str,
+    seed: int,
+    i: int,
+    draw=None,
+    model_every: int = MODEL_EVERY,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
+):
     """Schedule i of a campaign: its case (`draw(i)`, or `case`) under `strategy` seeded from
-    (campaign seed, i) alone, so that it is the same run in any process, in any order."""
+    (campaign seed, i) alone, so that it is the same run in any process, in any order. Refinement
+    is judged on every `model_every`-th schedule by index (1: every one, 0: none)."""
     c = draw(i) if draw is not None else case
     strategy = make_strategy(strategy, seed * 100_003 + i, steps=pct_steps(c))
-    return run_case(c, strategy, model=MODEL_EVERY > 0 and i % MODEL_EVERY == 0)
+    model = model_every > 0 and i % model_every == 0
+    return run_case(c, strategy, model=model, model_timeout_ms=model_timeout_ms)
 
 
-def _run_drawn_slim(case, strategy: str, seed: int, i: int, draw):
+def _run_drawn_slim(case, strategy: str, seed: int, i: int, draw, judges: tuple):
     """run_drawn in a worker process: the outcome without its trace (pickled back)."""
-    return run_drawn(case, strategy, seed, i, draw).slim()
+    return run_drawn(case, strategy, seed, i, draw, *judges).slim()
 
 
 class WorkerPool:
@@ -84,14 +94,25 @@ class WorkerPool:
         self._ex.shutdown(wait=True, cancel_futures=True)
 
 
-def campaign(case, strategy: str, *, schedules: int, seed: int, draw=None, pool=None):
+def campaign(
+    case,
+    strategy: str,
+    *,
+    schedules: int,
+    seed: int,
+    draw=None,
+    pool=None,
+    model_every: int = MODEL_EVERY,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
+):
     """The outcomes of `schedules` drawn schedules, yielded in schedule-index order. With `pool`
     (WorkerPool) the schedules run in its processes, a window of them ahead of the one yielded;
     the outcomes are those of one process (each schedule depends on (seed, index) only), without
     their traces. Closing the generator early cancels what has not started."""
+    judges = (model_every, model_timeout_ms)
     if pool is None:
         for i in range(schedules):
-            yield run_drawn(case, strategy, seed, i, draw)
+            yield run_drawn(case, strategy, seed, i, draw, *judges)
         return
     window = 2 * pool.jobs
     pending: collections.deque = collections.deque()
@@ -99,7 +120,9 @@ def campaign(case, strategy: str, *, schedules: int, seed: int, draw=None, pool=
     try:
         while nxt < schedules or pending:
             while nxt < schedules and len(pending) < window:
-                pending.append(pool.submit(_run_drawn_slim, case, strategy, seed, nxt, draw))
+                pending.append(
+                    pool.submit(_run_drawn_slim, case, strategy, seed, nxt, draw, judges)
+                )
                 nxt += 1
             yield pending.popleft().result()
     finally:
@@ -117,15 +140,28 @@ def find_bug(
     draw=None,
     pool=None,
     stats=None,
+    model_every: int = MODEL_EVERY,
+    model_timeout_ms: int = MODEL_TIMEOUT_MS,
 ):
     """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or
     (None, events checked). `draw(i)`, if given, makes a fresh case for schedule i (the outcome
     carries it as `.case`). `pool`: run them in worker processes (campaign); the answer is the
-    same. `stats` (a CampaignStats), if given, sums every run's memory counters."""
+    same. `stats` (a CampaignStats), if given, sums every run's memory counters and what each
+    judge judged. `model_every`: refinement on every that many schedules (1: all, 0: none), z3
+    given `model_timeout_ms` per trace."""
     if strategy == "dfs":
         runs = (out for _, out in dfs_schedules(case, limit=schedules))
     else:
-        runs = campaign(case, strategy, schedules=schedules, seed=seed, draw=draw, pool=pool)
+        runs = campaign(
+            case,
+            strategy,
+            schedules=schedules,
+            seed=seed,
+            draw=draw,
+            pool=pool,
+            model_every=model_every,
+            model_timeout_ms=model_timeout_ms,
+        )
     events = 0
     for i, out in enumerate(runs):
         events += out.events

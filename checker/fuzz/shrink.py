@@ -25,26 +25,45 @@ _PD_SIMPLER = (
 )
 
 
+def judge_of(failure: str) -> str:
+    """The judge (kind) a failure comes from: rule, output, model, leak, engine, schedule."""
+    return failure.split(":")[0].split(" ")[0]
+
+
 def _same_failure(a: str, b: str) -> bool:
     """A rule violation must stay the same rule; other failures the same kind (output, leak,
     ...)."""
     if a.startswith("rule ") or b.startswith("rule "):
         return a == b
-    return a.split(":")[0].split(" ")[0] == b.split(":")[0].split(" ")[0]
+    return judge_of(a) == judge_of(b)
+
+
+def fails_alike(out, failures: list[str]) -> bool:
+    """`out` fails as `failures` did: the same first failure (the same rule for a violation), and
+    every judge that flagged `failures` flags it too."""
+    if not out.failed or not _same_failure(out.failures[0], failures[0]):
+        return False
+    return {judge_of(f) for f in failures} <= {judge_of(f) for f in out.failures}
 
 
 class _Shrinker:
-    """One shrink: the smallest case and outcome so far, and the runs left of the budget."""
+    """One shrink: the smallest case and outcome so far, and the runs left of the budget. Every run
+    is judged by the judges of the run that failed (refinement too when it was on), so a failure
+    only refinement saw can be kept."""
 
-    def __init__(self, case, schedule: list[str], first_failure: str, budget: int):
-        self.case, self.schedule, self.first, self.budget = case, schedule, first_failure, budget
+    def __init__(self, case, schedule: list[str], failures: list[str], budget: int, model: bool):
+        self.case, self.schedule, self.failures, self.budget = case, schedule, failures, budget
+        self.model = model
         self.best_out = None
         self.tries = 0
 
+    def run(self, case, schedule):
+        return run_case(case, Replay(schedule, strict=False), model=self.model)
+
     def fails(self, case, schedule):
         """The outcome of `case` under `schedule` if it fails the same way, else None."""
-        out = run_case(case, Replay(schedule, strict=False))
-        return out if out.failed and _same_failure(out.failures[0], self.first) else None
+        out = self.run(case, schedule)
+        return out if fails_alike(out, self.failures) else None
 
     def fewer_requests(self) -> None:
         while self.case.requests > 1 and self.tries < self.budget:
@@ -79,16 +98,21 @@ class _Shrinker:
         self.schedule = self.schedule[:hi]
 
 
-def shrink(case, schedule: list[str], failures: list[str], *, budget: int = 40):
+def shrink(
+    case, schedule: list[str], failures: list[str], *, budget: int = 40, model: bool = False
+):
     """Make a failing case smaller: fewer requests, then (PD) no faults, aborts or other
     complications it does not need, then the shortest schedule prefix (the rest non-preemptive) that
-    still fails the same way (the same rule, or the same kind of failure)."""
-    shrinker = _Shrinker(case, schedule, failures[0], budget)
+    still fails the same way (`fails_alike`: the same first failure, every judge that failed still
+    failing). `model`: judge refinement as the failing run did. Returns (case, schedule, outcome);
+    when no smaller case fails alike, the case itself rerun, whose outcome may not fail alike
+    either (a failure that does not replay): the caller checks `fails_alike`."""
+    shrinker = _Shrinker(case, schedule, failures, budget, model)
     shrinker.fewer_requests()
     if isinstance(shrinker.case, PDCase):
         shrinker.simpler_pd()
     shrinker.shorter_schedule()
     best_out = shrinker.best_out
     if best_out is None:
-        best_out = run_case(shrinker.case, Replay(shrinker.schedule, strict=False))
+        best_out = shrinker.run(shrinker.case, shrinker.schedule)
     return shrinker.case, best_out.schedule, best_out

@@ -52,7 +52,7 @@ class DecodePreallocQueue:
             prefetch_skip=("addr", "reason"),
             prefetch_submit=("addr", "rooms", "qid"),
             prefetch_end=("iter",),
-            prefetch_cancel=("addr", "rooms", "qid", "reason"),
+            prefetch_cancel=("addr", "rooms", "qid", "reason", "stopped"),
             query_begin=("addr", "rooms", "qid", "source"),
             query_end=("addr", "rooms", "qid", "result", "error"),
             resolve=("addr", "rooms", "source", "qid", "wait_ns", "lead_ns", "result", "error"),
@@ -122,10 +122,7 @@ class DecodePreallocQueue:
         self.log.prefetch_end(it)
 
     def _cancel(self, addr: str, reason: str) -> None:
-        p = self._queries.pop(addr)
-        # Future.cancel() cannot stop a query already running: its answer is simply never used.
-        p.future.cancel()
-        self.log.prefetch_cancel(addr, list(p.rooms), p.qid, reason)
+        self._cancel_popped(addr, self._queries.pop(addr), reason)
 
     def cancel_all(self, reason: str) -> None:
         for addr in list(self._queries):
@@ -271,8 +268,11 @@ class DecodePreallocQueue:
                 r.prefill_dp_rank = rank
 
     def _cancel_popped(self, addr: str, p: Prefetch, reason: str) -> None:
-        p.future.cancel()
-        self.log.prefetch_cancel(addr, list(p.rooms), p.qid, reason)
+        # Future.cancel() cannot stop a query the pool thread has already taken (it returns False):
+        # that query still runs, its query_begin may come after this event, its answer is never
+        # used. The trace records which it was (`stopped`).
+        stopped = p.future.cancel()
+        self.log.prefetch_cancel(addr, list(p.rooms), p.qid, reason, stopped)
 
     def pop_preallocated(self) -> list[DecodeReq]:
         """Resolve ranks, then initialise receivers in arrival order while memory lasts. A request

@@ -8,6 +8,7 @@ What each real SGLang function logs (docs/decode.md has the events' meanings):
   DecodePreallocQueue.prefetch_prefill_dp_rank_queries  prefetch_begin, prefetch_skip per address, prefetch_end
   the prefetch executor's submit of the query           prefetch_submit (the Future gets a qid)
   Future.cancel of a prefetched query                   prefetch_cancel, with the reason its caller means
+      and whether the cancel stopped it (`stopped`: Future.cancel()'s own result)
   CommonKVReceiver.query_prefill_dp_ranks               query_begin / query_end, on the thread that runs it
   CommonKVManager.try_ensure_parallel_info (a fetch)    prefill_info
   DecodePreallocQueue._resolve_pending_reqs             resolve per address that needed a query: source
@@ -324,14 +325,18 @@ def _future_cancel(sink, wrapped, future, args, kwargs):
     if reason == "mismatch" and _resolving and record["addr"] not in _resolving[-1]["queried"]:
         reason = "stale"  # popped because every room of the address became known
     record["closed"] = True
+    # Logged after the real cancel, with its result: False when the executor had already started
+    # the query (it runs on, its query_begin may follow this event, its answer is never used).
+    stopped = wrapped(*args, **kwargs)
     sink.emit(
         "prefetch_cancel",
         addr=record["addr"],
         rooms=record["rooms"],
         qid=record["qid"],
         reason=reason,
+        stopped=bool(stopped),
     )
-    return wrapped(*args, **kwargs)
+    return stopped
 
 
 def _future_result(sink, wrapped, future, args, kwargs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .encoding import ENCODERS
-from .logic import conj, disj, eq, implies, lt, neg
+from .logic import conj, disj, eq, implies, is_term, lt, neg
 
 # Prefetched DP-rank queries, one per bootstrap address: a prefetch_submit is outstanding until a
 # prefetch_cancel or a resolve of its address names its qid. Rooms are pending from req_add until
@@ -80,6 +80,19 @@ def before_any(universe, x, cands):
     return disj(*[conj(a.exists, lt(a, x)) for a in cands])
 
 
+def stopped(cancel):
+    """The cancel stopped its query (Future.cancel() returned True): a trace's `stopped` true,
+    the model's symbolic field; absent (a trace from before the field) reads as not known to."""
+    v = cancel.f.get("stopped")
+    return v if is_term(v) else v is True
+
+
+def began_anyway(universe, x, cancels):
+    """A cancel of x's query, before x, that did not stop it: the pool thread had already taken
+    the call, so x (its query_begin) may come after the cancel, its answer unused."""
+    return disj(*[conj(c.exists, lt(c, x), neg(stopped(c))) for c in cancels])
+
+
 # one_inflight: no prefetch_submit for an address while one of its queries is outstanding. On a
 # symbolic universe, the equivalent pairwise form (on a total order, "the latest earlier submit was
 # closed before each submit" holds for every submit iff every earlier submit was closed before each
@@ -116,8 +129,8 @@ def enc_published_first(rule, universe):
         yield implies(x.exists, before_any(universe, x, cands)), [x, *cands]
 
 
-# unknown_rooms: a query (unless its qid was cancelled before it began) asks for no room that a
-# resolve answered before it.
+# unknown_rooms: a query (unless a cancel of its qid that did not stop it came before it began: the
+# pool thread had taken it, its answer is unused) asks for no room that a resolve answered before it.
 @ENCODERS.register("unknown_rooms")
 def enc_unknown_rooms(rule, universe):
     answered = defaultdict(list)
@@ -126,7 +139,7 @@ def enc_unknown_rooms(rule, universe):
             answered[room].append(r)
     cancels = group_by(universe.named("prefetch_cancel"), lambda e: e.f["qid"])
     for x in universe.named("query_begin"):
-        cancelled = before_any(universe, x, cancels.get(x.f["qid"], []))
+        cancelled = began_anyway(universe, x, cancels.get(x.f["qid"], []))
         known = [r for room in rooms_of(x) for r in answered.get(room, [])]
         yield (
             implies(conj(x.exists, neg(cancelled)), neg(before_any(universe, x, known))),
@@ -166,8 +179,9 @@ def enc_no_stale(rule, universe):
 
 
 # release: at release_memory no query is outstanding; between it and the next resume_memory no
-# prefetch_submit, sync query_begin, prefill_info or receiver_init. (Symbolic universes: the
-# pairwise form, as for one_inflight.)
+# prefetch_submit, query_begin, prefill_info or receiver_init, but a prefetched query_begin after a
+# cancel that did not stop it (the pool thread had taken it before the cancel). (Symbolic universes:
+# the pairwise form, as for one_inflight.)
 @ENCODERS.register("release")
 def enc_release(rule, universe):
     subs, closers = _query_state(universe)
@@ -190,16 +204,22 @@ def enc_release(rule, universe):
             out, refs = _outstanding(universe, x, lst, closers.get(a, []))
             if out is not False:
                 yield implies(x.exists, neg(out)), [x, *refs]
+    cancels = group_by(universe.named("prefetch_cancel"), lambda e: e.f["qid"])
     asks = (
         universe.named("prefetch_submit")
         + universe.named("receiver_init")
         + universe.named("prefill_info")
-        + [q for q in universe.named("query_begin") if q.f.get("source") == "sync"]
+        + universe.named("query_begin")
     )
     for x in asks:
+        mine = cancels.get(x.f["qid"], []) if x.name == "query_begin" else []
+        anyway = began_anyway(universe, x, mine) if x.f.get("source") == "prefetch" else False
         for r in universe.last_before(x, releases):
             resumed = disj(*[conj(m.exists, lt(r, m), lt(m, x)) for m in resumes])
-            yield implies(conj(x.exists, r.exists, lt(r, x)), resumed), [x, r, *resumes]
+            yield (
+                implies(conj(x.exists, r.exists, lt(r, x), neg(anyway)), resumed),
+                [x, r, *resumes, *mine],
+            )
 
 
 def _none_between(universe, thread, lo, hi, cands):

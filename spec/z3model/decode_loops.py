@@ -16,8 +16,9 @@ iterations: the environment chooses when each room arrives, when a still-pending
 prefetch may be consumed iterations later), and when memory is released and resumed (after the
 prefetch, as the after_prefetch hook of tests/engine/test_pd_faults.py); everything else follows from the
 code. Scheduler events sit at fixed positions of their iteration (100 i + the step's offset); the
-pool thread's query_begin floats after its submit, before the answer is used, and before a cancel
-that stopped it. The bootstrap server answers room r with rank r % 2, without errors. What the loop
+pool thread's query_begin floats after its submit and before the answer is used; a cancel that stopped
+the query (Future.cancel() returned True, the cancel's `stopped`) means it never begins, one that
+did not (the pool thread had already taken the call) leaves it free to begin after the cancel. The bootstrap server answers room r with rank r % 2, without errors. What the loop
 could do that the universe has no events for (or an event it would log twice) is collected in
 `universe.outside` and shown unreachable by `pdo spec prove` (outside_universe).
 """
@@ -71,8 +72,15 @@ class DecodeUniverse(SymbolicUniverse):
             ask = dict(addr=addr, rooms=list(asked))
             self._add("prefetch_submit", ("prefetch_submit", a, j, asked), qid=q, **ask)
             self._add("query_begin", ("query_begin", a, j, asked), qid=q, source="prefetch", **ask)
+            # `stopped`: Future.cancel()'s result (free here, the trace's value against a trace)
+            stopped = z3.Bool(f"stopped:{a}:{j}:{asked}")
             self._add(
-                "prefetch_cancel", ("prefetch_cancel", a, j, asked), qid=q, reason="any", **ask
+                "prefetch_cancel",
+                ("prefetch_cancel", a, j, asked),
+                qid=q,
+                reason="any",
+                stopped=stopped,
+                **ask,
             )
             self._add(
                 "resolve",
@@ -139,8 +147,9 @@ DECODE_ENGINE_GROUPS = {
     "when nothing is pending), receiver init in arrival order unless memory is released",
     "E:order": "where the loop logs each step: iteration i's steps at 100 i + the step's offset, "
     "in code order",
-    "E:pool": "the pool thread: a query runs after its submit, before its answer is used, never "
-    "after a cancel stopped it",
+    "E:pool": "the pool thread: a query runs after its submit, before its answer is used; a "
+    "cancel that stopped it (Future.cancel() returned True) means it never runs, one that did not "
+    "(the pool had already taken it) lets it begin before or after the cancel",
     "E:server": "the bootstrap server answers room r with rank r % 2",
     "E:env": "arrivals in room order per address; a pending request may be aborted; every arrived "
     "request is served or aborted within the iterations",
@@ -354,6 +363,14 @@ class _DecodeLoop:
                 self.known[(r, i)] = self.define(
                     f"known:r{r}:{i}", disj(self.known[(r, i - 1)], need[r])
                 )
+            # a query submitted before the parallel info said one rank (the
+            # prefetch-before-published mutant) is neither used nor cancelled here: it stays
+            # outstanding, as in engine/decode/prealloc.py, until a cancel ends it
+            for k in self.keys(a):
+                if k in live:
+                    self.out[(k, i + 1)] = self.define(
+                        f"out:{k}:{i + 1}", conj(live[k], neg(empty))
+                    )
             return
         tag = self.workload.sync_tag(i)
         has = disj(*need.values())
@@ -455,8 +472,10 @@ class _DecodeLoop:
             self.loop.append(e.thread == (FWD if pool else SCHED))
 
     def pool_thread(self):
-        """The query of a submit runs after it; a resolve using it waits for it; a cancel stops it
-        only before it began."""
+        """The query of a submit runs after it; a resolve using it waits for it. A cancel stops it
+        only before the pool thread took it: then (Future.cancel() True, `stopped`) it never
+        begins; a cancel that did not stop it says nothing of where its query_begin falls, which
+        the pool thread logs after taking the call, so possibly after the cancel."""
         pool = self.groups["E:pool"]
         event = self.event
         for a in range(len(self.workload.rooms)):
@@ -470,7 +489,7 @@ class _DecodeLoop:
                 ]
                 pool += [
                     implies(qb.exists, conj(sub.exists, lt(sub, qb))),
-                    implies(cancel.exists, implies(qb.exists, lt(qb, cancel))),
+                    implies(conj(cancel.exists, cancel.f["stopped"]), neg(qb.exists)),
                 ]
                 pool += [implies(u.exists, conj(qb.exists, lt(qb, u))) for u in users]
 

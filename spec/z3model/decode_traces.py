@@ -13,6 +13,10 @@ init (the transfer and running queues are not modelled), the futures cancelled a
 the loop's last iteration, and the attempts to fetch the parallel info before it was published (the
 model's prefill publishes it at the iteration of the first published prefill_info).
 
+A cancel's `stopped` (Future.cancel()'s result) is bound to the trace's value: after a cancel that
+stopped its query, the query's query_begin is a drift (E:pool); after one that did not, it may come
+(the pool thread had taken the call before the cancel); a trace without the field leaves it free.
+
 Against a trace the universe holds exactly the queries the trace logged (each synchronous one
 told apart by its iteration, since a partial answer leaves rooms to ask again), the server may
 leave out of an answer the rooms it does not know yet, and whatever the loop would log outside
@@ -296,6 +300,9 @@ def decode_refinement(
         e = by_key[k]
         thread = SCHED if events[i - 1]["thread"] == "scheduler" else FWD
         bind = [e.exists, e.thread == thread] + ([prev.pos < e.pos] if prev is not None else [])
+        stopped = events[i - 1].get("stopped") if e.name == "prefetch_cancel" else None
+        if isinstance(stopped, bool):  # absent (a trace from before the field): either may be
+            bind.append(e.f["stopped"] == stopped)
         lit = z3.Bool(f"[seq {i}]")
         model.solver.add(z3.Implies(lit, as_z3(conj(*bind))))
         lits[lit], prev = i, e

@@ -284,8 +284,9 @@ DECODE_PROPERTIES = [
     ),
     Property(
         "one-query-per-address",
-        "At most one prefetched query per bootstrap address is in flight: a second is "
-        "submitted only after the first was used or cancelled.",
+        "At most one prefetched query per bootstrap address is outstanding (submitted, neither "
+        "used nor cancelled): a second is submitted only after the first was used or cancelled "
+        "(a cancel the pool thread beat leaves that query running, its answer unused).",
         DECODE_MODES,
         "该地址已有在途查询，保持 FIFO，不重复提交 (digest §2 item 2)",
         p_one_query,

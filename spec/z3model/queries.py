@@ -39,6 +39,19 @@ def prefetch_used_later(universe):
     )
 
 
+def query_after_cancel(universe, stopped: bool):
+    """Some prefetched query begins (its pool thread's query_begin) after a cancel of it whose
+    Future.cancel() returned `stopped`: possible after one that did not stop it (the pool thread
+    had taken the call), never after one that did."""
+    out = []
+    for c in universe.named("prefetch_cancel"):
+        qb = universe.get(("query_begin", *c.key[1:]))
+        if qb is not None:
+            held = c.f["stopped"] if stopped else neg(c.f["stopped"])
+            out.append(conj(c.exists, qb.exists, held, lt(c, qb)))
+    return disj(*out)
+
+
 def admission_overlap(universe):
     """Some admission of N+1 falls inside run_batch(N): the overlap AHEAD is for."""
     b = universe.b

@@ -189,7 +189,10 @@ class Model:
             header["prefetch"] = True
 
         def value(v):
-            return model.eval(v, model_completion=True).as_long() if is_term(v) else v
+            if not is_term(v):
+                return v
+            got = model.eval(v, model_completion=True)
+            return z3.is_true(got) if z3.is_bool(got) else got.as_long()
 
         out = []
         for i, e in enumerate(self.schedule(model), 1):

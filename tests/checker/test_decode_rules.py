@@ -352,3 +352,76 @@ def test_pdo_check_takes_several_files_and_checks_them_together(tmp_path):
     cross_report = [x for x in reports if x["header"]["role"] == "cross"]
     assert out.returncode == 1 and len(cross_report) == 1
     assert {v["rule"] for v in cross_report[0]["violations"]} == {"X-kv-pages"}
+
+
+# ---- a cancel that did not stop its query (issue 33) ----------------------------------------------
+def _z3_ids(path):
+    from checker import z3check
+
+    res = z3check.check_file(path)
+    assert res.status in ("pass", "fail"), res.status
+    return sorted(res.violated)
+
+
+def _lost_race(stopped, released: bool):
+    """Iteration 3's prefetched query 2 (room 2) cancelled, with Future.cancel()'s result `stopped`
+    (None: the field absent), then room 2 asked and answered synchronously, and only then the pool
+    thread's query_begin of query 2 (it asks a room now known). `released`: the cancel is
+    release_memory's, and the query begins while memory is released (resumed after)."""
+    ev = base()
+    k = find(ev, "query_begin", qid=2)
+    qb, qe = ev[k], ev[k + 1]
+    del ev[k : find(ev, "resolve", source="prefetched") + 1]
+    cancel = dict(addr=A, rooms=[2], qid=2, reason="release" if released else "mismatch")
+    if stopped is not None:
+        cancel["stopped"] = stopped
+    sync = [
+        (S, "query_begin", dict(addr=A, rooms=[2], qid=3, source="sync")),
+        (S, "query_end", dict(addr=A, rooms=[2], qid=3, result={"2": 1}, error=None)),
+        (
+            S,
+            "resolve",
+            dict(
+                addr=A,
+                rooms=[2],
+                source="sync",
+                qid=None,
+                wait_ns=1000,
+                lead_ns=0,
+                result={"2": 1},
+                error=None,
+            ),
+        ),
+    ]
+    if released:
+        steps = [(S, "prefetch_cancel", cancel), (S, "release_memory", {}), qb, qe]
+        steps += [(S, "resume_memory", {}), *sync]
+        ev = ev[:-2]  # memory is released once, here
+    else:
+        steps = [(S, "prefetch_cancel", cancel), *sync, qb, qe]
+    i = find(ev, "prefetch_end", iter=3) + 1
+    ev[i:i] = steps
+    return ev
+
+
+@pytest.mark.parametrize("released", [False, True], ids=["mismatch", "release"])
+@pytest.mark.parametrize("stopped", [False, None], ids=["not-stopped", "field-absent"])
+def test_a_query_its_cancel_did_not_stop_may_begin_after_it(tmp_path, stopped, released):
+    """Future.cancel() returns False for a query the pool thread has taken: it begins after the
+    cancel (asking a room answered since, or while memory is released), unused. No rule fails, in
+    either checker; a trace without `stopped` reads as not known to have stopped it."""
+    path = write(tmp_path / "d.jsonl", _lost_race(stopped, released))
+    assert ids(path) == [] and _z3_ids(path) == []
+
+
+@pytest.mark.parametrize(
+    "released, rule",
+    [(False, "D-unknown-rooms-only"), (True, "D-release-cancels")],
+    ids=["mismatch", "release"],
+)
+def test_a_query_after_a_cancel_that_stopped_it_is_checked_as_any_query(tmp_path, released, rule):
+    """A cancel that stopped its query (stopped true) means it never runs: if it begins anyway it
+    is a query like any other, which asks a room already known, or asks while memory is released.
+    (Before `stopped`, every cancelled query was excepted from both rules.)"""
+    path = write(tmp_path / "d.jsonl", _lost_race(True, released))
+    assert ids(path) == [rule] and _z3_ids(path) == [rule]

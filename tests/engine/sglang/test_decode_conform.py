@@ -175,3 +175,17 @@ def test_hooks_change_nothing_sglang_does(sgl, tmp_path):
         prefill.install(sgl)
     assert with_hooks[0] and with_hooks == without
     assert not (tmp_path / "off.jsonl").exists()
+
+
+def test_cancels_record_what_future_cancel_returned(sgl, scenario_runs, tmp_path):
+    """The adapter logs each cancel of a prefetched future after SGLang's real Future.cancel(), with
+    its result (`stopped`): here release_memory cancels a query that has already run, so
+    Future.cancel() returned False; a query whose cancel returned True never begins."""
+    name = "decode-release-pending/normal"
+    result = driver.run_scenario(sgl, name, scenario_runs[name], str(tmp_path))
+    events = [json.loads(line) for line in open(result["trace"])][1:]
+    cancels = [e for e in events if e["ev"] == "prefetch_cancel"]
+    assert [(c["reason"], c["stopped"]) for c in cancels] == [("release", False)], cancels
+    for c in cancels:
+        begins = [e["seq"] for e in events if e["ev"] == "query_begin" and e["qid"] == c["qid"]]
+        assert bool(begins) is not c["stopped"], (c, begins)
