@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import types
 
+from . import compat
 from .prefill_scheduler import _model_path, _process_groups
 
 
@@ -24,37 +25,39 @@ def published(
     context_length: int = 256,
     **overrides,
 ):
-    """A decode server's ServerArgs published for the block (TP = PP = DP = 1, CPU). Releases before
-    0.5.17 publish nothing (their queue reads the scheduler's own server_args): only the process
-    groups are made, and the block gets None."""
+    """A decode server's ServerArgs (TP = PP = DP = 1, CPU), published for the block where the
+    release publishes (0.5.17 on; before, the queue reads the scheduler's own server_args, which the
+    harness sets from what the block gets), with the process groups of a one-rank world."""
     # lazy: SGLang is optional
     from sglang.srt.server_args import ServerArgs
 
     from .. import load
 
+    server_args = ServerArgs(
+        model_path=_model_path(),
+        device="cpu",
+        disaggregation_mode="decode",
+        page_size=page_size,
+        max_running_requests=max_running,
+        max_total_tokens=kv_tokens,
+        context_length=context_length,
+        tp_size=1,
+        disable_cuda_graph=True,
+        attention_backend="torch_native",
+        skip_tokenizer_init=True,
+        disable_overlap_schedule=True,
+        **overrides,
+    )
     rc = load().runtime_context
     if rc is None or not hasattr(rc, "publish"):
         _process_groups()
-        yield None
+        yield server_args
         return
     state = rc.snapshot_context()
     try:
-        server_args = ServerArgs(
-            model_path=_model_path(),
-            device="cpu",
-            disaggregation_mode="decode",
-            page_size=page_size,
-            max_running_requests=max_running,
-            max_total_tokens=kv_tokens,
-            context_length=context_length,
-            tp_size=1,
-            disable_cuda_graph=True,
-            attention_backend="torch_native",
-            skip_tokenizer_init=True,
-            disable_overlap_schedule=True,
-            **overrides,
-        )
-        rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+        # the spawn ranks are an argument from 0.5.21; before, a one-rank world is the default
+        ranks = {"ranks": rc.SpawnRanks(world_rank=0)} if hasattr(rc, "SpawnRanks") else {}
+        rc.publish(server_args, role="scheduler", **ranks)
         _process_groups()
         yield server_args
     finally:
@@ -100,7 +103,12 @@ def weight_updater(sched):
     def flush_cache(empty_cache: bool = True) -> bool:
         return sched.is_fully_idle(ignore_waiting=sched._engine_paused)
 
-    return SchedulerWeightUpdaterManager(
+    from sglang.srt.distributed import parallel_state  # lazy: SGLang is optional
+
+    # the TP group's CPU group is an argument up to 0.5.22, read from get_parallel() after
+    return compat.make(
+        SchedulerWeightUpdaterManager,
+        tp_cpu_group=parallel_state.get_tp_group().cpu_group,
         tp_worker=None,
         draft_worker=None,
         memory_saver_adapter=TorchMemorySaverAdapter.create(enable=False),
