@@ -17,7 +17,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "ComponentType": (
         "sglang.srt.mem_cache.unified_cache.components",  # 0.5.17 and later
         "sglang.srt.mem_cache.unified_cache_components",  # up to 0.5.16
-    ),
+    )
 }
 
 

@@ -50,8 +50,15 @@ def published(
     )
     rc = load().runtime_context
     if rc is None or not hasattr(rc, "publish"):
+        from sglang.srt import server_args as args_module  # lazy: SGLang is optional
+
+        before = args_module._global_server_args
+        args_module.set_global_server_args_for_scheduler(server_args)
         _process_groups()
-        yield server_args
+        try:
+            yield server_args
+        finally:
+            args_module._global_server_args = before
         return
     state = rc.snapshot_context()
     try:

@@ -22,6 +22,7 @@ these methods read, as SGLang's unit tests do.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import inspect
@@ -29,7 +30,7 @@ import types
 
 from ... import bootstrap_client
 from .. import decode as decode_hooks
-from .. import hooks
+from .. import hooks, mutate, sglang_server
 from ..sink import TraceSink
 from . import compat, decode_context, faults, lifecycle
 from .decode_scenarios import _kv_manager, _Server
@@ -96,7 +97,8 @@ class LifeHarness:
     def __init__(self, sgl, cell: Cell, mode: str):
         self.sgl, self.cell, self.mode = sgl, cell, mode
         self.iteration, self.injected = 0, False
-        self.server = _Server(sgl, False)
+        # pdo's bootstrap server where it speaks this release's wire, else the release's own
+        self.server = _Server(sgl, not sglang_server.wire_matches(sgl))
         self.server.publish(2)
         self.plans: dict[int, Plan] = {}
         self.running_left: dict[str, int] = {}
@@ -117,8 +119,6 @@ class LifeHarness:
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        from .. import mutate
 
         ComponentType = compat.lookup("ComponentType")
         make = compat.make
@@ -284,7 +284,7 @@ class LifeHarness:
             _war_barrier_enabled=False,
             get_next_disagg_decode_batch_to_run=self._decode_step,
             is_disable_overlap_for_batch=lambda batch, last_batch=None: False,
-            launch_batch_sample_if_needed=lambda result, batch: None,
+            launch_batch_sample_if_needed=lambda result, batch=None: None,  # batch: 0.5.16 on
             on_idle=self._idle,
             _record_scheduler_state_for_paused_engine=lambda: None,
         )
@@ -474,14 +474,16 @@ class LifeHarness:
             if self.running_left[req.rid] <= 0:
                 req.finished_reason = FINISH_LENGTH(length=1)
                 s.running_batch.reqs.remove(req)
-                release_kv_cache(req, s.tree_cache, checkpoint=False)
+                # checkpoint: an argument of later releases
+                release_kv_cache(
+                    req, s.tree_cache, **compat.accepted(release_kv_cache, {"checkpoint": False})
+                )
                 self._ended(req)
         if not self.loop_reads_plan:  # before 0.5.16 the loop reads a batch: none is run
             return None
         return types.SimpleNamespace(running_batch=s.running_batch, batch_to_run=None)
 
     def _idle(self):
-        q = self.sched.disagg_decode_prealloc_queue
         settled = self.iteration >= 6 and not self.ledger.alive() and not self._held()
         if settled or self.iteration >= MAX_ITERS:
             self.sched.gracefully_exit = True
@@ -506,8 +508,11 @@ class LifeHarness:
             ) as server_args:
                 self.server_args = server_args
                 self._build()
-                decode.get_kv_class = lambda backend, kind: faults.receiver_class()
-                with hooks.tracing(TraceSink(trace_path)):
+                receiver_class = faults.receiver_class()
+                # before 0.5.22 the queue calls the receiver's init itself: the adapter hooks it
+                decode_hooks.hook_receiver(receiver_class)
+                decode.get_kv_class = lambda backend, kind: receiver_class
+                with hooks.tracing(TraceSink(trace_path)), _cpu_alloc_extend():
                     try:
                         loop(self.sched)
                     except _LoopEnd:
@@ -530,10 +535,52 @@ class LifeHarness:
         return trace_path
 
 
+@contextlib.contextmanager
+def _cpu_alloc_extend():
+    """The paged allocator's extend on CPU. Before 0.5.20 alloc_extend always launches its Triton
+    kernel, which does not run on CPU; the release's own alloc_extend_naive (the CPU path 0.5.20
+    takes) computes the same indices, so it stands in for the kernel there."""
+    from sglang.srt.mem_cache.allocator import paged  # lazy: SGLang is optional
+
+    source = inspect.getsource(paged.PagedTokenToKVPoolAllocator.alloc_extend)
+    if "alloc_extend_naive(" in source:
+        yield
+        return
+
+    class _Launch:
+        def __getitem__(self, grid):
+            def launch(prefix, seq, last, free_pages, out, _bs_pow2, page_size):
+                paged.alloc_extend_naive(prefix, seq, last, free_pages, out, page_size, out.device)
+
+            return launch
+
+    with mutate.swapped(paged, "alloc_extend_kernel", _Launch()):
+        yield
+
+
+# state -> the SGLang entry point that puts a request in it, where not every release has one
+NEEDS = {State.RETRACTED: "DecodePreallocQueue.hold_rebootstrap"}  # re-bootstrap: 0.5.21 on
+
+
+def missing(sgl, cell: Cell) -> list[str]:
+    """The entry points the cell needs that this release lacks."""
+    need = NEEDS.get(cell.state)
+    owner, _, method = (need or "").partition(".")
+    return [need] if need and not hasattr(getattr(sgl.decode, owner), method) else []
+
+
+def inapplicable(sgl) -> dict[str, list[str]]:
+    """Cell -> the entry points it needs that this release lacks (it is not run there)."""
+    return {cell.name: m for cell in CELLS if (m := missing(sgl, cell))}
+
+
 def scenarios(sgl) -> list[tuple[str, object]]:
-    """(name, run(trace_path, fuzz_seed=None)) for each cell under both decode loops."""
+    """(name, run(trace_path, fuzz_seed=None)) for each cell this release can run, under both decode
+    loops."""
     out = []
     for cell in CELLS:
+        if missing(sgl, cell):
+            continue
         for mode in ("normal", "overlap"):
             out.append((f"{cell.name}/{mode}", _runner(sgl, cell, mode)))
     return out

@@ -51,6 +51,8 @@ def receiver_class():
         def __init__(self, mgr, bootstrap_addr, bootstrap_room=None, **_):
             super().__init__(mgr, bootstrap_addr, bootstrap_room)
             self.room, self.addr = bootstrap_room, bootstrap_addr
+            # as CommonKVReceiver keeps it (older releases' fake receiver does not)
+            self.bootstrap_room = bootstrap_room
             self.phase, self.cleared, self.misuse = Phase.CREATED, 0, []
             self.plan = mgr.plans[bootstrap_room]
             self.plan.receivers.append(self)
@@ -73,7 +75,9 @@ def receiver_class():
             if self.phase is not Phase.TRANSFERRING or self.conclude_state is not None:
                 return None
             req = self.plan.req
-            return (getattr(req.kv, "req_pool_idx", None), self.plan.pages, self.metadata_index)
+            # the request's KV fields are on req.kv from 0.5.17 (before, on the request itself)
+            slot = getattr(getattr(req, "kv", req), "req_pool_idx", None)
+            return (slot, self.plan.pages, self.metadata_index)
 
         def _use(self, what):
             if self.cleared:
