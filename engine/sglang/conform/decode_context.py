@@ -52,13 +52,19 @@ def published(
     if rc is None or not hasattr(rc, "publish"):
         from sglang.srt import server_args as args_module  # lazy: SGLang is optional
 
-        before = args_module._global_server_args
+        # the legacy global: a module variable up to 0.5.14, the runtime context's slot after
+        holder, slot = args_module, "_global_server_args"
+        if not hasattr(args_module, slot):
+            from sglang.srt.runtime_context import get_context  # lazy: SGLang is optional
+
+            holder, slot = get_context(), "_server_args"
+        before = getattr(holder, slot)
         args_module.set_global_server_args_for_scheduler(server_args)
         _process_groups()
         try:
             yield server_args
         finally:
-            args_module._global_server_args = before
+            setattr(holder, slot, before)
         return
     state = rc.snapshot_context()
     try:
