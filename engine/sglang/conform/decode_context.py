@@ -99,6 +99,10 @@ def idle_scheduler_state(sgl, queue) -> dict:
         enable_lmcache=False,
         _pause_started_at=None,
         _pause_intervals=[],
+        # what is_fully_idle reads on some releases: the batch in flight (up to 0.5.13) and the
+        # scheduler's parallel layout (its PP check)
+        cur_batch=None,
+        ps=types.SimpleNamespace(pp_size=1, tp_size=1, tp_rank=0, dp_size=1, dp_rank=0),
     )
 
 

@@ -51,8 +51,9 @@ def receiver_class():
         def __init__(self, mgr, bootstrap_addr, bootstrap_room=None, **_):
             super().__init__(mgr, bootstrap_addr, bootstrap_room)
             self.room, self.addr = bootstrap_room, bootstrap_addr
-            # as CommonKVReceiver keeps it (older releases' fake receiver does not)
-            self.bootstrap_room = bootstrap_room
+            # as CommonKVReceiver keeps them (the fake receiver of some releases does not; the
+            # scheduler's abort reads the manager's deferred-release flag up to 0.5.19)
+            self.bootstrap_room, self.kv_mgr = bootstrap_room, mgr
             self.phase, self.cleared, self.misuse = Phase.CREATED, 0, []
             self.plan = mgr.plans[bootstrap_room]
             self.plan.receivers.append(self)
