@@ -118,7 +118,9 @@ def weight_updater(sched):
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
     def flush_cache(empty_cache: bool = True) -> bool:
-        return sched.is_fully_idle(ignore_waiting=sched._engine_paused)
+        # ignore_waiting: an argument from 0.5.21
+        paused = {"ignore_waiting": sched._engine_paused}
+        return sched.is_fully_idle(**compat.accepted(sched.is_fully_idle, paused))
 
     from sglang.srt.distributed import parallel_state  # lazy: SGLang is optional
 
