@@ -76,6 +76,15 @@ FINDINGS: tuple[Finding, ...] = (
         ("D-consume-answer",),
         error="'NoneType' object has no attribute 'init'",
     ),
+    # _update_handshake_waiters returns early while every queued request is WaitingForInput and
+    # none has concluded Failed: a failure the receiver's state holds but no poll has read is not
+    # seen, and the room gets pages and its metadata published. Fixed by #37483 in 0.5.20
+    Finding(
+        "C1 #37483",
+        ("0.5.13", "0.5.19"),
+        _cells("prealloc-blocked", "poll-failed peer-gone"),
+        ("oracle:failure-polled",),
+    ),
 )
 
 

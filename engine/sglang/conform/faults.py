@@ -55,6 +55,7 @@ def receiver_class():
             # scheduler's abort reads the manager's deferred-release flag up to 0.5.19)
             self.bootstrap_room, self.kv_mgr = bootstrap_room, mgr
             self.phase, self.cleared, self.misuse = Phase.CREATED, 0, []
+            self.unseen_failure = []  # what SGLang did to the room after a failure it never polled
             self.plan = mgr.plans[bootstrap_room]
             self.plan.receivers.append(self)
             self.handshake_left = self.plan.handshake_polls
@@ -124,6 +125,8 @@ def receiver_class():
 
         def send_metadata(self, kv_indices, aux_index=None, state_indices=None, **kwargs):
             self._use("send_metadata")
+            if self.fail_next_poll:  # the transport failed and SGLang has not polled since
+                self.unseen_failure.append("metadata published after its transfer failed, unpolled")
             self.metadata_index = aux_index
             self.plan.pages = [int(p) for p in kv_indices]
             self.phase = Phase.TRANSFERRING
