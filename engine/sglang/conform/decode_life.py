@@ -449,7 +449,7 @@ class LifeHarness:
         return []
 
     def _held(self) -> list:
-        """The requests retracted and held for re-bootstrap (0.5.21 on; before, none are held)."""
+        """The requests retracted and held for re-bootstrap (0.5.16 on; before, none are held)."""
         return getattr(self.sched.disagg_decode_prealloc_queue, "held_rebootstrap_reqs", [])
 
     def _check(self, where: str) -> None:
@@ -559,7 +559,7 @@ def _cpu_alloc_extend():
 
 
 # state -> the SGLang entry point that puts a request in it, where not every release has one
-NEEDS = {State.RETRACTED: "DecodePreallocQueue.hold_rebootstrap"}  # re-bootstrap: 0.5.21 on
+NEEDS = {State.RETRACTED: "DecodePreallocQueue.hold_rebootstrap"}  # re-bootstrap: 0.5.16 on
 
 
 def missing(sgl, cell: Cell) -> list[str]:
