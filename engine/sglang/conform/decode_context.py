@@ -66,7 +66,9 @@ def published(
         finally:
             setattr(holder, slot, before)
         return
-    state = rc.snapshot_context()
+    # 0.5.17 and 0.5.18 keep no snapshot: their publish is last-publish-wins, and every run
+    # publishes its own configuration
+    state = rc.snapshot_context() if hasattr(rc, "snapshot_context") else None
     try:
         # the spawn ranks are an argument from 0.5.21; before, a one-rank world is the default
         ranks = {"ranks": rc.SpawnRanks(world_rank=0)} if hasattr(rc, "SpawnRanks") else {}
@@ -74,7 +76,8 @@ def published(
         _process_groups()
         yield server_args
     finally:
-        rc.restore_context(state)
+        if state is not None:
+            rc.restore_context(state)
 
 
 def idle_scheduler_state(sgl, queue) -> dict:
