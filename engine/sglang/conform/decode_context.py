@@ -127,7 +127,7 @@ def weight_updater(sched):
 
     from sglang.srt.distributed import parallel_state  # lazy: SGLang is optional
 
-    # the TP group's CPU group is an argument up to 0.5.22, read from get_parallel() after
+    # the TP group's CPU group is an argument up to 0.5.21, read from get_parallel() after
     return compat.make(
         SchedulerWeightUpdaterManager,
         tp_cpu_group=parallel_state.get_tp_group().cpu_group,
