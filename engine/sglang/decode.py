@@ -408,7 +408,8 @@ def _resolve(sink, wrapped, queue, args, kwargs):
     }
     for addr, reqs in _groups(queue).items():
         state["pending"][addr] = [r.req.bootstrap_room for r in reqs]
-        query = queue._prefill_dp_rank_queries.get(addr)
+        # the prefetched query of the address (0.5.19 on; before, nothing is prefetched)
+        query = getattr(queue, "_prefill_dp_rank_queries", {}).get(addr)
         state["covered"][addr] = list(query[0]) if query is not None else []
         need = [r.req.bootstrap_room for r in reqs if queue._resolve_prefill_dp_rank(r.req) is None]
         if need:

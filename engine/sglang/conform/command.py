@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .. import hooks
-from . import decode_scenarios, driver, mutants, prefill_scenarios
+from . import decode_life, decode_scenarios, driver, mutants, prefill_scenarios
 
 
 def run(a) -> int:
@@ -101,7 +101,8 @@ def _print_results(sgl, results: list[dict], trace_dir: str) -> None:
 def _print_release(sgl) -> None:
     """Which hooks attached on this release, and the scenarios it cannot run."""
     print(hooks.report())
-    for name, absent in decode_scenarios.inapplicable(sgl).items():
+    absent_by_name = {**decode_scenarios.inapplicable(sgl), **decode_life.inapplicable(sgl)}
+    for name, absent in absent_by_name.items():
         print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
     for name, why in prefill_scenarios.inapplicable().items():
         print(f"not applicable to SGLang {sgl.version}: {name} ({why})")

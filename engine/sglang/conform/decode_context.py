@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import types
 
+from . import compat
 from .prefill_scheduler import _model_path, _process_groups
 
 
@@ -24,41 +25,59 @@ def published(
     context_length: int = 256,
     **overrides,
 ):
-    """A decode server's ServerArgs published for the block (TP = PP = DP = 1, CPU). Releases before
-    0.5.17 publish nothing (their queue reads the scheduler's own server_args): only the process
-    groups are made, and the block gets None."""
+    """A decode server's ServerArgs (TP = PP = DP = 1, CPU), published for the block where the
+    release publishes (0.5.17 on; before, the queue reads the scheduler's own server_args, which the
+    harness sets from what the block gets), with the process groups of a one-rank world."""
     # lazy: SGLang is optional
     from sglang.srt.server_args import ServerArgs
 
     from .. import load
 
+    server_args = ServerArgs(
+        model_path=_model_path(),
+        device="cpu",
+        disaggregation_mode="decode",
+        page_size=page_size,
+        max_running_requests=max_running,
+        max_total_tokens=kv_tokens,
+        context_length=context_length,
+        tp_size=1,
+        disable_cuda_graph=True,
+        attention_backend="torch_native",
+        skip_tokenizer_init=True,
+        disable_overlap_schedule=True,
+        **overrides,
+    )
     rc = load().runtime_context
     if rc is None or not hasattr(rc, "publish"):
+        from sglang.srt import server_args as args_module  # lazy: SGLang is optional
+
+        # the legacy global: a module variable up to 0.5.14, the runtime context's slot after
+        holder, slot = args_module, "_global_server_args"
+        if not hasattr(args_module, slot):
+            from sglang.srt.runtime_context import get_context  # lazy: SGLang is optional
+
+            holder, slot = get_context(), "_server_args"
+        before = getattr(holder, slot)
+        args_module.set_global_server_args_for_scheduler(server_args)
         _process_groups()
-        yield None
+        try:
+            yield server_args
+        finally:
+            setattr(holder, slot, before)
         return
-    state = rc.snapshot_context()
+    # 0.5.17 and 0.5.18 keep no snapshot: their publish is last-publish-wins, and every run
+    # publishes its own configuration
+    state = rc.snapshot_context() if hasattr(rc, "snapshot_context") else None
     try:
-        server_args = ServerArgs(
-            model_path=_model_path(),
-            device="cpu",
-            disaggregation_mode="decode",
-            page_size=page_size,
-            max_running_requests=max_running,
-            max_total_tokens=kv_tokens,
-            context_length=context_length,
-            tp_size=1,
-            disable_cuda_graph=True,
-            attention_backend="torch_native",
-            skip_tokenizer_init=True,
-            disable_overlap_schedule=True,
-            **overrides,
-        )
-        rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+        # the spawn ranks are an argument from 0.5.21; before, a one-rank world is the default
+        ranks = {"ranks": rc.SpawnRanks(world_rank=0)} if hasattr(rc, "SpawnRanks") else {}
+        rc.publish(server_args, role="scheduler", **ranks)
         _process_groups()
         yield server_args
     finally:
-        rc.restore_context(state)
+        if state is not None:
+            rc.restore_context(state)
 
 
 def idle_scheduler_state(sgl, queue) -> dict:
@@ -83,6 +102,10 @@ def idle_scheduler_state(sgl, queue) -> dict:
         enable_lmcache=False,
         _pause_started_at=None,
         _pause_intervals=[],
+        # what is_fully_idle reads on some releases: the batch in flight (up to 0.5.13) and the
+        # scheduler's parallel layout (its PP check)
+        cur_batch=None,
+        ps=types.SimpleNamespace(pp_size=1, tp_size=1, tp_rank=0, dp_size=1, dp_rank=0),
     )
 
 
@@ -98,9 +121,16 @@ def weight_updater(sched):
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
     def flush_cache(empty_cache: bool = True) -> bool:
-        return sched.is_fully_idle(ignore_waiting=sched._engine_paused)
+        # ignore_waiting: an argument from 0.5.21
+        paused = {"ignore_waiting": sched._engine_paused}
+        return sched.is_fully_idle(**compat.accepted(sched.is_fully_idle, paused))
 
-    return SchedulerWeightUpdaterManager(
+    from sglang.srt.distributed import parallel_state  # lazy: SGLang is optional
+
+    # the TP group's CPU group is an argument up to 0.5.21, read from get_parallel() after
+    return compat.make(
+        SchedulerWeightUpdaterManager,
+        tp_cpu_group=parallel_state.get_tp_group().cpu_group,
         tp_worker=None,
         draft_worker=None,
         memory_saver_adapter=TorchMemorySaverAdapter.create(enable=False),

@@ -22,14 +22,17 @@ these methods read, as SGLang's unit tests do.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import inspect
 import types
 
 from ... import bootstrap_client
-from .. import hooks
+from .. import decode as decode_hooks
+from .. import hooks, mutate, sglang_server
 from ..sink import TraceSink
-from . import decode_context, faults, lifecycle
+from . import compat, decode_context, faults, lifecycle
 from .decode_scenarios import _kv_manager, _Server
 from .faults import Fault, Phase
 from .reachable import assert_reachable
@@ -38,6 +41,10 @@ PAGE_SIZE, KV_TOKENS, MAX_RUNNING = 16, 512, 4
 DECODE_STEPS = 4  # iterations a request decodes, in the stand-in, before it finishes
 MAX_ITERS = 80
 CONTEXT = 512  # the model's max_position_embeddings (prefill_scheduler._MODEL)
+
+
+class _LoopEnd(Exception):
+    """Leaves a decode loop of a release whose loop does not read gracefully_exit (before 0.5.21)."""
 
 
 class NotReached(RuntimeError):
@@ -90,7 +97,8 @@ class LifeHarness:
     def __init__(self, sgl, cell: Cell, mode: str):
         self.sgl, self.cell, self.mode = sgl, cell, mode
         self.iteration, self.injected = 0, False
-        self.server = _Server(sgl, False)
+        # pdo's bootstrap server where it speaks this release's wire, else the release's own
+        self.server = _Server(sgl, not sglang_server.wire_matches(sgl))
         self.server.publish(2)
         self.plans: dict[int, Plan] = {}
         self.running_left: dict[str, int] = {}
@@ -105,24 +113,29 @@ class LifeHarness:
             ReqToMetadataIdxAllocator,
             TransferBackend,
         )
+        from sglang.srt.distributed import parallel_state
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        from .. import mutate
+        ComponentType = compat.lookup("ComponentType")
+        make = compat.make
+        # what the queues took as arguments before they read the runtime context (0.5.17)
+        old_args = dict(gloo_group=parallel_state.get_tp_group().cpu_group, tp_rank=0)
 
         s = self.sched = sgl.scheduler.Scheduler.__new__(sgl.scheduler.Scheduler)
-        s.req_to_token_pool = d.DecodeReqToTokenPool(
+        s.req_to_token_pool = make(
+            d.DecodeReqToTokenPool,
             size=MAX_RUNNING,
             max_context_len=512,
             device="cpu",
             enable_memory_saver=False,
             pre_alloc_size=0,
         )
-        kv_pool = MHATokenToKVPool(
+        kv_pool = make(
+            MHATokenToKVPool,
             size=KV_TOKENS,
             page_size=PAGE_SIZE,
             dtype=torch.float32,
@@ -132,7 +145,8 @@ class LifeHarness:
             device="cpu",
             enable_memory_saver=False,
         )
-        s.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+        s.token_to_kv_pool_allocator = make(
+            PagedTokenToKVPoolAllocator,
             size=KV_TOKENS,
             page_size=PAGE_SIZE,
             dtype=torch.float32,
@@ -141,7 +155,8 @@ class LifeHarness:
             need_sort=False,
         )
         s.tree_cache = UnifiedRadixCache(
-            CacheInitParams(
+            make(
+                CacheInitParams,
                 disable=True,
                 req_to_token_pool=s.req_to_token_pool,
                 token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
@@ -150,18 +165,21 @@ class LifeHarness:
             )
         )
         s.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(MAX_RUNNING * 2)
-        s.disagg_metadata_buffers = d.MetadataBuffers(
-            MAX_RUNNING * 2,
+        s.disagg_metadata_buffers = make(
+            d.MetadataBuffers,
+            size=MAX_RUNNING * 2,
             hidden_size=16,
             hidden_states_dtype=torch.float32,
-            max_sampling_mask_tokens=self.server_args.sampling_mask_max_tokens,
+            max_sampling_mask_tokens=getattr(self.server_args, "sampling_mask_max_tokens", 0),
             custom_mem_pool=None,
             output_dsa_topk_indices_dim=0,
             kv_checksum_enabled=False,
         )
         self._plain_settings(s)
         s.spec_algorithm = SpeculativeAlgorithm.from_string(None)
-        s.disagg_decode_transfer_queue = d.DecodeTransferQueue(
+        s.disagg_decode_transfer_queue = make(
+            d.DecodeTransferQueue,
+            **old_args,
             req_to_metadata_buffer_idx_allocator=s.req_to_metadata_buffer_idx_allocator,
             metadata_buffers=s.disagg_metadata_buffers,
             scheduler=s,
@@ -172,7 +190,12 @@ class LifeHarness:
         mgr.recomputes = []
         mgr.submit_prefill_recompute = lambda receiver, payload: mgr.recomputes.append(receiver)
         with mutate.swapped(d.DecodePreallocQueue, "_init_kv_manager", lambda queue: mgr):
-            s.disagg_decode_prealloc_queue = d.DecodePreallocQueue(
+            s.disagg_decode_prealloc_queue = make(
+                d.DecodePreallocQueue,
+                **old_args,
+                tp_size=1,
+                dp_size=1,
+                pp_rank=0,
                 req_to_token_pool=s.req_to_token_pool,
                 token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
                 draft_token_to_kv_pool=None,
@@ -197,6 +220,7 @@ class LifeHarness:
 
         outputs = types.SimpleNamespace(send_output=self._sent)
         s.__dict__.update(
+            server_args=self.server_args,  # what the queue reads before 0.5.17 (after: get_disagg())
             gracefully_exit=False,
             _engine_paused=False,
             _pause_started_at=None,
@@ -207,6 +231,9 @@ class LifeHarness:
             chunked_req=None,
             last_batch=None,
             cur_batch_for_debug=None,
+            cur_batch=None,  # read by is_fully_idle before 0.5.14
+            # the scheduler's parallel layout as is_fully_idle reads it before 0.5.17
+            ps=types.SimpleNamespace(pp_size=1, tp_size=1, tp_rank=0, dp_size=1, dp_rank=0),
             _sched_idled=False,
             page_size=PAGE_SIZE,
             enable_overlap=self.mode == "overlap",
@@ -248,9 +275,16 @@ class LifeHarness:
                 prepare_for_forward=lambda b, chunked_req=None: b
             ),
             ingest_requests=self._ingest,
+            # intake before 0.5.20: the loop's recv_requests, then SGLang's process_input_requests
+            request_receiver=types.SimpleNamespace(recv_requests=self._recv),
+            session_controller=types.SimpleNamespace(maybe_reap=lambda now: None),
+            flush_wrapper=types.SimpleNamespace(check_pending=lambda: None),
+            external_corpus_manager=None,
+            return_health_check_ipcs=[],
+            _war_barrier_enabled=False,
             get_next_disagg_decode_batch_to_run=self._decode_step,
             is_disable_overlap_for_batch=lambda batch, last_batch=None: False,
-            launch_batch_sample_if_needed=lambda result, batch: None,
+            launch_batch_sample_if_needed=lambda result, batch=None: None,  # batch: 0.5.16 on
             on_idle=self._idle,
             _record_scheduler_state_for_paused_engine=lambda: None,
         )
@@ -368,7 +402,7 @@ class LifeHarness:
             moving = [d for d in s.disagg_decode_transfer_queue.queue if d.req.rid == t]
             return any(d.kv_receiver.phase is Phase.TRANSFERRING for d in moving)
         if state is State.RETRACTED:
-            return any(r.rid == t for r in q.held_rebootstrap_reqs)
+            return any(r.rid == t for r in self._held())
         return s._engine_paused and bool(queued)
 
     def _inject(self) -> None:
@@ -392,19 +426,39 @@ class LifeHarness:
             plan.arm_next = fault
 
     def _ingest(self, *args, **kwargs):
+        """ingest_requests (0.5.20 on): the iteration's script; on 0.5.20, whose loops have no
+        other iteration marker, then SGLang's own process_input_requests, as ingest_requests runs
+        it."""
+        recv = self._recv()
+        if not self.loop_reads_exit:
+            type(self.sched).process_input_requests(self.sched, recv)
+        return recv
+
+    def _recv(self, *args, **kwargs):
+        """The top of an iteration (before 0.5.20, the loop's recv_requests; SGLang's
+        process_input_requests then runs on what it returns). Loops before 0.5.21 never leave on
+        their own: the harness leaves them here once the run is over."""
+        if not self.loop_reads_exit and (
+            self.sched.gracefully_exit or self.iteration >= MAX_ITERS + 5
+        ):
+            raise _LoopEnd
         self.iteration += 1
         self._check(f"iteration {self.iteration}")
         self._script()
         self._inject()
         return []
 
+    def _held(self) -> list:
+        """The requests retracted and held for re-bootstrap (0.5.16 on; before, none are held)."""
+        return getattr(self.sched.disagg_decode_prealloc_queue, "held_rebootstrap_reqs", [])
+
     def _check(self, where: str) -> None:
-        held = {r.rid for r in self.sched.disagg_decode_prealloc_queue.held_rebootstrap_reqs}
+        held = {r.rid for r in self._held()}
         receivers = [r for p in self.plans.values() for r in p.receivers]
         self.ledger.check(receivers, self.sched.is_fully_idle(), where, exempt=held)
 
     # ---- the decode forward's stand-in -------------------------------------------------------
-    def _decode_step(self, running_batch):
+    def _decode_step(self, running_batch=None):  # the argument from 0.5.16
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH  # lazy: optional
         from sglang.srt.mem_cache.common import release_kv_cache
 
@@ -420,13 +474,17 @@ class LifeHarness:
             if self.running_left[req.rid] <= 0:
                 req.finished_reason = FINISH_LENGTH(length=1)
                 s.running_batch.reqs.remove(req)
-                release_kv_cache(req, s.tree_cache, checkpoint=False)
+                # checkpoint: an argument of later releases
+                release_kv_cache(
+                    req, s.tree_cache, **compat.accepted(release_kv_cache, {"checkpoint": False})
+                )
                 self._ended(req)
+        if not self.loop_reads_plan:  # before 0.5.16 the loop reads a batch: none is run
+            return None
         return types.SimpleNamespace(running_batch=s.running_batch, batch_to_run=None)
 
     def _idle(self):
-        q = self.sched.disagg_decode_prealloc_queue
-        settled = self.iteration >= 6 and not self.ledger.alive() and not q.held_rebootstrap_reqs
+        settled = self.iteration >= 6 and not self.ledger.alive() and not self._held()
         if settled or self.iteration >= MAX_ITERS:
             self.sched.gracefully_exit = True
 
@@ -439,6 +497,10 @@ class LifeHarness:
         loop = getattr(
             decode.SchedulerDisaggregationDecodeMixin, f"event_loop_{self.mode}_disagg_decode"
         )
+        self.loop_reads_exit = decode_hooks.reads_gracefully_exit(self.sgl)
+        self.loop_reads_plan = "plan = self.get_next_disagg_decode_batch_to_run" in (
+            inspect.getsource(decode_hooks.unwrap(loop))
+        )
         real_get_kv_class = decode.get_kv_class
         try:
             with decode_context.published(
@@ -446,10 +508,15 @@ class LifeHarness:
             ) as server_args:
                 self.server_args = server_args
                 self._build()
-                decode.get_kv_class = lambda backend, kind: faults.receiver_class()
-                with hooks.tracing(TraceSink(trace_path)):
+                receiver_class = faults.receiver_class()
+                # before 0.5.22 the queue calls the receiver's init itself: the adapter hooks it
+                decode_hooks.hook_receiver(receiver_class)
+                decode.get_kv_class = lambda backend, kind: receiver_class
+                with hooks.tracing(TraceSink(trace_path)), _cpu_alloc_extend():
                     try:
                         loop(self.sched)
+                    except _LoopEnd:
+                        pass
                     except Exception:
                         # SGLang raised: the invariants at that point come first when they fail
                         self._check("SGLang raised")
@@ -468,10 +535,52 @@ class LifeHarness:
         return trace_path
 
 
+@contextlib.contextmanager
+def _cpu_alloc_extend():
+    """The paged allocator's extend on CPU. Before 0.5.20 alloc_extend always launches its Triton
+    kernel, which does not run on CPU; the release's own alloc_extend_naive (the CPU path 0.5.20
+    takes) computes the same indices, so it stands in for the kernel there."""
+    from sglang.srt.mem_cache.allocator import paged  # lazy: SGLang is optional
+
+    source = inspect.getsource(paged.PagedTokenToKVPoolAllocator.alloc_extend)
+    if "alloc_extend_naive(" in source:
+        yield
+        return
+
+    class _Launch:
+        def __getitem__(self, grid):
+            def launch(prefix, seq, last, free_pages, out, _bs_pow2, page_size):
+                paged.alloc_extend_naive(prefix, seq, last, free_pages, out, page_size, out.device)
+
+            return launch
+
+    with mutate.swapped(paged, "alloc_extend_kernel", _Launch()):
+        yield
+
+
+# state -> the SGLang entry point that puts a request in it, where not every release has one
+NEEDS = {State.RETRACTED: "DecodePreallocQueue.hold_rebootstrap"}  # re-bootstrap: 0.5.16 on
+
+
+def missing(sgl, cell: Cell) -> list[str]:
+    """The entry points the cell needs that this release lacks."""
+    need = NEEDS.get(cell.state)
+    owner, _, method = (need or "").partition(".")
+    return [need] if need and not hasattr(getattr(sgl.decode, owner), method) else []
+
+
+def inapplicable(sgl) -> dict[str, list[str]]:
+    """Cell -> the entry points it needs that this release lacks (it is not run there)."""
+    return {cell.name: m for cell in CELLS if (m := missing(sgl, cell))}
+
+
 def scenarios(sgl) -> list[tuple[str, object]]:
-    """(name, run(trace_path, fuzz_seed=None)) for each cell under both decode loops."""
+    """(name, run(trace_path, fuzz_seed=None)) for each cell this release can run, under both decode
+    loops."""
     out = []
     for cell in CELLS:
+        if missing(sgl, cell):
+            continue
         for mode in ("normal", "overlap"):
             out.append((f"{cell.name}/{mode}", _runner(sgl, cell, mode)))
     return out

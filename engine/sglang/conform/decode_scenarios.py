@@ -344,7 +344,8 @@ class Harness:
             return
         assert_reachable(
             "DecodePreallocQueue._resolve_pending_reqs",
-            not self.sched._engine_paused and not self.queue.retracted_queue,
+            not (self.sched._engine_paused and self._paused_skips_queue)
+            and not self.queue.retracted_queue,
         )
         self.queue._resolve_pending_reqs()
         for decode_req in list(self.queue.queue):
@@ -392,9 +393,11 @@ class Harness:
         )
         sink = TraceSink(trace_path) if trace_path is not None else hooks.active()
         self._loop_reads_exit = decode_hooks.reads_gracefully_exit(self.sgl)
-        self._plans = "plan = self.get_next_disagg_decode_batch_to_run" in inspect.getsource(
-            decode_hooks.unwrap(loop)
-        )
+        source = inspect.getsource(decode_hooks.unwrap(loop))
+        self._plans = "plan = self.get_next_disagg_decode_batch_to_run" in source
+        # from 0.5.16 the loop skips process_decode_queue while paused; before, it runs it first
+        queue_at = source.find("self.process_decode_queue()")
+        self._paused_skips_queue = -1 < source.find("self._engine_paused") < queue_at
         # the published ServerArgs that _init_receiver reads (get_disagg()), and the process
         # groups SGLang's weight updater reads
         config = decode_context.published(PAGE_SIZE)

@@ -2,8 +2,8 @@
 
 Each scenario (decode_scenarios.py, prefill_scenarios.py) writes one trace, which the checker
 judges against the rules of spec/. Outcome per scenario: `conforms`, `finding` (the violations are
-the ones docs/sglang.md records as a real hazard in SGLang, listed in FINDINGS: the command stays
-green while they last), `open-divergence` (exactly the rules prefill_scenarios.DIVERGENCES lists:
+those of a real SGLang bug on the releases it shipped in, listed in FINDINGS: the command stays
+green on those releases while the bug shows exactly so), `open-divergence` (exactly the rules prefill_scenarios.DIVERGENCES lists:
 SGLang is safe there by a means the rules cannot see yet, explained in docs/sglang.md) or
 `divergence` (anything else: the spec is wrong about SGLang, or SGLang has a new hazard). Under a
 mutant (mutants.py) the outcome is `flagged` when a rule caught it, else `missed`.
@@ -11,8 +11,11 @@ mutant (mutants.py) the outcome is `flagged` when a rule caught it, else `missed
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+
+from packaging.version import Version
 
 from checker.linear import check_files
 
@@ -21,9 +24,73 @@ from .. import hooks, load
 from .. import prefill as prefill_hooks
 from . import decode_life, decode_scenarios, lifecycle, mutants, prefill_life, prefill_scenarios
 
-# scenario -> the rules its expected finding breaks (docs/sglang.md, "Findings"). Finding 1 was
-# retracted: its scenario released memory in a state SGLang's only caller refuses (reachable.py).
-FINDINGS: dict[str, tuple[str, ...]] = {}
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A real SGLang bug the matrix reproduces on the releases it shipped in (docs/sglang.md,
+    "Historical bug benchmark"): on those releases the scenarios it names break exactly `broken`
+    (rules, or `oracle:<invariant>`), SGLang raising `error` (a substring) where it crashes, and the
+    outcome is `finding`; on the others it is what the scenario's own expectation says."""
+
+    bug: str  # the benchmark row and SGLang's PR
+    releases: tuple[str, str]  # the first and the last release it affects (inclusive)
+    scenarios: tuple[str, ...]  # the scenarios (or name prefixes) it shows in
+    broken: tuple[str, ...]
+    error: str | None = None
+
+    def applies(self, name: str, version: str) -> bool:
+        first, last = (Version(v) for v in self.releases)
+        in_range = first <= Version(version) <= last
+        return in_range and any(name == s or name.startswith(s) for s in self.scenarios)
+
+
+def _cells(states: str, faults: str) -> tuple[str, ...]:
+    return tuple(f"decode-life/{s}/{f}/" for s in states.split() for f in faults.split())
+
+
+_FAULTS = "poll-failed state-failed peer-gone client-abort timeout"
+_PENDING_ENDS = "poll-failed client-abort timeout"  # the faults that end a DP-pending request
+FINDINGS: tuple[Finding, ...] = (
+    # pop_preallocated drops an aborted request and pop_transferred a Failed one without
+    # kv_receiver.clear() (the request's status entries leak); fixed by #28022 in 0.5.14
+    Finding(
+        "S1 #28022",
+        ("0.5.13", "0.5.13.post1"),
+        _cells("dp-pending handshake transferring paused", _FAULTS)
+        + _cells("prealloc-blocked", "poll-failed state-failed peer-gone client-abort"),
+        ("oracle:cleared-once",),
+    ),
+    # the abort sweep drops an aborted request from `queue` but not from `pending_reqs`: the next
+    # resolve answers its room again and initialises its receiver; from 0.5.14 (#28022 sets the
+    # receiver to None) that init raises. Fixed by #29834 in 0.5.16
+    Finding(
+        "S2 #29834 (before #28022)",
+        ("0.5.13", "0.5.13.post1"),
+        _cells("dp-pending", _PENDING_ENDS),
+        ("D-consume-answer",),
+    ),
+    Finding(
+        "S2 #29834",
+        ("0.5.14", "0.5.15.post1"),
+        _cells("dp-pending", _PENDING_ENDS),
+        ("D-consume-answer",),
+        error="'NoneType' object has no attribute 'init'",
+    ),
+    # _update_handshake_waiters returns early while every queued request is WaitingForInput and
+    # none has concluded Failed: a failure the receiver's state holds but no poll has read is not
+    # seen, and the room gets pages and its metadata published. Fixed by #37483 in 0.5.20
+    Finding(
+        "C1 #37483",
+        ("0.5.13", "0.5.19"),
+        _cells("prealloc-blocked", "poll-failed peer-gone"),
+        ("oracle:failure-polled",),
+    ),
+)
+
+
+def findings(name: str, version: str) -> list[Finding]:
+    """The known bugs of this release that the scenario shows."""
+    return [f for f in FINDINGS if f.applies(name, version)]
 
 
 def session():
@@ -94,7 +161,7 @@ def run_scenario(
         "sglang_version": sgl.version,
         "sglang_functions": functions,
         "trace": path,
-        "outcome": _outcome(name, broken, error, mutant),
+        "outcome": _outcome(name, sgl.version, broken, error, mutant),
         "rules": broken,
         "error": error,
         "violations": violations,
@@ -136,22 +203,26 @@ def broken_rules(path: str) -> dict[str, int]:
     return broken
 
 
-def _outcome(name: str, broken: dict, error, mutant) -> str:
+def _outcome(name: str, version: str, broken: dict, error, mutant) -> str:
     if mutant is not None:
         return "flagged" if set(broken) & set(mutant.rules) else "missed"
+    known = findings(name, version)
+    if known:
+        errors = [f.error for f in known if f.error]
+        error_met = bool(errors) == (error is not None) and all(e in (error or "") for e in errors)
+        if error_met and set(broken) == {r for f in known for r in f.broken}:
+            return "finding"
     if error is not None:
         return "error"
     if not broken:
         return "conforms"
-    if set(broken) == set(FINDINGS.get(name, ())):
-        return "finding"
     if set(broken) == set(_open_divergences().get(name, ())):
         return "open-divergence"
     return "divergence"
 
 
-def expected_outcome(name: str) -> str:
-    if name in FINDINGS:
+def expected_outcome(name: str, version: str) -> str:
+    if findings(name, version):
         return "finding"
     return "open-divergence" if name in _open_divergences() else "conforms"
 
@@ -160,4 +231,4 @@ def met(result: dict) -> bool:
     """Whether a scenario's outcome is what is expected of it."""
     if result["mutant"] is not None:
         return result["outcome"] == "flagged"
-    return result["outcome"] == expected_outcome(result["scenario"])
+    return result["outcome"] == expected_outcome(result["scenario"], result["sglang_version"])

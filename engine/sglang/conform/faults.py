@@ -51,7 +51,11 @@ def receiver_class():
         def __init__(self, mgr, bootstrap_addr, bootstrap_room=None, **_):
             super().__init__(mgr, bootstrap_addr, bootstrap_room)
             self.room, self.addr = bootstrap_room, bootstrap_addr
+            # as CommonKVReceiver keeps them (the fake receiver of some releases does not; the
+            # scheduler's abort reads the manager's deferred-release flag up to 0.5.19)
+            self.bootstrap_room, self.kv_mgr = bootstrap_room, mgr
             self.phase, self.cleared, self.misuse = Phase.CREATED, 0, []
+            self.unseen_failure = []  # what SGLang did to the room after a failure it never polled
             self.plan = mgr.plans[bootstrap_room]
             self.plan.receivers.append(self)
             self.handshake_left = self.plan.handshake_polls
@@ -73,7 +77,9 @@ def receiver_class():
             if self.phase is not Phase.TRANSFERRING or self.conclude_state is not None:
                 return None
             req = self.plan.req
-            return (getattr(req.kv, "req_pool_idx", None), self.plan.pages, self.metadata_index)
+            # the request's KV fields are on req.kv from 0.5.17 (before, on the request itself)
+            slot = getattr(getattr(req, "kv", req), "req_pool_idx", None)
+            return (slot, self.plan.pages, self.metadata_index)
 
         def _use(self, what):
             if self.cleared:
@@ -119,6 +125,8 @@ def receiver_class():
 
         def send_metadata(self, kv_indices, aux_index=None, state_indices=None, **kwargs):
             self._use("send_metadata")
+            if self.fail_next_poll:  # the transport failed and SGLang has not polled since
+                self.unseen_failure.append("metadata published after its transfer failed, unpolled")
             self.metadata_index = aux_index
             self.plan.pages = [int(p) for p in kv_indices]
             self.phase = Phase.TRANSFERRING

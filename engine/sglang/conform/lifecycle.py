@@ -12,6 +12,8 @@ What is checked, per request:
 - it ends exactly once: one final output (stream_output of a finished request, or an abort
   output), never two, and one by the end of the run;
 - its receiver (decode) or sender (prefill) is cleared exactly once, and never used after;
+- (decode) its metadata is not published while its transfer has failed and SGLang has not polled
+  the receiver since (`unseen_failure`): a failure is seen before the room gets pages;
 - its request slot (req_to_token), KV pages and metadata slot are free by the end, never freed
   twice, and never free while its transfer may still write them (metadata sent, not concluded);
 - the scheduler's idleness report (`Scheduler.is_fully_idle`) never says idle while a request is
@@ -80,6 +82,8 @@ class Ledger:
                 self._flag("cleared-once", f"{r.label}: cleared {r.cleared} times")
             for misuse in r.misuse:
                 self._flag("cleared-once", f"{r.label}: {misuse}")
+            for what in getattr(r, "unseen_failure", ()):  # decode receivers keep it
+                self._flag("failure-polled", f"{r.label}: {what}")
             held = r.in_flight()
             if held is not None:
                 self._transfer_holds(

@@ -58,7 +58,8 @@ BYPASSES: dict[str, Bypass] = {
                 "DecodePreallocQueue.pop_preallocated (its first step), from "
                 "Scheduler.process_decode_queue",
             ),
-            "the engine is not paused (the loop skips process_decode_queue then), the retracted "
+            "the engine is not paused where the loop skips process_decode_queue then (from "
+            "0.5.16; up to 0.5.15.post1 the loop runs it before its pause check), the retracted "
             "queue is empty (process_decode_queue returns before pop_preallocated otherwise), and "
             "it is a polling tick (polling_count % disaggregation_decode_polling_interval == 0)",
             "decode_scenarios.Harness._process_decode_queue",

@@ -75,7 +75,7 @@ def test_release_waits_for_sglangs_idleness_assertion(sgl, scenario_runs, tmp_pa
         scenario_runs["decode-release-pending/normal"],
         str(tmp_path),
     )
-    assert result["outcome"] == "conforms" and not driver.FINDINGS
+    assert result["outcome"] == "conforms" and not driver.findings(result["scenario"], sgl.version)
     events = [json.loads(line) for line in open(result["trace"])][1:]
     kinds = [e["ev"] for e in events]
     assert kinds.count("req_done") == 2 and kinds.count("release_memory") == 1

@@ -187,3 +187,34 @@ _MATRIX = os.environ.get("PDO_SGLANG_MATRIX") == "1"
 def test_every_installed_release_conforms(version):
     out = _pdo("conform", "sglang", "--sglang-version", version)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+_OLDEST_CELL = "decode-life/transferring/poll-failed/normal"
+
+
+@pytest.mark.skipif(not _runnable(), reason="no SGLang release installed (setup.sh --test)")
+def test_the_oldest_release_runs_a_lifecycle_cell():
+    """The lifecycle x fault matrix builds SGLang's own pools and queues on the oldest release too;
+    on 0.5.13 the cell shows bug S1 (#28022: a Failed transfer dropped without clearing its
+    receiver), recorded as that release's expected finding."""
+    from engine.sglang.conform import driver
+
+    version = _runnable()[0]
+    out = _pdo(
+        "conform", "sglang", "--sglang-version", version, "--scenario", _OLDEST_CELL, "--json"
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    (result,) = json_results(out.stdout)
+    assert result["sglang_version"] == version and result["error"] is None
+    assert result["outcome"] == driver.expected_outcome(_OLDEST_CELL, version)
+    ran = result["sglang_functions"]  # the hooked SGLang functions that ran
+    assert any(f.endswith("DecodeMixin.event_loop_normal_disagg_decode") for f in ran)
+    assert any(f.endswith("DecodePreallocQueue.add") for f in ran)
+    if versions.Version(version) <= versions.Version("0.5.13.post1"):
+        assert result["rules"] == {"oracle:cleared-once": 1}
+
+
+def json_results(stdout: str) -> list[dict]:
+    import json
+
+    return json.loads(stdout[stdout.find("[") :])
