@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .. import hooks
-from . import decode_life, decode_scenarios, driver, mutants, prefill_scenarios
+from . import decode_life, decode_scenarios, driver, mutants, prefill_life, prefill_scenarios
 
 
 def run(a) -> int:
@@ -104,7 +104,7 @@ def _print_release(sgl) -> None:
     absent_by_name = {**decode_scenarios.inapplicable(sgl), **decode_life.inapplicable(sgl)}
     for name, absent in absent_by_name.items():
         print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
-    for name, why in prefill_scenarios.inapplicable().items():
+    for name, why in {**prefill_scenarios.inapplicable(), **prefill_life.inapplicable()}.items():
         print(f"not applicable to SGLang {sgl.version}: {name} ({why})")
 
 
