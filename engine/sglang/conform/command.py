@@ -56,14 +56,19 @@ def run(a) -> int:
     return 0 if all(driver.met(r) for r in results) else 1
 
 
+def _inapplicable(sgl) -> dict[str, str]:
+    """Scenario (with its loop mode) -> why this release does not run it."""
+    out = {}
+    for scripts in (decode_scenarios.inapplicable(sgl), decode_life.inapplicable(sgl)):
+        for name, absent in scripts.items():
+            for mode in ("normal", "overlap"):
+                out[f"{name}/{mode}"] = f"needs {', '.join(absent)}"
+    return {**out, **prefill_scenarios.inapplicable(), **prefill_life.inapplicable()}
+
+
 def _not_applicable(sgl) -> list[tuple[str, None]]:
-    """(name, None) for the scenarios this release cannot run (a mode of each decode script)."""
-    decode = [
-        (f"{n}/{m}", None)
-        for n in decode_scenarios.inapplicable(sgl)
-        for m in ("normal", "overlap")
-    ]
-    return decode + [(n, None) for n in prefill_scenarios.inapplicable()]
+    """(name, None) for the scenarios this release cannot run."""
+    return [(name, None) for name in _inapplicable(sgl)]
 
 
 def _trace_dir(a) -> str:
@@ -101,10 +106,7 @@ def _print_results(sgl, results: list[dict], trace_dir: str) -> None:
 def _print_release(sgl) -> None:
     """Which hooks attached on this release, and the scenarios it cannot run."""
     print(hooks.report())
-    absent_by_name = {**decode_scenarios.inapplicable(sgl), **decode_life.inapplicable(sgl)}
-    for name, absent in absent_by_name.items():
-        print(f"not applicable to SGLang {sgl.version}: {name} (needs {', '.join(absent)})")
-    for name, why in {**prefill_scenarios.inapplicable(), **prefill_life.inapplicable()}.items():
+    for name, why in _inapplicable(sgl).items():
         print(f"not applicable to SGLang {sgl.version}: {name} ({why})")
 
 
