@@ -22,6 +22,8 @@ for v in "${releases[@]}"; do
   ((rc == 0)) || status=1
   outcomes=$(grep -E '^(ok |BAD) ' "$OUT/$v.txt" | awk '{print $1"/"$3}' | sort | uniq -c | awk '{printf "%s %s, ", $1, $2}')
   echo "$v: exit $rc; ${outcomes%, }"
-  grep -E '^(hooks:|not applicable)' "$OUT/$v.txt" | sed 's/^/    /'
+  grep -E '^hooks:' "$OUT/$v.txt" | sed 's/^/    /'
+  na=$(grep -c '^not applicable' "$OUT/$v.txt")
+  ((na)) && echo "    $na scenarios not applicable (each with why in $OUT/$v.txt)"
 done
 exit $status

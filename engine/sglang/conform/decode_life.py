@@ -22,7 +22,6 @@ these methods read, as SGLang's unit tests do.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import inspect
@@ -35,6 +34,7 @@ from ..sink import TraceSink
 from . import compat, decode_context, faults, lifecycle
 from .decode_scenarios import _kv_manager, _Server
 from .faults import Fault, Phase
+from .prefill_releases import cpu_kernels
 from .reachable import assert_reachable
 
 PAGE_SIZE, KV_TOKENS, MAX_RUNNING = 16, 512, 4
@@ -512,7 +512,7 @@ class LifeHarness:
                 # before 0.5.22 the queue calls the receiver's init itself: the adapter hooks it
                 decode_hooks.hook_receiver(receiver_class)
                 decode.get_kv_class = lambda backend, kind: receiver_class
-                with hooks.tracing(TraceSink(trace_path)), _cpu_alloc_extend():
+                with hooks.tracing(TraceSink(trace_path)), cpu_kernels():
                     try:
                         loop(self.sched)
                     except _LoopEnd:
@@ -533,29 +533,6 @@ class LifeHarness:
             if not self.server_stopped:
                 self.server.stop()
         return trace_path
-
-
-@contextlib.contextmanager
-def _cpu_alloc_extend():
-    """The paged allocator's extend on CPU. Before 0.5.20 alloc_extend always launches its Triton
-    kernel, which does not run on CPU; the release's own alloc_extend_naive (the CPU path 0.5.20
-    takes) computes the same indices, so it stands in for the kernel there."""
-    from sglang.srt.mem_cache.allocator import paged  # lazy: SGLang is optional
-
-    source = inspect.getsource(paged.PagedTokenToKVPoolAllocator.alloc_extend)
-    if "alloc_extend_naive(" in source:
-        yield
-        return
-
-    class _Launch:
-        def __getitem__(self, grid):
-            def launch(prefix, seq, last, free_pages, out, _bs_pow2, page_size):
-                paged.alloc_extend_naive(prefix, seq, last, free_pages, out, page_size, out.device)
-
-            return launch
-
-    with mutate.swapped(paged, "alloc_extend_kernel", _Launch()):
-        yield
 
 
 # state -> the SGLang entry point that puts a request in it, where not every release has one

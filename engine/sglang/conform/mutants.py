@@ -233,7 +233,9 @@ _register(
         "process_disagg_prefill_inflight_queue",
         _make(_DropCall, "self.handle_inflight_transfer_failure(req)"),
         ("prefill-life/inflight/poll-failed/normal", "prefill-life/inflight/timeout/overlap"),
-        ("oracle:ends-once", "oracle:freed-once", "P-release-once"),
+        # the dropped request is never ended nor freed; the oracle that sees it first depends on
+        # when the cell's checks run: the idleness report then disagrees with the ledger
+        ("oracle:ends-once", "oracle:freed-once", "oracle:idle-right", "P-release-once"),
     )
 )
 
