@@ -138,3 +138,17 @@ def weight_updater(sched):
         is_fully_idle=sched.is_fully_idle,
         scheduler=sched,
     )
+
+
+def intake_state(recv, ingest) -> dict:
+    """The scheduler's intake as every release's loops call it: `ingest` as ingest_requests (0.5.20
+    on), else `recv` as the loop's own request_receiver.recv_requests, followed by SGLang's real
+    process_input_requests, which also reads these (features the scenarios leave off)."""
+    return dict(
+        ingest_requests=ingest,
+        request_receiver=types.SimpleNamespace(recv_requests=recv),
+        session_controller=types.SimpleNamespace(maybe_reap=lambda now: None),
+        flush_wrapper=types.SimpleNamespace(check_pending=lambda: None),
+        external_corpus_manager=None,
+        return_health_check_ipcs=[],
+    )

@@ -274,13 +274,7 @@ class LifeHarness:
             ngram_embedding_manager=types.SimpleNamespace(
                 prepare_for_forward=lambda b, chunked_req=None: b
             ),
-            ingest_requests=self._ingest,
-            # intake before 0.5.20: the loop's recv_requests, then SGLang's process_input_requests
-            request_receiver=types.SimpleNamespace(recv_requests=self._recv),
-            session_controller=types.SimpleNamespace(maybe_reap=lambda now: None),
-            flush_wrapper=types.SimpleNamespace(check_pending=lambda: None),
-            external_corpus_manager=None,
-            return_health_check_ipcs=[],
+            **decode_context.intake_state(self._recv, self._ingest),
             _war_barrier_enabled=False,
             get_next_disagg_decode_batch_to_run=self._decode_step,
             is_disable_overlap_for_batch=lambda batch, last_batch=None: False,

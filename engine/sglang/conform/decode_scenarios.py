@@ -213,13 +213,7 @@ class Harness:
             ngram_embedding_manager=types.SimpleNamespace(
                 prepare_for_forward=lambda b, chunked_req=None: b
             ),
-            ingest_requests=self._ingest,
-            # intake before 0.5.20: the loop's own recv_requests, then the real process_input_requests
-            request_receiver=types.SimpleNamespace(recv_requests=self._recv),
-            session_controller=types.SimpleNamespace(maybe_reap=lambda now: None),
-            flush_wrapper=types.SimpleNamespace(check_pending=lambda: None),
-            external_corpus_manager=None,
-            return_health_check_ipcs=[],
+            **decode_context.intake_state(self._recv, self._ingest),
             # what the queue reads of the server's arguments before 0.5.17 (after: get_disagg())
             server_args=types.SimpleNamespace(
                 disaggregation_transfer_backend="mooncake",
