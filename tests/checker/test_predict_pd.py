@@ -141,12 +141,22 @@ def test_clean_pd_traces_predict_nothing(tmp_path, clocks, dp, prefetch):
 
 
 def test_a_decode_trace_searches_its_stateful_rules_across_the_prefetch_pool(tmp_path, clocks):
-    decode = next(p for p in _pd(tmp_path, "t", dp=2) if p.endswith("decode.jsonl"))
-    r = predict_file(decode)
-    assert r.ok and {"D-prefetch-match", "D-one-query-per-addr", "D-no-stale"} <= set(r.searched)
-    assert r.candidates > 0  # the pool's query_begin against the scheduler's events
-    why = dict(r.unsearched)
-    assert "across the run's traces" in why["X-rank-served"] and "D-complete" in why
+    # A PD run is real time: whether a prefetched query_begin is left unordered against the
+    # scheduler's events varies from run to run (it failed 1 run in 3 on a quiet machine), so
+    # several runs are judged and at least one must give the search a candidate.
+    candidates = []
+    for k in range(5):
+        decode = next(p for p in _pd(tmp_path, f"t{k}", dp=2) if p.endswith("decode.jsonl"))
+        r = predict_file(decode)
+        assert r.ok and {"D-prefetch-match", "D-one-query-per-addr", "D-no-stale"} <= set(
+            r.searched
+        )
+        why = dict(r.unsearched)
+        assert "across the run's traces" in why["X-rank-served"] and "D-complete" in why
+        candidates.append(r.candidates)
+        if r.candidates > 0:  # the pool's query_begin against the scheduler's events
+            break
+    assert max(candidates) > 0, candidates
 
 
 def test_a_thread_logging_into_two_tracers_has_a_clock_in_each(tmp_path, clocks):
