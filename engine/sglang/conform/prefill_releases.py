@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 
+from . import compat
+
 
 class Config:
     """One group of the published configuration (runtime_context.get_<group>()), falling back to
@@ -108,10 +110,7 @@ def construct(cls, *args, **kwargs):
     version of it accepts:
     the callers pass what every release they cover reads, and a release adds, renames and drops
     parameters. A required parameter none of them names still fails, in cls's own words."""
-    params = inspect.signature(cls).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return cls(*args, **kwargs)
+    return cls(*args, **compat.accepted(cls, kwargs))
 
 
 def init_steps(sched, *steps: str) -> None:
