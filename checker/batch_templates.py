@@ -24,16 +24,16 @@ class Fifo(Template):
         self.checks += len(evs)
         last, admitted = self.last, self.admitted
         for e in evs:
-            ev, b = e["ev"], e["batch"]
+            ev, b = e.ev, e.batch
             if ev == "admit":
                 admitted.add(b)
             elif b not in admitted:
-                self.fail(f"{ev} of batch {b}, which was never admitted before it", e["seq"])
+                self.fail(f"{ev} of batch {b}, which was never admitted before it", e.seq)
             prev = last.get(ev)
             if prev is not None and b <= prev[0]:
                 what = "twice" if b == prev[0] else f"after batch {prev[0]}"
-                self.fail(f"{ev} of batch {b} {what}", prev[1], e["seq"])
-            last[ev] = (b, e["seq"])
+                self.fail(f"{ev} of batch {b} {what}", prev[1], e.seq)
+            last[ev] = (b, e.seq)
 
 
 @TEMPLATES.register("complete")
@@ -70,15 +70,13 @@ class Disjoint(Template):
         self.open = {}
 
     def on(self, e):
-        if e["ev"] == self.begin:
+        if e.ev == self.begin:
             self.checks += 1
             for b, s in self.open.items():
-                self.fail(
-                    f"{self.begin}({e['batch']}) while span of batch {b} is open", s, e["seq"]
-                )
-            self.open[e["batch"]] = e["seq"]
+                self.fail(f"{self.begin}({e.batch}) while span of batch {b} is open", s, e.seq)
+            self.open[e.batch] = e.seq
         else:
-            self.open.pop(e["batch"], None)
+            self.open.pop(e.batch, None)
 
 
 @TEMPLATES.register("outside")
@@ -91,18 +89,16 @@ class Outside(Template):
         self.open = {}
 
     def on(self, e):
-        ev = e["ev"]
+        ev = e.ev
         if ev == self.begin:
-            self.open[e["batch"]] = e["seq"]
+            self.open[e.batch] = e.seq
         elif ev == self.end:
-            self.open.pop(e["batch"], None)
+            self.open.pop(e.batch, None)
         else:
             self.checks += 1
             for b, s in self.open.items():
                 self.fail(
-                    f"{event_label(e)} while {self.begin}({b}) has not reached {self.end}",
-                    s,
-                    e["seq"],
+                    f"{event_label(e)} while {self.begin}({b}) has not reached {self.end}", s, e.seq
                 )
 
 
@@ -197,21 +193,21 @@ class Adjacent(Template):
         self.events = ("*",)
 
     def on(self, e):
-        if e["thread"] != self.thread:
+        if e.thread != self.thread:
             return
         if self.pending is not None:
             b, s = self.pending
             self.pending = None
             self.checks += 1
-            if e["ev"] != self.then or e.get("batch") != b:
+            if e.ev != self.then or getattr(e, "batch", None) != b:
                 self.fail(
                     f"{self.first}({b}) was followed on {self.thread} by {event_label(e)}, "
                     f"not {self.then}({b})",
                     s,
-                    e["seq"],
+                    e.seq,
                 )
-        if e["ev"] == self.first:
-            self.pending = (e["batch"], e["seq"])
+        if e.ev == self.first:
+            self.pending = (e.batch, e.seq)
 
     def finish(self):
         if self.pending is not None:
@@ -229,10 +225,10 @@ class Within(Template):
         self.seqs, self.threads, self.batches, self.rids = [], [], [], []
 
     def on_chunk(self, evs):
-        self.seqs += [e["seq"] for e in evs]
-        self.threads += [e["thread"] for e in evs]
-        self.batches += [e["batch"] for e in evs]
-        self.rids += [e.get("rid") for e in evs]
+        self.seqs += [e.seq for e in evs]
+        self.threads += [e.thread for e in evs]
+        self.batches += [e.batch for e in evs]
+        self.rids += [getattr(e, "rid", None) for e in evs]
 
     def finish(self):
         self.checks += len(self.seqs)
@@ -300,13 +296,13 @@ class Thread(Template):
         if self.thread is not None:
             want = self.thread
             for e in evs:
-                if e["thread"] != want:
-                    self.fail(f"{event_label(e)} ran on {e['thread']}, expected {want}", e["seq"])
+                if e.thread != want:
+                    self.fail(f"{event_label(e)} ran on {e.thread}, expected {want}", e.seq)
         if self.not_thread is not None:
             avoid = self.not_thread
             for e in evs:
-                if e["thread"] == avoid:
-                    self.fail(f"{event_label(e)} ran on {avoid}, expected another thread", e["seq"])
+                if e.thread == avoid:
+                    self.fail(f"{event_label(e)} ran on {avoid}, expected another thread", e.seq)
 
 
 @TEMPLATES.register("equal")
@@ -318,7 +314,7 @@ class Equal(Template):
         self.vals = {self.a: {}, self.b: {}}
 
     def on(self, e):
-        self.vals[e["ev"]].setdefault(e["batch"], (e[self.field], e["seq"]))
+        self.vals[e.ev].setdefault(e.batch, (getattr(e, self.field), e.seq))
 
     def finish(self):
         va, vb = self.vals[self.a], self.vals[self.b]

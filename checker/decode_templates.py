@@ -25,13 +25,13 @@ class DecodeTemplate(Template):
 
 
 def _rooms(e: dict) -> tuple:
-    rooms = e.get("rooms")
+    rooms = getattr(e, "rooms", None)
     return tuple(rooms) if isinstance(rooms, list) else ()
 
 
 def _answered(e: dict) -> dict:
     """{room: rank} of a resolve or query_end event (keys are strings in JSON)."""
-    res = e.get("result")
+    res = getattr(e, "result", None)
     if not isinstance(res, dict):
         return {}
     out = {}
@@ -54,19 +54,19 @@ class Outstanding:
         self.may_run: set = set()
 
     def on(self, e: dict):
-        ev, addr = e["ev"], e.get("addr")
+        ev, addr = e.ev, getattr(e, "addr", None)
         if ev == "prefetch_submit":
             prev = self.by_addr.get(addr)
-            self.by_addr[addr] = (e["qid"], _rooms(e), e["seq"])
+            self.by_addr[addr] = (e.qid, _rooms(e), e.seq)
             return prev
         if ev == "prefetch_cancel":
-            self.cancelled.add(e["qid"])
-            if e.get("stopped") is not True:
-                self.may_run.add(e["qid"])
-            if addr in self.by_addr and self.by_addr[addr][0] == e["qid"]:
+            self.cancelled.add(e.qid)
+            if getattr(e, "stopped", None) is not True:
+                self.may_run.add(e.qid)
+            if addr in self.by_addr and self.by_addr[addr][0] == e.qid:
                 del self.by_addr[addr]
-        elif ev == "resolve" and e.get("qid") is not None:
-            if addr in self.by_addr and self.by_addr[addr][0] == e["qid"]:
+        elif ev == "resolve" and getattr(e, "qid", None) is not None:
+            if addr in self.by_addr and self.by_addr[addr][0] == e.qid:
                 del self.by_addr[addr]
         return None
 
@@ -83,41 +83,41 @@ class PrefetchTop(DecodeTemplate):
         self.open = None  # (iter, seq) of a prefetch_begin without its prefetch_end
 
     def on(self, e):
-        if e["thread"] != self.thread:
+        if e.thread != self.thread:
             return
-        ev = e["ev"]
+        ev = e.ev
         if not self.enabled:
             if ev in ("prefetch_begin", "prefetch_submit"):
                 self.checks += 1
-                self.fail(f"{ev} although prefetch is off (header prefetch=false)", e["seq"])
+                self.fail(f"{ev} although prefetch is off (header prefetch=false)", e.seq)
             return
         if self.iter is not None:
             it, s = self.iter
             self.iter = None
             self.checks += 1
-            if ev != "prefetch_begin" or e.get("iter") != it:
+            if ev != "prefetch_begin" or getattr(e, "iter", None) != it:
                 self.fail(
-                    f"iteration {it}: first step was {ev}, not prefetch_begin({it})", s, e["seq"]
+                    f"iteration {it}: first step was {ev}, not prefetch_begin({it})", s, e.seq
                 )
                 if ev != "prefetch_begin":
                     return
-            self.open = (e.get("iter"), e["seq"])
+            self.open = (getattr(e, "iter", None), e.seq)
             return
         if ev == "iter_begin":
             if self.open is not None:
                 self.fail(
-                    f"iteration {e['iter']} began inside prefetch call of iteration {self.open[0]}",
+                    f"iteration {e.iter} began inside prefetch call of iteration {self.open[0]}",
                     self.open[1],
-                    e["seq"],
+                    e.seq,
                 )
                 self.open = None
-            self.iter = (e["iter"], e["seq"])
+            self.iter = (e.iter, e.seq)
         elif ev == "prefetch_begin":
             self.checks += 1
             self.fail(
-                f"prefetch_begin({e.get('iter')}) is not the first step of its iteration (a "
+                f"prefetch_begin({getattr(e, 'iter', None)}) is not the first step of its iteration (a "
                 "second call?)",
-                e["seq"],
+                e.seq,
             )
         elif ev == "prefetch_end":
             self.open = None
@@ -138,14 +138,14 @@ class OneInflight(DecodeTemplate):
 
     def on(self, e):
         prev = self.out.on(e)
-        if e["ev"] == "prefetch_submit":
+        if e.ev == "prefetch_submit":
             self.checks += 1
             if prev is not None:
                 self.fail(
-                    f"query {e['qid']} submitted for {e['addr']} while query {prev[0]} for "
+                    f"query {e.qid} submitted for {e.addr} while query {prev[0]} for "
                     f"it is still outstanding",
                     prev[2],
-                    e["seq"],
+                    e.seq,
                 )
 
 
@@ -158,16 +158,16 @@ class PublishedFirst(DecodeTemplate):
         self.published = set()
 
     def on(self, e):
-        if e["ev"] == "prefill_info":
-            if e.get("published") is True:
-                self.published.add(e["addr"])
+        if e.ev == "prefill_info":
+            if getattr(e, "published", None) is True:
+                self.published.add(e.addr)
             return
         self.checks += 1
-        if e["addr"] not in self.published:
+        if e.addr not in self.published:
             self.fail(
-                f"{e['ev']} (query {e.get('qid')}) to {e['addr']} before its prefill "
+                f"{e.ev} (query {getattr(e, 'qid', None)}) to {e.addr} before its prefill "
                 f"parallel info was seen published",
-                e["seq"],
+                e.seq,
             )
 
 
@@ -181,22 +181,22 @@ class UnknownRooms(DecodeTemplate):
         self.may_run = set()  # qids cancelled by a cancel that did not stop them
 
     def on(self, e):
-        ev = e["ev"]
+        ev = e.ev
         if ev == "prefetch_cancel":
-            if e.get("stopped") is not True:
-                self.may_run.add(e["qid"])
+            if getattr(e, "stopped", None) is not True:
+                self.may_run.add(e.qid)
         elif ev == "resolve":
             for room in _answered(e):
-                self.known.setdefault(room, e["seq"])
+                self.known.setdefault(room, e.seq)
         # a future the cancel did not stop (the pool had taken it) starts anyway: it asks, unused
-        elif e["qid"] not in self.may_run:
+        elif e.qid not in self.may_run:
             self.checks += 1
             again = [r for r in _rooms(e) if r in self.known]
             if again:
                 self.fail(
-                    f"query {e['qid']} to {e['addr']} asks for room(s) {again} whose rank is known",
+                    f"query {e.qid} to {e.addr} asks for room(s) {again} whose rank is known",
                     self.known[again[0]],
-                    e["seq"],
+                    e.seq,
                 )
 
 
@@ -211,16 +211,22 @@ class PrefetchMatch(DecodeTemplate):
         self.sync: dict = defaultdict(list)  # addr -> sync query rooms since its last resolve
 
     def on(self, e):
-        ev = e["ev"]
+        ev = e.ev
         if ev == "prefetch_submit":
-            self.submitted[e["qid"]] = (e["addr"], _rooms(e), e["seq"])
-        elif ev == "query_begin" and e.get("source") == "sync":
-            self.sync[e["addr"]].append(_rooms(e))
+            self.submitted[e.qid] = (e.addr, _rooms(e), e.seq)
+        elif ev == "query_begin" and getattr(e, "source", None) == "sync":
+            self.sync[e.addr].append(_rooms(e))
         if ev != "resolve":
             self.out.on(e)
             return
         self.checks += 1
-        addr, rooms, src, qid, seq = e["addr"], _rooms(e), e.get("source"), e.get("qid"), e["seq"]
+        addr, rooms, src, qid, seq = (
+            e.addr,
+            _rooms(e),
+            getattr(e, "source", None),
+            getattr(e, "qid", None),
+            e.seq,
+        )
         syncs, self.sync[addr] = self.sync[addr], []
         outstanding = self.out.by_addr.get(addr)
         self.out.on(e)
@@ -246,7 +252,7 @@ class PrefetchMatch(DecodeTemplate):
                         sub[2],
                         seq,
                     )
-                elif e.get("error") is None and [rooms[n:]] != syncs:
+                elif getattr(e, "error", None) is None and [rooms[n:]] != syncs:
                     self.fail(
                         f"prefix resolve of {list(rooms)}: tail {list(rooms[n:])} expected "
                         f"as one sync query, got {[list(s) for s in syncs]}",
@@ -279,10 +285,10 @@ class Pending:
         self.by_addr: dict = defaultdict(set)
 
     def on(self, e: dict) -> None:
-        ev, room = e["ev"], e.get("room")
+        ev, room = e.ev, getattr(e, "room", None)
         if ev == "req_add":
-            self.addr_of[room] = e["addr"]
-            self.by_addr[e["addr"]].add(room)
+            self.addr_of[room] = e.addr
+            self.by_addr[e.addr].add(room)
         elif ev in ("receiver_init", "req_abort") and room in self.addr_of:
             self.by_addr[self.addr_of[room]].discard(room)
 
@@ -305,15 +311,15 @@ class NoStale(DecodeTemplate):
         self.pending = Pending()
 
     def on(self, e):
-        if e["ev"] == "prefetch_end":
+        if e.ev == "prefetch_end":
             for addr, (qid, rooms, s) in self.out.by_addr.items():
                 self.checks += 1
                 if not self.pending.by_addr.get(addr):
                     self.fail(
-                        f"after prefetch call {e['iter']}: query {qid} for {addr} (rooms "
+                        f"after prefetch call {e.iter}: query {qid} for {addr} (rooms "
                         f"{list(rooms)}) is still outstanding, no request pending there",
                         s,
-                        e["seq"],
+                        e.seq,
                     )
             return
         self.pending.on(e)
@@ -325,9 +331,10 @@ def _asks_while_released(e, may_run: set) -> bool:
     submitted, a query, a parallel-info fetch, a receiver initialised; but the query_begin of a
     prefetched query whose cancel did not stop it (`may_run`: the pool thread had taken the call,
     so it runs after the cancel; a cancel that stopped it means it never runs)."""
-    ev = e["ev"]
+    ev = e.ev
     return ev in ("prefetch_submit", "receiver_init", "prefill_info") or (
-        ev == "query_begin" and not (e.get("source") == "prefetch" and e.get("qid") in may_run)
+        ev == "query_begin"
+        and not (getattr(e, "source", None) == "prefetch" and getattr(e, "qid", None) in may_run)
     )
 
 
@@ -350,31 +357,28 @@ class Release(DecodeTemplate):
         self.released = None
 
     def on(self, e):
-        ev = e["ev"]
+        ev = e.ev
         if ev == "release_memory":
             self.checks += 1
             for addr, (qid, _, s) in self.out.by_addr.items():
-                self.fail(
-                    f"query {qid} for {addr} still outstanding at release_memory", s, e["seq"]
-                )
-            self.released = e["seq"]
+                self.fail(f"query {qid} for {addr} still outstanding at release_memory", s, e.seq)
+            self.released = e.seq
         elif ev == "resume_memory":
             self.released = None
         elif self.released is not None and _asks_while_released(e, self.out.may_run):
             self.checks += 1
-            what = {
-                "receiver_init": lambda: f"room {e['room']}",
-                "prefill_info": lambda: e["addr"],
-            }.get(ev, lambda: f"query {e['qid']}")()
+            what = {"receiver_init": lambda: f"room {e.room}", "prefill_info": lambda: e.addr}.get(
+                ev, lambda: f"query {e.qid}"
+            )()
             self.fail(
-                f"{ev} ({what}) after release_memory, before resume_memory", self.released, e["seq"]
+                f"{ev} ({what}) after release_memory, before resume_memory", self.released, e.seq
             )
         self.out.on(e)
 
 
-def _room_list(e: dict, key: str):
+def _room_list(e, key: str):
     """A list-of-int field, or None when the event does not carry it."""
-    v = e.get(key)
+    v = getattr(e, key, None)
     return tuple(v) if isinstance(v, list) else None
 
 
@@ -404,16 +408,16 @@ class ConsumeAnswer(DecodeTemplate):
         self.known: set = set()  # rooms some resolve answered with a rank
 
     def on(self, e):
-        ev = e["ev"]
+        ev = e.ev
         if ev == "prefetch_submit":
-            self.open[e["addr"]] = (e["qid"], _rooms(e), e["seq"])
+            self.open[e.addr] = (e.qid, _rooms(e), e.seq)
         elif ev == "prefetch_cancel":
-            q = self.open.get(e["addr"])
-            if q is not None and q[0] == e["qid"] and e.get("reason") != "mismatch":
-                del self.open[e["addr"]]
+            q = self.open.get(e.addr)
+            if q is not None and q[0] == e.qid and getattr(e, "reason", None) != "mismatch":
+                del self.open[e.addr]
         elif ev == "resolve":
             self._resolve(e)
-            self.open.pop(e["addr"], None)
+            self.open.pop(e.addr, None)
             self.known.update(r for r, k in _answered(e).items() if isinstance(k, int))
         self.pending.on(e)
 
@@ -422,7 +426,7 @@ class ConsumeAnswer(DecodeTemplate):
         if pending is None or covered is None:
             return
         self.checks += 1
-        addr, rooms, seq = e["addr"], _rooms(e), e["seq"]
+        addr, rooms, seq = e.addr, _rooms(e), e.seq
         have = self.pending.by_addr.get(addr, set())
         if set(pending) != have:
             self.fail(
@@ -443,11 +447,13 @@ class ConsumeAnswer(DecodeTemplate):
                 seq,
             )
         expected = _answer(rooms, covered)
-        used = e.get("source")
-        if used != expected or (expected != "sync" and q is not None and e.get("qid") != q[0]):
+        used = getattr(e, "source", None)
+        if used != expected or (
+            expected != "sync" and q is not None and getattr(e, "qid", None) != q[0]
+        ):
             self.fail(
                 f"resolve of {list(rooms)} with the query for {list(covered)} open used the "
-                f"{used} answer (query {e.get('qid')}); PR #35071 prescribes {expected}",
+                f"{used} answer (query {getattr(e, 'qid', None)}); PR #35071 prescribes {expected}",
                 *([q[2]] if q else []),
                 seq,
             )

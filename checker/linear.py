@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 from collections import defaultdict
+from operator import attrgetter
 
 from spec import Rule, load_events, load_rules
 
@@ -20,7 +21,7 @@ from spec import Rule, load_events, load_rules
 from . import batch_templates, decode_templates, receiver_templates, request_templates  # noqa: F401
 from .cross_templates import check_cross
 from .streaming import CROSS_TEMPLATES, TEMPLATES, Ctx, Dense, Result, Template, Violation
-from .trace_io import iter_chunks, truncation
+from .trace_io import as_events, iter_chunks, truncation
 
 __all__ = [
     "CROSS_TEMPLATES",
@@ -33,6 +34,10 @@ __all__ = [
     "check_file",
     "check_files",
 ]
+
+
+_SEQ, _BATCH, _RIDS = attrgetter("seq"), attrgetter("batch"), attrgetter("rids")
+_SEQ_THREAD = attrgetter("seq", "thread")
 
 
 def check_file(
@@ -72,48 +77,65 @@ def _batched_events(role: str) -> set[str]:
 def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     """Feed every chunk to the templates and the batch index; returns the number of events.
 
-    One pass per chunk routes each event to the lists of the templates that listen to it (an
-    append, not a call) and fills the shared batch index; then each template takes its list."""
-    feeds = [(t, []) for t in active]
-    wants: dict[str, list] = defaultdict(list)
-    star = []
-    for t, feed in feeds:
-        for ev in t.handlers():
-            (star if ev == "*" else wants[ev]).append(feed)
-    route: dict[str, tuple] = {}  # ev -> (feeds, index table or None)
-    idx, admits = ctx.idx, ctx.admits
+    Per chunk, the events are split by kind in one pass; each distinct set of kinds that templates
+    listen to gets its events back in trace order (one kind: its list as it is; several: their
+    lists merged by seq, in C), once for every template listening to exactly that set. The batch
+    index takes the first (seq, thread) of each batch of each batch-indexed kind."""
+    listeners: dict[tuple | None, list] = defaultdict(list)  # kinds (None: all) -> templates
+    for t in active:
+        kinds = tuple(sorted(set(t.handlers())))
+        listeners[None if "*" in kinds else kinds].append(t)
+    sets = [(kinds, tuple(ts)) for kinds, ts in listeners.items() if kinds is None or kinds]
+    indexed = [(ev, ctx.idx[ev]) for ev in sorted(batched)]
+    admits = ctx.admits
     n = 0
     for chunk in chunks:
         n += len(chunk)
+        by: dict[str, list] = {}
         for e in chunk:
-            ev = e["ev"]
-            r = route.get(ev)
-            if r is None:
-                r = route[ev] = (
-                    tuple(feed.append for feed in (*wants.get(ev, ()), *star)),
-                    idx[ev] if ev in batched else None,
-                )
-            for append in r[0]:
-                append(e)
-            table = r[1]
-            if table is not None:
-                b = e["batch"]
-                if b not in table:
-                    table[b] = (e["seq"], e["thread"])
-                    if ev == "admit":
-                        admits[b] = e["rids"]
-        for t, feed in feeds:
+            got = by.get(e.ev)
+            if got is None:
+                by[e.ev] = [e]
+            else:
+                got.append(e)
+        for ev, table in indexed:  # first: a template may read the chunk's own entries
+            if ev in by:
+                _index(table, by[ev], ev, admits)
+        for want, ts in sets:
+            feed = chunk if want is None else _merged(by, want)
             if feed:
-                t.on_chunk(feed)
-                feed.clear()
+                for t in ts:
+                    t.on_chunk(feed)
     return n
+
+
+def _merged(by: dict, kinds: tuple) -> list:
+    """The events of `kinds` in trace order, from the chunk's per-kind lists."""
+    lists = [by[k] for k in kinds if k in by]
+    if len(lists) <= 1:
+        return lists[0] if lists else []
+    return sorted(itertools.chain.from_iterable(lists), key=_SEQ)
+
+
+def _index(table: dict, evs: list, ev: str, admits: dict) -> None:
+    """The first (seq, thread) of each batch among `evs` (one kind, trace order) into `table`, and
+    for admits the rids of each batch's first admit."""
+    rev = evs[::-1]  # later entries overwrite earlier ones: reversed, the first of a batch wins
+    first = dict(zip(map(_BATCH, rev), map(_SEQ_THREAD, rev)))
+    if all(map(table.__contains__, first)):
+        return
+    order = [b for b in dict.fromkeys(map(_BATCH, evs)) if b not in table]  # as first met
+    table.update([(b, first[b]) for b in order])
+    if ev == "admit":
+        rids = dict(zip(map(_BATCH, rev), map(_RIDS, rev)))
+        admits.update((b, rids[b]) for b in order)
 
 
 def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | None) -> Result:
     header: dict = {}
     ignored: dict = {}
     status: dict = {}
-    chunks = iter_chunks(path, header_out=header, ignored=ignored, status=status)
+    chunks = iter_chunks(path, header_out=header, ignored=ignored, status=status, structs=True)
     first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
@@ -160,7 +182,7 @@ def check_events(header: dict, events: list[dict], rules: list[Rule]) -> list[Vi
     rules = [r for r in rules if r.role == role and r.applies(mode, header)]
     ctx = Ctx(header, header.get("page_size", 1))
     active = _instantiate(rules, ctx, None)
-    _stream((events,), active, ctx, _batched_events(role))
+    _stream((as_events(header, events),), active, ctx, _batched_events(role))
     for t in active:
         t.finish()
     return [v for t in active for v in t.violations]

@@ -32,12 +32,16 @@ class InitOnce(DecodeTemplate):
         return None, None
 
     def on(self, e):
-        ev, seq = e["ev"], e["seq"]
+        ev, seq = e.ev, e.seq
         if ev == "prefill_info":
-            if e.get("published") and isinstance(e.get("dp_size"), int):
-                self.local[e["addr"]] = (e["dp_size"], bool(e.get("follow_bootstrap_room")), seq)
+            if getattr(e, "published", None) and isinstance(getattr(e, "dp_size", None), int):
+                self.local[e.addr] = (
+                    e.dp_size,
+                    bool(getattr(e, "follow_bootstrap_room", None)),
+                    seq,
+                )
         elif ev == "req_add":
-            self.addr_of[e["room"]] = e["addr"]
+            self.addr_of[e.room] = e.addr
         elif ev == "resolve":
             for room, rank in _answered(e).items():
                 if room in self.rank and self.rank[room][0] != rank:
@@ -49,7 +53,7 @@ class InitOnce(DecodeTemplate):
                 self.rank.setdefault(room, (rank, seq))
         elif ev == "receiver_init":
             self.checks += 1
-            room = e["room"]
+            room = e.room
             if room in self.inits:
                 self.fail(f"room {room} initialised twice", self.inits[room], seq)
             self.inits.setdefault(room, seq)
@@ -57,28 +61,28 @@ class InitOnce(DecodeTemplate):
                 local, info_seq = self._local_rank(room)
                 if local is None:
                     self.fail(
-                        f"room {room} initialised (rank {e['rank']}) before any resolve "
+                        f"room {room} initialised (rank {e.rank}) before any resolve "
                         "answered its rank",
                         seq,
                     )
-                elif local != e["rank"]:
+                elif local != e.rank:
                     self.fail(
-                        f"room {room} initialised with rank {e['rank']}, but the parallel "
+                        f"room {room} initialised with rank {e.rank}, but the parallel "
                         f"info decides rank {local}",
                         info_seq,
                         seq,
                     )
-            elif self.rank[room][0] != e["rank"]:
+            elif self.rank[room][0] != e.rank:
                 self.fail(
-                    f"room {room} initialised with rank {e['rank']}, the bootstrap server "
+                    f"room {room} initialised with rank {e.rank}, the bootstrap server "
                     f"said {self.rank[room][0]}",
                     self.rank[room][1],
                     seq,
                 )
         else:
             self.checks += 1
-            if e["room"] not in self.inits:
-                self.fail(f"{e['rid']} (room {e['room']}) finished without a receiver", seq)
+            if e.room not in self.inits:
+                self.fail(f"{e.rid} (room {e.room}) finished without a receiver", seq)
 
 
 @TEMPLATES.register("init_fifo")
@@ -92,23 +96,23 @@ class InitFifo(DecodeTemplate):
         self.gone: set = set()  # initialised or aborted
 
     def on(self, e):
-        ev = e["ev"]
+        ev = e.ev
         if ev == "req_add":
-            self.order.append(e["room"])
+            self.order.append(e.room)
         elif ev == "resolve":
             self.known.update(_answered(e))
         elif ev == "req_abort":
-            self.gone.add(e["room"])
+            self.gone.add(e.room)
         else:
             self.checks += 1
-            room = e["room"]
+            room = e.room
             for older in self.order:
                 if older == room:
                     break
                 if older in self.known and older not in self.gone:
                     self.fail(
                         f"room {room} initialised before older room {older}, whose rank was known",
-                        e["seq"],
+                        e.seq,
                     )
                     break
             self.gone.add(room)
@@ -123,21 +127,18 @@ class KvRecv(DecodeTemplate):
         self.rank: dict = {}
 
     def on(self, e):
-        if e["ev"] == "receiver_init":
-            self.rank[e["room"]] = (e["rank"], e["seq"])
+        if e.ev == "receiver_init":
+            self.rank[e.room] = (e.rank, e.seq)
             return
         self.checks += 1
-        init = self.rank.get(e["room"])
+        init = self.rank.get(e.room)
         if init is None:
+            self.fail(f"KV for room {e.room} written before its receiver was initialised", e.seq)
+        elif init[0] != e.rank:
             self.fail(
-                f"KV for room {e['room']} written before its receiver was initialised", e["seq"]
-            )
-        elif init[0] != e["rank"]:
-            self.fail(
-                f"KV for room {e['room']} from rank {e['rank']}, receiver initialised for "
-                f"rank {init[0]}",
+                f"KV for room {e.room} from rank {e.rank}, receiver initialised for rank {init[0]}",
                 init[1],
-                e["seq"],
+                e.seq,
             )
 
 
@@ -152,7 +153,7 @@ class ReqEnd(DecodeTemplate):
         self.ended: dict = {}
 
     def on(self, e):
-        ev, rid, seq = e["ev"], e.get("rid"), e["seq"]
+        ev, rid, seq = e.ev, getattr(e, "rid", None), e.seq
         if ev == "req_add":
             self.added[rid] = seq
         elif ev == "kv_done":

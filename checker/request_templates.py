@@ -21,7 +21,7 @@ class Counter(Template):
     def on_chunk(self, evs):
         owner, inc, owned, value = self.owner, self.inc, self.owned, self.value
         for e in evs:
-            ev, rid, obj = e["ev"], e["rid"], e["obj"]
+            ev, rid, obj = e.ev, e.rid, e.obj
             if ev == owner:
                 owned.add((rid, obj))
                 continue
@@ -30,18 +30,17 @@ class Counter(Template):
                 self.fail(
                     f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
                     f"for {rid}",
-                    e["seq"],
+                    e.seq,
                 )
             cur = value.get(obj, (0, None, rid))[0]
             want = cur + (1 if ev == inc else -1)
-            if e["value"] != want:
+            if e.value != want:
                 self.fail(
-                    f"{ev} for {rid} reports {e['value']}, expected {want} on object {obj}",
-                    e["seq"],
+                    f"{ev} for {rid} reports {e.value}, expected {want} on object {obj}", e.seq
                 )
-            if e["value"] < 0:
-                self.fail(f"{ev} for {rid} drove the counter below zero ({e['value']})", e["seq"])
-            value[obj] = (e["value"], e["seq"], rid)
+            if e.value < 0:
+                self.fail(f"{ev} for {rid} drove the counter below zero ({e.value})", e.seq)
+            value[obj] = (e.value, e.seq, rid)
 
     def finish(self):
         for obj, (v, s, rid) in self.value.items():
@@ -81,12 +80,12 @@ class Lifecycle(Template):
         done, released = self.done, self.released
         add_sent, checks = sent_any.add, 0
         for e in evs:
-            ev = e["ev"]
+            ev = e.ev
             if ev == sent:
-                add_sent(e["rid"])
+                add_sent(e.rid)
             elif ev == rel:
                 checks += 1
-                rid, seq = e["rid"], e["seq"]
+                rid, seq = e.rid, e.seq
                 released[rid] = seq
                 for b in rid_batches.get(rid, ()):
                     if b not in done:
@@ -95,40 +94,36 @@ class Lifecycle(Template):
                             self.admit_seq[b],
                             seq,
                         )
-                if count.get(e["obj"], 0) > 0:
-                    self.fail(
-                        f"{rid} released with {count[e['obj']]} middle chunk(s) in flight", seq
-                    )
+                if count.get(e.obj, 0) > 0:
+                    self.fail(f"{rid} released with {count[e.obj]} middle chunk(s) in flight", seq)
                 if rid not in sent_any:
                     self.fail(f"{rid} released before any of its KV was sent", seq)
             elif ev == "admit":
                 self._admit(e)
             elif ev == processed:
-                done.add(e["batch"])
+                done.add(e.batch)
             elif ev == inc:
-                count[e["obj"]] += 1
+                count[e.obj] += 1
             elif ev == dec:
-                count[e["obj"]] -= 1
+                count[e.obj] -= 1
         self.checks += checks
 
     def _admit(self, e):
-        b = e["batch"]
-        self.admit_seq.setdefault(b, e["seq"])
-        for rid in e["rids"]:
+        b = e.batch
+        self.admit_seq.setdefault(b, e.seq)
+        for rid in e.rids:
             self.rid_batches[rid].append(b)
             if rid in self.released:
                 self.fail(
-                    f"{rid} admitted in batch {b} after it was released",
-                    self.released[rid],
-                    e["seq"],
+                    f"{rid} admitted in batch {b} after it was released", self.released[rid], e.seq
                 )
 
     def _pairing_chunk(self, evs):
         acq, live, slots = self.acq, self.live, self.slots
         self.checks += len(evs)
         for e in evs:
-            rid, obj, slot, seq = e["rid"], e["obj"], e["slot"], e["seq"]
-            if e["ev"] == acq:
+            rid, obj, slot, seq = e.rid, e.obj, e.slot, e.seq
+            if e.ev == acq:
                 if slot in slots:
                     other, s = slots[slot]
                     self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
@@ -166,13 +161,13 @@ class PageCount(Template):
     def on_chunk(self, evs):
         ps = self.ctx.page_size
         for e in evs:
-            if "tokens" in e and "pages" in e:
+            if getattr(e, "tokens", None) is not None and getattr(e, "pages", None) is not None:
                 self.checks += 1
-                if e["pages"] != -(-e["tokens"] // ps):
+                if e.pages != -(-e.tokens // ps):
                     self.fail(
-                        f"{e['ev']} of {e['tokens']} tokens covers {e['pages']} pages; "
-                        f"ceil({e['tokens']}/{ps}) = {-(-e['tokens'] // ps)}",
-                        e["seq"],
+                        f"{e.ev} of {e.tokens} tokens covers {e.pages} pages; "
+                        f"ceil({e.tokens}/{ps}) = {-(-e.tokens // ps)}",
+                        e.seq,
                     )
 
 
@@ -189,24 +184,26 @@ class PageAligned(Template):
     def on_chunk(self, evs):
         ps = self.ctx.page_size
         for e in evs:
-            if not isinstance(e.get("start"), int) or not isinstance(e.get("tokens"), int):
+            if not isinstance(getattr(e, "start", None), int) or not isinstance(
+                getattr(e, "tokens", None), int
+            ):
                 continue
             self.checks += 1
-            if e["start"] % ps:
+            if e.start % ps:
                 self.fail(
-                    f"{e['ev']} for {e['rid']} starts at token {e['start']}, not on a page "
+                    f"{e.ev} for {e.rid} starts at token {e.start}, not on a page "
                     f"boundary (page_size {ps})",
-                    e["seq"],
+                    e.seq,
                 )
-            before = self.previous.get(e["rid"])
-            if before is not None and before["tokens"] % ps:
+            before = self.previous.get(e.rid)
+            if before is not None and before.tokens % ps:
                 self.fail(
-                    f"{before['ev']} for {e['rid']} covers {before['tokens']} tokens, not whole "
+                    f"{before.ev} for {e.rid} covers {before.tokens} tokens, not whole "
                     f"pages (page_size {ps}), and is not the request's last send",
-                    before["seq"],
-                    e["seq"],
+                    before.seq,
+                    e.seq,
                 )
-            self.previous[e["rid"]] = e
+            self.previous[e.rid] = e
 
 
 @TEMPLATES.register("in_span")
@@ -222,25 +219,22 @@ class InSpan(Template):
     def on_chunk(self, evs):
         begin, end, open_, rids = self.begin, self.end, self.open, self.rids
         for e in evs:
-            ev, t = e["ev"], e["thread"]
+            ev, t = e.ev, e.thread
             if ev == "admit":
-                rids[e["batch"]] = e["rids"]
+                rids[e.batch] = e.rids
             elif ev == begin:
-                open_[t] = e["batch"]
+                open_[t] = e.batch
             elif ev == end:
                 open_.pop(t, None)
             else:
                 self.checks += 1
                 b = open_.get(t)
                 if b is None:
+                    self.fail(f"{ev} for {e.rid} outside any {begin}/{end} span on {t}", e.seq)
+                elif e.rid not in rids.get(b, ()):
                     self.fail(
-                        f"{ev} for {e['rid']} outside any {begin}/{end} span on {t}", e["seq"]
-                    )
-                elif e["rid"] not in rids.get(b, ()):
-                    self.fail(
-                        f"{ev} for {e['rid']} inside processing of batch {b}, which does not "
-                        "hold it",
-                        e["seq"],
+                        f"{ev} for {e.rid} inside processing of batch {b}, which does not hold it",
+                        e.seq,
                     )
 
 
@@ -261,14 +255,14 @@ class EachInSpan(Template):
     def on_chunk(self, evs):
         begin, end, open_, got, rids = self.begin, self.end, self.open, self.got, self.rids
         for e in evs:
-            ev = e["ev"]
+            ev = e.ev
             if ev == "admit":
-                rids[e["batch"]] = e["rids"]
+                rids[e.batch] = e.rids
             elif ev == begin:
-                b = e["batch"]
-                open_[b], got[b] = (e["thread"], e["seq"]), set()
+                b = e.batch
+                open_[b], got[b] = (e.thread, e.seq), set()
             elif ev == end:
-                b = e["batch"]
+                b = e.batch
                 if b not in open_:
                     continue  # an end without its begin: P-fifo and the order rules say so
                 _, s = open_.pop(b)
@@ -280,13 +274,13 @@ class EachInSpan(Template):
                             f"batch {b} holds {rid}, but its {begin}/{end} span has no "
                             f"{self.ev} for it",
                             s,
-                            e["seq"],
+                            e.seq,
                         )
             else:
-                t = e["thread"]
+                t = e.thread
                 for b, (bt, _) in open_.items():
                     if bt == t:
-                        got[b].add(e["rid"])
+                        got[b].add(e.rid)
 
 
 @TEMPLATES.register("chunk_sent")
@@ -310,41 +304,54 @@ class ChunkSent(Template):
         self.chunks: dict = {}  # rid -> [[batch, remaining [lo, hi) intervals, admit seq]]
         self.done_b, self.started_b = set(), set()
 
-    def on(self, e):
-        ev = e["ev"]
-        if ev == "admit":
-            for rid, rng in (e.get("chunks") or {}).items():
-                if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
-                    self.chunks.setdefault(rid, []).append([e["batch"], [tuple(rng)], e["seq"]])
-        elif ev == self.done:
-            self.done_b.add(e["batch"])
-        elif ev == self.started:
-            self.started_b.add(e["batch"])
-        elif ev == self.release:
-            self._unsent(e["rid"], e["seq"])
-        elif isinstance(e.get("start"), int) and isinstance(e.get("tokens"), int):
-            lo, hi = e["start"], e["start"] + e["tokens"]
-            for chunk in self.chunks.get(e["rid"], ()):
-                batch, left, _ = chunk
-                hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
-                if not hit:
-                    continue
-                self.checks += 1
-                waited = batch in self.done_b
-                if not waited and not (e.get("device_wait") is True and batch in self.started_b):
-                    how = (
-                        "with a device wait before its forward began"
-                        if e.get("device_wait") is True
-                        else f"before {self.done}({batch}), with no device wait"
-                    )
-                    self.fail(
-                        f"{event_label(e)} sends {e['rid']}'s tokens "
-                        f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
-                        e["seq"],
-                    )
-                chunk[1] = [
-                    p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b)) if p[0] < p[1]
-                ]
+    def on_chunk(self, evs):
+        done, started, release = self.done, self.started, self.release
+        chunks, done_b, started_b = self.chunks, self.done_b, self.started_b
+        for e in evs:
+            ev = e.ev
+            if ev == "admit":
+                self._admit(e)
+            elif ev == done:
+                done_b.add(e.batch)
+            elif ev == started:
+                started_b.add(e.batch)
+            elif ev == release:
+                self._unsent(e.rid, e.seq)
+            else:
+                lo, tokens = getattr(e, "start", None), getattr(e, "tokens", None)
+                if type(lo) is int and type(tokens) is int and e.rid in chunks:
+                    self._send(e, lo, lo + tokens)
+
+    def _admit(self, e):
+        for rid, rng in (getattr(e, "chunks", None) or {}).items():
+            if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
+                self.chunks.setdefault(rid, []).append([e.batch, [tuple(rng)], e.seq])
+
+    def _send(self, e, lo, hi):
+        """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
+        for chunk in self.chunks[e.rid]:
+            batch, left, _ = chunk
+            if not left:  # all sent already: nothing more of it to cover
+                continue
+            hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
+            if not hit:
+                continue
+            self.checks += 1
+            wait = getattr(e, "device_wait", None) is True
+            if batch not in self.done_b and not (wait and batch in self.started_b):
+                how = (
+                    "with a device wait before its forward began"
+                    if wait
+                    else f"before {self.done}({batch}), with no device wait"
+                )
+                self.fail(
+                    f"{event_label(e)} sends {e.rid}'s tokens "
+                    f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
+                    e.seq,
+                )
+            chunk[1] = [
+                p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b)) if p[0] < p[1]
+            ]
 
     def _unsent(self, rid, seq):
         for batch, left, admit_seq in self.chunks.pop(rid, ()):
@@ -384,43 +391,55 @@ class Delivered(Template):
         self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
         self.completed: dict = {}  # rid -> {start: seq of the first completion}
 
-    def on(self, e):
-        ev, rid = e["ev"], e["rid"]
-        if ev == self.done:
-            self._done(e, rid)
-        elif ev == self.failed:
-            self._failed(e, rid)
-        elif ev == self.consumer:
-            self._consumer(e, rid)
-        else:
-            start = e.get("start") if isinstance(e.get("start"), int) else None
-            self.sent.setdefault(rid, {}).setdefault(start, e["seq"])
+    def on_chunk(self, evs):
+        done, failed, consumer, sent = self.done, self.failed, self.consumer, self.sent
+        for e in evs:
+            ev = e.ev
+            if ev == done:
+                self._done(e, e.rid)
+            elif ev == consumer:
+                self._consumer(e, e.rid)
+            elif ev == failed:
+                self._failed(e, e.rid)
+            else:  # a send
+                start = getattr(e, "start", None)
+                if type(start) is not int:
+                    start = None
+                got = sent.get(e.rid)
+                if got is None:
+                    sent[e.rid] = {start: e.seq}
+                elif start not in got:
+                    got[start] = e.seq
 
     def _done(self, e, rid):
-        self.completed.setdefault(rid, {}).setdefault(e.get("start"), e["seq"])
+        start = getattr(e, "start", None)
+        got = self.completed.get(rid)
+        if got is None:
+            self.completed[rid] = {start: e.seq}
+        elif start not in got:
+            got[start] = e.seq
         if not self.sends:
             return
         self.checks += 1
-        sent = self.sent.get(rid, {})
-        if e["start"] not in sent and None not in sent:
+        sent = self.sent.get(rid, ())
+        if start not in sent and None not in sent:
             self.fail(
-                f"{event_label(e)} completes a send of {rid} at token {e['start']} "
-                "that was never made",
-                e["seq"],
+                f"{event_label(e)} completes a send of {rid} at token {start} that was never made",
+                e.seq,
             )
 
     def _failed(self, e, rid):
         """Every send of the rid so far is over: completed, though not delivered."""
         done = self.completed.setdefault(rid, {})
         for start in self.sent.get(rid, {}):
-            done.setdefault(start, e["seq"])
+            done.setdefault(start, e.seq)
 
     def _consumer(self, e, rid):
         self.checks += 1
         done = self.completed.get(rid, {})
         if not self.sends:
             if not done:
-                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e["seq"])
+                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e.seq)
             return
         for start, seq in self.sent.get(rid, {}).items():
             if (start not in done) if start is not None else not done:
@@ -429,7 +448,7 @@ class Delivered(Template):
                     f"{event_label(e)} for {rid} while its send{at} was not yet delivered "
                     f"(no {self.done} before it)",
                     seq,
-                    e["seq"],
+                    e.seq,
                 )
 
     def finish(self):

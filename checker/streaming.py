@@ -156,7 +156,7 @@ class Template:
                 star(e)
             return
         for e in evs:
-            h[e["ev"]](e)
+            h[e.ev](e)
 
     def finish(self) -> None:
         pass
@@ -168,7 +168,8 @@ TEMPLATES: Registry[type[Template]] = Registry("linear template")
 CROSS_TEMPLATES: Registry[type[Template]] = Registry("cross-process template")
 
 
-def event_label(e: dict) -> str:
-    """`ev(batch)`, or `ev` for an event without a batch: how messages name an event."""
-    b = e.get("batch")
-    return f"{e['ev']}({b})" if b is not None else e["ev"]
+def event_label(e) -> str:
+    """`ev(batch)`, or `ev` for an event without a batch: how messages name an event (a struct
+    of the linear checker, or a dict)."""
+    b, ev = (e.get("batch"), e["ev"]) if type(e) is dict else (getattr(e, "batch", None), e.ev)
+    return f"{ev}({b})" if b is not None else ev

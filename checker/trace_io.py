@@ -7,14 +7,14 @@ and exits 2.
 from __future__ import annotations
 
 import json
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from spec import load_events
 
 from .json_values import strict_loads, suspect
 from .trace_header import SUPPORTED_VERSIONS, TraceFormatError, read_header  # noqa: F401
 from .trace_seq import DENSE_SINCE, gap_reason, seqs_ok
-from .typed_decode import decode_chunk, make_decoder
+from .typed_decode import as_dict, as_structs, decode_chunk, make_kinds
 
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
@@ -213,6 +213,7 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, tables: tu
 
 
 _EV, _SEQ = itemgetter("ev"), itemgetter("seq")
+_EV_ATTR, _SEQ_ATTR = attrgetter("ev"), attrgetter("seq")
 _TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, tables)
 
 
@@ -234,7 +235,7 @@ def _role_tables(role: str, version: int) -> tuple[dict, dict, dict, object]:
                 fields_of,
                 optional_of,
                 {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds},
-                make_decoder(kinds),
+                make_kinds(kinds),
             ),
         )
     return hit[1]
@@ -247,10 +248,12 @@ def _chunks(
     ignored: dict | None = None,
     status: dict | None = None,
     own: bool = False,
+    structs: bool = False,
 ):
     """Yield (line numbers or None, events) per chunk of the file, every event validated; events of
     an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`) unless `own`, and so
-    are the markers (MARKERS), which `status` gets instead (`end_status`)."""
+    are the markers (MARKERS), which `status` gets instead (`end_status`). The events are dicts, or
+    with `structs` the vocabulary's structs (checker/typed_decode.py; not with `own`)."""
     status = {} if status is None else status
     with open(path, "rb") as f:
         header = read_header(path, f)
@@ -258,6 +261,7 @@ def _chunks(
             header_out.update(header)
         tables = _role_tables(header["role"], header["version"])
         valid = tables[2]
+        structs = structs and tables[3] is not None
         # seq increases; from version 2 on it counts the events (checker/trace_seq.py)
         last_seq = -1
         line_no = 2
@@ -280,10 +284,14 @@ def _chunks(
                 raise TraceFormatError(
                     path, status["end_line"], "field 'ev': trace_end is not the last event"
                 )
-            nums, events = _decode(path, line_no, raw, last_seq, tables, header, with_lines)
+            nums, events = _decode(
+                path, line_no, raw, last_seq, tables, header, with_lines, structs
+            )
             status["last_line"] = line_no + len(raw) - 1
+            typed = bool(events) and type(events[0]) is not dict
+            ev_of = _EV_ATTR if typed else _EV
             # the chunk's kinds, in C: most chunks have no marker and no engine's own event
-            kinds = set(map(_EV, events))
+            kinds = set(map(ev_of, events))
             if events:
                 status["count"] += len(events)
                 last_seq = events[-1]["seq"]
@@ -295,20 +303,31 @@ def _chunks(
                     events, nums = _drop_unknown(events, nums, valid, ignored)
                 if "admit" in kinds:
                     admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
+            if events and structs and not typed:  # the general path's dicts
+                events = as_structs(tables[3], events)
             if events:
                 yield nums, events
 
 
 def _decode(
-    path: str, line_no: int, raw: list, last_seq: int, tables: tuple, header: dict, with_lines: bool
+    path: str,
+    line_no: int,
+    raw: list,
+    last_seq: int,
+    tables: tuple,
+    header: dict,
+    with_lines: bool,
+    structs: bool = False,
 ):
     """(line numbers or None, events) of one chunk, every event validated. Three ways, each taken
     only when the one before cannot vouch for the chunk: the typed decoder (checker/typed_decode.py:
-    the vocabulary's own fields, checked in C), orjson with a compiled predicate per event kind
-    (any extra field, an engine's own events), and the exact path, which words the error."""
+    the vocabulary's own fields, checked in C; structs when `structs`), orjson with a compiled
+    predicate per event kind (any extra field, an engine's own events), and the exact path, which
+    words the error. The last two give dicts."""
     dense = header["version"] >= DENSE_SINCE
-    events = decode_chunk(tables[3], raw) if tables[3] is not None else None
-    if events is None or not seqs_ok(list(map(_SEQ, events)), last_seq, dense):
+    events = decode_chunk(tables[3], raw, structs) if tables[3] is not None else None
+    seq_of = _SEQ_ATTR if structs else _SEQ
+    if events is None or not seqs_ok(list(map(seq_of, events)), last_seq, dense):
         events = None if suspect(raw) else _decode_fast(raw)
         if events is not None and not _validate_fast(events, tables[2], last_seq, dense):
             events = None
@@ -358,7 +377,7 @@ def _take_markers(path: str, events: list, nums: list | None, status: dict, firs
                 path, status["end_line"], "field 'ev': trace_end is not the last event"
             )
         if e["ev"] == "trace_end":
-            status["end"] = e
+            status["end"] = as_dict(e)
             line = nums[i] if nums is not None else _line_of(raw, first, e["seq"])
             status["end_line"] = line
             if i != len(events) - 1:
@@ -428,13 +447,28 @@ def iter_chunks(
     ignored: dict | None = None,
     status: dict | None = None,
     own: bool = False,
+    structs: bool = False,
 ):
     """Yield lists of validated events, in file order (the checker's fast path: no per-event
     generator step). Memory is one chunk, whatever the file size. An engine's own events
     (`x.<name>`) are skipped, counted by kind in `ignored`, unless `own`; the markers (trace_end,
-    stall) go to `status` (`truncation(status)` once read)."""
-    for _, events in _chunks(path, header_out, False, ignored, status, own):
+    stall) go to `status` (`truncation(status)` once read). The events are dicts, or with `structs`
+    the vocabulary's structs (attributes; absent optional fields None): the linear checker's
+    input."""
+    for _, events in _chunks(path, header_out, False, ignored, status, own, structs and not own):
         yield events
+
+
+def as_events(header: dict, events: list) -> list:
+    """Validated events (dicts, or structs already) as the linear checker's structs; kinds outside
+    the header's vocabulary (an engine's own) are left out, as the reader leaves them out."""
+    kinds = _role_tables(header["role"], header.get("version", 1))[3]
+    if kinds is None:
+        return []
+    if not events or type(events[0]) is not dict:
+        return events
+    known = kinds.names
+    return as_structs(kinds, [e for e in events if e["ev"] in known])
 
 
 def iter_events(

@@ -2,81 +2,130 @@
 
 msgspec decodes into typed structs, one per event kind of the role and version (tagged by `ev`), so
 that the field types, the integer range (signed 64 bits), finite numbers, valid Unicode and the
-nesting bound are checked in C, not per value in Python. The structs are then turned into the
-plain dicts every rule reads (`msgspec.to_builtins`, also in C).
+nesting bound are checked in C, not per value in Python. The linear checker reads those structs as
+they are (attribute access, no dict built per event); every other reader gets plain dicts
+(`msgspec.to_builtins`, also in C).
 
 The schema is strict on purpose: a field the vocabulary does not name, an engine's own `x.` event,
 an object nested deeper than the schema, any value of a wrong type makes the whole chunk fail here,
 and the caller redoes it on the paths that accept everything the format allows and word the reason
-for what it does not (checker/trace_io.py). This path only ever accepts what those accept.
+for what it does not (checker/trace_io.py). This path only ever accepts what those accept. An
+optional field that is absent reads as None (an explicit null is refused unless its type allows
+it, as on the other paths).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from dataclasses import dataclass
+from typing import Annotated, Any, Union
+
+import msgspec
 
 from .json_values import INT64
 
-try:
-    import msgspec
-except ImportError:  # a declared dependency; without it the reader takes its other paths
-    msgspec = None
-
-if msgspec is not None:
-    _I64 = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]
-    _SCALAR = _I64 | float | str | bool | None
-    # An `object` field (admit's chunks, a query's result, a stall's stacks) two levels deep at most
-    # here; a deeper one is valid but takes the caller's general path.
-    _OBJECT = dict[str, _SCALAR | list[_SCALAR] | dict[str, _SCALAR]]
-    _TYPES = {
-        "int": _I64,
-        "str": str,
-        "bool": bool,
-        "list[str]": list[str],
-        "list[int]": list[_I64],
-        "int|null": _I64 | None,
-        "str|null": str | None,
-        "object|null": _OBJECT | None,
-        "int|str": _I64 | str,
-    }
-    _BASE = [("seq", _I64), ("t_ns", _I64), ("thread", str)]
-    # the happens-before clock (docs/trace-format.md): own count, or changed components
-    _VC = ("vc", _I64 | dict[str, _I64] | msgspec.UnsetType, msgspec.UNSET)
+_I64 = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]
+_SCALAR = _I64 | float | str | bool | None
+# An `object` field (admit's chunks, a query's result, a stall's stacks) two levels deep at most
+# here; a deeper one is valid but takes the caller's general path.
+_OBJECT = dict[str, _SCALAR | list[_SCALAR] | dict[str, _SCALAR]]
+_TYPES = {
+    "int": _I64,
+    "str": str,
+    "bool": bool,
+    "list[str]": list[str],
+    "list[int]": list[_I64],
+    "int|null": _I64 | None,
+    "str|null": str | None,
+    "object|null": _OBJECT | None,
+    "int|str": _I64 | str,
+}
+_BASE = ["seq", "t_ns", "thread"]
+_BASE_TYPES = {"seq": _I64, "t_ns": _I64, "thread": str}
+# the happens-before clock (docs/trace-format.md): own count, or changed components
+_VC_TYPE = _I64 | dict[str, _I64]
 
 
-def _struct(ev: str, spec: dict):
-    """The struct of one event kind: base keys, required fields, optional ones (absent stays
-    absent: UNSET is left out of the dict), and `vc`."""
-    fields = list(_BASE)
-    fields += [(name, _TYPES[typ]) for name, typ in spec.get("fields", {}).items()]
-    fields += [
-        (name, _TYPES[typ] | msgspec.UnsetType, msgspec.UNSET)
-        for name, typ in spec.get("optional", {}).items()
-    ]
-    fields.append(_VC)
+class Event(msgspec.Struct, tag_field="ev", gc=False):
+    """An event of the vocabulary: its fields are attributes (`e.seq`, `e.ev`, an absent
+    optional one is None). `e["seq"]` reads the same attribute, for the reader's code that
+    takes dicts and structs alike."""
+
+    __getitem__ = object.__getattribute__
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """The struct families of one role and version: `structs` and `dicts` decode event lines
+    strictly (the vocabulary's types, no other field); an absent optional field is None in the
+    first and left out of the dicts made from the second. `lenient` (the same kinds, any value,
+    extra fields dropped) turns events already validated as dicts into structs."""
+
+    structs: Any
+    dicts: Any
+    lenient: Any
+    names: frozenset
+
+
+def _struct(ev: str, spec: dict, strict: bool, absent):
+    """The struct of one event kind: base keys, required fields, optional ones (`absent` when
+    absent: None, or UNSET, which to_builtins leaves out), and `vc`. A lenient struct types
+    nothing: it holds events another path validated."""
+
+    def typ(t):
+        if not strict:
+            return Any
+        return t | msgspec.UnsetType if absent is msgspec.UNSET else t
+
+    fields = [(name, _BASE_TYPES[name] if strict else Any) for name in _BASE]
+    fields += [(n, _TYPES[t] if strict else Any) for n, t in spec.get("fields", {}).items()]
+    fields += [(n, typ(_TYPES[t]), absent) for n, t in spec.get("optional", {}).items()]
+    fields.append(("vc", typ(_VC_TYPE), absent))
     return msgspec.defstruct(
         "Event_" + "".join(c if c.isalnum() else "_" for c in ev),
         fields,
-        tag_field="ev",
+        bases=(Event,),
         tag=ev,
-        forbid_unknown_fields=True,
+        namespace={"ev": ev},
+        forbid_unknown_fields=strict,
         gc=False,  # short-lived, holds no cycles: not tracked by the cyclic collector
     )
 
 
-def make_decoder(kinds: dict):
-    """A decoder of event lines for `kinds` (ev -> its spec/events.toml entry), or None without
-    msgspec or for a role with no kinds."""
-    if msgspec is None or not kinds:
+def make_kinds(kinds: dict) -> Kinds | None:
+    """The struct families of `kinds` (ev -> its spec/events.toml entry), or None for a role with
+    no kinds."""
+    if not kinds:
         return None
-    structs = tuple(_struct(ev, spec) for ev, spec in kinds.items())
-    return msgspec.json.Decoder(Union[structs])  # noqa: UP007 (a tuple of kinds)
+
+    def union(strict, absent):
+        return Union[tuple(_struct(ev, spec, strict, absent) for ev, spec in kinds.items())]  # noqa: UP007
+
+    return Kinds(
+        msgspec.json.Decoder(union(True, None)),
+        msgspec.json.Decoder(union(True, msgspec.UNSET)),
+        list[union(False, None)],
+        frozenset(kinds),
+    )
 
 
-def decode_chunk(decoder, raw: list) -> list | None:
-    """The events of `raw` (lines of bytes; blank ones skipped) as dicts, or None when any line is
-    not valid for the strict schema (the caller then takes its general path)."""
+def decode_chunk(kinds: Kinds, raw: list, structs: bool = False) -> list | None:
+    """The events of `raw` (lines of bytes; blank ones skipped) as structs, or as dicts unless
+    `structs`; None when any line is not valid for the strict schema (the caller then takes its
+    general path)."""
     try:
-        return msgspec.to_builtins(decoder.decode_lines(b"".join(raw)))
+        if structs:
+            return kinds.structs.decode_lines(b"".join(raw))
+        return msgspec.to_builtins(kinds.dicts.decode_lines(b"".join(raw)))
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: too
         return None
+
+
+def as_structs(kinds: Kinds, events: list) -> list:
+    """Events validated as dicts (by the general path, or made by a caller) as structs; kinds
+    outside `kinds` must have been dropped first."""
+    return msgspec.convert(events, kinds.lenient)
+
+
+def as_dict(e) -> dict:
+    """One event, struct or dict, as a dict (for the few readers of a marker's fields)."""
+    return e if type(e) is dict else msgspec.to_builtins(e)
