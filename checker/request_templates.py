@@ -389,60 +389,56 @@ class Delivered(Template):
             *([self.failed] if self.failed else []),
         )
         self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
-        self.completed: dict = {}  # rid -> {start: seq of the first completion}
+        self.completed: set = set()  # (rid, start) completed
+        self.any_done: set = set()  # rids with some completion
 
     def on_chunk(self, evs):
         done, failed, consumer, sent = self.done, self.failed, self.consumer, self.sent
+        completed, any_done, sends = self.completed, self.any_done, self.sends
+        checks = 0
         for e in evs:
-            ev = e.ev
+            ev, rid = e.ev, e.rid
             if ev == done:
-                self._done(e, e.rid)
+                start = getattr(e, "start", None)
+                completed.add((rid, start))
+                any_done.add(rid)
+                if sends:
+                    checks += 1
+                    got = sent.get(rid, ())
+                    if start not in got and None not in got:
+                        self.fail(
+                            f"{event_label(e)} completes a send of {rid} at token {start} "
+                            "that was never made",
+                            e.seq,
+                        )
             elif ev == consumer:
-                self._consumer(e, e.rid)
-            elif ev == failed:
-                self._failed(e, e.rid)
+                checks += 1
+                self._consumer(e, rid)
+            elif ev == failed:  # every send of the rid so far is over: completed, undelivered
+                any_done.add(rid)
+                completed.update([(rid, start) for start in sent.get(rid, ())])
             else:  # a send
                 start = getattr(e, "start", None)
                 if type(start) is not int:
                     start = None
-                got = sent.get(e.rid)
+                got = sent.get(rid)
                 if got is None:
-                    sent[e.rid] = {start: e.seq}
+                    sent[rid] = {start: e.seq}
                 elif start not in got:
                     got[start] = e.seq
+        self.checks += checks
 
-    def _done(self, e, rid):
-        start = getattr(e, "start", None)
-        got = self.completed.get(rid)
-        if got is None:
-            self.completed[rid] = {start: e.seq}
-        elif start not in got:
-            got[start] = e.seq
-        if not self.sends:
-            return
-        self.checks += 1
-        sent = self.sent.get(rid, ())
-        if start not in sent and None not in sent:
-            self.fail(
-                f"{event_label(e)} completes a send of {rid} at token {start} that was never made",
-                e.seq,
-            )
-
-    def _failed(self, e, rid):
-        """Every send of the rid so far is over: completed, though not delivered."""
-        done = self.completed.setdefault(rid, {})
-        for start in self.sent.get(rid, {}):
-            done.setdefault(start, e.seq)
+    def _open(self, rid, start) -> bool:
+        """Whether the rid's send at `start` (None: a send without one) has no completion yet."""
+        return (rid, start) not in self.completed if start is not None else rid not in self.any_done
 
     def _consumer(self, e, rid):
-        self.checks += 1
-        done = self.completed.get(rid, {})
         if not self.sends:
-            if not done:
+            if rid not in self.any_done:
                 self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e.seq)
             return
         for start, seq in self.sent.get(rid, {}).items():
-            if (start not in done) if start is not None else not done:
+            if self._open(rid, start):
                 at = f" at token {start}" if start is not None else ""
                 self.fail(
                     f"{event_label(e)} for {rid} while its send{at} was not yet delivered "
@@ -453,9 +449,8 @@ class Delivered(Template):
 
     def finish(self):
         for rid, sent in self.sent.items():
-            done = self.completed.get(rid, {})
             for start, seq in sent.items():
                 self.checks += 1
-                if (start not in done) if start is not None else not done:
+                if self._open(rid, start):
                     at = f" at token {start}" if start is not None else ""
                     self.fail(f"{rid}'s send{at} was never delivered ({self.done})", seq)

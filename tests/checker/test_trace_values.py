@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from checker.fuzz.trace_mutate import ODD_VALUES
 from checker.json_values import MAX_DEPTH
+from checker.linear import check_file
 from checker.trace_io import _chunk_slow, _role_tables
 from checker.typed_decode import decode_chunk
 from engine.cli import exits, main
@@ -164,3 +165,37 @@ def test_deep_nesting_in_a_typed_field_is_bad_input_not_a_crash(tmp_path):
     open(path, "w").write("\n".join(lines) + "\n")
     rc, err = check_set([path])
     assert rc == exits.BAD_INPUT and f"{path}:3: not a checkable value (nested deeper" in err
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(range(len(EVENTS))),
+    st.sampled_from(["seq", "batch", "rid", "obj", "chunks", "vc", "start", "tokens", "zz"]),
+    st.sampled_from(ODD_VALUES + [1 << 63, (1 << 63) - 1, {"r": [0, 1]}, 5, "x"]),
+)
+def test_the_checker_s_structs_hold_what_the_exact_path_reads(i, field, value):
+    """The linear checker's structs: accepted only where the exact path accepts, every field the
+    exact path reads, and None for an optional field that is absent."""
+    tables = _role_tables("prefill", 4)
+    e = dict(EVENTS[i]) | {field: value}
+    raw = [json.dumps(e).encode() + b"\n"]
+    fast = decode_chunk(tables[3], raw, structs=True)
+    if fast is None:
+        return
+    (exact,) = [ev for _, ev in _chunk_slow("t", 2, raw, e["seq"] - 1, tables, HEADER)]
+    (s,) = fast
+    assert s.ev == exact["ev"] and set(exact) - {"ev"} <= set(s.__struct_fields__)
+    assert all(getattr(s, f) == exact.get(f) for f in s.__struct_fields__)
+
+
+def test_a_chunk_on_the_general_path_is_judged_as_the_typed_one(tmp_path):
+    """An extra field sends its chunk to the general path (dicts, turned into structs there): the
+    violations are the same, message for message."""
+    events = canonical("ahead")
+    events = [e for e in events if not (e["ev"] == "process_begin" and e.get("batch") == 1)]
+    plain = write(tmp_path / "plain.jsonl", "ahead", events)
+    extra = write(tmp_path / "extra.jsonl", "ahead", [dict(e, zz=1) for e in events])
+    a, b = check_file(plain), check_file(extra)
+    assert a.violations and [(v.rule.id, v.message, v.seqs) for v in a.violations] == [
+        (v.rule.id, v.message, v.seqs) for v in b.violations
+    ]
