@@ -81,9 +81,9 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     listen to gets its events back in trace order (one kind: its list as it is; several: their
     lists merged by seq, in C), once for every template listening to exactly that set. The batch
     index takes the first (seq, thread) of each batch of each batch-indexed kind."""
-    listeners: dict[tuple | None, list] = defaultdict(list)  # kinds (None: all) -> templates
+    listeners: dict[frozenset | None, list] = defaultdict(list)  # kinds (None: all) -> templates
     for t in active:
-        kinds = tuple(sorted(set(t.handlers())))
+        kinds = frozenset(t.handlers())
         listeners[None if "*" in kinds else kinds].append(t)
     sets = [(kinds, tuple(ts)) for kinds, ts in listeners.items() if kinds is None or kinds]
     indexed = [(ev, ctx.idx[ev]) for ev in sorted(batched)]
@@ -102,18 +102,21 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
             if ev in by:
                 _index(table, by[ev], ev, admits)
         for want, ts in sets:
-            feed = chunk if want is None else _merged(by, want)
+            feed = chunk if want is None else _merged(chunk, by, want)
             if feed:
                 for t in ts:
                     t.on_chunk(feed)
     return n
 
 
-def _merged(by: dict, kinds: tuple) -> list:
-    """The events of `kinds` in trace order, from the chunk's per-kind lists."""
+def _merged(chunk: list, by: dict, kinds: frozenset) -> list:
+    """The events of `kinds` in trace order: the chunk's list of the one kind, or the lists of
+    several merged by seq (filtering the whole chunk instead where they are most of it)."""
     lists = [by[k] for k in kinds if k in by]
     if len(lists) <= 1:
         return lists[0] if lists else []
+    if 3 * sum(map(len, lists)) > len(chunk):
+        return [e for e in chunk if e.ev in kinds]
     return sorted(itertools.chain.from_iterable(lists), key=_SEQ)
 
 
