@@ -12,9 +12,11 @@ kernel module imports it before decorating a kernel, since it may set TRITON_INT
 triton_kernels.checks (the wrappers' input checks), never from this package.
 """
 
+# runtime first: it picks the interpreter before triton is imported
+from .runtime import interpreting  # noqa: I001
+
 from .decode_attention import decode_attention
 from .extend_attention import extend_attention
 from .kv_write import write_kv
-from .runtime import interpreting
 
 __all__ = ["extend_attention", "decode_attention", "write_kv", "interpreting"]

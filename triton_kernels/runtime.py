@@ -1,9 +1,10 @@
 """Where the kernels run: compiled on a GPU, or under the Triton interpreter on the CPU.
 
-Triton reads TRITON_INTERPRET when a kernel is *decorated* (``@triton.jit`` builds an
-InterpretedFunction instead of a JITFunction), not when ``triton`` is imported. So what matters is
-the environment at the moment the kernel modules are first imported; every import of them runs the
-package ``__init__`` first, which imports this module before them. A CPU-only torch build can never
+Triton reads TRITON_INTERPRET when a function is *decorated* (``@triton.jit`` builds an
+InterpretedFunction instead of a JITFunction), and triton's own library functions are decorated when
+``triton`` is imported. So what matters is the environment at the moment triton is first imported;
+every import of the kernel modules runs the package ``__init__`` first, which imports this module
+before anything imports triton. A CPU-only torch build can never
 launch compiled kernels, so there the interpreter is switched on here (setdefault: an explicit
 TRITON_INTERPRET=0 is respected and the wrappers then fall back to the float64 torch reference for
 CPU tensors).
@@ -12,10 +13,13 @@ CPU tensors).
 import os
 
 import torch
-from triton.runtime.interpreter import InterpretedFunction
 
+# Before triton is first imported: triton's own library functions (tl.cdiv, the math helpers) are
+# decorated when triton is imported, and an interpreted kernel cannot call a compiled one.
 if torch.version.cuda is None and torch.version.hip is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402 (after the switch above)
 
 
 def interpreting() -> bool:
