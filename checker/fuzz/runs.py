@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from checker.linear import check_file, check_files
 from checker.refine import check_model
 from engine import sync
-from engine.decode.request import DecodeReq
+from engine.decode.request import DecodeReq, ReqState
 from engine.trace import Tracer
 from spec import load_rules
 
@@ -273,7 +273,9 @@ def _pd_hooks(case: PDCase):
         for it, k in aborts:
             if it == sched.iter:
                 unfinished = (
-                    r for r in sched.by_room.values() if r.state not in ("new", "done", "aborted")
+                    r
+                    for r in sched.by_room.values()
+                    if r.state is not ReqState.NEW and not r.state.over
                 )
                 live = list(sched.prealloc.pending) or sorted(unfinished, key=lambda r: r.room)
                 for r in live if k < 0 else [live[k % len(live)]] if live else []:

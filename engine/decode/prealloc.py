@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .. import bootstrap_client, inject, sync
-from .request import DecodeReq, now
+from .request import DecodeReq, ReceiverInit, ReqState, now
 
 
 @dataclass
@@ -73,7 +73,7 @@ class DecodePreallocQueue:
         self.resolves: list[dict] = []  # per consumption point that needed a query: for the bench
 
     def add(self, req: DecodeReq) -> None:
-        req.state, req.t_add = "pending", now()
+        req.state, req.t_add = ReqState.PENDING, now()
         self.pending.append(req)
         self.log.req_add(req.rid, req.room, req.addr)
 
@@ -198,7 +198,9 @@ class DecodePreallocQueue:
                 for r in groups[addr]:  # as SGLang: one DP rank, so rank 0, with no query
                     r.prefill_dp_rank = 0
                 continue
-            need = [r for r in groups[addr] if r.prefill_dp_rank is None and r.state == "pending"]
+            need = [
+                r for r in groups[addr] if r.prefill_dp_rank is None and r.state is ReqState.PENDING
+            ]
             if need:
                 self._resolve_addr(addr, need)
         t = now()
@@ -288,9 +290,9 @@ class DecodePreallocQueue:
             if r.prefill_dp_rank is None:
                 continue
             status = self.sched.init_receiver(r)
-            if status == "no_memory":
+            if status is ReceiverInit.NO_MEMORY:
                 break
-            if status == "ok":
+            if status is ReceiverInit.OK:
                 self.pending.remove(r)
                 out.append(r)
         return out

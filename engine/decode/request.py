@@ -1,14 +1,38 @@
 """The decode side's view of a request, from arrival to its last token.
 
-States: pending (in the prealloc queue, rank maybe unknown) → transfer (receiver initialised, KV
-arriving) → waiting (KV complete, first token known) → running → done; or aborted from any state.
+States (ReqState): new → pending (in the prealloc queue, rank maybe unknown) → transfer (receiver
+initialised, KV arriving) → waiting (KV complete, first token known) → running → done; or aborted
+from any state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from .. import sync
+
+
+class ReqState(Enum):
+    NEW = "new"
+    PENDING = "pending"
+    TRANSFER = "transfer"
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+    ABORTED = "aborted"
+
+    @property
+    def over(self) -> bool:
+        return self in (ReqState.DONE, ReqState.ABORTED)
+
+
+class ReceiverInit(Enum):
+    """What initialising a request's receiver came to."""
+
+    OK = "ok"  # slot and pages allocated, KV pulled from its rank
+    NO_MEMORY = "no_memory"  # stays pending, in FIFO order
+    FAILED = "failed"  # aborted
 
 
 @dataclass(eq=False)
@@ -20,7 +44,7 @@ class DecodeReq:
     max_new_tokens: int
     logit_bias: dict[int, float] | None = None
     arrival_s: float = 0.0
-    state: str = "new"
+    state: ReqState = ReqState.NEW
     prefill_dp_rank: int | None = None
     t_add: float = 0.0  # now() when it entered the prealloc queue
     t_init: float = 0.0  # now() when its receiver was initialised

@@ -25,7 +25,7 @@ from ..model import TinyLlama
 from ..trace import NullTracer
 from .config import DecodeConfig
 from .prealloc import DecodePreallocQueue
-from .request import DecodeReq, now
+from .request import DecodeReq, ReceiverInit, ReqState, now
 from .transport import KVTransportError
 
 
@@ -170,39 +170,36 @@ class DecodeScheduler:
         sync.sleep(0.0005)
 
     # ---- receivers and KV ------------------------------------------------------------------------
-    def init_receiver(self, r: DecodeReq) -> str:
-        """Preallocate the request's slot and pages, then pull its KV from the rank that holds it.
-        Returns "ok", "no_memory" (stays pending, FIFO) or "failed" (aborted)."""
+    def init_receiver(self, r: DecodeReq) -> ReceiverInit:
+        """Preallocate the request's slot and pages, then pull its KV from the rank that holds it."""
         n_pages = pages_for(r.kv_need, self.ps)
         if r.kv_need > self.mc.max_context:
             self.abort(
                 r,
                 f"prompt + max_new_tokens = {r.kv_need} exceeds max_context {self.mc.max_context}",
             )
-            return "failed"
+            return ReceiverInit.FAILED
         if self.req_to_token.available == 0 or self.pool.available < n_pages:
             self.stats["memory_waits"] += 1
-            return "no_memory"
+            return ReceiverInit.NO_MEMORY
         r.slot = self.req_to_token.alloc()
         r.pages = self.pool.alloc(n_pages)
         n = n_pages * self.ps
         self.req_to_token.table[r.slot, :n] = self.pool.token_indices(r.pages, 0, n).to(self.device)
         self.log.alloc(r.rid, r, r.slot)
         self.log.receiver_init(r.room, r.prefill_dp_rank, r.rid)
-        r.state, r.t_init = "transfer", now()
+        r.state, r.t_init = ReqState.TRANSFER, now()
         if r.prefill_dp_rank in self.failed_ranks:  # the routing stops at a dead rank
-            r.state = "pending"
+            r.state = ReqState.PENDING
             self._abort_failed(r, r.prefill_dp_rank)
-            return "failed"
+            return ReceiverInit.FAILED
         try:
             self.client.pull(r.prefill_dp_rank, r.room)
         except KVTransportError as exc:
-            r.state = (
-                "pending"  # still in the prealloc queue: abort takes it out and frees its memory
-            )
+            r.state = ReqState.PENDING  # still queued: abort takes it out and frees its memory
             self.abort(r, str(exc))
-            return "failed"
-        return "ok"
+            return ReceiverInit.FAILED
+        return ReceiverInit.OK
 
     def reap_failed_ranks(self) -> None:
         """A prefill rank the transport reports failed (heartbeat lost, or the in-process rank
@@ -231,7 +228,7 @@ class DecodeScheduler:
             except queue.Empty:
                 break
             r = self.by_room.get(chunk.room)
-            if r is None or r.state != "transfer":
+            if r is None or r.state is not ReqState.TRANSFER:
                 self.stats["discarded_chunks"] += 1  # the request was aborted meanwhile
                 continue
             problem = self._check_chunk(r, rank, chunk)
@@ -302,7 +299,7 @@ class DecodeScheduler:
         if r.n_gen >= r.max_new_tokens:
             self._finish(r)
         else:
-            r.state = "waiting"
+            r.state = ReqState.WAITING
             self.waiting.append(r)
 
     # ---- ends of a request -------------------------------------------------------------------------
@@ -317,34 +314,34 @@ class DecodeScheduler:
         self._free(r)
         if r in self.running:
             self.running.remove(r)
-        r.state = "done"
+        r.state = ReqState.DONE
         self.done.append(r)
         self.log.req_done(r.rid, r.room, len(r.output))
 
     def abort(self, r: DecodeReq, reason: str, failed_rank: int | None = None) -> None:
         """Abort from any state. A request inside an unprocessed decode batch is finished when that
         batch has been processed (its pages are still being read)."""
-        if r.state in ("done", "aborted"):
+        if r.state.over:
             return
-        if r.state == "running" and r.inflight > 0:
+        if r.state is ReqState.RUNNING and r.inflight > 0:
             r.abort_requested = r.abort_requested or reason
             return
-        if r.state == "pending":
+        if r.state is ReqState.PENDING:
             self.prealloc.remove(r)
             if failed_rank is None:
                 self._drop_unpulled(r)
-        elif r.state == "transfer":
+        elif r.state is ReqState.TRANSFER:
             self.transfer.remove(r)
             if failed_rank is None:  # a dead rank has nothing to drop
                 self.client.drop(r.prefill_dp_rank, r.room)
-        elif r.state == "waiting":
+        elif r.state is ReqState.WAITING:
             self.waiting.remove(r)
-        elif r.state == "running":
+        elif r.state is ReqState.RUNNING:
             self.running.remove(r)
-        elif r.state == "new":
+        elif r.state is ReqState.NEW:
             self.arrivals.remove(r)
         self._free(r)
-        r.state, r.error = "aborted", reason
+        r.state, r.error = ReqState.ABORTED, reason
         self.aborted.append(r)
         if failed_rank is None:
             self.log.req_abort(r.rid, r.room, reason)
@@ -370,7 +367,7 @@ class DecodeScheduler:
             self.abort(r, r.abort_requested)
         while self.waiting and len(self.running) < self.bs:
             r = self.waiting.pop(0)
-            r.state = "running"
+            r.state = ReqState.RUNNING
             self.running.append(r)
         reqs = [r for r in self.running if r.n_gen < r.max_new_tokens and not r.abort_requested]
         if not reqs:

@@ -13,7 +13,7 @@ from engine import bootstrap_client
 from engine.bootstrap import BootstrapServer
 from engine.decode.config import DecodeConfig
 from engine.decode.prealloc import DecodePreallocQueue
-from engine.decode.request import DecodeReq
+from engine.decode.request import DecodeReq, ReceiverInit, ReqState
 from engine.pd import rank_info
 from engine.trace import Tracer
 
@@ -30,14 +30,14 @@ class FakeSched:
 
     def init_receiver(self, r):
         if self.capacity is not None and len(self.inits) >= self.capacity:
-            return "no_memory"
+            return ReceiverInit.NO_MEMORY
         self.inits.append((r.room, r.prefill_dp_rank))
-        r.state = "transfer"
-        return "ok"
+        r.state = ReqState.TRANSFER
+        return ReceiverInit.OK
 
     def abort(self, r, reason):
         self.q.remove(r)
-        r.state = "aborted"
+        r.state = ReqState.ABORTED
         self.aborted[r.rid] = reason
 
 
