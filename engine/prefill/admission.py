@@ -1,22 +1,58 @@
 """Admission of the prefill scheduler: fold the previous batch, continue the chunked request, admit
 waiting requests (prefix match, slot and page allocation), cut chunks to the token budget and build
-the batch's inputs. A part of PrefillScheduler (engine/prefill/scheduler.py), apart by resource: the
-pools and the prefix cache are what it uses.
+the batch's inputs. PrefillScheduler (engine/prefill/scheduler.py) holds one; it owns the waiting
+queue, the chunked request and the batch ids, and uses the pools and the prefix cache it is given.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from .. import inject
-from ..memory import pages_for
+from ..config import EngineConfig
+from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
 from ..request import Req, SamplingBatchInfo, ScheduleBatch
 
 
+@dataclass(eq=False)
 class Admission:
-    """The admission steps of PrefillScheduler; the attributes they use are set up by its __init__."""
+    """The admission steps, with what they read and write. `stats` is the scheduler's counter dict
+    (admission adds batches, tokens, cached tokens and the memory-pressure counts); `log` the
+    scheduler's event loggers; `release` frees a request's slot and pages (for a mutant only);
+    `probe` (engine/oracle.py) is told each prefix match when outputs are verified."""
+
+    cfg: EngineConfig
+    device: torch.device
+    pool: KVPool
+    req_to_token: ReqToTokenPool
+    cache: PrefixCache
+    log: Any
+    stats: dict
+    release: Callable[..., None] | None
+    probe: Any = None
+    waiting: list[Req] = field(default_factory=list)
+    chunked_req: Req | None = None
+    last_batch: ScheduleBatch | None = None
+    next_bid: int = 0
+    postponed: set[str] = field(default_factory=set)  # rids cut short for lack of memory
+
+    def __post_init__(self):
+        for k in (
+            "failed_slot_allocs",
+            "failed_page_allocs",
+            "postponed_requests",
+            "postponed_chunks",
+            "retried_ok",
+            "cached_tokens",
+            "batches",
+            "tokens",
+        ):
+            self.stats.setdefault(k, 0)
 
     def get_next_batch(self) -> ScheduleBatch | None:
         """Admission: fold the previous batch, continue the chunked request, admit waiting requests
@@ -130,8 +166,8 @@ class Admission:
         return True
 
     def _build_batch(self, picked) -> ScheduleBatch:
-        bid = self._next_bid
-        self._next_bid += 1
+        bid = self.next_bid
+        self.next_bid += 1
         reqs = [p[0] for p in picked]
         ids, pos, loc = [], [], []
         on_host = self.device.type == "cpu"
@@ -159,7 +195,9 @@ class Admission:
             input_ids=ids,
             positions=pos,
             out_cache_loc=loc,
-            sampling_info=SamplingBatchInfo.build(reqs, self.mc.vocab_size, self.device),
+            sampling_info=SamplingBatchInfo.build(
+                reqs, self.cfg.model_config.vocab_size, self.device
+            ),
         )
         self.log.admit(
             bid,
@@ -173,7 +211,7 @@ class Admission:
             elif inject.on("free-slot-before-forward-done"):
                 # MUTANT: slot and pages freed as soon as the last chunk is scheduled; the request still
                 # uses them (its forward reads the req_to_token row, its KV send reads the pages).
-                self._release(req, early=True)
+                self.release(req, early=True)
         self.stats["batches"] += 1
         self.stats["tokens"] += batch.num_tokens
         self.last_batch = batch

@@ -51,7 +51,7 @@ EVENTS: dict[str, tuple[str, ...]] = dict(
 )
 
 
-class PrefillScheduler(Admission):
+class PrefillScheduler:
     def __init__(
         self,
         cfg: EngineConfig,
@@ -98,23 +98,23 @@ class PrefillScheduler(Admission):
 
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
         self.total = len(requests)
-        self.waiting: list[Req] = []
-        self.chunked_req: Req | None = None
         self.inflight: list[Req] = []
         self.done: list[Req] = []
-        self.last_batch: ScheduleBatch | None = None
         self.stopping = False
-        self._next_bid = 0
         self.t0 = sync.now()
         self.stats = dict(batches=0, tokens=0, uncached_tokens=0, cached_tokens=0)
-        self.stats.update(
-            failed_slot_allocs=0,
-            failed_page_allocs=0,
-            postponed_requests=0,
-            postponed_chunks=0,
-            retried_ok=0,
+        self.admission = Admission(
+            cfg,
+            self.device,
+            self.pool,
+            self.req_to_token,
+            self.cache,
+            self.log,
+            self.stats,
+            self._release,
+            probe,
         )
-        self.postponed: set[str] = set()  # rids whose admission was cut for lack of memory
+        self.waiting = self.admission.waiting  # the queue intake appends to
 
     def _hook_completions(self) -> None:
         """The transfer thread and the AttentionStore log their completions. The hooks hold the
@@ -153,6 +153,12 @@ class PrefillScheduler(Admission):
         self.cache = PrefixCache(self.pool)
 
     # ---- loop-top steps ------------------------------------------------------------------------
+    def get_next_batch(self) -> ScheduleBatch | None:
+        return self.admission.get_next_batch()
+
+    def memory_stats(self) -> dict:
+        return self.admission.memory_stats()
+
     def retire_ascache_writes(self) -> None:
         self.astore.retire()
 
@@ -178,11 +184,11 @@ class PrefillScheduler(Admission):
         """Nothing to run: sleep until the next arrival or a short poll interval. With nothing left
         that could make progress (no arrival, no transfer in flight) unfinished requests are stuck:
         fail loudly instead of spinning forever."""
-        progress = (len(self.done), self._next_bid, len(self.arrivals))
+        progress = (len(self.done), self.admission.next_bid, len(self.arrivals))
         stalled, self._idle_mark = progress == getattr(self, "_idle_mark", None), progress
         if stalled and not self.arrivals and not self.inflight and not self.finished_all:
             stuck = [r.rid for r in self.waiting] + [r.rid for r in self.arrivals]
-            held = [r.rid for r in (self.chunked_req,) if r is not None]
+            held = [r.rid for r in (self.admission.chunked_req,) if r is not None]
             raise EngineError(
                 f"stuck: {self.total - len(self.done)} request(s) can never finish "
                 f"(waiting: {stuck or '-'}, chunked: {held or '-'}; e.g. a middle-chunk count that "
@@ -417,6 +423,7 @@ class PrefillScheduler(Admission):
         # the trace keeps each Req (its `obj`), a Req its sender and so the transfer engine: the
         # loggers the hooks hold would close a cycle back to the tracer
         self.transfer.on_delivered = self.astore.on_copied = self.astore.on_retired = None
+        self.admission.release = None  # its bound _release closes a cycle through this scheduler
 
     def leak_report(self) -> dict:
         """What is still held at the end; all zeros after a clean run."""

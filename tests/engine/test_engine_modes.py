@@ -121,7 +121,7 @@ def test_small_pool_run_catches_broken_eviction_and_retry(monkeypatch):
     def drop(self, req, lacking):
         postpone(self, req, lacking)
         if req in self.waiting:
-            self.waiting.remove(req)
+            self.waiting.remove(req)  # the Admission's own queue
 
     monkeypatch.setattr(Admission, "_postpone", drop)
     failures = _pressure_failures(_small_pool_run())
