@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from spec import Rule, load_rules
+from spec.errors import BadInput
 
 from .linear import check_events
 from .streaming import TEMPLATES, event_label
@@ -44,7 +45,7 @@ UNSEARCHED_WHY = {
 CROSS_WHY = f"compares values across the run's traces: {_SAME}"  # every cross-process kind
 
 
-class NoClocks(ValueError):
+class NoClocks(BadInput, ValueError):
     """The trace carries no happens-before clocks."""
 
 

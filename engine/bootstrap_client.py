@@ -24,6 +24,8 @@ from typing import Any
 
 import requests
 
+from spec.errors import RunFailed
+
 from . import sync
 
 DEFAULT_TIMEOUT_S = 5.0  # SGLang uses 5 s on every bootstrap request
@@ -31,7 +33,7 @@ DEFAULT_TIMEOUT_S = 5.0  # SGLang uses 5 s on every bootstrap request
 _local = threading.local()
 
 
-class BootstrapError(Exception):
+class BootstrapError(RunFailed):
     def __init__(self, url: str, message: str, *, status: int | None = None):
         super().__init__(f"{url}: {message}")
         self.url = url

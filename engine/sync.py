@@ -21,6 +21,7 @@ import types
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import hb
+from .errors import EngineError
 
 CONTROLLER = None  # set by checker.fuzz.Controller.install()
 
@@ -35,8 +36,8 @@ def set_jitter(us: float, seed: int = 0) -> None:
     JITTER_US, _jitter_rng = us, random.Random(seed)
 
 
-class Deadlock(RuntimeError):
-    pass
+class Deadlock(EngineError):
+    """Every thread under the schedule controller waits on another: the run can never finish."""
 
 
 def controlled() -> bool:

@@ -42,6 +42,8 @@ from itertools import count
 
 import orjson
 
+from spec.errors import InternalError
+
 HEAD = struct.Struct("<BII")  # op, stream, payload length
 ACK = struct.Struct("<II")  # stream, error message length
 OPEN, EVENTS, END, SYNC, EVENTS_NEW = range(5)
@@ -58,8 +60,8 @@ def value(v):
     return v
 
 
-class NotJSON(TypeError):
-    pass
+class NotJSON(InternalError, TypeError):
+    """An event value the trace format cannot hold: the engine logged something it should not."""
 
 
 def _plain(x):

@@ -39,6 +39,8 @@ import threading
 import time
 import types
 
+from spec.errors import InternalError
+
 from . import trace_sink
 
 FLUSH_MS = 50
@@ -50,7 +52,7 @@ MEMO_EVENTS = 1 << 14  # events pickled with one memo: it keeps the sink's memo 
 dumps = trace_sink.dumps
 
 
-class SinkError(RuntimeError):
+class SinkError(InternalError, RuntimeError):
     """The trace sink failed: an internal error (its message says so)."""
 
 

@@ -1,14 +1,31 @@
-"""The one exception class for input a user got wrong: a command-line value, an input file.
+"""pdo's one error tree. `pdo` (engine/cli) maps an exception to its exit code by its base class:
 
-`pdo` (engine/cli) reports it as one line and exit 2 (BAD_INPUT); any exception that is not
-classified as bad input is a bug in pdo (exit 70). It lives in spec/, the layer both the checker
-and the command-line front may import."""
+    PdoError
+    ├── BadInput      input a user got wrong (a value, a file, a setting): one line, exit 2
+    ├── RunFailed     a run that failed or can never finish: one line, exit 1
+    └── InternalError a state pdo's own code should never reach: exit 70
+
+Any exception outside the tree is a bug in pdo too (exit 70). It lives alone in its layer
+(tests/layers.py), which every other layer may import: the engine core included, which imports
+nothing else of spec/."""
 
 from __future__ import annotations
 
 
-class BadInput(Exception):
+class PdoError(Exception):
     """The message is the whole report: it names the file, line and field where there is one."""
+
+
+class BadInput(PdoError):
+    """Input a user got wrong: a command-line value, an input file, a setting."""
+
+
+class RunFailed(PdoError):
+    """A run that failed or can never finish (a stuck request, a failed transfer, a dead role)."""
+
+
+class InternalError(PdoError):
+    """A state pdo's own code should never reach, detected by that code."""
 
 
 class UnknownName(BadInput, KeyError):

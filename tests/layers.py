@@ -8,13 +8,14 @@ from __future__ import annotations
 
 # layer: (module prefixes, layers its modules may import besides their own)
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "errors": (("spec.errors",), ()),
     "kernels": (("triton_kernels",), ()),
-    "spec": (("spec",), ()),
-    "engine": (("engine",), ("kernels",)),
-    "checker": (("checker",), ("spec",)),
+    "spec": (("spec",), ("errors",)),
+    "engine": (("engine",), ("kernels", "errors")),
+    "checker": (("checker",), ("spec", "errors")),
     "harness": (
         ("checker.fuzz", "engine.sglang.conform"),
-        ("engine", "checker", "spec", "kernels"),
+        ("engine", "checker", "spec", "kernels", "errors"),
     ),
     "front": (
         (
@@ -25,7 +26,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "checker.fuzz.cli",
             "engine.sglang.conform.cli",
         ),
-        ("harness", "engine", "checker", "spec", "kernels"),
+        ("harness", "engine", "checker", "spec", "kernels", "errors"),
     ),
 }
 

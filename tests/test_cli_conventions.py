@@ -101,10 +101,15 @@ def test_an_internal_error_is_one_line_exit_70(tmp_path, monkeypatch):
 def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
     """A ValueError from inside pdo is a bug (70); a BadInput is the user's (2); a PD run that
     failed is 1, one that cannot start as configured 2."""
+    from checker.predict import NoClocks
+    from engine.bootstrap_client import BootstrapUnavailable
     from engine.decode.config import PDError, PDStartupError
-    from engine.errors import EngineError
+    from engine.decode.transport import KVTransportError
+    from engine.errors import ConfigError, EngineError
     from engine.prefill.worker import WorkerError
-    from spec.errors import BadInput
+    from engine.sglang.versions import VersionError
+    from engine.sync import Deadlock
+    from spec.errors import BadInput, InternalError
 
     path = write(tmp_path / "t.jsonl", "ahead", canonical("ahead"))
     cases = [
@@ -116,6 +121,13 @@ def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
         (PDStartupError("not reachable"), 2),
         (EngineError("stuck: 2 request(s) can never finish"), 1),  # README: a run that failed
         (WorkerError("forward worker failed"), 1),
+        (ConfigError("--x: no"), 2),
+        (BootstrapUnavailable("http://h:1", "refused"), 1),
+        (KVTransportError("peer gone"), 1),
+        (Deadlock("all threads wait"), 1),
+        (NoClocks("no clocks"), 2),
+        (VersionError("0.5.1 is below the range"), 2),
+        (InternalError("a state never reached"), 70),
     ]
     for exc, want in cases:
 
@@ -126,6 +138,40 @@ def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
         rc, _, err = _run(["check", path])
         assert rc == want, (exc, err)
         assert len(err.strip().splitlines()) == 1
+
+
+def test_every_public_error_class_is_in_the_one_tree():
+    """Each exception class a package defines for others to catch descends from PdoError (so the
+    CLI maps it by its base); only a module's private control flow (a leading underscore) or a
+    harness's verdict carrier stays outside."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from spec.errors import PdoError
+
+    outside = []
+    for top in ("spec", "engine", "checker"):
+        pkg = importlib.import_module(top)
+        for info in pkgutil.walk_packages(pkg.__path__, top + "."):
+            if info.name.endswith("__main__") or info.name.startswith(
+                ("engine.sglang.conform", "checker.fuzz")
+            ):
+                continue  # a program, or a harness (its exceptions carry verdicts it catches)
+            try:
+                mod = importlib.import_module(info.name)
+            except ImportError:  # an optional dependency (SGLang, Ray) absent
+                continue
+            for name, cls in vars(mod).items():
+                if (
+                    inspect.isclass(cls)
+                    and issubclass(cls, BaseException)
+                    and cls.__module__ == info.name
+                    and not name.startswith("_")
+                    and not issubclass(cls, PdoError)
+                ):
+                    outside.append(f"{info.name}.{name}")
+    assert outside == []
 
 
 def test_unopenable_input_is_bad_input(tmp_path):

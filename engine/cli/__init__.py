@@ -5,11 +5,12 @@ Every option has a declared domain (spec/domains.py), checked as argparse parses
 sub-command's `validate` (set with set_defaults) checks what spans options (a `--kill` role against
 `--dp`, a prompt that must fit the model), before anything runs.
 
-Exit codes (engine/cli/exits.py, README "Exit codes"): bad input -- a BadInput (spec/errors.py),
-a TraceFormatError, an engine ConfigError, an OSError (a file that cannot be opened), an argparse
-error -- prints one line and exits 2; a run that failed (a PD role's PDError, an engine's
-EngineError: stuck or failed) one line and exit 1; any other exception is a bug in pdo: one line
-saying so, exit 70, and the traceback only with `pdo --debug` (or PDO_DEBUG=1)."""
+Exit codes (engine/cli/exits.py, README "Exit codes"), by the error tree of spec/errors.py: bad
+input -- a BadInput (a TraceFormatError, an engine ConfigError, ...), an OSError (a file that cannot
+be opened), an argparse error -- prints one line and exits 2; a run that failed (a RunFailed: an
+EngineError, a PD role's PDError, a bootstrap server gone) one line and exit 1; any other exception
+is a bug in pdo: one line saying so, exit 70, and the traceback only with `pdo --debug` (or
+PDO_DEBUG=1)."""
 
 from __future__ import annotations
 
@@ -26,19 +27,17 @@ try:  # Ctrl-C while pdo starts (these imports take a second): exit 130, no trac
     import engine.bench.cli
     import engine.sglang.conform
     import spec.cli
-    from engine.decode.config import PDError
-    from engine.errors import ConfigError, EngineError
-    from spec.errors import BadInput
+    from spec.errors import BadInput, RunFailed
     from spec.registry import Registry
 
     from . import bootstrap, check, exits, launch, run
 except KeyboardInterrupt:
     raise SystemExit(130) from None
 
-# The bad input classes, named explicitly: anything else escaping a sub-command is a bug in pdo.
-BAD_INPUT_TYPES = (BadInput, ConfigError, OSError)
-# A run that failed: a role of a PD run, or the engine itself (stuck, a failed transfer).
-FAILED_RUN_TYPES = (PDError, EngineError)
+# By base class (spec/errors.py): anything else escaping a sub-command is a bug in pdo. A file that
+# cannot be opened (OSError) is bad input too.
+BAD_INPUT_TYPES = (BadInput, OSError)
+FAILED_RUN_TYPES = (RunFailed,)
 
 EXIT_CODES_HELP = (
     "exit codes: 0 pass, 1 violation or failed run, 2 bad input, 3 no verdict (incomplete), "

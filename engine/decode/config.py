@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, EngineError
 
 DECODE_LOOPS = ("normal", "overlap")
 
@@ -49,7 +49,7 @@ class DecodeConfig:
 ROUTERS = ("round_robin", "random")
 
 
-class PDError(RuntimeError):
+class PDError(EngineError):
     """A PD run that cannot start or did not finish; the CLI prints it on one line (exit 1)."""
 
 

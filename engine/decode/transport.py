@@ -26,6 +26,7 @@ import time
 import torch
 
 from .. import bootstrap_client
+from ..errors import EngineError
 from ..transfer import KVChunk
 
 DROP_RETRY_S = 10.0  # after a failed endpoint lookup, ZmqKVClient.drop skips that rank this long
@@ -39,8 +40,8 @@ PONG = b"pong"
 LEAVING = b"leaving"  # a prefill rank that ends cleanly says so: its silence then is no failure
 
 
-class KVTransportError(RuntimeError):
-    pass
+class KVTransportError(EngineError):
+    """A KV transfer that failed: the peer refused, went away or answered out of protocol."""
 
 
 class _Rooms:

@@ -20,6 +20,8 @@ import importlib.metadata
 import sys
 import types
 
+from spec.errors import BadInput
+
 MODULES = (
     "sglang.srt.disaggregation.decode",
     "sglang.srt.disaggregation.prefill",
@@ -30,7 +32,7 @@ MODULES = (
 OPTIONAL_MODULES = ("sglang.srt.runtime_context",)  # from 0.5.17
 
 
-class SGLangUnavailable(Exception):
+class SGLangUnavailable(BadInput):
     """SGLang is not installed, or below the supported range (one line, for the user)."""
 
 

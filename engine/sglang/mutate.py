@@ -22,12 +22,14 @@ import textwrap
 
 import wrapt
 
+from spec.errors import InternalError
+
 _FUTURE_FLAGS = 0
 for _name in __future__.all_feature_names:
     _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
 
 
-class MutationError(Exception):
+class MutationError(InternalError):
     """The transform could not be applied (its target is not in the function's source)."""
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
+from spec.errors import BadInput
+
 SUPPORTED = (Version("0.5.13"), Version("0.5.23"))  # inclusive; tested on every release between
 RELEASES = (
     "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
@@ -39,7 +41,7 @@ PINNED = ("transformers", "tokenizers")
 REPO = Path(__file__).resolve().parents[2]
 
 
-class VersionError(Exception):
+class VersionError(BadInput):
     """A release outside the supported range, or not installed (one line, for the user)."""
 
 
