@@ -1,4 +1,4 @@
-"""Run the prefill engine once: build the scheduler, run the chosen loop, return a summary."""
+"""Run the prefill engine once: build the scheduler, run the chosen loop, return its result."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import platform
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -16,9 +16,22 @@ from .config import EngineConfig, check_dispatch
 from .model import TinyLlama, default_forward_impl
 from .prefill.loops import LOOPS
 from .prefill.scheduler import PrefillScheduler
+from .request import Req
 from .trace import NullTracer, Tracer
 from .watchdog import Watchdog
 from .workload import WorkloadConfig, make_workload
+
+
+@dataclass
+class PrefillResult:
+    """A prefill run: `summary`, the report `pdo run` prints (JSON-able: counts, times, leaks,
+    memory, the verdict on the outputs); the scheduler and the requests, for a caller that looks
+    inside; `error`, the exception that ended the run, when the run was asked to keep it."""
+
+    summary: dict
+    scheduler: PrefillScheduler
+    requests: list[Req]
+    error: Exception | None = None
 
 
 def run_prefill(
@@ -27,13 +40,13 @@ def run_prefill(
     *,
     trace_path: str | None = None,
     tracer=None,
-    keep_scheduler: bool = False,
+    keep_error: bool = False,
     model=None,
     verify: bool = False,
     watchdog: dict | None = None,
     flush_ms: float | None = None,
-) -> dict:
-    """`model`: weights to reuse (`shared_model`), else built from cfg's preset and seed. `verify`:
+) -> PrefillResult:
+    """An exception that ends the run is raised, or with `keep_error` kept in the result. `model`: weights to reuse (`shared_model`), else built from cfg's preset and seed. `verify`:
     judge every output against the reference (engine/oracle.py) after the run, into
     summary["verify"]. With `trace_path` the trace streams to its file as the run goes on and ends
     with `trace_end` whatever ends the run (engine/trace_writer.py). `watchdog`: the keyword
@@ -121,13 +134,9 @@ def run_prefill(
         summary["verify"] = oracle.judge(cfg, reqs, sched.receiver, probe).as_dict()
     if trace_path:
         tracer.close("normal")
-    if keep_scheduler:
-        summary["_scheduler"] = sched
-        summary["_requests"] = reqs
-        summary["_error"] = error
-    elif error is not None:
+    if error is not None and not keep_error:
         raise error
-    return summary
+    return PrefillResult(summary, sched, reqs, error)
 
 
 _MODELS: dict = {}

@@ -46,7 +46,7 @@ def main() -> None:
         for k in arms[r % 3 :] + arms[: r % 3]:
             hb.enable(k == "trace+hb")
             tr = NullTracer() if k == "off" else Tracer()
-            row[k] = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))["wall_s"]
+            row[k] = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg)).summary["wall_s"]
         hb.enable(False)
         if r == 0:
             continue

@@ -44,7 +44,7 @@ def main() -> None:
     def run(arm: str) -> float:
         tracer = NullTracer() if arm == "off" else Tracer()
         where = path if arm == "stream" else None
-        return run_prefill(cfg, wc, tracer=tracer, model=model, trace_path=where)["wall_s"]
+        return run_prefill(cfg, wc, tracer=tracer, model=model, trace_path=where).summary["wall_s"]
 
     if a.passes:
         profile(a.passes, lambda: run("stream"))

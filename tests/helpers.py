@@ -19,7 +19,7 @@ def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=Fal
     cfg_kw.setdefault("max_batch_tokens", 128)
     cfg = EngineConfig(mode=mode, inject=frozenset(inject), **cfg_kw)
     wc = workload or WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3)
-    return run_prefill(cfg, wc, trace_path=trace_path, keep_scheduler=True, verify=verify), cfg
+    return run_prefill(cfg, wc, trace_path=trace_path, keep_error=True, verify=verify), cfg
 
 
 _GEN: dict = {}

@@ -141,12 +141,12 @@ def _confirm_prefill(path: str, header: dict, prediction, k: int, k2: int) -> Co
     ctl = Controller(delay)
     ctl.install("scheduler")
     try:
-        summary = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True)
+        run = run_prefill(cfg, wc, tracer=tracer, keep_error=True)
         sync.quiesce("confirm.quiesce")
     finally:
         ctl.uninstall()
         ctl.join_all(10.0)
-    return _verdict(tracer, prediction, ctl, delay, summary.get("_error"))
+    return _verdict(tracer, prediction, ctl, delay, run.error)
 
 
 def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirmation:

@@ -184,14 +184,14 @@ def run_prefill_case(
     ctl = Controller(strategy)
     ctl.install("scheduler")
     try:
-        summary = run_prefill(cfg, workload, tracer=tracer, keep_scheduler=True, verify=True)
+        run = run_prefill(cfg, workload, tracer=tracer, keep_error=True, verify=True)
         # Still under control: the worker, streams and transfer thread were told to stop; let them
         # exit as scheduled steps, so none runs on uncontrolled after uninstall. (A saved schedule
         # shorter than this replays these steps non-preemptively.)
         sync.quiesce("prefill.quiesce")
     finally:
         survivors = _uninstall(ctl)
-    failures = _run_failures(ctl, summary["_error"], survivors)
+    failures = _run_failures(ctl, run.error, survivors)
     if trace_path is None:
         fd, path = tempfile.mkstemp(suffix=".jsonl", prefix="pdo-fuzz-")
         os.close(fd)
@@ -206,8 +206,8 @@ def run_prefill_case(
     finally:
         if trace_path is None:
             os.unlink(path)
-    failures += _prefill_output_failures(summary)
-    failures += _leak_failure({k: v for k, v in summary["leaks"].items() if v})
+    failures += _prefill_output_failures(run.summary)
+    failures += _leak_failure({k: v for k, v in run.summary["leaks"].items() if v})
     _sorted_failures(failures)
     return Outcome(
         failures,
@@ -216,7 +216,7 @@ def run_prefill_case(
         tracer.events,
         tracer.header,
         case=case,
-        stats=prefill_run_stats(summary),
+        stats=prefill_run_stats(run.summary),
         model=model,
         judged=judged,
     )

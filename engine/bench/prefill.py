@@ -65,18 +65,17 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
     tracer = Tracer()
     if progress is not None and progress.enabled:
         with progress.watch(label, tracer, wc.requests):
-            s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True, model=shared_model(cfg))
+            run = run_prefill(cfg, wc, tracer=tracer, model=shared_model(cfg))
     else:
-        s = run_prefill(cfg, wc, tracer=tracer, keep_scheduler=True, model=shared_model(cfg))
-    if s["_error"] is not None:
-        raise s["_error"]
+        run = run_prefill(cfg, wc, tracer=tracer, model=shared_model(cfg))
+    s = run.summary
     if s["finished"] != s["requests"] or any(s["leaks"].values()):
         raise RuntimeError(
             f"bench run {cfg.mode} hit={wc.hit} did not finish cleanly: "
             f"{s['finished']}/{s['requests']} requests, leaks {s['leaks']}"
         )
     ttft = [
-        (r.first_token_s - r.arrival_s) * 1e3 for r in s["_requests"] if r.first_token_s is not None
+        (r.first_token_s - r.arrival_s) * 1e3 for r in run.requests if r.first_token_s is not None
     ]
     out = {
         "wall_s": s["wall_s"],

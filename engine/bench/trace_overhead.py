@@ -112,7 +112,7 @@ def accounted_run(cfg, wc) -> dict:
     digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
     try:
-        s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg))
+        s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg)).summary
     finally:
         digest.DigestStamp.__init__, digest.DigestStamp.resolve = stamp, resolve
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
@@ -156,7 +156,9 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) 
             path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
             try:
-                s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg), trace_path=path)
+                s = run_prefill(
+                    cfg, wc, tracer=tr, model=shared_model(cfg), trace_path=path
+                ).summary
             finally:
                 hb.enable(False)
             row[which] = {
@@ -254,7 +256,7 @@ def bench_trace_overhead(
     wc = WorkloadConfig(requests=requests, **workload)
     forward = run_prefill(
         cfg, WorkloadConfig(requests=max(8, requests // 10), **workload), model=shared_model(cfg)
-    )["forward"]  # warm-up
+    ).summary["forward"]  # warm-up
     pairs = _on_off_pairs(cfg, wc, reps, progress, clocks)
     wall = _wall_summary(pairs, target_pct)
     micro = emit_cost_ns()

@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         watchdog=watchdog_of(args),
         flush_ms=args.trace_flush_ms,
-    )
+    ).summary
     leaks = s["leaks"]
     verdict = s.get("verify")
     code = 0 if not any(leaks.values()) and not (verdict and verdict["mismatches"]) else 1

@@ -236,15 +236,15 @@ def test_uncontrolled_jitter_keeps_the_engine_correct():
     """The cheap mode for GPUs: random delays at schedule points, no controller."""
     sync.set_jitter(300, seed=5)
     try:
-        summary, _ = run_mode(
+        run, _ = run_mode(
             "ahead", workload=WorkloadConfig(requests=8, prompt_len=(20, 90), hit=0.8, seed=4)
         )
     finally:
         sync.set_jitter(0)
     assert (
-        summary["_error"] is None
-        and summary["finished"] == 8
-        and not any(summary["leaks"].values())
+        run.error is None
+        and run.summary["finished"] == 8
+        and not any(run.summary["leaks"].values())
     )
 
 

@@ -26,7 +26,7 @@ SMALL = ["--requests", "2", "--prompt-len", "16:40"]
 def prefill_summary():
     s = engine.run.run_prefill(
         EngineConfig(mode="ahead"), WorkloadConfig(requests=2, prompt_len=(16, 40))
-    )
+    ).summary
     assert not any(s["leaks"].values())
     return s
 
@@ -42,18 +42,22 @@ def pd_summary():
     return s
 
 
+def _result(summary: dict) -> engine.run.PrefillResult:
+    return engine.run.PrefillResult(summary, scheduler=None, requests=[])
+
+
 @pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
 def test_run_with_leaks_exits_1(monkeypatch, capsys, prefill_summary, as_json):
     leaky = copy.deepcopy(prefill_summary)
     leaky["leaks"]["pages_unaccounted"] = 3
-    monkeypatch.setattr(engine.run, "run_prefill", lambda *a, **k: leaky)
+    monkeypatch.setattr(engine.run, "run_prefill", lambda *a, **k: _result(leaky))
     assert main(["run", *SMALL, *(["--json"] if as_json else [])]) == 1
     out = capsys.readouterr().out
     if as_json:
         assert json.loads(out)["leaks"]["pages_unaccounted"] == 3
     else:
         assert "pages=3" in out
-    monkeypatch.setattr(engine.run, "run_prefill", lambda *a, **k: prefill_summary)
+    monkeypatch.setattr(engine.run, "run_prefill", lambda *a, **k: _result(prefill_summary))
     assert main(["run", *SMALL, "--json"]) == 0
 
 

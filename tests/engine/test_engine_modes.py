@@ -32,19 +32,17 @@ from tests.helpers import reference, run_mode
 @pytest.mark.parametrize("mode", MODES)
 def test_tokens_and_kv_match_reference(mode, tmp_path):
     trace = tmp_path / f"{mode}.jsonl"
-    summary, cfg = run_mode(mode, trace_path=str(trace), verify=True)
-    assert summary["_error"] is None, summary["_error"]
+    run, cfg = run_mode(mode, trace_path=str(trace), verify=True)
+    assert run.error is None, run.error
     # the content oracle (engine/oracle.py) on every output, beside the direct checks below
-    verdict = summary["verify"]
+    verdict = run.summary["verify"]
     assert verdict["mismatches"] == [], verdict["mismatches"]
     assert verdict["requests"] == verdict["store_entries"] == 12 and verdict["cached_pages"] > 0
-    sched = summary["_scheduler"]
-    assert summary["finished"] == summary["requests"] == 12
-    assert summary["cached_tokens"] > 0, "workload should exercise the prefix cache"
-    assert any(len(r.prompt) > cfg.chunk_size for r in summary["_requests"]), (
-        "workload should chunk"
-    )
-    for req in summary["_requests"]:
+    sched = run.scheduler
+    assert run.summary["finished"] == run.summary["requests"] == 12
+    assert run.summary["cached_tokens"] > 0, "workload should exercise the prefix cache"
+    assert any(len(r.prompt) > cfg.chunk_size for r in run.requests), "workload should chunk"
+    for req in run.requests:
         first, k_ref, v_ref = reference(cfg, req.prompt, req.logit_bias)
         assert req.output_token == first, f"{mode}: {req.rid} first token differs"
         k, v = sched.receiver.kv(req.bootstrap_room)
@@ -54,7 +52,7 @@ def test_tokens_and_kv_match_reference(mode, tmp_path):
         meta = sched.receiver.rooms[req.bootstrap_room]["meta"]
         assert meta["first_token"] == first
         assert req.rid in sched.astore.store and sched.astore.store[req.rid][0] == len(req.prompt)
-    assert summary["leaks"] == {
+    assert run.summary["leaks"] == {
         "slots_in_use": 0,
         "pages_unaccounted": 0,
         "locked_cache_pages": 0,
@@ -68,8 +66,8 @@ def test_tokens_and_kv_match_reference(mode, tmp_path):
 def test_modes_agree_with_each_other():
     outs = {}
     for mode in MODES:
-        summary, _ = run_mode(mode)
-        outs[mode] = [r.output_token for r in summary["_requests"]]
+        run, _ = run_mode(mode)
+        outs[mode] = [r.output_token for r in run.requests]
     assert len({tuple(v) for v in outs.values()}) == 1, outs
 
 
@@ -81,22 +79,23 @@ def _small_pool_run():
     released (a retry). Released full pages stay in the prefix cache; four prefix groups of 6..8
     pages each cannot all fit, so a later request must evict. Eviction and retry are forced by
     the workload, not by how the forward and transfer threads interleave."""
-    summary, _ = run_mode(
+    run, _ = run_mode(
         "ahead",
         num_pages=12,
         max_batch_tokens=256,
         chunk_size=128,
         workload=WorkloadConfig(requests=20, prompt_len=(96, 120), hit=0.8, groups=4, seed=5),
     )
-    return summary
+    return run
 
 
-def _pressure_failures(summary) -> list[str]:
+def _pressure_failures(run) -> list[str]:
     """What the small-pool run must show: every request served, nothing leaked, pages evicted
     from the prefix cache, page allocations that failed and requests admitted after waiting."""
+    summary = run.summary
     mem = summary["memory"] or {}
     checks = {
-        "run error": summary["_error"] is None,
+        "run error": run.error is None,
         "all finished": summary["finished"] == 20,
         "no leaks": not any(summary["leaks"].values()),
         "evicted": mem.get("evicted_pages", 0) > 0 and mem.get("evict_calls", 0) > 0,
@@ -140,7 +139,7 @@ def _spans(events, begin, end):
 def test_admission_overlaps_forward_only_in_ahead(mode, expect, tmp_path):
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=16, prompt_len=(30, 60), hit=0.0, seed=1)
-    summary, _ = run_mode(
+    run, _ = run_mode(
         mode,
         trace_path=str(trace),
         workload=wc,
@@ -148,7 +147,7 @@ def test_admission_overlaps_forward_only_in_ahead(mode, expect, tmp_path):
         max_batch_tokens=64,
         chunk_size=64,
     )
-    assert summary["_error"] is None
+    assert run.error is None
     events = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
     fwd = _spans(events, "fwd_begin", "fwd_end")
     admits = {e["batch"]: e["seq"] for e in events if e["ev"] == "admit"}
@@ -277,8 +276,8 @@ def test_worker_exception_reaches_scheduler():
     sched_mod.PrefillScheduler.run_batch = boom
     try:
         for mode in ("thread", "ahead"):
-            summary, _ = run_mode(mode)
-            err = summary["_error"]
+            run, _ = run_mode(mode)
+            err = run.error
             assert err is not None and "injected forward failure" in str(err)
     finally:
         sched_mod.PrefillScheduler.run_batch = orig
@@ -288,7 +287,7 @@ def test_worker_exception_reaches_scheduler():
 def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
     """Regression (found by the schedule fuzzer): a chunked request that cannot get pages for its
     next chunk must stay first in line, not drop out of the queue."""
-    summary, _ = run_mode(
+    run, _ = run_mode(
         mode,
         page_size=1,
         chunk_size=4,
@@ -298,15 +297,15 @@ def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
             requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0
         ),
     )
-    assert summary["_error"] is None, summary["_error"]
-    assert summary["finished"] == 3 and not any(summary["leaks"].values())
+    assert run.error is None, run.error
+    assert run.summary["finished"] == 3 and not any(run.summary["leaks"].values())
 
 
 @pytest.mark.parametrize("mode", ["overlap", "thread", "ahead"])
 def test_a_chunk_that_cannot_get_pages_is_counted_and_admitted_later(mode):
     """41 usable pages for prompts of 34, 28 and 29 tokens (page size 1): the second request's next
     chunk waits for the first one's pages; the counters say so, and the run still finishes."""
-    summary, _ = run_mode(
+    run, _ = run_mode(
         mode,
         page_size=1,
         chunk_size=4,
@@ -316,23 +315,22 @@ def test_a_chunk_that_cannot_get_pages_is_counted_and_admitted_later(mode):
             requests=3, prompt_len=(8, 40), hit=0.0, logit_bias_frac=0.5, seed=0
         ),
     )
-    assert summary["_error"] is None, summary["_error"]
-    assert summary["finished"] == 3 and not any(summary["leaks"].values())
-    mem = summary["memory"]
+    assert run.error is None, run.error
+    assert run.summary["finished"] == 3 and not any(run.summary["leaks"].values())
+    mem = run.summary["memory"]
     assert mem["postponed_chunks"] > 0 and mem["failed_page_allocs"] > 0 and mem["retried_ok"] > 0
 
 
 def test_scripted_and_eager_forward_agree(monkeypatch):
     """The default forward (one TorchScript call per layer) and the eager fallback compute the same
-    tokens and KV; the run summary says which one ran; PDO_FORWARD picks the default."""
+    tokens and KV; the run run.summary says which one ran; PDO_FORWARD picks the default."""
     outs = {}
     for impl in ("script", "eager"):
-        summary, _ = run_mode("ahead", forward=impl)
-        assert summary["_error"] is None and summary["forward"] == impl
-        sched = summary["_scheduler"]
+        run, _ = run_mode("ahead", forward=impl)
+        assert run.error is None and run.summary["forward"] == impl
+        sched = run.scheduler
         outs[impl] = {
-            r.rid: (r.output_token, *sched.receiver.kv(r.bootstrap_room))
-            for r in summary["_requests"]
+            r.rid: (r.output_token, *sched.receiver.kv(r.bootstrap_room)) for r in run.requests
         }
     for rid, (tok, k, v) in outs["script"].items():
         etok, ek, ev = outs["eager"][rid]
@@ -340,9 +338,9 @@ def test_scripted_and_eager_forward_agree(monkeypatch):
         torch.testing.assert_close(k, ek, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(v, ev, atol=2e-4, rtol=1e-4)
     monkeypatch.setenv("PDO_FORWARD", "eager")
-    assert run_mode("normal")[0]["forward"] == "eager"
+    assert run_mode("normal")[0].summary["forward"] == "eager"
     monkeypatch.setenv("PDO_FORWARD", "script")
-    assert run_mode("normal")[0]["forward"] == "script"
+    assert run_mode("normal")[0].summary["forward"] == "script"
     with pytest.raises(ValueError):
         EngineConfig(forward="jit")
 

@@ -14,7 +14,7 @@ from tests.helpers import reference, run_mode
 def test_triton_backend_matches_reference(mode, tmp_path):
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=4, prompt_len=(20, 70), hit=0.8, groups=1, seed=2)
-    summary, cfg = run_mode(
+    run, cfg = run_mode(
         mode,
         trace_path=str(trace),
         workload=wc,
@@ -23,17 +23,17 @@ def test_triton_backend_matches_reference(mode, tmp_path):
         chunk_size=32,
         page_size=8,
     )
-    assert summary["_error"] is None, summary["_error"]
-    assert summary["attention_backend"] == "triton"
-    assert summary["cached_tokens"] > 0 and summary["batches"] >= 3
-    sched = summary["_scheduler"]
-    for req in summary["_requests"]:
+    assert run.error is None, run.error
+    assert run.summary["attention_backend"] == "triton"
+    assert run.summary["cached_tokens"] > 0 and run.summary["batches"] >= 3
+    sched = run.scheduler
+    for req in run.requests:
         first, k_ref, v_ref = reference(cfg, req.prompt, req.logit_bias)
         assert req.output_token == first
         k, v = sched.receiver.kv(req.bootstrap_room)
         torch.testing.assert_close(k, k_ref, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(v, v_ref, atol=2e-4, rtol=1e-4)
-    assert not any(summary["leaks"].values())
+    assert not any(run.summary["leaks"].values())
     assert check_file(str(trace)).ok
 
 

@@ -38,7 +38,9 @@ def _run(tmp_path, name="t.jsonl", mode="thread", requests=8, **kw):
     cfg = EngineConfig(
         mode=mode, device="cpu", dtype="float32", inject=frozenset(kw.pop("inject", ()))
     )
-    return path, run_prefill(cfg, WorkloadConfig(requests=requests), trace_path=str(path), **kw)
+    return path, run_prefill(
+        cfg, WorkloadConfig(requests=requests), trace_path=str(path), **kw
+    ).summary
 
 
 def _slow_run(trace: Path) -> subprocess.Popen:

@@ -49,8 +49,8 @@ def _cached_pages_overwritten(monkeypatch):
 @pytest.mark.parametrize("mode", ["normal", "ahead"])
 def test_wrong_attention_store_entry_is_caught(monkeypatch, mode):
     _store_copies_from_the_wrong_page(monkeypatch)
-    summary, _ = run_mode(mode, verify=True)
-    bad = summary["verify"]["mismatches"]
+    run, _ = run_mode(mode, verify=True)
+    bad = run.summary["verify"]["mismatches"]
     assert bad and all("AttentionStore entry: K layer 0 position" in m for m in bad), bad
     # what leaves the engine otherwise is right: only the store's content shows the bug
     assert not any("first token" in m or "received KV" in m for m in bad)
@@ -59,8 +59,8 @@ def test_wrong_attention_store_entry_is_caught(monkeypatch, mode):
 @pytest.mark.parametrize("mode", ["overlap", "thread"])
 def test_cached_page_written_after_caching_is_caught(monkeypatch, mode):
     _cached_pages_overwritten(monkeypatch)
-    summary, _ = run_mode(mode, verify=True)
-    bad = summary["verify"]["mismatches"]
+    run, _ = run_mode(mode, verify=True)
+    bad = run.summary["verify"]["mismatches"]
     assert any("prefix page: pool page" in m and "K layer 0 position" in m for m in bad), bad
 
 

@@ -105,7 +105,6 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
         EngineConfig(mode="ahead", max_batch_tokens=128),
         WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3),
         tracer=tr,
-        keep_scheduler=True,
     )
     vocab = load_events()["prefill"]
     assert tr.declared and set(tr.declared) <= set(vocab)
@@ -115,9 +114,9 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
         assert len(set(names)) == len(names), ev
     # ...and the values land in their fields: each request's rid with its own object, its slot, its
     # batches; the tokens sent add up to its prompt, in page counts that fit them
-    events, reqs = tr.events, {r.rid: r for r in s["_requests"]}
+    events, reqs = tr.events, {r.rid: r for r in s.requests}
     assert {e["ev"] for e in events} == set(tr.declared)  # every declared event was logged here
-    objs, page = {}, s["_scheduler"].cfg.page_size
+    objs, page = {}, s.scheduler.cfg.page_size
     for e in events:
         if "rid" in e:  # the AttentionStore's events name the request by rid alone
             assert e["rid"] in reqs, e
@@ -135,4 +134,4 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
             if e["ev"] in ("kv_send", "prefix_send") and e["rid"] == rid
         )
         assert sent == len(r.prompt)
-    assert [e["batch"] for e in events if e["ev"] == "admit"] == list(range(s["batches"]))
+    assert [e["batch"] for e in events if e["ev"] == "admit"] == list(range(s.summary["batches"]))
