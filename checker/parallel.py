@@ -75,6 +75,26 @@ def _lost_worker_errors(ray) -> tuple:
     )
 
 
+def _ray_messages_to_stderr(ray) -> Callable[[], None]:
+    """Ray's driver prints what its raylets report (such as "A worker died or was killed while
+    executing a task") on stdout, which is the command's answer: send it to stderr. Returns what
+    undoes it. Ray's printer is internal; a release without it is left as it is."""
+    module = getattr(getattr(ray, "_private", None), "worker", None)
+    original = getattr(module, "print_to_stdstream", None)
+    if original is None:
+        return lambda: None
+
+    def to_stderr(data, ignore_prefix):
+        return original({**data, "is_err": True}, ignore_prefix)
+
+    module.print_to_stdstream = to_stderr
+
+    def restore() -> None:
+        module.print_to_stdstream = original
+
+    return restore
+
+
 class RayPool:
     """Tasks on a Ray cluster: the one at `address` (`ray start --head` prints it; "auto" finds the
     one this machine belongs to), or, for RAY_LOCAL, a Ray instance started here with `cpus` CPUs
@@ -101,6 +121,7 @@ class RayPool:
         except (ConnectionError, ValueError, RuntimeError) as exc:
             detail = " ".join(str(exc).split())[:300]
             raise BadInput(f"--ray {address}: cannot start or reach Ray: {detail}") from None
+        self._restore = _ray_messages_to_stderr(ray)
         resources = ray.cluster_resources()
         self.jobs = max(1, int(resources.get("CPU", 1)))
         self.nodes = len([n for n in ray.nodes() if n.get("Alive")])
@@ -120,6 +141,7 @@ class RayPool:
 
     def __exit__(self, *exc) -> None:
         self._ray.shutdown()
+        self._restore()
 
 
 class RayTask:
