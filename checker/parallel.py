@@ -54,6 +54,11 @@ class WorkerPool:
         self._ex.shutdown(wait=True, cancel_futures=True)
 
 
+class TaskLost(Exception):
+    """A task whose worker or node died on every one of its RAY_RETRIES + 1 runs: the job cannot
+    give its answer (`pdo` exits 1, a run that failed, in one line)."""
+
+
 def _ray():
     try:
         import ray
@@ -155,9 +160,13 @@ class RayTask:
         for attempt in range(RAY_RETRIES + 1):
             try:
                 return self.pool._ray.get(self._ref)
-            except self.pool._lost:
+            except self.pool._lost as exc:
                 if attempt == RAY_RETRIES:
-                    raise
+                    why = " ".join(str(exc).split())[:300]
+                    raise TaskLost(
+                        f"a Ray task's worker or node died {attempt + 1} time(s) in a row "
+                        f"({type(exc).__name__}: {why})"
+                    ) from None
                 self.pool.retries += 1
                 self._ref = self._remote.remote(*self._args)
 

@@ -8,7 +8,7 @@ sub-command's `validate` (set with set_defaults) checks what spans options (a `-
 Exit codes (engine/cli/exits.py, README "Exit codes"): bad input -- a BadInput (spec/errors.py),
 a TraceFormatError, an engine ConfigError, an OSError (a file that cannot be opened), an argparse
 error -- prints one line and exits 2; a run that failed (a PD role's PDError, an engine's
-EngineError: stuck or failed) one line and exit 1; any other exception is a bug in pdo: one line
+EngineError: stuck or failed, a Ray task lost with its worker: TaskLost) one line and exit 1; any other exception is a bug in pdo: one line
 saying so, exit 70, and the traceback only with `pdo --debug` (or PDO_DEBUG=1)."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ try:  # Ctrl-C while pdo starts (these imports take a second): exit 130, no trac
     import engine.bench.cli
     import engine.sglang.conform
     import spec.cli
+    from checker.parallel import TaskLost
     from engine.decode.config import PDError
     from engine.errors import ConfigError, EngineError
     from spec.errors import BadInput
@@ -37,8 +38,9 @@ except KeyboardInterrupt:
 
 # The bad input classes, named explicitly: anything else escaping a sub-command is a bug in pdo.
 BAD_INPUT_TYPES = (BadInput, ConfigError, OSError)
-# A run that failed: a role of a PD run, or the engine itself (stuck, a failed transfer).
-FAILED_RUN_TYPES = (PDError, EngineError)
+# A run that failed: a role of a PD run, the engine itself (stuck, a failed transfer), or a Ray
+# task lost with its worker on every try.
+FAILED_RUN_TYPES = (PDError, EngineError, TaskLost)
 
 EXIT_CODES_HELP = (
     "exit codes: 0 pass, 1 violation or failed run, 2 bad input, 3 no verdict (incomplete), "

@@ -131,6 +131,20 @@ def test_a_two_node_cluster_survives_a_killed_worker_with_the_same_verdicts(ray,
     assert rc1 == rc2 and one == two
 
 
+def test_a_task_whose_worker_always_dies_runs_again_then_is_lost(ray):
+    """A task that kills its own worker: run RAY_RETRIES more times, each counted, then TaskLost
+    (`pdo` reports it as a run that failed, exit 1, one line)."""
+    from checker.parallel import RAY_RETRIES, RayPool, TaskLost, in_order
+
+    def exit_worker(code):  # pickled by value: the worker need not import this module
+        os._exit(code)
+
+    with RayPool(cpus=1) as pool:
+        with pytest.raises(TaskLost, match=f"died {RAY_RETRIES + 1} time"):
+            list(in_order(pool, exit_worker, [(3,)]))
+        assert pool.retries == RAY_RETRIES
+
+
 # ---- trace sets --------------------------------------------------------------------------------
 def _write_sets(folder, n: int) -> None:
     """n runs of `pdo run` and `pdo run --pd` into `folder` (scripts/trace_fleet.py, a fresh
