@@ -103,7 +103,9 @@ def _ray_messages_to_stderr(ray) -> Callable[[], None]:
 class RayPool:
     """Tasks on a Ray cluster: the one at `address` (`ray start --head` prints it; "auto" finds the
     one this machine belongs to), or, for RAY_LOCAL, a Ray instance started here with `cpus` CPUs
-    (default: this machine's) and shut down at the end. A context manager.
+    (default: this machine's) and shut down at the end. A process already connected to Ray (a
+    script or a test that called ray.init) keeps its connection: the tasks run there, and it stays
+    up. A context manager.
 
     Ray runs each task once (max_retries=0); when the worker or the node running it dies, `result`
     submits it again, up to RAY_RETRIES times, and counts it in `retries`. Done here rather than
@@ -117,11 +119,12 @@ class RayPool:
         self._lost = _lost_worker_errors(ray)
         # quiet: the command's output is its own, the same as without --ray
         opts = {"log_to_driver": False, "logging_level": logging.ERROR}
+        self._own = not ray.is_initialized()
         try:
-            if address == RAY_LOCAL:
+            if self._own and address == RAY_LOCAL:
                 cpus = cpus or os.cpu_count() or 1
                 ray.init(num_cpus=cpus, include_dashboard=False, **opts)
-            else:
+            elif self._own:
                 ray.init(address=address, **opts)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             detail = " ".join(str(exc).split())[:300]
@@ -145,7 +148,8 @@ class RayPool:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._ray.shutdown()
+        if self._own:
+            self._ray.shutdown()
         self._restore()
 
 

@@ -31,6 +31,23 @@ def ray():
     return pytest.importorskip("ray")
 
 
+@pytest.fixture(scope="module")
+def _shared_instance():
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(ray, _shared_instance):
+    """`ray.init(num_cpus=2)`, once for the tests that share it (`--ray` runs on the instance this
+    process is connected to, and leaves it up)."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=int(RAY_CPUS), include_dashboard=False, log_to_driver=False)
+    return ray
+
+
 def _run(argv) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -61,15 +78,29 @@ def test_ray_not_installed_is_one_line_naming_the_option_and_the_install(
 
 
 # ---- fuzz campaigns ----------------------------------------------------------------------------
-def test_local_ray_gives_the_output_of_jobs_1(ray, tmp_path):
+def test_local_ray_gives_the_output_of_jobs_1(local_ray, tmp_path):
     """A mutant campaign on `ray.init(num_cpus=2)`: the same first failing index, failures, shrunk
     case and replay command as one process, every schedule accounted for."""
     args = ["fuzz", "--inject", "no-war-barrier", "--schedules", "8", "--out", str(tmp_path)]
     rc1, one, _ = _run([*args, "--jobs", "1"])
-    rc2, two, err = _run([*args, "--ray", "--ray-cpus", RAY_CPUS])
+    rc2, two, err = _run([*args, "--ray"])
     assert rc1 == rc2 == 1 and one == two and "replay: pdo fuzz --replay" in one
     assert "a local Ray instance: 1 node(s), 2 CPU(s)" in err and _retries(err) == 0
-    assert not ray.is_initialized()  # the instance the command started is shut down
+    assert local_ray.is_initialized()  # not the command's: left up
+
+
+def test_a_task_whose_worker_always_dies_runs_again_then_is_lost(local_ray):
+    """A task that kills its own worker: run RAY_RETRIES more times, each counted, then TaskLost
+    (`pdo` reports it as a run that failed, exit 1, one line)."""
+    from checker.parallel import RAY_RETRIES, RayPool, TaskLost, in_order
+
+    def exit_worker(code):  # pickled by value: the worker need not import this module
+        os._exit(code)
+
+    with RayPool() as pool:
+        with pytest.raises(TaskLost, match=f"died {RAY_RETRIES + 1} time"):
+            list(in_order(pool, exit_worker, [(3,)]))
+        assert pool.retries == RAY_RETRIES
 
 
 def _busy_workers(raylet_pid: int, task: str) -> list[int]:
@@ -108,6 +139,8 @@ def test_a_two_node_cluster_survives_a_killed_worker_with_the_same_verdicts(ray,
     statistics included, is the one process's."""
     from ray.cluster_utils import Cluster
 
+    ray.shutdown()  # the shared local instance, if a test before this one started it
+
     args = ["fuzz", "--pd", "--schedules", "16", "--out", str(tmp_path)]
     rc1, one, _ = _run([*args, "--jobs", "1"])
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -129,20 +162,6 @@ def test_a_two_node_cluster_survives_a_killed_worker_with_the_same_verdicts(ray,
     assert killed, "no worker of the second node ran a schedule"
     assert "2 node(s), 2 CPU(s)" in err and _retries(err) >= 1
     assert rc1 == rc2 and one == two
-
-
-def test_a_task_whose_worker_always_dies_runs_again_then_is_lost(ray):
-    """A task that kills its own worker: run RAY_RETRIES more times, each counted, then TaskLost
-    (`pdo` reports it as a run that failed, exit 1, one line)."""
-    from checker.parallel import RAY_RETRIES, RayPool, TaskLost, in_order
-
-    def exit_worker(code):  # pickled by value: the worker need not import this module
-        os._exit(code)
-
-    with RayPool(cpus=1) as pool:
-        with pytest.raises(TaskLost, match=f"died {RAY_RETRIES + 1} time"):
-            list(in_order(pool, exit_worker, [(3,)]))
-        assert pool.retries == RAY_RETRIES
 
 
 # ---- trace sets --------------------------------------------------------------------------------
@@ -189,7 +208,9 @@ def test_check_ray_gives_each_trace_set_the_verdict_of_pdo_check(ray, tmp_path):
     whole = (runs / "run000.jsonl").read_text().splitlines(keepends=True)
     (extra / "cut.jsonl").write_text("".join(whole[: len(whole) // 2]))  # no trace_end
     (extra / "junk.jsonl").write_text("not json\n")
+    ray.shutdown()  # the command starts its own instance and shuts it down
     got = _fleet_matches_check_of_each_set(tmp_path / "fleet", 8)
+    assert not ray.is_initialized()
     assert sorted(set(got["codes"])) == [0, 1, 2, 3], got["codes"]
     pd = next(s for s in got["fleet"] if s["set"].endswith("pd001"))
     assert [os.path.basename(t) for t in pd["traces"]] == [
