@@ -103,6 +103,37 @@ def test_a_task_whose_worker_always_dies_runs_again_then_is_lost(local_ray):
         assert pool.retries == RAY_RETRIES
 
 
+def _sglang_missing() -> str | None:
+    from engine.sglang import SGLangUnavailable, check_version
+
+    try:
+        check_version()
+    except SGLangUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PDO_SLOW") != "1", reason="each worker loads SGLang: PDO_SLOW=1"
+)
+def test_conform_on_ray_gives_the_output_of_one_process(local_ray, tmp_path):
+    """`pdo conform sglang --fuzz` on Ray: the stdout of one process; with --stop-at-first (under
+    a mutant that the first scenario misses) the one run reported, the rest cancelled."""
+    missing = _sglang_missing()
+    if missing:
+        pytest.skip(missing)
+    base = ["conform", "sglang", "--trace-dir", str(tmp_path)]
+    for extra in (
+        ["--scenario", "decode-arrivals", "--fuzz", "2"],
+        ["--mutant", "no-stale-cancel", "--fuzz", "3", "--stop-at-first"],
+    ):
+        rc1, one, _ = _run([*base, *extra])
+        rc2, two, err = _run([*base, *extra, "--ray"])
+        assert rc1 == rc2 and one == two and _retries(err) == 0, (one, two)
+    assert rc1 == 1 and sum(line.startswith(("ok ", "BAD ")) for line in one.splitlines()) == 1
+
+
 def _busy_workers(raylet_pid: int, task: str) -> list[int]:
     """The worker processes of the raylet running a task of function `task` (Ray titles a busy
     worker `ray::<function>`)."""
