@@ -56,7 +56,8 @@ def run(a) -> int:
     try:
         results = _run_all(a, runs)
     except versions.VersionError as exc:  # a Ray worker with another SGLang
-        print(f"pdo conform: {exc}", file=sys.stderr)
+        cause = getattr(exc, "cause", exc)  # Ray's error wraps the worker's
+        print(f"pdo conform: {' '.join(str(cause).split())}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps(results, indent=1))

@@ -5,28 +5,32 @@ command's: every node of a cluster must have the same one."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 from .. import versions
 from . import driver, mutants
 
-_LOADED: dict = {}  # "sgl", "scenarios": this process's SGLang, once
+
+@functools.cache
+def _session(release: str | None) -> tuple:
+    """This process's SGLang (the release asked for, when none is imported yet) and its
+    scenarios by name, loaded once."""
+    if release is not None and "sglang" not in sys.modules:
+        versions.use(release)
+    sgl = driver.session()
+    return sgl, dict(driver.all_scenarios(sgl))
 
 
 def _scenarios(release: str | None, expected: str):
-    if not _LOADED:
-        if release is not None and "sglang" not in sys.modules:
-            versions.use(release)
-        sgl = driver.session()
-        _LOADED.update(sgl=sgl, scenarios=dict(driver.all_scenarios(sgl)))
-    sgl = _LOADED["sgl"]
+    sgl, scenarios = _session(release)
     if sgl.version != expected:
         raise versions.VersionError(
             f"a worker runs SGLang {sgl.version}, the command {expected}: every node needs the "
             "same release"
         )
-    return sgl, _LOADED["scenarios"]
+    return sgl, scenarios
 
 
 def run_one(
