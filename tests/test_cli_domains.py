@@ -120,6 +120,8 @@ BAD = [
     (["trace", "plot", "t.jsonl", "-o", "x.png", "--width", "100", "--dpi", "1200"], "--width"),
     (["trace", "plot", "t.jsonl", "-o", "x.png", "--batches", "5:2"], "--batches"),
     (["fuzz", "--jobs", "0"], "--jobs"),
+    (["fuzz", "--ray-cpus", "0"], "--ray-cpus"),
+    (["check", "--ray", "--ray-cpus", "0", "t.jsonl"], "--ray-cpus"),
     (["fuzz", "--hit", "-0.5"], "--hit"),
     (["bench", "prefill", "--modes", "bogus"], "--modes"),
     (["bench", "decode", "--rate", "1e-9"], "--rate"),

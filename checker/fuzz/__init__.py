@@ -15,12 +15,13 @@ search (campaigns and the bounded search), shrink, casefile (failing cases on di
 
 from __future__ import annotations
 
+from ..parallel import WorkerPool
 from .casefile import load_case, save_case
 from .cases import Case, PDCase, draw_pd_case, pct_steps, pd_draws
 from .controller import Controller, ManagedThread, StepLimit
 from .pressure import CampaignStats, pressure_bounds, pressure_draws, with_pressure
 from .runs import CLIENT_ABORT, Outcome, run_case, run_pd_case, run_prefill_case
-from .search import WorkerPool, campaign, dfs_schedules, find_bug, run_drawn
+from .search import campaign, dfs_schedules, find_bug, run_drawn
 from .shrink import shrink
 from .strategies import PCT, Default, Indices, RandomWalk, Replay, ScheduleDiverged, make_strategy
 

@@ -16,12 +16,12 @@ from engine.config import MODES
 from engine.inject import DECODE_MUTANTS, MUTANTS
 from spec import domains as d
 
+from ..parallel import Progress, add_ray_args, executor, ray_summary
 from . import (
     CampaignStats,
     Case,
     PDCase,
     Replay,
-    WorkerPool,
     find_bug,
     load_case,
     pd_draws,
@@ -44,25 +44,6 @@ MUTANT_MODE = {m: "ahead" for m in MUTANTS}
 ALL_MUTANTS = {**MUTANTS, **DECODE_MUTANTS}
 INCOMPLETE = 3  # no verdict (engine/cli/exits.py, which imports this module through engine.cli)
 MAX_CASE_REQUESTS = 64  # a case is a small run: hundreds of schedules a minute
-
-
-class Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.t0 = total, enabled, time.perf_counter()
-
-    def __call__(self, done: int, events: int, failed: bool):
-        if not self.enabled:
-            return
-        width = 24
-        fill = int(width * done / max(1, self.total))
-        rate = events / max(1e-9, time.perf_counter() - self.t0)
-        sys.stderr.write(
-            f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} schedules, "
-            f"{events} events checked ({rate:,.0f}/s), violations: {int(failed)}"
-        )
-        sys.stderr.flush()
-        if done == self.total or failed:
-            sys.stderr.write("\n")
 
 
 def _case_from_args(a) -> Case:
@@ -232,14 +213,17 @@ def _campaign_result(a, idx, out, label: str, stats: CampaignStats, what: str) -
 
 
 def _pool(a):
-    """The worker processes of --jobs N (none for 1): the same verdicts as one process."""
-    return WorkerPool(a.jobs) if a.jobs > 1 else contextlib.nullcontext()
+    """Where the schedules run: Ray (--ray), N worker processes (--jobs N), or this process; the
+    same verdicts as one process."""
+    return executor(jobs=a.jobs, ray=a.ray, ray_cpus=a.ray_cpus)
 
 
 def _campaign(a) -> int:
     """Fuzz one prefill case, or PD cases drawn per schedule; on a failure, save and shrink it."""
     with _pool(a) as pool:
-        return _campaign_in(a, pool)
+        code = _campaign_in(a, pool)
+        ray_summary("fuzz", pool)
+        return code
 
 
 def _campaign_in(a, pool) -> int:
@@ -290,8 +274,9 @@ def cmd_fuzz(a) -> int:
         return _list_mutants()
     if a.inject and not a.mutants and any(m in DECODE_MUTANTS for m in a.inject):
         a.pd = True  # a decode mutant needs the decode side: PD cases
-    if a.jobs > 1 and a.strategy == "dfs":
-        return _error("--strategy dfs is one sequential search; --jobs needs pct or random")
+    if (a.jobs > 1 or a.ray is not None) and a.strategy == "dfs":
+        which = "--ray" if a.ray is not None else "--jobs"
+        return _error(f"--strategy dfs is one sequential search; {which} needs pct or random")
     if a.replay:
         return _replay(a)
     if a.mutants:
@@ -341,7 +326,9 @@ def _mutant_table(a) -> int:
             "--strategy dfs runs one fixed prefill case; decode mutants need pct or random"
         )
     with _pool(a) as pool:
-        return _mutant_table_in(a, names, pool)
+        code = _mutant_table_in(a, names, pool)
+        ray_summary("fuzz", pool)
+        return code
 
 
 def _mutant_table_in(a, names, pool) -> int:
@@ -402,6 +389,7 @@ def register(sub) -> None:
         default=1,
         help="run the schedules in N worker processes (same verdicts and replay command as 1)",
     )
+    add_ray_args(p, "the schedules")
     p.add_argument(
         "--model-every",
         type=d.integer(0, 1_000_000),

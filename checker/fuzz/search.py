@@ -3,10 +3,7 @@ exhaustive search over preemptions (`dfs_schedules`)."""
 
 from __future__ import annotations
 
-import collections
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-
+from ..parallel import in_order
 from .cases import Case, pct_steps
 from .runs import MODEL_EVERY, MODEL_TIMEOUT_MS, run_case
 from .strategies import Replay, make_strategy
@@ -75,25 +72,6 @@ def _run_drawn_slim(case, strategy: str, seed: int, i: int, draw, judges: tuple)
     return run_drawn(case, strategy, seed, i, draw, *judges).slim()
 
 
-class WorkerPool:
-    """The processes of `pdo fuzz --jobs N`: spawned (a fork would copy the parent's threads and
-    torch's state), each one runs whole schedules. A context manager."""
-
-    def __init__(self, jobs: int):
-        self.jobs = jobs
-        ctx = multiprocessing.get_context("spawn")
-        self._ex = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-
-    def submit(self, fn, *args):
-        return self._ex.submit(fn, *args)
-
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._ex.shutdown(wait=True, cancel_futures=True)
-
-
 def campaign(
     case,
     strategy: str,
@@ -106,28 +84,17 @@ def campaign(
     model_timeout_ms: int = MODEL_TIMEOUT_MS,
 ):
     """The outcomes of `schedules` drawn schedules, yielded in schedule-index order. With `pool`
-    (WorkerPool) the schedules run in its processes, a window of them ahead of the one yielded;
-    the outcomes are those of one process (each schedule depends on (seed, index) only), without
-    their traces. Closing the generator early cancels what has not started."""
+    (an executor of checker.parallel: WorkerPool, RayPool) the schedules run there, a window of
+    them ahead of the one yielded; the outcomes are those of one process (each schedule depends on
+    (seed, index) only), without their traces. Closing the generator early cancels what has not
+    run."""
     judges = (model_every, model_timeout_ms)
     if pool is None:
         for i in range(schedules):
             yield run_drawn(case, strategy, seed, i, draw, *judges)
         return
-    window = 2 * pool.jobs
-    pending: collections.deque = collections.deque()
-    nxt = 0
-    try:
-        while nxt < schedules or pending:
-            while nxt < schedules and len(pending) < window:
-                pending.append(
-                    pool.submit(_run_drawn_slim, case, strategy, seed, nxt, draw, judges)
-                )
-                nxt += 1
-            yield pending.popleft().result()
-    finally:
-        for fut in pending:
-            fut.cancel()
+    tasks = ((case, strategy, seed, i, draw, judges) for i in range(schedules))
+    yield from in_order(pool, _run_drawn_slim, tasks)
 
 
 def find_bug(
@@ -145,7 +112,7 @@ def find_bug(
 ):
     """Run up to `schedules` schedules; return (index, outcome) of the first failing one, or
     (None, events checked). `draw(i)`, if given, makes a fresh case for schedule i (the outcome
-    carries it as `.case`). `pool`: run them in worker processes (campaign); the answer is the
+    carries it as `.case`). `pool`: run them on that executor (campaign); the answer is the
     same. `stats` (a CampaignStats), if given, sums every run's memory counters and what each
     judge judged. `model_every`: refinement on every that many schedules (1: all, 0: none), z3
     given `model_timeout_ms` per trace."""

@@ -6,17 +6,26 @@ import argparse
 import json
 
 from checker import refine
+from checker.parallel import add_ray_args
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
+from checker.trace_sets import verdict
 from spec import domains as d
 from spec.errors import BadInput
 
-from . import exits
+from . import check_fleet, exits
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify trace file(s) against the rules in spec/")
-    p.add_argument("traces", nargs="+", type=d.path(), metavar="TRACE")
+    # "*": `pdo check --ray DIR` gives DIR to --ray, and check_fleet.validate takes it back
+    p.add_argument(
+        "traces",
+        nargs="*",
+        type=d.path(),
+        metavar="TRACE",
+        help="trace files; with --ray, folders (every trace set under them) or files",
+    )
     p.add_argument("--json", action="store_true", help="print the reports as one JSON array")
     p.add_argument(
         "--engine", choices=["linear", "z3"], default="linear", help="checker (default: linear)"
@@ -47,10 +56,18 @@ def register(sub) -> None:
         help="with --predict: rerun each predicted reordering under the fuzz controller and say "
         "whether the engine really breaks the rule",
     )
-    p.set_defaults(fn=cmd_check)
+    add_ray_args(p, "one task per trace set (the files of one run) under the folders given")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="with --ray: show progress even when stderr is not a terminal",
+    )
+    p.set_defaults(fn=cmd_check, validate=check_fleet.validate)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        return check_fleet.cmd_check_ray(args)
     if args.engine == "z3":  # the second checker: z3 constraints, unsat cores on a violation
         return _check_z3(args.traces, args.json)
     if args.perfetto and len(args.traces) != 1:
@@ -76,13 +93,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(refine.text(model))
         for _, text in predicted:
             print(text)
-    if any(not p["ok"] for p, _ in predicted):
+    if any(not p["ok"] for p, _ in predicted) or any(m.judged and not m.ok for m in models):
         return exits.FAILED
-    if not all(r.ok for r in results) or any(m.judged and not m.ok for m in models):
-        return exits.FAILED
-    if any(not r.complete for r in results) or any(not m.complete for m in models):
-        return exits.INCOMPLETE  # a truncated trace, or a model not judged: never a pass
-    return exits.OK
+    code = verdict(results)  # a truncated trace is never a pass
+    if code == exits.OK and any(not m.complete for m in models):
+        return exits.INCOMPLETE  # a model not judged: never a pass
+    return code
 
 
 def _check_z3(paths: list[str], json_out: bool) -> int:

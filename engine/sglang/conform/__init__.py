@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 
+from checker.parallel import add_ray_args
 from spec import domains as d
 
 from .. import SGLangUnavailable, check_version, range_warning, versions
@@ -66,6 +67,16 @@ def register(sub) -> None:
         default=None,
         metavar="S",
         help="run each scenario under schedule S only (what a failing --fuzz run prints to replay)",
+    )
+    p.add_argument(
+        "--stop-at-first",
+        action="store_true",
+        help="stop at the first run that does not meet its expectation (with --ray: cancel the "
+        "runs not yet done)",
+    )
+    add_ray_args(p, "each (scenario, schedule) run")
+    p.add_argument(
+        "--progress", action="store_true", help="show progress even when stderr is not a terminal"
     )
     p.add_argument(
         "--list", action="store_true", help="list the scenarios and the mutants, then exit"

@@ -6,13 +6,16 @@ mutation of SGLang (mutants.py) is applied, and the outcome is `flagged` when a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
 
-from .. import hooks
-from . import decode_life, decode_scenarios, driver, mutants, prefill_life, prefill_scenarios
+from checker.parallel import Progress, executor, in_order, ray_summary
+
+from .. import hooks, versions
+from . import decode_life, decode_scenarios, driver, mutants, prefill_life, prefill_scenarios, tasks
 
 
 def run(a) -> int:
@@ -44,16 +47,42 @@ def run(a) -> int:
         return 2
     trace_dir = _trace_dir(a)
     seeds = [a.fuzz_seed] if a.fuzz_seed is not None else [None, *range(a.fuzz)]
-    results = [
-        driver.run_scenario(sgl, name, scenario, trace_dir, mutant, seed)
-        for name, scenario in chosen
+    mutant_name = mutant.name if mutant else None
+    runs = [
+        (a.sglang_version, sgl.version, name, mutant_name, trace_dir, seed)
+        for name, _ in chosen
         for seed in seeds
     ]
+    try:
+        results = _run_all(a, runs)
+    except versions.VersionError as exc:  # a Ray worker with another SGLang
+        cause = getattr(exc, "cause", exc)  # Ray's error wraps the worker's
+        print(f"pdo conform: {' '.join(str(cause).split())}", file=sys.stderr)
+        return 2
     if a.json:
         print(json.dumps(results, indent=1))
     else:
         _print_results(sgl, results, trace_dir)
     return 0 if all(driver.met(r) for r in results) else 1
+
+
+def _run_all(a, runs: list[tuple]) -> list[dict]:
+    """The outcome of every (scenario, schedule) run, in order: in this process, or as Ray tasks
+    (--ray); with --stop-at-first, up to the first that does not meet its expectation (what was
+    not run yet is cancelled)."""
+    with executor(ray=a.ray, ray_cpus=a.ray_cpus) as pool:
+        prog = Progress(
+            len(runs), a.progress or (a.ray is not None and sys.stderr.isatty()), "runs"
+        )
+        results = []
+        with contextlib.closing(in_order(pool, tasks.run_one, runs)) as outcomes:
+            for r in outcomes:
+                results.append(r)
+                prog(len(results), None, not driver.met(r))
+                if a.stop_at_first and not driver.met(r):
+                    break
+        ray_summary("conform", pool)
+    return results
 
 
 def _inapplicable(sgl) -> dict[str, str]:
