@@ -23,8 +23,8 @@
 # release and the exact set its scheduler modules import, and torchvision is the build that matches
 # the torch above (0.28.0 for 2.13, 0.29.1 for 2.14). The oldest supported release goes beside it,
 # in .sglang/<version>/ (engine/sglang/versions.py: its wheel and the pins the shared set does not
-# meet), so that the tests run both ends of the range. The engine, the checker and the main job never
-# need SGLang.
+# meet), so that the tests run both ends of the range, and the optional Ray extra (for --ray). The
+# engine, the checker and the main job never need SGLang or Ray.
 #
 # Idempotent: a second run, with pyproject.toml, the SGLang list and this script unchanged since the
 # last complete run (stamps in .venv record them), installs nothing and only checks the versions.
@@ -55,6 +55,7 @@ fi
 test_key="$key $(cat scripts/sglang-requirements.txt | sha256sum | cut -c1-16)"
 if (( tests )) && [[ "$(cat "$stamp.test" 2>/dev/null)" != "$test_key" ]]; then
   .venv/bin/pip install -q --no-deps -r scripts/sglang-requirements.txt "torchvision==$vision"
+  .venv/bin/pip install -q -e ".[ray]"  # the optional extra, for tests/checker/test_ray.py
   .venv/bin/python -m engine.sglang.versions install --oldest
   echo "$test_key" >"$stamp.test"
 fi
