@@ -7,8 +7,14 @@ import json
 
 import pytest
 
+from checker.bench import bench_checker, format_checker, make_big_trace
 from checker.linear import check_file
-from engine import bench
+from engine.bench.knobs import engine_workload
+from engine.bench.prefill import DEFAULT_LAUNCH_COST_US, bench_prefill, run_one
+from engine.bench.progress import Progress
+from engine.bench.stats import pct
+from engine.bench.trace_metrics import intersection, length, trace_metrics, union
+from engine.bench.trace_overhead import bench_trace_overhead, emit_cost_ns, format_trace_overhead
 from engine.cli import main
 
 
@@ -17,10 +23,10 @@ def _ev(seq, t_us, thread, ev, **f):
 
 
 def test_intervals():
-    u = bench._union([(5, 7), (0, 2), (1, 3), (6, 9), (10, 10)])
-    assert u == [(0, 3), (5, 9)] and bench._length(u) == 7
-    assert bench._intersection(u, [(2, 6), (8, 20)]) == 1 + 1 + 1
-    assert bench._pct([1, 2, 3, 4], 50) == 2.5 and bench._pct([7], 99) == 7
+    u = union([(5, 7), (0, 2), (1, 3), (6, 9), (10, 10)])
+    assert u == [(0, 3), (5, 9)] and length(u) == 7
+    assert intersection(u, [(2, 6), (8, 20)]) == 1 + 1 + 1
+    assert pct([1, 2, 3, 4], 50) == 2.5 and pct([7], 99) == 7
 
 
 def test_trace_metrics_overlap_efficiency():
@@ -35,7 +41,7 @@ def test_trace_metrics_overlap_efficiency():
         _ev(7, 260, "scheduler", "process_end", batch=0),
         _ev(8, 300, "forward", "fwd_end", batch=1),
     ]
-    m = bench.trace_metrics(evs)
+    m = trace_metrics(evs)
     assert m["sched_busy_ms"] == pytest.approx(0.160) and m["fwd_busy_ms"] == pytest.approx(0.150)
     assert m["admit_ms"] == pytest.approx(0.100) and m["process_ms"] == pytest.approx(0.060)
     assert m["hidden_ms"] == pytest.approx(0.060) and m["hideable_ms"] == pytest.approx(0.150)
@@ -131,7 +137,7 @@ def test_bench_prefill_device_knobs(capsys):
         max_batch_reqs=16,
         groups=3,
     )
-    engine, _ = bench._engine_workload(a, bench.DEFAULT_LAUNCH_COST_US)
+    engine, _ = engine_workload(a, DEFAULT_LAUNCH_COST_US)
     if torch.cuda.is_available():
         assert (
             engine["device"] == "cuda"
@@ -151,7 +157,7 @@ def test_bench_prefill_device_knobs(capsys):
 
 def test_bench_prefill_gil_free_device_what_if():
     """The what-if replaces the model's forward (the engine passes `out`): it runs and is labelled."""
-    res = bench.bench_prefill(
+    res = bench_prefill(
         modes=("thread", "ahead"),
         hits=(0.8,),
         reps=1,
@@ -184,13 +190,13 @@ def test_trace_overhead_what_if_is_labelled(capsys):
 
 
 def test_trace_overhead_tiny():
-    r = bench.bench_trace_overhead(mode="thread", reps=1, requests=6)
+    r = bench_trace_overhead(mode="thread", reps=1, requests=6)
     assert r["pairs"][0]["on"]["events"] > 0 and r["pairs"][0]["off"]["events"] == 0
     assert r["wall_ratio_median"] > 0 and r["emit_ns"] > 0 and r["write_ns"] > 0
-    assert "per event" in bench.format_trace_overhead(r)
+    assert "per event" in format_trace_overhead(r)
     # the in-run accounting times every event, whether logged by a declared event or by emit
     assert all(a["events"] > 0 and a["calls"]["emit"] == a["events"] for a in r["accounted"])
-    c = bench.emit_cost_ns(1000)
+    c = emit_cost_ns(1000)
     assert 0 < c["emit_ns"] < 1e6 and 0 < c["declared_ns"] < 1e6
 
 
@@ -198,25 +204,25 @@ def test_big_trace_is_valid_and_checker_bench_runs(tmp_path):
     base = tmp_path / "base.jsonl"
     assert main(["run", "--mode", "ahead", "--requests", "6", "--trace", str(base)]) == 0
     big = tmp_path / "big.jsonl"
-    made = bench.make_big_trace(str(big), 1500, base=str(base))
+    made = make_big_trace(str(big), 1500, base=str(base))
     assert made["events"] >= 1500 and made["copies"] >= 2
     r = check_file(str(big))
     assert r.ok and r.events == made["events"], [v.message for v in r.violations[:3]]
     assert r.complete  # it ends with a trace_end that counts its events: a whole trace
-    res = bench.bench_checker(trace=str(big), memory=True)
+    res = bench_checker(trace=str(big), memory=True)
     assert res["ok"] and res["events"] == made["events"] and res["events_per_s"] > 0
     assert (
         res["parse_events_per_s"] >= res["events_per_s"] * 0.5 and res["tracemalloc_peak_mib"] > 0
     )
-    assert "events/s" in bench.format_checker(res)
+    assert "events/s" in format_checker(res)
 
 
 def test_progress_lines():
     buf = io.StringIO()
-    p = bench.Progress(True, period=0.01, stream=buf)
+    p = Progress(True, period=0.01, stream=buf)
     p.line("[1/2] hit=0.8 thread: 100 uncached tok/s")
     assert buf.getvalue().endswith("tok/s\n")  # not a TTY: whole lines, no carriage returns
-    assert bench.Progress(None, stream=io.StringIO()).enabled is False
+    assert Progress(None, stream=io.StringIO()).enabled is False
 
 
 def test_progress_counts_requests_and_tokens_from_the_running_trace():
@@ -228,11 +234,9 @@ def test_progress_counts_requests_and_tokens_from_the_running_trace():
     from engine.workload import WorkloadConfig
 
     buf = io.StringIO()
-    p = bench.Progress(True, stream=buf)
+    p = Progress(True, stream=buf)
     p.period = 0.002  # not a TTY: a line every 2 s at the most, longer than this run
-    bench.run_one(
-        EngineConfig(mode="ahead"), WorkloadConfig(requests=60), progress=p, label="ahead"
-    )
+    run_one(EngineConfig(mode="ahead"), WorkloadConfig(requests=60), progress=p, label="ahead")
     counts = [
         (int(a), int(b), float(c.replace(",", "")))
         for a, b, c in re.findall(
