@@ -3,7 +3,8 @@ the answers of one process, on a local Ray instance and on a two-node cluster si
 when a node's worker is killed mid-campaign; without Ray installed, `--ray` is one line, exit 2.
 
 Ray is an optional extra (`pip install -e ".[ray]"`): without it these tests skip, all but the
-one about its absence. PDO_SLOW=1 adds the fleet check over 200 trace sets."""
+one about its absence. PDO_SLOW=1 adds the two-node cluster with a killed worker, and the fleet
+check over 200 trace sets (the test set-up installs Ray: scripts/setup.sh --test)."""
 
 from __future__ import annotations
 
@@ -164,6 +165,10 @@ def _kill_one_busy_worker(raylet_pid: int, task: str, done: threading.Event) -> 
     return []
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PDO_SLOW") != "1", reason="two simulated nodes start: PDO_SLOW=1"
+)
 def test_a_two_node_cluster_survives_a_killed_worker_with_the_same_verdicts(ray, tmp_path):
     """Two nodes of one CPU (ray.cluster_utils.Cluster); a worker of the second is killed while it
     runs a schedule: its task runs again (counted), and the campaign's report, events and memory
