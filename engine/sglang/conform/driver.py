@@ -155,6 +155,9 @@ def run_scenario(
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
     broken = broken_rules(path) if os.path.exists(path) else {}
+    cut = incomplete(path) if os.path.exists(path) else None
+    if error is None and cut is not None:  # a rule not judged is never passed
+        error = cut
     broken.update({f"oracle:{name}": len(found) for name, found in violations.items()})
     return {
         "scenario": name,
@@ -201,6 +204,18 @@ def broken_rules(path: str) -> dict[str, int]:
         for v in result.violations:
             broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
     return broken
+
+
+def incomplete(path: str) -> str | None:
+    """Why the trace at `path` leaves rules unjudged (a run that did not reach its end), or None
+    when every rule was judged."""
+    for result in check_files([path]):
+        if not result.complete:
+            return (
+                f"trace ended by {result.end_reason or 'nothing'} at line {result.truncated}: "
+                f"{', '.join(result.not_judged)} not judged"
+            )
+    return None
 
 
 def _outcome(name: str, version: str, broken: dict, error, mutant) -> str:
