@@ -33,14 +33,7 @@ from .prefill_fakes import (
     FakeStream,
     Schedule,
 )
-from .prefill_releases import (
-    Config,
-    construct,
-    full_component,
-    init_steps,
-    parallel_state,
-    radix_cache_class,
-)
+from .prefill_releases import Config, construct, init_steps, parallel_state, tree_cache
 
 _MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -373,10 +366,11 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
         req_to_token_pool=sched.req_to_token_pool,
         token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
         page_size=workload.page_size,
-        tree_components=full_component(),
         chunked_prefill_size=schedule_args.chunked_prefill_size,
     )
-    sched.tree_cache = radix_cache_class()(params)
+    sched.tree_cache = tree_cache(
+        sched, params, disabled=not workload.radix_cache, chunk=schedule_args.chunked_prefill_size
+    )
     sched.disable_radix_cache = not workload.radix_cache
     sched.is_hybrid_swa = sched.is_hybrid_ssm = False
     sched.sliding_window_size = None

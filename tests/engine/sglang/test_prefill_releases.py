@@ -16,6 +16,7 @@ from engine.sglang.conform import prefill_scenarios
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCENARIO = "prefill-chunked/normal"
+LIFE_CELL = "prefill-life/inflight/poll-failed/normal"
 
 
 def _conform(version: str, *args: str) -> subprocess.CompletedProcess:
@@ -32,22 +33,42 @@ def _conform(version: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_oldest_installed_release_lists_prefill_as_not_applicable():
+    """The plain scenarios and the lifecycle cells alike (one run: CI's time)."""
+    from engine.sglang.conform import prefill_life
+
     oldest = versions.RELEASES[0]
-    out = _conform(oldest)
+    out = _conform(oldest, "--scenario", LIFE_CELL)
     assert out.returncode == 0, out.stdout + out.stderr
-    line = f"not applicable to SGLang {oldest}: {SCENARIO} ({prefill_scenarios.NOT_COVERED})"
-    assert line in out.stdout.splitlines()
-    assert not [ln for ln in out.stdout.splitlines() if ln.startswith(("ok ", "BAD"))]
+    lines = out.stdout.splitlines()
+    assert (
+        f"not applicable to SGLang {oldest}: {SCENARIO} ({prefill_scenarios.NOT_COVERED})" in lines
+    )
+    assert f"not applicable to SGLang {oldest}: {LIFE_CELL} ({prefill_life.NOT_COVERED})" in lines
+    assert not [ln for ln in lines if ln.startswith(("ok ", "BAD"))]
+
+
+def _trace(path: str) -> tuple[dict, list[dict]]:
+    with open(path) as f:
+        header, *events = (json.loads(line) for line in f)
+    return header, events
 
 
 def test_oldest_covered_release_runs_and_judges_prefill(tmp_path):
+    """A plain scenario and a lifecycle cell (one run) on the oldest release the harness builds:
+    the tree cache is the one that release's factory makes (ChunkCache for the cell's disabled radix
+    cache), the harness leaves the loop, and each trace is judged whole."""
     version = prefill_scenarios.HARNESS_OLDEST
-    out = _conform(version, "--json", "--trace-dir", str(tmp_path))
+    out = _conform(version, "--scenario", LIFE_CELL, "--json", "--trace-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    (result,) = json.loads(out.stdout[out.stdout.index("[") :])
-    assert (result["scenario"], result["outcome"], result["error"]) == (SCENARIO, "conforms", None)
-    with open(result["trace"]) as f:
-        header, *events = (json.loads(line) for line in f)
+    plain, cell = json.loads(out.stdout[out.stdout.index("[") :])
+    assert (plain["scenario"], plain["outcome"], plain["error"]) == (SCENARIO, "conforms", None)
+    assert (cell["scenario"], cell["outcome"], cell["error"]) == (LIFE_CELL, "conforms", None)
+    assert cell["violations"] == {}
+    (header, events), (_, cell_events) = _trace(plain["trace"]), _trace(cell["trace"])
     assert header["sglang_version"] == version
-    kinds = {e["ev"] for e in events}
-    assert {"admit", "fwd_begin", "process_begin", "kv_send", "alloc", "release"} <= kinds
+    for trace in (events, cell_events):
+        assert (trace[-1]["ev"], trace[-1]["reason"]) == ("trace_end", "normal")
+    assert {"admit", "fwd_begin", "process_begin", "kv_send", "alloc", "release"} <= {
+        e["ev"] for e in events
+    }
+    assert {"x.fault", "kv_send", "kv_failed", "release"} <= {e["ev"] for e in cell_events}
