@@ -48,6 +48,11 @@ def _cells(states: str, faults: str) -> tuple[str, ...]:
     return tuple(f"decode-life/{s}/{f}/" for s in states.split() for f in faults.split())
 
 
+def _prefill_cells(states: str, faults: str) -> tuple[str, ...]:
+    """The overlap-loop prefill lifecycle cells of those states and faults."""
+    return tuple(f"prefill-life/{s}/{f}/overlap" for s in states.split() for f in faults.split())
+
+
 _FAULTS = "poll-failed state-failed peer-gone client-abort timeout"
 _PENDING_ENDS = "poll-failed client-abort timeout"  # the faults that end a DP-pending request
 FINDINGS: tuple[Finding, ...] = (
@@ -84,6 +89,17 @@ FINDINGS: tuple[Finding, ...] = (
         ("0.5.13", "0.5.19"),
         _cells("prealloc-blocked", "poll-failed peer-gone"),
         ("oracle:failure-polled",),
+    ),
+    # under the overlap loop, run_batch(N+1)'s early cached-prefix send (maybe_send_cached_prefix_
+    # chunk, on by default) sends chunk N's KV before forward N is known to have written it, with no
+    # forward-stream event for the transfer to wait on. Fixed by #31368 in 0.5.16
+    Finding(
+        "S5 #31368",
+        ("0.5.15", "0.5.15.post1"),
+        ("prefill-inline-sample/overlap", "prefill-life/bootstrap/none/overlap")
+        + _prefill_cells("waiting inflight", f"none {_FAULTS}")
+        + _prefill_cells("in-batch", "none poll-failed state-failed peer-gone timeout"),
+        ("P-chunk-sent",),
     ),
 )
 

@@ -131,7 +131,8 @@ def _adopt(sender, req) -> None:
     sender.__class__ = _faulty_class()
     sender.cleared, sender.misuse, sender.sent = 0, [], []
     sender.fail_next_poll, sender.deadline, sender.fail_in_call = False, None, False
-    sender.req_slot = lambda: getattr(req.kv, "req_pool_idx", None)
+    # the request's KV fields are on req.kv from 0.5.16 (before, on the request itself)
+    sender.req_slot = lambda: getattr(getattr(req, "kv", req), "req_pool_idx", None)
     sender.meta_slot = lambda: getattr(req, "metadata_buffer_index", None)
 
 

@@ -1,4 +1,4 @@
-"""SGLang's real prefill Scheduler on CPU (0.5.16 to 0.5.23: prefill_releases.py finds out what
+"""SGLang's real prefill Scheduler on CPU (0.5.15 to 0.5.23: prefill_releases.py finds out what
 each release has), around the fakes of prefill_fakes.py.
 
 The Scheduler is made with `Scheduler.__new__` (as SGLang's own unit tests do) and given SGLang's
@@ -300,9 +300,12 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
         # on the context from 0.5.17; on the server arguments before
         ctx = rc.get_context()
         owner = ctx if hasattr(ctx, "override") else sched.server_args
-        owner.override(
-            "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=micro_batch
-        )
+        if hasattr(owner, "override"):
+            owner.override(
+                "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=micro_batch
+            )
+        else:  # before 0.5.16 the scheduler sets the server argument itself
+            owner.pp_max_micro_batch_size = micro_batch
 
 
 def _groups(sched) -> None:
@@ -404,12 +407,14 @@ def _outputs(sched, log: CallLog) -> None:
 def _ngram_embedding(sched, worker: FakeModelWorker) -> None:
     """SGLang's own (disabled) n-gram embedding manager on the fake runner, and the worker's model
     configuration."""
-    # lazy: SGLang is optional
-    from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (
-        NgramEmbeddingManager,
-    )
-
     model_config = sched.model_config
+    worker.model_config = model_config
+    try:  # lazy: SGLang is optional
+        from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (
+            NgramEmbeddingManager,
+        )
+    except ModuleNotFoundError:  # before 0.5.16 the scheduler keeps it (maybe_init_ngram_embedding)
+        return
     worker.model_runner.ngram_embedding_manager = construct(
         NgramEmbeddingManager.from_model,
         server_args=sched.server_args,  # read there before 0.5.19
@@ -419,7 +424,6 @@ def _ngram_embedding(sched, worker: FakeModelWorker) -> None:
         max_running_requests=sched.max_running_requests,
         device="cpu",
     )
-    worker.model_config = model_config
 
 
 def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:

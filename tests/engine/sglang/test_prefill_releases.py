@@ -17,6 +17,7 @@ from engine.sglang.conform import prefill_scenarios
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCENARIO = "prefill-chunked/normal"
 LIFE_CELL = "prefill-life/inflight/poll-failed/normal"
+S5_SCENARIO = "prefill-inline-sample/overlap"
 
 
 def _conform(version: str, *args: str) -> subprocess.CompletedProcess:
@@ -58,9 +59,19 @@ def test_oldest_covered_release_runs_and_judges_prefill(tmp_path):
     the tree cache is the one that release's factory makes (ChunkCache for the cell's disabled radix
     cache), the harness leaves the loop, and each trace is judged whole."""
     version = prefill_scenarios.HARNESS_OLDEST
-    out = _conform(version, "--scenario", LIFE_CELL, "--json", "--trace-dir", str(tmp_path))
+    out = _conform(
+        version, "--scenario", LIFE_CELL, "--scenario", S5_SCENARIO, "--json",
+        "--trace-dir", str(tmp_path),
+    )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    plain, cell = json.loads(out.stdout[out.stdout.index("[") :])
+    plain, s5, cell = json.loads(out.stdout[out.stdout.index("[") :])
+    # bug S5 (#31368, 0.5.15-0.5.15.post1): the overlap loop's early cached-prefix send reads the
+    # previous forward's KV with no device wait; a general scenario, recorded as that finding
+    assert (s5["scenario"], s5["outcome"], s5["rules"]) == (
+        S5_SCENARIO,
+        "finding",
+        {"P-chunk-sent": 4},
+    )
     assert (plain["scenario"], plain["outcome"], plain["error"]) == (SCENARIO, "conforms", None)
     assert (cell["scenario"], cell["outcome"], cell["error"]) == (LIFE_CELL, "conforms", None)
     assert cell["violations"] == {}
