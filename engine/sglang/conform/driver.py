@@ -170,8 +170,7 @@ def run_scenario(
     except Exception as exc:  # SGLang's code raising inside a scenario is an outcome, not a crash
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
-    broken = broken_rules(path) if os.path.exists(path) else {}
-    cut = incomplete(path) if os.path.exists(path) else None
+    broken, cut = judged(path) if os.path.exists(path) else ({}, None)
     if error is None and cut is not None:  # a rule not judged is never passed
         error = cut
     broken.update({f"oracle:{name}": len(found) for name, found in violations.items()})
@@ -213,25 +212,30 @@ def _open_divergences() -> dict:
     return {name: tuple(rules) for name, rules in known.items()}
 
 
-def broken_rules(path: str) -> dict[str, int]:
-    """rule id -> violations in the trace at `path`."""
+def judged(path: str) -> tuple[dict[str, int], str | None]:
+    """The trace at `path` checked once: rule id -> violations, and why it leaves rules unjudged
+    (a run that did not reach its end) or None when every rule was judged."""
     broken: dict[str, int] = {}
+    cut = None
     for result in check_files([path]):
         for v in result.violations:
             broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
-    return broken
-
-
-def incomplete(path: str) -> str | None:
-    """Why the trace at `path` leaves rules unjudged (a run that did not reach its end), or None
-    when every rule was judged."""
-    for result in check_files([path]):
-        if not result.complete:
-            return (
+        if cut is None and not result.complete:
+            cut = (
                 f"trace ended by {result.end_reason or 'nothing'} at line {result.truncated}: "
                 f"{', '.join(result.not_judged)} not judged"
             )
-    return None
+    return broken, cut
+
+
+def broken_rules(path: str) -> dict[str, int]:
+    """rule id -> violations in the trace at `path`."""
+    return judged(path)[0]
+
+
+def incomplete(path: str) -> str | None:
+    """Why the trace at `path` leaves rules unjudged, or None when every rule was judged."""
+    return judged(path)[1]
 
 
 def _outcome(name: str, version: str, broken: dict, error, mutant) -> str:

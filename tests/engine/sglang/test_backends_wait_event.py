@@ -33,7 +33,7 @@ def test_wait_event_reaches_the_transfer_worker(backends, name):
 
 
 def test_a_worker_that_skips_the_wait_is_reported(backends):
-    """Mooncake's worker with its wait removed (the 0.5.17-0.5.21 bug class, by an AST rewrite of
+    """Mooncake's worker with its wait removed (the 0.5.16-0.5.21 bug class, by an AST rewrite of
     the real method) reads the chunk without waiting on the event it carries."""
     from engine.sglang import mutate
     from engine.sglang.conform.mutants import _DropIf, _make
