@@ -1,4 +1,4 @@
-"""SGLang's real prefill Scheduler on CPU (0.5.15 to 0.5.23: prefill_releases.py finds out what
+"""SGLang's real prefill Scheduler on CPU (0.5.14 to 0.5.23: prefill_releases.py finds out what
 each release has), around the fakes of prefill_fakes.py.
 
 The Scheduler is made with `Scheduler.__new__` (as SGLang's own unit tests do) and given SGLang's
@@ -33,7 +33,7 @@ from .prefill_fakes import (
     FakeStream,
     Schedule,
 )
-from .prefill_releases import Config, construct, init_steps, parallel_state, tree_cache
+from .prefill_releases import RANK_ARGS, Config, construct, init_steps, parallel_state, tree_cache
 
 _MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -154,6 +154,7 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
         "init_moe_gemm_config",
         "init_metrics_collector",
     )
+    _metrics_collector(sched)
     worker = _model_worker(sched, workload, log)
     _limits(sched, workload, schedule_args)
     _groups(sched)
@@ -165,6 +166,7 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     _outputs(sched, log)
     _ngram_embedding(sched, worker)
     init_steps(sched, "init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter")
+    _metrics_reporter(sched)
     reporter = getattr(sched, "metrics_reporter", None)  # from 0.5.21
     sched.scheduler_stage_metrics = getattr(reporter, "scheduler_stage_metrics", None)
     init_steps(
@@ -209,8 +211,14 @@ def _publish_server_args(workload: Workload):
         rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
     elif hasattr(rc, "publish"):  # 0.5.17 on
         rc.publish(server_args, role="scheduler")
-    else:  # the server arguments alone, on the process's context
+    elif hasattr(
+        rc.get_context(), "set_server_args"
+    ):  # the server arguments alone (0.5.15, 0.5.16)
         rc.get_context().set_server_args(server_args)
+    else:  # the legacy process-wide server arguments (0.5.14)
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+        set_global_server_args_for_scheduler(server_args)
     return server_args
 
 
@@ -260,10 +268,47 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     limit = getattr(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT", None)  # 0.5.16 on; before, no limit
     sched.max_new_tokens_limit = limit.get() if limit is not None else None
     sched.enable_hisparse = getattr(mem, "enable_hisparse", False)
+    sched.hisparse_coordinator = None  # (init_hisparse_coordinator sets it where a release has it)
     # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
     sched.attn_dp_enabled = sched.enable_dp_attention = False
     sched.enable_unified_memory = getattr(mem, "enable_unified_memory", False)
     parallel_state(sched)
+
+
+def _metrics_collector(sched) -> None:
+    """SGLang's metrics collector where Scheduler.__init__ makes it inline (0.5.14; later releases
+    have init_metrics_collector)."""
+    if hasattr(sched, "metrics_collector") or hasattr(sched, "init_metrics_collector"):
+        return
+    from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+
+    context = construct(
+        SchedulerMetricsCollector.init_new,
+        server_args=sched.server_args,
+        ps=getattr(sched, "ps", None),
+        enable_priority_scheduling=sched.enable_priority_scheduling,
+        enable_lora=sched.enable_lora,
+        enable_hierarchical_cache=sched.enable_hierarchical_cache,
+        **RANK_ARGS,
+    )
+    sched.metrics_collector_context = context
+    sched.metrics_collector = context.collector
+
+
+def _metrics_reporter(sched) -> None:
+    """The metrics reporter where Scheduler.__init__ makes it inline (0.5.14)."""
+    from sglang.srt.managers import scheduler  # lazy: SGLang is optional
+
+    cls = getattr(scheduler, "SchedulerMetricsReporter", None)
+    if hasattr(sched, "metrics_reporter") or cls is None or hasattr(sched, "init_metrics_reporter"):
+        return
+    sched.metrics_reporter = construct(
+        cls,
+        scheduler=sched,
+        metrics_collector_context=sched.metrics_collector_context,
+        metrics_collector=sched.metrics_collector,
+        **RANK_ARGS,
+    )
 
 
 def _model_worker(sched, workload: Workload, log: CallLog) -> FakeModelWorker:

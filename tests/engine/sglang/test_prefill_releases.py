@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 SCENARIO = "prefill-chunked/normal"
 LIFE_CELL = "prefill-life/inflight/poll-failed/normal"
 S5_SCENARIO = "prefill-inline-sample/overlap"
+S5_RELEASE = "0.5.15"  # the first release with the early cached-prefix send, and bug S5
 
 
 def _conform(version: str, *args: str) -> subprocess.CompletedProcess:
@@ -55,10 +56,10 @@ def _trace(path: str) -> tuple[dict, list[dict]]:
 
 
 def test_oldest_covered_release_runs_and_judges_prefill(tmp_path):
-    """A plain scenario and a lifecycle cell (one run) on the oldest release the harness builds:
-    the tree cache is the one that release's factory makes (ChunkCache for the cell's disabled radix
-    cache), the harness leaves the loop, and each trace is judged whole."""
-    version = prefill_scenarios.HARNESS_OLDEST
+    """Plain scenarios and a lifecycle cell (one run) on the oldest release with the plain
+    scenarios' switches: the tree cache is the one that release's factory makes (ChunkCache for the
+    cell's disabled radix cache), the harness leaves the loop, and each trace is judged whole."""
+    version = S5_RELEASE
     out = _conform(
         version, "--scenario", LIFE_CELL, "--scenario", S5_SCENARIO, "--json",
         "--trace-dir", str(tmp_path),
@@ -83,3 +84,18 @@ def test_oldest_covered_release_runs_and_judges_prefill(tmp_path):
         e["ev"] for e in events
     }
     assert {"x.fault", "kv_send", "kv_failed", "release"} <= {e["ev"] for e in cell_events}
+
+
+def test_oldest_covered_release_runs_the_lifecycle_cells_only(tmp_path):
+    """On the oldest release the harness builds (0.5.14) every plain workload needs a switch the
+    release lacks; the lifecycle cells run, built with what 0.5.14 makes inline in
+    Scheduler.__init__ (metrics collector and reporter) and its legacy global server arguments."""
+    version = prefill_scenarios.HARNESS_OLDEST
+    out = _conform(version, "--scenario", LIFE_CELL, "--json", "--trace-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    (cell,) = json.loads(out.stdout[out.stdout.index("[") :])  # the plain scenario is not run
+    assert (cell["scenario"], cell["outcome"], cell["error"]) == (LIFE_CELL, "conforms", None)
+    header, events = _trace(cell["trace"])
+    assert header["sglang_version"] == version
+    assert (events[-1]["ev"], events[-1]["reason"]) == ("trace_end", "normal")
+    assert {"x.fault", "kv_send", "kv_failed", "release"} <= {e["ev"] for e in events}
