@@ -170,7 +170,7 @@ def run_scenario(
     except Exception as exc:  # SGLang's code raising inside a scenario is an outcome, not a crash
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
-    broken, cut = judged(path) if os.path.exists(path) else ({}, None)
+    broken, cut = judged(path) if os.path.exists(path) else ({}, "no trace was written")
     if error is None and cut is not None:  # a rule not judged is never passed
         error = cut
     broken.update({f"oracle:{name}": len(found) for name, found in violations.items()})

@@ -53,3 +53,10 @@ def test_a_trace_ended_by_the_harness_loop_exit_is_judged_whole(tmp_path):
     assert driver.incomplete(result["trace"]) is None
     # judged whole: the admitted request never sent nor released breaks the end-of-run rules
     assert result["outcome"] == "divergence" and result["rules"], result
+
+
+def test_a_scenario_that_wrote_no_trace_is_not_a_pass(tmp_path):
+    """Hooks that were not installed write nothing: nothing was judged."""
+    sgl = SimpleNamespace(version="0.5.23")
+    result = driver.run_scenario(sgl, NAME, lambda path, fuzz_seed=None: None, str(tmp_path))
+    assert (result["outcome"], result["error"]) == ("error", "no trace was written")
