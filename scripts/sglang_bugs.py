@@ -1,9 +1,11 @@
 """The historical bug benchmark (issue 28 part 5): each row is a real bug SGLang shipped, run through
-the general decode lifecycle x fault matrix on the last buggy and the first fixed release.
+the general scenarios (the decode lifecycle x fault matrix, the prefill scenarios and the prefill
+lifecycle cells) on the last buggy and the first fixed release.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/sglang_bugs.py [ROW ...]
 
-Per release it runs `pdo conform sglang --sglang-version V --scenario decode-life/ --json` once and
+Per release it runs `pdo conform sglang --sglang-version V --scenario decode-life/ --scenario
+prefill- --json` once and
 prints: bug, PR, buggy -> fixed, flagged before? (the row's cells whose trace broke a rule or an
 oracle, or where SGLang raised, beyond what another bug of that release explains), clean after? (on
 the fixed release none of them does, and the command exits 0), and what caught it. The row's cells
@@ -39,14 +41,15 @@ ROWS = (
     Row("S1", "#28022", "0.5.13.post1", "0.5.14", "aborted / Failed request dropped uncleared"),
     Row("S2", "#29834", "0.5.15.post1", "0.5.16", "aborted request left in pending_reqs"),
     Row("C1", "#37483", "0.5.19", "0.5.20", "handshake poll skipped, failure only in state"),
+    Row("S5", "#31368", "0.5.15.post1", "0.5.16", "early cached-prefix send with no wait event"),
 )
-SCENARIOS = "decode-life/"
+SCENARIOS = ("decode-life/", "prefill-")
 
 
 def run_release(version: str) -> tuple[int, list[dict]]:
     """The exit code and the per-scenario results of the matrix on one release."""
     cmd = [sys.executable, "-m", "engine.cli", "conform", "sglang", "--sglang-version", version]
-    cmd += ["--scenario", SCENARIOS, "--json"]
+    cmd += [arg for prefix in SCENARIOS for arg in ("--scenario", prefix)] + ["--json"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     start = done.stdout.find("[")
@@ -104,7 +107,8 @@ def main(argv: list[str]) -> int:
         )
         ok &= bool(before) and clean
     for version, (code, _) in runs.items():
-        print(f"pdo conform sglang --sglang-version {version} --scenario {SCENARIOS}: exit {code}")
+        scenarios = " ".join(f"--scenario {p}" for p in SCENARIOS)
+        print(f"pdo conform sglang --sglang-version {version} {scenarios}: exit {code}")
     return 0 if ok else 1
 
 

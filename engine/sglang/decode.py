@@ -168,13 +168,16 @@ def _top_of_loop() -> bool:
     return bool(stack) and stack[-1] == "decode_loop"
 
 
-def _iteration(sched) -> None:
+def _iteration(sched, paused: bool | None = None) -> None:
+    """Open an iteration; `paused`: whether it began paused, when the caller knows (else the
+    scheduler's flag now)."""
     sink = hooks.active()
     if sink is None:
         return
     n = _iters[id(sched)] = _iters.get(id(sched), 0) + 1
-    _opened[id(sched)] = True
-    if getattr(sched, "_engine_paused", False):
+    if paused is None:
+        paused = getattr(sched, "_engine_paused", False)
+    if paused:
         sink.emit("x.paused_iter", iter=n)
     else:
         sink.emit("iter_begin", iter=n)
@@ -186,8 +189,14 @@ _opened: dict[int, bool] = {}  # id(scheduler) -> an iteration was opened by its
 def _intake_marker(sink, wrapped, sched, args, kwargs):
     if _top_of_loop():
         if not _opened.pop(id(sched), False):
-            _iteration(sched)
+            # 0.5.19 and 0.5.20 call the prefetch first unless the engine is paused: an iteration
+            # it did not open began paused (a resume handled by this intake does not change that)
+            prefetching = hooks.attached.get(_PREFETCH) == "attached"
+            _iteration(sched, paused=True if prefetching else None)
     return wrapped(*args, **kwargs)
+
+
+_PREFETCH = "DecodePreallocQueue.prefetch_prefill_dp_rank_queries"
 
 
 def _within(name: str):
@@ -214,6 +223,7 @@ def _groups(queue) -> dict[str, list]:
 def _prefetch(sink, wrapped, queue, args, kwargs):
     if hooks.attached.get("Scheduler.process_input_requests") == "attached" and _top_of_loop():
         _iteration(queue.scheduler)  # the prefetch comes first in the iteration (0.5.19, 0.5.20)
+        _opened[id(queue.scheduler)] = True
     it = _iters.get(id(queue.scheduler), 0)
     sink.emit("prefetch_begin", iter=it)
     before = {addr: id(fut) for addr, (_, fut) in queue._prefill_dp_rank_queries.items()}

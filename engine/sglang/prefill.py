@@ -516,7 +516,8 @@ def _slot(req) -> int | None:
 
 def _slot_free(sink, wrapped, pool, args, kwargs):
     req = args[0] if args else kwargs["req"]
-    if not _in_loop() or "slot_free" in hooks.context() or not hasattr(req, "kv"):
+    # a request (its slot on req.kv from 0.5.16, on the request itself before), not a bare index
+    if not _in_loop() or "slot_free" in hooks.context() or not hasattr(req, "rid"):
         return wrapped(*args, **kwargs)
     slot = _slot(req)
     with hooks.inside("slot_free"):

@@ -29,6 +29,12 @@ VERSION = 2
 COMPLETIONS_OBSERVED = [False]
 
 
+class LoopExit(Exception):
+    """Raised by a harness to leave a scheduler loop that has no exit of its own (before 0.5.21
+    SGLang's loops never return; from 0.5.21 they return once `gracefully_exit` is set): the loop
+    ends where a later release's would return, so its trace ends `normal`, as that release's does."""
+
+
 class TraceSink:
     def __init__(self, path: str):
         self.path = path
@@ -70,9 +76,13 @@ class TraceSink:
     @contextlib.contextmanager
     def ends_with_loop(self):
         """Around the traced scheduler loop: how it ends (returns: `normal`; raises: `exception`, or
-        `signal` for KeyboardInterrupt and SystemExit) is the reason trace_end gives."""
+        `signal` for KeyboardInterrupt and SystemExit; a harness's LoopExit: `normal`) is the
+        reason trace_end gives."""
         try:
             yield
+        except LoopExit:
+            self._loop_end = "normal"
+            raise
         except (KeyboardInterrupt, SystemExit):
             self._loop_end = "signal"
             raise

@@ -26,6 +26,8 @@ The outcome per backend is one of:
   dropped     the chunk the worker dequeued carries no event (the manager did not pass it on)
   unreached   the worker never reached the pages (the stand-ins are incomplete: no verdict)
   unavailable the backend's module cannot be imported here (a missing native package)
+  no-event    the release's prefill scheduler parks no wait event on the sender (before 0.5.16:
+              the early send has no event, bug S5, or there is no early send); nothing to carry
 
 A missing native package is stubbed at its import only (`_NATIVE_STUBS`), never the logic under test.
 """
@@ -44,6 +46,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from . import compat
+
 BACKENDS = ("mooncake", "nixl", "mori", "ascend")
 ROOM = 7
 _SESSION = "127.0.0.1:30001"
@@ -52,7 +56,7 @@ _SESSION = "127.0.0.1:30001"
 @dataclasses.dataclass
 class BackendOutcome:
     backend: str
-    outcome: str  # waits, late, dropped, unreached, unavailable
+    outcome: str  # waits, late, ignored, dropped, unreached, unavailable, no-event
     detail: str
     stubbed: tuple = ()  # native modules whose import was stubbed
 
@@ -183,6 +187,17 @@ class _Destination:
         self.__dict__.update(fields)
 
 
+class _No:
+    """False as a field and as a method: `is_dummy` is a method of a transfer target in NIXL before
+    0.5.20 and a field after (and in the other backends)."""
+
+    def __bool__(self):
+        return False
+
+    def __call__(self):
+        return False
+
+
 def _queue(dequeued: list):
     """SGLang's FastQueue, recording whether each chunk the worker takes carries a wait event."""
     from sglang.srt.disaggregation.common.utils import FastQueue  # lazy: SGLang is optional
@@ -214,7 +229,7 @@ def _manager(mgr_cls, queue):
         dst_aux_index=0,
         dst_state_indices=[],
         required_dst_info_num=1,
-        is_dummy=False,
+        is_dummy=_No(),
         decode_prefix_len=0,
         staging=None,
     )
@@ -258,6 +273,15 @@ def _manager(mgr_cls, queue):
         attn_cp_size=1,
         attn_cp_rank=0,
         attn_dp_rank=0,
+        # what the workers of releases before 0.5.23 read besides (the prefill's own bootstrap
+        # port, named in their failure message; the deferred acks of 0.5.22)
+        bootstrap_port=8998,
+        _deferred_ack_targets={},
+        _deferred_ack_poisoned_rooms=set(),
+        pp_size=1,
+        pp_rank=0,
+        exceptions={},
+        failure_records={},
         kv_args=types.SimpleNamespace(
             kv_data_ptrs=[1], kv_item_lens=[16], aux_data_ptrs=[1], state_data_ptrs=[]
         ),
@@ -285,6 +309,11 @@ def _sender(sender_cls, mgr, event):
         _transfer_start_time=None,
         _early_send_wait_event=event,
         trace_ctx=TraceNullContext(),
+        # NIXL's own send before 0.5.23 (CommonKVSender's from 0.5.23)
+        has_sent=False,
+        chunk_id=0,
+        _send_failed=False,
+        _send_error=None,
     )
     return sender
 
@@ -300,12 +329,25 @@ def _worker(mgr, queue):
     return lambda: mgr.transfer_worker(queue)
 
 
+def parks_event() -> bool:
+    """Whether this release's prefill scheduler parks the forward stream's event on the sender for
+    the early cached-prefix send (0.5.16 on): only then has a backend an event to carry."""
+    from sglang.srt.disaggregation import prefill  # lazy: SGLang is optional
+
+    return "_early_send_wait_event" in inspect.getsource(prefill)
+
+
 def check(backend: str, timeout_s: float = 10.0) -> BackendOutcome:
     """Drive `backend`'s sender, manager and transfer worker with one early-send chunk."""
+    if not parks_event():
+        return BackendOutcome(
+            backend, "no-event", "the prefill scheduler parks no wait event on the sender"
+        )
     try:
         conn, stubbed = _import(backend)
     except ImportError as exc:
         return BackendOutcome(backend, "unavailable", f"{type(exc).__name__}: {exc}")
+    from sglang.srt.disaggregation.base.conn import BaseKVSender
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender
 
     log, dequeued = _Log(), []
@@ -331,7 +373,9 @@ def check(backend: str, timeout_s: float = 10.0) -> BackendOutcome:
     indices = np.arange(4, dtype=np.int32).view(_StopAtRead)
     indices.log, indices.sender_thread = log, threading.get_ident()
     try:
-        sender.send(indices, num_kv_tokens=16)
+        # the token count where the release's sender interface has it (0.5.17 on); read off the
+        # interface, as some backends' send is wrapped in a tracing decorator that takes anything
+        sender.send(indices, **compat.accepted(BaseKVSender.send, {"num_kv_tokens": 16}))
     except Exception as exc:  # noqa: BLE001 (the verdict says what the sender raised)
         queue.put(None)
         return BackendOutcome(
@@ -369,12 +413,28 @@ def check(backend: str, timeout_s: float = 10.0) -> BackendOutcome:
     return BackendOutcome(backend, "waits", "the worker waited on the event, then read", stubbed)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.sglang.conform.backends [--sglang-version V]`: one line per backend."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m engine.sglang.conform.backends")
+    parser.add_argument("--sglang-version", metavar="V", help="a release installed side by side")
+    a = parser.parse_args(argv)
+    from .. import SGLangUnavailable, load, versions
+
+    try:
+        if a.sglang_version is not None:
+            versions.use(a.sglang_version)
+        print(f"SGLang {load().version}")
+    except (versions.VersionError, SGLangUnavailable) as exc:
+        print(f"backends: {exc}", file=sys.stderr)
+        return 2
     for name in BACKENDS:
         out = check(name)
         stub = f" (stubbed imports: {', '.join(out.stubbed)})" if out.stubbed else ""
         print(f"{name}: {out.outcome}: {out.detail}{stub}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

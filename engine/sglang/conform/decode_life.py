@@ -30,7 +30,7 @@ import types
 from ... import bootstrap_client
 from .. import decode as decode_hooks
 from .. import hooks, mutate, sglang_server
-from ..sink import TraceSink
+from ..sink import LoopExit, TraceSink
 from . import compat, decode_context, faults, lifecycle
 from .decode_scenarios import _kv_manager, _Server
 from .faults import Fault, Phase
@@ -43,7 +43,7 @@ MAX_ITERS = 80
 CONTEXT = 512  # the model's max_position_embeddings (prefill_scheduler._MODEL)
 
 
-class _LoopEnd(Exception):
+class _LoopEnd(LoopExit):
     """Leaves a decode loop of a release whose loop does not read gracefully_exit (before 0.5.21)."""
 
 

@@ -34,7 +34,7 @@ from ... import bootstrap_client, sync
 from ...bootstrap import BootstrapServer
 from .. import decode as decode_hooks
 from .. import hooks, sglang_server
-from ..sink import TraceSink
+from ..sink import LoopExit, TraceSink
 from . import decode_context
 from .reachable import assert_reachable
 
@@ -83,7 +83,7 @@ class _Receiver:
         self.rank = prefill_dp_rank
 
 
-class _LoopEnd(Exception):
+class _LoopEnd(LoopExit):
     """Raised by the idle stand-in to end a loop that has no exit of its own (before 0.5.21)."""
 
 

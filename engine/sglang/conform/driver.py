@@ -48,6 +48,11 @@ def _cells(states: str, faults: str) -> tuple[str, ...]:
     return tuple(f"decode-life/{s}/{f}/" for s in states.split() for f in faults.split())
 
 
+def _prefill_cells(states: str, faults: str) -> tuple[str, ...]:
+    """The overlap-loop prefill lifecycle cells of those states and faults."""
+    return tuple(f"prefill-life/{s}/{f}/overlap" for s in states.split() for f in faults.split())
+
+
 _FAULTS = "poll-failed state-failed peer-gone client-abort timeout"
 _PENDING_ENDS = "poll-failed client-abort timeout"  # the faults that end a DP-pending request
 FINDINGS: tuple[Finding, ...] = (
@@ -84,6 +89,17 @@ FINDINGS: tuple[Finding, ...] = (
         ("0.5.13", "0.5.19"),
         _cells("prealloc-blocked", "poll-failed peer-gone"),
         ("oracle:failure-polled",),
+    ),
+    # under the overlap loop, run_batch(N+1)'s early cached-prefix send (maybe_send_cached_prefix_
+    # chunk, on by default) sends chunk N's KV before forward N is known to have written it, with no
+    # forward-stream event for the transfer to wait on. Fixed by #31368 in 0.5.16
+    Finding(
+        "S5 #31368",
+        ("0.5.15", "0.5.15.post1"),
+        ("prefill-inline-sample/overlap", "prefill-life/bootstrap/none/overlap")
+        + _prefill_cells("waiting inflight", f"none {_FAULTS}")
+        + _prefill_cells("in-batch", "none poll-failed state-failed peer-gone timeout"),
+        ("P-chunk-sent",),
     ),
 )
 
@@ -154,7 +170,9 @@ def run_scenario(
     except Exception as exc:  # SGLang's code raising inside a scenario is an outcome, not a crash
         error = f"{type(exc).__name__}: {exc}"
     functions = sorted(hooks.ran)
-    broken = broken_rules(path) if os.path.exists(path) else {}
+    broken, cut = judged(path) if os.path.exists(path) else ({}, "no trace was written")
+    if error is None and cut is not None:  # a rule not judged is never passed
+        error = cut
     broken.update({f"oracle:{name}": len(found) for name, found in violations.items()})
     return {
         "scenario": name,
@@ -194,13 +212,30 @@ def _open_divergences() -> dict:
     return {name: tuple(rules) for name, rules in known.items()}
 
 
-def broken_rules(path: str) -> dict[str, int]:
-    """rule id -> violations in the trace at `path`."""
+def judged(path: str) -> tuple[dict[str, int], str | None]:
+    """The trace at `path` checked once: rule id -> violations, and why it leaves rules unjudged
+    (a run that did not reach its end) or None when every rule was judged."""
     broken: dict[str, int] = {}
+    cut = None
     for result in check_files([path]):
         for v in result.violations:
             broken[v.rule.id] = broken.get(v.rule.id, 0) + 1
-    return broken
+        if cut is None and not result.complete:
+            cut = (
+                f"trace ended by {result.end_reason or 'nothing'} at line {result.truncated}: "
+                f"{', '.join(result.not_judged)} not judged"
+            )
+    return broken, cut
+
+
+def broken_rules(path: str) -> dict[str, int]:
+    """rule id -> violations in the trace at `path`."""
+    return judged(path)[0]
+
+
+def incomplete(path: str) -> str | None:
+    """Why the trace at `path` leaves rules unjudged, or None when every rule was judged."""
+    return judged(path)[1]
 
 
 def _outcome(name: str, version: str, broken: dict, error, mutant) -> str:

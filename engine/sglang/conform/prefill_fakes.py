@@ -161,6 +161,7 @@ class FakeRunner:
         self.is_hybrid_swa = False
         self.effective_logical_max_total_num_tokens = kv_tokens
         self.effective_max_total_num_tokens = kv_tokens  # its name before 0.5.21
+        self.max_token_pool_size = kv_tokens  # what the bootstrap queue reads before 0.5.16
         self.kv_cache_dtype_str = "auto"
         self.ngram_embedding_manager = None  # SGLang's own (disabled), set by build_scheduler
 

@@ -29,7 +29,9 @@ from ..sink import TraceSink
 from . import lifecycle
 from .faults import TIMEOUT_POLLS, Fault
 from .prefill_fakes import Arrival, CallLog, FakeCudaEvents, FakeTokenizerSocket, Schedule
-from .prefill_run import Stuck, _envs, _install_intake, _restored
+from .prefill_releases import cpu_kernels
+from .prefill_run import Stuck, _envs, _install_intake, _LoopEnd, _restored
+from .prefill_scenarios import HARNESS_OLDEST
 from .prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
 
 TARGET = "t"
@@ -129,7 +131,8 @@ def _adopt(sender, req) -> None:
     sender.__class__ = _faulty_class()
     sender.cleared, sender.misuse, sender.sent = 0, [], []
     sender.fail_next_poll, sender.deadline, sender.fail_in_call = False, None, False
-    sender.req_slot = lambda: getattr(req.kv, "req_pool_idx", None)
+    # the request's KV fields are on req.kv from 0.5.16 (before, on the request itself)
+    sender.req_slot = lambda: getattr(getattr(req, "kv", req), "req_pool_idx", None)
     sender.meta_slot = lambda: getattr(req, "metadata_buffer_index", None)
 
 
@@ -222,11 +225,14 @@ class PrefillLife:
                 self._wrap_intake(sched)
                 with contextlib.ExitStack() as stack:
                     stack.enter_context(mutate.swapped(torch.cuda, "Event", FakeCudaEvents(log)))
+                    stack.enter_context(cpu_kernels())
                     stack.enter_context(hooks.tracing(TraceSink(trace_path)))
                     try:
                         getattr(sched, f"event_loop_{self.mode}_disagg_prefill")()
                     except Stuck:
                         pass  # a request that never ends: the ledger reports it below
+                    except _LoopEnd:
+                        pass  # the exit of a loop that reads no gracefully_exit (before 0.5.21)
                     except Exception:
                         # SGLang raised (its own leak check, say): the invariants at that point
                         # come first when they fail
@@ -262,11 +268,12 @@ def _names() -> list[str]:
     return [f"{cell.name}/{mode}" for cell in CELLS for mode in ("normal", "overlap")]
 
 
-# The cells drive the request slot pool, the allocator and the radix cache through their lock and
-# free paths, whose signatures before 0.5.22 the cells' ledger does not follow yet (the plain prefill
-# scenarios run from prefill_scenarios.HARNESS_OLDEST).
-LIFE_OLDEST = "0.5.22"
-NOT_COVERED = "the prefill lifecycle cells cover 0.5.22 on"
+# The cells run on the scheduler the plain prefill scenarios run on, wherever the harness builds it
+# (the tree cache is the one each release's own factory makes: ChunkCache for these cells' disabled
+# radix cache up to 0.5.21); below it every cell is listed as not applicable, never run and never
+# passed.
+LIFE_OLDEST = HARNESS_OLDEST
+NOT_COVERED = f"the prefill lifecycle cells cover {LIFE_OLDEST} on"
 
 
 def inapplicable() -> dict[str, str]:

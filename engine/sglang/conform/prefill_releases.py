@@ -6,7 +6,7 @@ the helpers prefill_scheduler.py builds the Scheduler with on every release the 
     init_steps(sched, ...)  SGLang's own init_* steps, each where the release has it
     Config(group, args)     a setting from the published configuration, or the server argument
     parallel_state(sched)   Scheduler.ps where the release keeps one (0.5.17 to 0.5.20)
-    radix_cache_class()     the radix cache the release's default factory makes
+    tree_cache(sched, ...)  the tree cache the release's own factory makes
     cpu_kernels()           the allocator's kernel launch on the CPU where it launches Triton
 """
 
@@ -49,28 +49,31 @@ def parallel_state(sched) -> None:
     sched.ps = construct(cls, gpu_id=0, dcp_size=1, **values)
 
 
-def radix_cache_class():
-    """The radix cache this release's default factory (mem_cache.registry) makes for a plain model:
-    RadixCache up to 0.5.18, UnifiedRadixCache from 0.5.19."""
+def tree_cache(sched, params, *, disabled: bool, chunk: int | None):
+    """The tree cache this release's own factory (mem_cache.registry.create_tree_cache, which
+    kv_cache_builder calls) makes for a plain one-rank model: RadixCache up to 0.5.18 and
+    UnifiedRadixCache from 0.5.19 when enabled; disabled, ChunkCache up to 0.5.21 and a disabled
+    UnifiedRadixCache from 0.5.22."""
     from sglang.srt.mem_cache import registry  # lazy: SGLang is optional
 
-    if "return RadixCache(params)" in inspect.getsource(registry.default_radix_cache_factory):
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-
-        return RadixCache
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
-    return UnifiedRadixCache
-
-
-def full_component() -> tuple:
-    """(ComponentType.FULL,): the unified cache's one component for a plain model (its module moved
-    in 0.5.19)."""
-    try:
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    except ModuleNotFoundError:
-        from sglang.srt.mem_cache.unified_cache_components import ComponentType
-    return (ComponentType.FULL,)
+    context = construct(
+        registry.TreeCacheBuildContext,
+        server_args=sched.server_args,
+        params=params,
+        is_hybrid_swa=False,
+        is_hybrid_ssm=False,
+        full_tokens_per_layer=None,
+        is_dsa=False,
+        enable_hierarchical_cache=False,
+        disable_radix_cache=disabled,
+        effective_chunked_prefill_size=chunk,  # read by the factory up to 0.5.21
+        tp_worker=sched.tp_worker,
+        model_config=sched.model_config,
+        tp_size=1,
+        tp_rank=0,
+        tp_group=sched.tp_group,
+    )
+    return registry.create_tree_cache(context)
 
 
 class _NaiveExtendLaunch:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import hooks, mutate
-from ..sink import TraceSink
+from ..sink import LoopExit, TraceSink
 from .prefill_fakes import (
     CallLog,
     FakeCudaEvents,
@@ -42,7 +42,7 @@ class Stuck(RuntimeError):
     """The loop ran past the workload's iteration bound without finishing its requests."""
 
 
-class _LoopEnd(Exception):
+class _LoopEnd(LoopExit):
     """Ends a loop that has no exit of its own (before 0.5.21 the prefill loops never leave)."""
 
 

@@ -1,4 +1,4 @@
-"""SGLang's real prefill Scheduler on CPU (0.5.16 to 0.5.23: prefill_releases.py finds out what
+"""SGLang's real prefill Scheduler on CPU (0.5.14 to 0.5.23: prefill_releases.py finds out what
 each release has), around the fakes of prefill_fakes.py.
 
 The Scheduler is made with `Scheduler.__new__` (as SGLang's own unit tests do) and given SGLang's
@@ -33,14 +33,7 @@ from .prefill_fakes import (
     FakeStream,
     Schedule,
 )
-from .prefill_releases import (
-    Config,
-    construct,
-    full_component,
-    init_steps,
-    parallel_state,
-    radix_cache_class,
-)
+from .prefill_releases import RANK_ARGS, Config, construct, init_steps, parallel_state, tree_cache
 
 _MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -161,6 +154,7 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
         "init_moe_gemm_config",
         "init_metrics_collector",
     )
+    _metrics_collector(sched)
     worker = _model_worker(sched, workload, log)
     _limits(sched, workload, schedule_args)
     _groups(sched)
@@ -172,6 +166,7 @@ def build_scheduler(workload: Workload, log: CallLog, schedule: Schedule):
     _outputs(sched, log)
     _ngram_embedding(sched, worker)
     init_steps(sched, "init_hisparse_coordinator", "init_diffusion_llm", "init_metrics_reporter")
+    _metrics_reporter(sched)
     reporter = getattr(sched, "metrics_reporter", None)  # from 0.5.21
     sched.scheduler_stage_metrics = getattr(reporter, "scheduler_stage_metrics", None)
     init_steps(
@@ -216,8 +211,14 @@ def _publish_server_args(workload: Workload):
         rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
     elif hasattr(rc, "publish"):  # 0.5.17 on
         rc.publish(server_args, role="scheduler")
-    else:  # the server arguments alone, on the process's context
+    elif hasattr(
+        rc.get_context(), "set_server_args"
+    ):  # the server arguments alone (0.5.15, 0.5.16)
         rc.get_context().set_server_args(server_args)
+    else:  # the legacy process-wide server arguments (0.5.14)
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+        set_global_server_args_for_scheduler(server_args)
     return server_args
 
 
@@ -267,10 +268,47 @@ def _plain_settings(sched, server_args, schedule_args) -> None:
     limit = getattr(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT", None)  # 0.5.16 on; before, no limit
     sched.max_new_tokens_limit = limit.get() if limit is not None else None
     sched.enable_hisparse = getattr(mem, "enable_hisparse", False)
+    sched.hisparse_coordinator = None  # (init_hisparse_coordinator sets it where a release has it)
     # 0.5.23's name for it; enable_dp_attention before (a one-rank world has no DP attention)
     sched.attn_dp_enabled = sched.enable_dp_attention = False
     sched.enable_unified_memory = getattr(mem, "enable_unified_memory", False)
     parallel_state(sched)
+
+
+def _metrics_collector(sched) -> None:
+    """SGLang's metrics collector where Scheduler.__init__ makes it inline (0.5.14; later releases
+    have init_metrics_collector)."""
+    if hasattr(sched, "metrics_collector") or hasattr(sched, "init_metrics_collector"):
+        return
+    from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+
+    context = construct(
+        SchedulerMetricsCollector.init_new,
+        server_args=sched.server_args,
+        ps=getattr(sched, "ps", None),
+        enable_priority_scheduling=sched.enable_priority_scheduling,
+        enable_lora=sched.enable_lora,
+        enable_hierarchical_cache=sched.enable_hierarchical_cache,
+        **RANK_ARGS,
+    )
+    sched.metrics_collector_context = context
+    sched.metrics_collector = context.collector
+
+
+def _metrics_reporter(sched) -> None:
+    """The metrics reporter where Scheduler.__init__ makes it inline (0.5.14)."""
+    from sglang.srt.managers import scheduler  # lazy: SGLang is optional
+
+    cls = getattr(scheduler, "SchedulerMetricsReporter", None)
+    if hasattr(sched, "metrics_reporter") or cls is None or hasattr(sched, "init_metrics_reporter"):
+        return
+    sched.metrics_reporter = construct(
+        cls,
+        scheduler=sched,
+        metrics_collector_context=sched.metrics_collector_context,
+        metrics_collector=sched.metrics_collector,
+        **RANK_ARGS,
+    )
 
 
 def _model_worker(sched, workload: Workload, log: CallLog) -> FakeModelWorker:
@@ -307,9 +345,12 @@ def _limits(sched, workload: Workload, schedule_args) -> None:
         # on the context from 0.5.17; on the server arguments before
         ctx = rc.get_context()
         owner = ctx if hasattr(ctx, "override") else sched.server_args
-        owner.override(
-            "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=micro_batch
-        )
+        if hasattr(owner, "override"):
+            owner.override(
+                "scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=micro_batch
+            )
+        else:  # before 0.5.16 the scheduler sets the server argument itself
+            owner.pp_max_micro_batch_size = micro_batch
 
 
 def _groups(sched) -> None:
@@ -373,10 +414,11 @@ def _pools_and_cache(sched, workload: Workload, schedule_args):
         req_to_token_pool=sched.req_to_token_pool,
         token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator,
         page_size=workload.page_size,
-        tree_components=full_component(),
         chunked_prefill_size=schedule_args.chunked_prefill_size,
     )
-    sched.tree_cache = radix_cache_class()(params)
+    sched.tree_cache = tree_cache(
+        sched, params, disabled=not workload.radix_cache, chunk=schedule_args.chunked_prefill_size
+    )
     sched.disable_radix_cache = not workload.radix_cache
     sched.is_hybrid_swa = sched.is_hybrid_ssm = False
     sched.sliding_window_size = None
@@ -410,12 +452,14 @@ def _outputs(sched, log: CallLog) -> None:
 def _ngram_embedding(sched, worker: FakeModelWorker) -> None:
     """SGLang's own (disabled) n-gram embedding manager on the fake runner, and the worker's model
     configuration."""
-    # lazy: SGLang is optional
-    from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (
-        NgramEmbeddingManager,
-    )
-
     model_config = sched.model_config
+    worker.model_config = model_config
+    try:  # lazy: SGLang is optional
+        from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (
+            NgramEmbeddingManager,
+        )
+    except ModuleNotFoundError:  # before 0.5.16 the scheduler keeps it (maybe_init_ngram_embedding)
+        return
     worker.model_runner.ngram_embedding_manager = construct(
         NgramEmbeddingManager.from_model,
         server_args=sched.server_args,  # read there before 0.5.19
@@ -425,7 +469,6 @@ def _ngram_embedding(sched, worker: FakeModelWorker) -> None:
         max_running_requests=sched.max_running_requests,
         device="cpu",
     )
-    worker.model_config = model_config
 
 
 def _disaggregation(sched, workload: Workload, server_args, kv_pool) -> None:

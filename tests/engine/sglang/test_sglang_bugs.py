@@ -1,5 +1,6 @@
-"""The historical bug benchmark (scripts/sglang_bugs.py): one row, both of its releases, behind
-PDO_SGLANG_MATRIX=1 (it runs the lifecycle matrix on two releases side by side)."""
+"""The historical bug benchmark (scripts/sglang_bugs.py): a decode row and a prefill row, each on both
+of its releases, behind PDO_SGLANG_MATRIX=1 (each runs the general scenarios on two releases side by
+side)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,22 @@ from engine.sglang import versions
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.skipif(
-    os.environ.get("PDO_SGLANG_MATRIX") != "1"
-    or not {"0.5.15.post1", "0.5.16"} <= set(versions.installed()),
-    reason="the release matrix (PDO_SGLANG_MATRIX=1, scripts/sglang-matrix.sh installs it)",
-)
-def test_s2_is_flagged_on_its_buggy_release_and_clean_on_the_fixed():
+# row -> (its two releases, what must be among "caught by")
+ROWS = {
+    "S2": (("0.5.15.post1", "0.5.16"), ("D-consume-answer", "raised AttributeError")),
+    "S5": (("0.5.15.post1", "0.5.16"), ("P-chunk-sent",)),
+}
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_a_row_is_flagged_on_its_buggy_release_and_clean_on_the_fixed(row):
+    releases, caught = ROWS[row]
+    if os.environ.get("PDO_SGLANG_MATRIX") != "1" or not set(releases) <= set(versions.installed()):
+        pytest.skip(
+            "the release matrix (PDO_SGLANG_MATRIX=1, scripts/sglang-matrix.sh installs it)"
+        )
     out = subprocess.run(
-        [sys.executable, "scripts/sglang_bugs.py", "S2"],
+        [sys.executable, "scripts/sglang_bugs.py", row],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -30,7 +39,7 @@ def test_s2_is_flagged_on_its_buggy_release_and_clean_on_the_fixed():
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    (row,) = [line for line in out.stdout.splitlines() if line.startswith("| S2")]
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith(f"| {row}")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[3].startswith("yes") and cells[4] == "yes"
-    assert "D-consume-answer" in cells[5] and "raised AttributeError" in cells[5]
+    assert all(c in cells[5] for c in caught)
