@@ -5,7 +5,8 @@
     ├── RunFailed     a run that failed or can never finish: one line, exit 1
     └── InternalError a state pdo's own code should never reach: exit 70
 
-Any exception outside the tree is a bug in pdo too (exit 70). It lives alone in its layer
+Any exception outside the tree is a bug in pdo too (exit 70); ControlFlow marks the signals that
+are not errors at all. It lives alone in its layer
 (tests/layers.py), which every other layer may import: the engine core included, which imports
 nothing else of spec/."""
 
@@ -26,6 +27,11 @@ class RunFailed(PdoError):
 
 class InternalError(PdoError):
     """A state pdo's own code should never reach, detected by that code."""
+
+
+class ControlFlow(Exception):  # noqa: N818 (a signal, not an error)
+    """Not an error: raised to leave a loop or a step, and caught by the code that arranged it. It
+    stays outside PdoError on purpose; one that escapes is a bug in pdo (exit 70)."""
 
 
 class UnknownName(BadInput, KeyError):

@@ -142,13 +142,13 @@ def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
 
 def test_every_public_error_class_is_in_the_one_tree():
     """Each exception class a package defines for others to catch descends from PdoError (so the
-    CLI maps it by its base); only a module's private control flow (a leading underscore) or a
-    harness's verdict carrier stays outside."""
+    CLI maps it by its base); only a declared ControlFlow signal, a module's private one (a leading
+    underscore) or a harness's verdict carrier stays outside."""
     import importlib
     import inspect
     import pkgutil
 
-    from spec.errors import PdoError
+    from spec.errors import ControlFlow, PdoError
 
     outside = []
     for top in ("spec", "engine", "checker"):
@@ -168,7 +168,7 @@ def test_every_public_error_class_is_in_the_one_tree():
                     and issubclass(cls, BaseException)
                     and cls.__module__ == info.name
                     and not name.startswith("_")
-                    and not issubclass(cls, PdoError)
+                    and not issubclass(cls, (PdoError, ControlFlow))
                 ):
                     outside.append(f"{info.name}.{name}")
     assert outside == []

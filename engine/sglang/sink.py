@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+from spec.errors import ControlFlow
+
 from .. import sync
 from ..trace import FORMAT
 
@@ -29,7 +31,7 @@ VERSION = 2
 COMPLETIONS_OBSERVED = [False]
 
 
-class LoopExit(Exception):
+class LoopExit(ControlFlow):
     """Raised by a harness to leave a scheduler loop that has no exit of its own (before 0.5.21
     SGLang's loops never return; from 0.5.21 they return once `gracefully_exit` is set): the loop
     ends where a later release's would return, so its trace ends `normal`, as that release's does."""
