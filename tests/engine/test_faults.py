@@ -81,13 +81,15 @@ def test_embedded_prefill_rank_killed_aborts_only_its_requests(tmp_path, at, cap
 
 
 def test_without_the_reaper_a_dead_ranks_requests_wait_for_the_kv_timeout(tmp_path, monkeypatch):
-    # the mutant: the decode never learns of the failure, so the requests in transfer end only at
-    # the KV timeout, with a reason that does not name the rank
+    # the mutant: the decode never learns of the failure (no failed rank in its summary, no abort
+    # attributed to the rank): a request in transfer at the kill ends only at the KV timeout, one
+    # not yet pulled at its refused pull. Which of the two each meets depends on timing.
     monkeypatch.setattr(DecodeScheduler, "reap_failed_ranks", lambda self: None)
     s = embedded(tmp_path, {"role": "prefill1", "at": 2}, kv_timeout_s=0.5)
-    assert any("incomplete" in why for why in s["aborted"].values()), s["aborted"]
-    with pytest.raises(AssertionError):
-        assert_contained(s, 1)
+    assert s["failed_ranks"] == [], s["failed_ranks"]
+    assert s["aborted"] and all(
+        "incomplete" in why or "prefill rank 1 failed" in why for why in s["aborted"].values()
+    ), s["aborted"]
 
 
 def test_a_short_trace_of_the_failed_rank_is_not_judged_against(tmp_path):
