@@ -213,7 +213,8 @@ def _chunk_slow(path: str, first_line: int, raw: list, last_seq: int, tables: tu
 
 
 _EV, _SEQ = itemgetter("ev"), itemgetter("seq")
-_EV_ATTR, _SEQ_ATTR = attrgetter("ev"), attrgetter("seq")
+_BATCH = itemgetter("batch")
+_EV_ATTR, _SEQ_ATTR, _BATCH_ATTR = attrgetter("ev"), attrgetter("seq"), attrgetter("batch")
 _TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, tables)
 
 
@@ -302,7 +303,8 @@ def _chunks(
                 if not kinds <= valid.keys():
                     events, nums = _drop_unknown(events, nums, valid, ignored)
                 if "admit" in kinds:
-                    admitted.update([e["batch"] for e in events if e["ev"] == "admit"])
+                    admits = [e for e in events if ev_of(e) == "admit"]
+                    admitted.update(map(_BATCH_ATTR if typed else _BATCH, admits))
             if events and structs and not typed:  # the general path's dicts
                 events = as_structs(tables[3], events)
             if events:
