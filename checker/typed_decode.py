@@ -39,8 +39,7 @@ _TYPES = {
     "object|null": _OBJECT | None,
     "int|str": _I64 | str,
 }
-_BASE = ["seq", "t_ns", "thread"]
-_BASE_TYPES = {"seq": _I64, "t_ns": _I64, "thread": str}
+_BASE = {"seq": _I64, "t_ns": _I64, "thread": str}
 # the happens-before clock (docs/trace-format.md): own count, or changed components
 _VC_TYPE = _I64 | dict[str, _I64]
 
@@ -76,7 +75,7 @@ def _struct(ev: str, spec: dict, strict: bool, absent):
             return Any
         return t | msgspec.UnsetType if absent is msgspec.UNSET else t
 
-    fields = [(name, _BASE_TYPES[name] if strict else Any) for name in _BASE]
+    fields = [(name, t if strict else Any) for name, t in _BASE.items()]
     fields += [(n, _TYPES[t] if strict else Any) for n, t in spec.get("fields", {}).items()]
     fields += [(n, typ(_TYPES[t]), absent) for n, t in spec.get("optional", {}).items()]
     fields.append(("vc", typ(_VC_TYPE), absent))
