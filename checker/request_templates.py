@@ -330,28 +330,36 @@ class ChunkSent(Template):
     def _send(self, e, lo, hi):
         """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
         for chunk in self.chunks[e.rid]:
-            batch, left, _ = chunk
-            if not left:  # all sent already: nothing more of it to cover
+            left = chunk[1]
+            if not left or left[0][0] >= hi or left[-1][1] <= lo:  # nothing of it in [lo, hi)
                 continue
             hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
             if not hit:
                 continue
             self.checks += 1
-            wait = getattr(e, "device_wait", None) is True
-            if batch not in self.done_b and not (wait and batch in self.started_b):
-                how = (
-                    "with a device wait before its forward began"
-                    if wait
-                    else f"before {self.done}({batch}), with no device wait"
-                )
-                self.fail(
-                    f"{event_label(e)} sends {e.rid}'s tokens "
-                    f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
-                    e.seq,
-                )
+            batch = chunk[0]
+            if batch not in self.done_b:
+                self._early(e, batch, hit)
             chunk[1] = [
                 p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b)) if p[0] < p[1]
             ]
+
+    def _early(self, e, batch, hit):
+        """A send of batch `batch`'s tokens before its `done`: a violation unless the send waits
+        on the device for a forward that has begun."""
+        wait = getattr(e, "device_wait", None) is True
+        if wait and batch in self.started_b:
+            return
+        how = (
+            "with a device wait before its forward began"
+            if wait
+            else f"before {self.done}({batch}), with no device wait"
+        )
+        self.fail(
+            f"{event_label(e)} sends {e.rid}'s tokens "
+            f"{hit[0][0]}..{hit[-1][1]} of batch {batch} {how}",
+            e.seq,
+        )
 
     def _unsent(self, rid, seq):
         for batch, left, admit_seq in self.chunks.pop(rid, ()):
@@ -391,10 +399,14 @@ class Delivered(Template):
         self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
         self.completed: set = set()  # (rid, start) completed
         self.any_done: set = set()  # rids with some completion
+        # rids some send of which may still be open (completions only ever close sends, so a rid
+        # a consumer found all delivered leaves until its next send)
+        self.unsettled: set = set()
 
     def on_chunk(self, evs):
         done, failed, consumer, sent = self.done, self.failed, self.consumer, self.sent
         completed, any_done, sends = self.completed, self.any_done, self.sends
+        unsettled = self.unsettled
         checks = 0
         for e in evs:
             ev, rid = e.ev, e.rid
@@ -426,6 +438,7 @@ class Delivered(Template):
                     sent[rid] = {start: e.seq}
                 elif start not in got:
                     got[start] = e.seq
+                unsettled.add(rid)
         self.checks += checks
 
     def _open(self, rid, start) -> bool:
@@ -437,8 +450,12 @@ class Delivered(Template):
             if rid not in self.any_done:
                 self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e.seq)
             return
+        if rid not in self.unsettled:
+            return
+        settled = True
         for start, seq in self.sent.get(rid, {}).items():
             if self._open(rid, start):
+                settled = False
                 at = f" at token {start}" if start is not None else ""
                 self.fail(
                     f"{event_label(e)} for {rid} while its send{at} was not yet delivered "
@@ -446,11 +463,16 @@ class Delivered(Template):
                     seq,
                     e.seq,
                 )
+        if settled:
+            self.unsettled.discard(rid)
 
     def finish(self):
+        self.checks += sum(map(len, self.sent.values()))
+        unsettled = self.unsettled
         for rid, sent in self.sent.items():
+            if rid not in unsettled:
+                continue
             for start, seq in sent.items():
-                self.checks += 1
                 if self._open(rid, start):
                     at = f" at token {start}" if start is not None else ""
                     self.fail(f"{rid}'s send{at} was never delivered ({self.done})", seq)
