@@ -301,7 +301,11 @@ class ChunkSent(Template):
             rule["release"],
         )
         self.events = ("admit", self.done, self.started, self.release, *self.sends)
-        self.chunks: dict = {}  # rid -> [[batch, remaining [lo, hi) intervals, admit seq]]
+        self.chunks: dict = {}  # rid -> [[batch, remaining [lo, hi) intervals, admit seq, lo, hi]]
+        # (rid, lo) -> the chunk admitted as [lo, ...), for sends that cover exactly one chunk; only
+        # rids whose admitted ranges are disjoint use it (`tangled` holds the others)
+        self.at: dict = {}
+        self.tangled: set = set()
         self.done_b, self.started_b = set(), set()
 
     def on_chunk(self, evs):
@@ -325,11 +329,26 @@ class ChunkSent(Template):
     def _admit(self, e):
         for rid, rng in (getattr(e, "chunks", None) or {}).items():
             if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
-                self.chunks.setdefault(rid, []).append([e.batch, [tuple(rng)], e.seq])
+                lo, hi = rng
+                held = self.chunks.setdefault(rid, [])
+                if any(c[3] < hi and lo < c[4] for c in held):
+                    self.tangled.add(rid)
+                chunk = [e.batch, [(lo, hi)], e.seq, lo, hi]
+                held.append(chunk)
+                self.at[rid, lo] = chunk
 
     def _send(self, e, lo, hi):
         """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
-        for chunk in self.chunks[e.rid]:
+        rid = e.rid
+        chunk = self.at.get((rid, lo))
+        if chunk is not None and chunk[1] == [(lo, hi)] and rid not in self.tangled:
+            # exactly one chunk's tokens, and no other chunk holds any of them
+            self.checks += 1
+            if chunk[0] not in self.done_b:
+                self._early(e, chunk[0], chunk[1])
+            chunk[1] = []
+            return
+        for chunk in self.chunks[rid]:
             left = chunk[1]
             if not left or left[0][0] >= hi or left[-1][1] <= lo:  # nothing of it in [lo, hi)
                 continue
@@ -362,7 +381,9 @@ class ChunkSent(Template):
         )
 
     def _unsent(self, rid, seq):
-        for batch, left, admit_seq in self.chunks.pop(rid, ()):
+        self.tangled.discard(rid)
+        for batch, left, admit_seq, lo, _ in self.chunks.pop(rid, ()):
+            self.at.pop((rid, lo), None)
             self.checks += 1
             if left:
                 self.fail(
