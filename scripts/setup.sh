@@ -18,13 +18,13 @@
 #           index (same Triton) into .venv, then re-run this script.
 # The GPU branch fails, with one line, unless torch is a CUDA build that sees the GPU.
 #
-# `--test` also sets up what only the tests need: SGLang (for `pdo conform sglang`, docs/sglang.md),
-# without its own dependency resolution. scripts/sglang-requirements.txt is the newest supported
-# release and the exact set its scheduler modules import, and torchvision is the build that matches
-# the torch above (0.28.0 for 2.13, 0.29.1 for 2.14). The oldest supported release goes beside it,
-# in .sglang/<version>/ (engine/sglang/versions.py: its wheel and the pins the shared set does not
-# meet), so that the tests run both ends of the range, and the optional Ray extra (for --ray). The
-# engine, the checker and the main job never need SGLang or Ray.
+# `--test` also sets up what only the tests need: pytest (the `test` extra), the optional Ray extra
+# (for --ray), and SGLang (for `pdo conform sglang`, docs/sglang.md) without its own dependency
+# resolution. scripts/sglang-requirements.txt is the newest supported release and the exact set its
+# scheduler modules import, and torchvision is the build that matches the torch above (0.28.0 for
+# 2.13, 0.29.1 for 2.14). The oldest supported release goes beside it, in .sglang/<version>/
+# (engine/sglang/versions.py: its wheel and the pins the shared set does not meet), so that the
+# tests run both ends of the range. The engine, the checker and the main job need none of these.
 #
 # Idempotent: a second run, with pyproject.toml, the SGLang list and this script unchanged since the
 # last complete run (stamps in .venv record them), installs nothing and only checks the versions.
@@ -49,13 +49,13 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
     .venv/bin/pip install -q "torch==$torch+cpu" "triton==$TRITON" 2>/dev/null ||
       .venv/bin/pip install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$torch+cpu" "triton==$TRITON"
   fi
-  .venv/bin/pip install -q -e ".[test]"
+  .venv/bin/pip install -q -e .
   echo "$key" >"$stamp"
 fi
 test_key="$key $(cat scripts/sglang-requirements.txt | sha256sum | cut -c1-16)"
 if (( tests )) && [[ "$(cat "$stamp.test" 2>/dev/null)" != "$test_key" ]]; then
+  .venv/bin/pip install -q -e ".[test,ray]"  # pytest and the optional extra (tests/checker/test_ray.py)
   .venv/bin/pip install -q --no-deps -r scripts/sglang-requirements.txt "torchvision==$vision"
-  .venv/bin/pip install -q -e ".[ray]"  # the optional extra, for tests/checker/test_ray.py
   .venv/bin/python -m engine.sglang.versions install --oldest
   echo "$test_key" >"$stamp.test"
 fi
