@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.child_process import children_of
+from engine.runs.child_process import children_of
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--dp", "2", "--requests", "8", "--prompt-len", "16:64", "--max-new-tokens", "4"]
@@ -57,11 +57,16 @@ OUTSIDE = [
     ),
     (
         "prefill1",
-        ["engine.pd_process", "prefill", "1"],
+        ["engine.runs.pd_process", "prefill", "1"],
         ('"ev":"prefill_info"', 1),
         "as the decode starts (its prefill_info event)",
     ),
-    ("decode", ["engine.pd_process", "decode"], ('"ev":"receiver_init"', 4), "at 4 receiver inits"),
+    (
+        "decode",
+        ["engine.runs.pd_process", "decode"],
+        ('"ev":"receiver_init"', 4),
+        "at 4 receiver inits",
+    ),
 ]
 
 

@@ -7,7 +7,7 @@ Run: .venv/bin/python scripts/fuzz_judges.py [MUTANT ...]   (default: every regi
 import sys
 
 from checker.fuzz.cli import mutant_row
-from engine.inject import DECODE_MUTANTS, MUTANTS
+from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 
 KINDS = [
     ("rule", "rule "),

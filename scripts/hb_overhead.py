@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from engine import hb
 from engine.bench.trace_overhead import emit_cost_ns
-from engine.config import EngineConfig
-from engine.run import run_prefill, shared_model
-from engine.trace import NullTracer, Tracer
-from engine.workload import WorkloadConfig
+from engine.runs.prefill_run import run_prefill, shared_model
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
+from engine.sync import hb
+from engine.trace.tracer import NullTracer, Tracer
 
 
 def main() -> None:

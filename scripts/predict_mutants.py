@@ -24,9 +24,10 @@ import time
 from checker.fuzz.confirm import confirm
 from checker.linear import check_file, check_files
 from checker.predict import predict_file
-from engine import hb, inject
 from engine.cli import main as pdo
-from engine.pd import trace_paths
+from engine.runs.pd import trace_paths
+from engine.runtime import inject
+from engine.sync import hb
 
 
 def one(mutant: str | None, mode: str, seed: int, path: str) -> None:

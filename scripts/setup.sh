@@ -54,7 +54,7 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$key" ]]; then
 fi
 test_key="$key $(cat scripts/sglang-requirements.txt | sha256sum | cut -c1-16)"
 if (( tests )) && [[ "$(cat "$stamp.test" 2>/dev/null)" != "$test_key" ]]; then
-  .venv/bin/pip install -q -e ".[test,ray]"  # pytest and the optional extra (tests/checker/test_ray.py)
+  .venv/bin/pip install -q -e ".[test,ray]"  # pytest and the optional extra (tests/checker/fuzz/test_ray.py)
   .venv/bin/pip install -q --no-deps -r scripts/sglang-requirements.txt "torchvision==$vision"
   .venv/bin/python -m engine.sglang.versions install --oldest
   echo "$test_key" >"$stamp.test"

@@ -6,7 +6,7 @@ ratio to the untraced run of its round, with a 95% interval (docs/benchmarks.md)
     PYTHONPATH=. .venv/bin/python scripts/trace_arms.py --rounds 150 [--arms off,mem,stream]
     PYTHONPATH=. .venv/bin/python scripts/trace_arms.py --passes 20   # what streaming costs where
 
-`--passes N`: N streamed runs; the CPU time of the writer thread's passes (engine/trace_writer.py,
+`--passes N`: N streamed runs; the CPU time of the writer thread's passes (engine/trace/writer.py,
 the pass at close included) and of the trace sink process (Linux: /proc), as shares of wall time.
 """
 
@@ -19,11 +19,11 @@ import statistics
 import tempfile
 import time
 
-from engine import trace_writer
-from engine.config import EngineConfig
-from engine.run import run_prefill, shared_model
-from engine.trace import NullTracer, Tracer
-from engine.workload import WorkloadConfig
+from engine.runs.prefill_run import run_prefill, shared_model
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
+from engine.trace import writer as trace_writer
+from engine.trace.tracer import NullTracer, Tracer
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Write a fleet of trace sets: N runs of `pdo run` (even i) and `pdo run --pd` (odd i), every fifth
 under a mutant (a prefill one, which breaks P-war-device; a decode one, whose bug is race-dependent),
-for `pdo check --ray DIR` (docs/scale.md, tests/checker/test_ray.py).
+for `pdo check --ray DIR` (docs/scale.md, tests/checker/fuzz/test_ray.py).
 
     PYTHONPATH=. .venv/bin/python scripts/trace_fleet.py /tmp/fleet 200 [--requests 4]"""
 

@@ -77,7 +77,7 @@ PARAMS: dict[str, dict[str, str]] = {
 }
 KINDS = tuple(PARAMS)
 # The loop modes a rule may name, per role ("any": every mode), and the threads a rule may name. The
-# models in spec/ read these; the engine keeps its own lists (engine/config.py MODES, engine/decode/
+# models in spec/ read these; the engine keeps its own lists (engine/runtime/config.py MODES, engine/decode/
 # config.py DECODE_LOOPS: it does not depend on spec/), and a test keeps the two in step.
 LOOP_MODES = {
     "prefill": ("normal", "overlap", "thread", "ahead"),

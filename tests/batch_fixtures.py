@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import Req, SamplingBatchInfo, ScheduleBatch
+from engine.runtime.request import Req, SamplingBatchInfo, ScheduleBatch
 
 
 class Spec:

@@ -26,7 +26,7 @@ def _refine_engine_traces(request, monkeypatch):
     if not _REFINE or request.node.get_closest_marker("drifts"):
         yield
         return
-    from engine.trace import Tracer
+    from engine.trace.tracer import Tracer
 
     written: list[str] = []
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import EngineConfig
-from engine.model import TinyLlama
-from engine.reference import reference_generate
-from engine.reference_prefill import reference_prefill as reference  # noqa: F401 - re-exported
-from engine.run import run_prefill
-from engine.workload import WorkloadConfig, make_workload
+from engine.oracle.reference import reference_generate
+from engine.oracle.reference_prefill import reference_prefill as reference  # noqa: F401 - re-exported
+from engine.runs.prefill_run import run_prefill
+from engine.runs.workload import WorkloadConfig, make_workload
+from engine.runtime.config import EngineConfig
+from engine.runtime.model import TinyLlama
 
 
 def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=False, **cfg_kw):
@@ -27,7 +27,7 @@ _GEN: dict = {}
 
 def assert_tokens_match_reference(s, cfg: EngineConfig, wc: WorkloadConfig) -> None:
     """Every token each finished request of a PD run generated equals the single-process reference's
-    (engine/reference.py), position by position: judged here, apart from run_pd's own comparison."""
+    (engine/oracle/reference.py), position by position: judged here, apart from run_pd's own comparison."""
     reqs = {r.rid: r for r in make_workload(wc, cfg.model_config.vocab_size)}
     model = _GEN.setdefault(("model", cfg.model, cfg.seed, cfg.dtype), None)
     for rid, toks in s["outputs"].items():

@@ -6,40 +6,48 @@ in the importer's allowed set is a back-edge; tests/test_layers.py fails on one,
 
 from __future__ import annotations
 
-# layer: (module prefixes, layers its modules may import besides their own)
+# layer: (packages, layers its modules may import besides their own). Each engine package is a layer of
+# its own: the order below is the order of docs/architecture.md, lowest first.
+LOW = ("errors", "kernels")
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "errors": (("spec.errors",), ()),
+    "errors": (("spec.errors", "engine.errors"), ()),
     "kernels": (("triton_kernels",), ()),
     "spec": (("spec",), ("errors",)),
-    "engine": (("engine",), ("kernels", "errors")),
     "checker": (("checker",), ("spec", "errors")),
-    "harness": (
-        ("checker.fuzz", "engine.sglang.conform"),
-        ("engine", "checker", "spec", "kernels", "errors"),
+    "sync": (("engine.sync",), LOW),
+    "runtime": (("engine.runtime",), ("sync", *LOW)),
+    "trace": (("engine.trace",), ("runtime", "sync", *LOW)),
+    "bootstrap": (("engine.bootstrap",), ("sync", *LOW)),
+    "kv": (("engine.kv",), ("bootstrap", "trace", "runtime", "sync", *LOW)),
+    "oracle": (("engine.oracle",), ("runtime", "sync", *LOW)),
+    "prefill": (("engine.prefill",), ("kv", "trace", "runtime", "sync", *LOW)),
+    "decode": (("engine.decode",), ("kv", "bootstrap", "trace", "runtime", "sync", *LOW)),
+    "runs": (
+        ("engine.runs",),
+        ("prefill", "decode", "oracle", "kv", "bootstrap", "trace", "runtime", "sync", *LOW),
     ),
-    "front": (
-        (
-            "engine.cli",
-            "engine.bench",
-            "spec.cli",
-            "checker.bench",
-            "checker.fuzz.cli",
-            "engine.sglang.conform.cli",
-        ),
-        ("harness", "engine", "checker", "spec", "kernels", "errors"),
-    ),
+    "sglang": (("engine.sglang",), ("bootstrap", "trace", "runtime", "sync", *LOW)),
 }
+ENGINE = tuple(name for name, (prefixes, _) in LAYERS.items() if prefixes[0].startswith("engine."))
+LAYERS["harness"] = (("checker.fuzz", "engine.sglang.conform"), ("checker", "spec", *ENGINE, *LOW))
+LAYERS["front"] = (
+    (
+        "engine.cli",
+        "engine.bench",
+        "spec.cli",
+        "checker.bench",
+        "checker.fuzz.cli",
+        "engine.sglang.conform.cli",
+    ),
+    ("harness", "checker", "spec", *ENGINE, *LOW),
+)
 
 
 def layer_of(module: str) -> str | None:
     best, length = None, -1
     for layer, (prefixes, _) in LAYERS.items():
         for prefix in prefixes:
-            hit = (
-                module == prefix
-                or module.startswith(prefix + ".")
-                or module.startswith(prefix + "_")
-            )
+            hit = module == prefix or module.startswith(prefix + ".")
             if hit and len(prefix) > length:
                 best, length = layer, len(prefix)
     return best

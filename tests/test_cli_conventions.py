@@ -102,10 +102,10 @@ def test_bad_input_is_classified_explicitly_not_by_name(tmp_path, monkeypatch):
     """A ValueError from inside pdo is a bug (70); a BadInput is the user's (2); a PD run that
     failed is 1, one that cannot start as configured 2."""
     from checker.predict import NoClocks
-    from engine.bootstrap_client import BootstrapUnavailable
+    from engine.bootstrap.client import BootstrapUnavailable
     from engine.decode.config import PDError, PDStartupError
-    from engine.decode.transport import KVTransportError
     from engine.errors import ConfigError, EngineError
+    from engine.kv.transport import KVTransportError
     from engine.prefill.worker import WorkerError
     from engine.sglang.versions import VersionError
     from engine.sync import Deadlock

@@ -19,10 +19,10 @@ import checker.trace_cli
 import engine.bench.decode
 import engine.bench.prefill
 import engine.bench.trace_overhead
-import engine.bootstrap
+import engine.bootstrap.server
 import engine.cli.launch
-import engine.pd
-import engine.run
+import engine.runs.pd
+import engine.runs.prefill_run
 import spec.cli
 from checker import bench as checker_bench
 from engine.cli import build_parser, exits, main, walk_parsers
@@ -43,10 +43,10 @@ def nothing_runs():
         raise Ran("a run started")
 
     targets = [
-        (engine.run, "run_prefill"),
-        (engine.pd, "run_pd"),
+        (engine.runs.prefill_run, "run_prefill"),
+        (engine.runs.pd, "run_pd"),
         (engine.cli.launch, "launch"),
-        (engine.bootstrap, "serve_forever"),
+        (engine.bootstrap.server, "serve_forever"),
         (checker.trace_cli, "plot"),
         (checker.trace_cli, "export"),
         (checker.fuzz.cli, "run_case"),

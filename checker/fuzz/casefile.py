@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from engine.inject import DECODE_MUTANTS, MUTANTS
+from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 from spec.errors import BadInput
 
 from .cases import CONTEXT, Case, PDCase

@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
+from engine.runtime.config import EngineConfig
 
 from .pressure import with_pressure
 
@@ -46,8 +46,8 @@ class Case:
     arrival: Literal["burst", "poisson"] = "burst"
 
     def configs(self):
-        # lazy: engine.workload imports torch, and `pdo` loads the fuzz CLI at every start-up
-        from engine.workload import WorkloadConfig
+        # lazy: engine.runs.workload imports torch, and `pdo` loads the fuzz CLI at every start-up
+        from engine.runs.workload import WorkloadConfig
 
         cfg = EngineConfig(
             mode=self.mode,
@@ -74,7 +74,7 @@ class Case:
 
 @dataclass
 class PDCase(Case):
-    """A whole PD run (engine/pd.py) under the controller: the prefill case's workload and engine
+    """A whole PD run (engine/runs/pd.py) under the controller: the prefill case's workload and engine
     knobs (`mode` is the prefill ranks' loop), plus the decode's knobs, client aborts, memory
     release, bootstrap latency and failures. Every thread (each rank's scheduler, forward worker,
     streams and KV transfer thread; the decode scheduler, its streams and prefetch workers) is a
@@ -130,7 +130,7 @@ class PDCase(Case):
 
 def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
     """A random PD case (the seeded counterpart of the Hypothesis strategy in
-    tests/checker/test_fuzz.py)."""
+    tests/checker/fuzz/test_fuzz.py)."""
     ps = rng.choice([1, 4, 8])
     knobs = dict(
         mode=rng.choice(["normal", "overlap", "thread", "ahead"]),

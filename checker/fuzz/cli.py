@@ -12,8 +12,8 @@ import statistics
 import sys
 import time
 
-from engine.config import MODES
-from engine.inject import DECODE_MUTANTS, MUTANTS
+from engine.runtime.config import MODES
+from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 from spec import domains as d
 
 from ..parallel import Progress, add_ray_args, executor, ray_summary

@@ -5,7 +5,7 @@ run is rebuilt from the trace's header (`config`, `workload`) and run under the 
 `Delay`: the non-preemptive default, except that the thread of `first` is held at that event's
 schedule point until `second` has been logged. The prediction is confirmed when the controlled
 trace breaks the predicted rule. One that cannot be reached means the happens-before clocks missed
-an order the engine enforces (a hand-off engine/hb.py does not see): a bug there.
+an order the engine enforces (a hand-off engine/sync/hb.py does not see): a bug there.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from checker.linear import check_file
 from checker.trace_io import iter_chunks
 from engine import sync
-from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
-from engine.trace import Tracer
-from engine.workload import WorkloadConfig
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
+from engine.trace.tracer import Tracer
 from spec.errors import BadInput
 
 from .controller import Controller
@@ -132,7 +132,7 @@ def confirm(path: str, header: dict, prediction) -> Confirmation:
 
 
 def _confirm_prefill(path: str, header: dict, prediction, k: int, k2: int) -> Confirmation:
-    from engine.run import run_prefill  # lazy: imports torch
+    from engine.runs.prefill_run import run_prefill  # lazy: imports torch
 
     cfg, wc = _configs(header, path)
     a, b = prediction.first, prediction.second
@@ -152,7 +152,7 @@ def _confirm_prefill(path: str, header: dict, prediction, k: int, k2: int) -> Co
 def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirmation:
     """A PD role's trace: the whole PD run rebuilt (every rank and the decode, one process, as
     `pdo run --pd`), the first event's thread held in that role."""
-    from engine.pd import run_pd  # lazy: imports torch
+    from engine.runs.pd import run_pd  # lazy: imports torch
 
     cfg, wc = _configs(header, path)
     run, dc_d = header.get("pd_run"), header.get("decode_config")
@@ -166,7 +166,7 @@ def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirm
         )
     role = "decode" if header["role"] == "decode" else f"prefill{header['dp_rank']}"
     a, b = prediction.first, prediction.second
-    # under the controller a role's threads are "<role>/<thread>" (engine/pd.py, _run_roles)
+    # under the controller a role's threads are "<role>/<thread>" (engine/runs/pd.py, _run_roles)
     delay = Delay(None, f"{role}/{a['thread']}", a["ev"], k, b["ev"], k2)
 
     def tracers(by_role):

@@ -1,5 +1,5 @@
 """The schedule controller: lets exactly one managed thread run at a time and, at every schedule
-point (engine/sync.py), asks its strategy which enabled thread goes next."""
+point (engine/sync/__init__.py), asks its strategy which enabled thread goes next."""
 
 from __future__ import annotations
 

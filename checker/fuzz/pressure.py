@@ -23,8 +23,8 @@ def page_needs(case) -> tuple[int, int, int]:
     new_tokens = getattr(case, "max_new_tokens", 0)
     key = (dataclasses.astuple(wc), cfg.model, case.page_size, new_tokens)
     if key not in _NEEDS:
-        from engine.memory import pages_for  # lazy: engine.memory imports torch
-        from engine.workload import make_workload
+        from engine.runs.workload import make_workload
+        from engine.runtime.memory import pages_for  # lazy: engine.runtime.memory imports torch
 
         ps = case.page_size
         prefixes, tails, largest, decode = set(), 0, 0, 0
@@ -165,7 +165,7 @@ class CampaignStats:
 
 
 def prefill_run_stats(summary) -> dict:
-    """The memory counters of one prefill run (engine/run.py's summary)."""
+    """The memory counters of one prefill run (engine/runs/prefill_run.py's summary)."""
     return dict(summary.get("memory") or {})
 
 

@@ -19,7 +19,7 @@ from checker.linear import check_file, check_files
 from checker.refine import check_model
 from engine import sync
 from engine.decode.request import DecodeReq, ReqState
-from engine.trace import Tracer
+from engine.trace.tracer import Tracer
 from spec import load_rules
 
 from .cases import PDCase
@@ -161,7 +161,7 @@ def run_case(
 
 # ---- one prefill case ----------------------------------------------------------------------------
 def _prefill_output_failures(summary) -> list[str]:
-    """Every output against the reference (engine/oracle.py: first tokens, the KV the receiver got,
+    """Every output against the reference (engine/oracle/judge.py: first tokens, the KV the receiver got,
     AttentionStore entries, the prefix-cache pages requests matched); judged on every run, a rule
     violation or not."""
     return [f"output: {m}" for m in summary["verify"]["mismatches"]]
@@ -177,7 +177,7 @@ def run_prefill_case(
 ) -> Outcome:
     """Run one controlled schedule of a prefill case and judge it: the trace against its rules, each
     request's output against the reference, and leaks."""
-    from engine.run import run_prefill  # lazy: imports torch
+    from engine.runs.prefill_run import run_prefill  # lazy: imports torch
 
     cfg, workload = case.configs()
     tracer = Tracer()
@@ -229,7 +229,7 @@ def _model(cfg):
     if key not in _MODELS:
         import torch  # lazy: see the module docstring
 
-        from engine.model import TinyLlama  # lazy: imports torch
+        from engine.runtime.model import TinyLlama  # lazy: imports torch
 
         _MODELS[key] = TinyLlama(
             cfg.model_config,
@@ -256,7 +256,7 @@ def _reference_tokens(cfg, req):
         req.max_new_tokens,
     )
     if key not in _GEN_CACHE:
-        from engine.reference import reference_generate  # lazy: imports torch
+        from engine.oracle.reference import reference_generate  # lazy: imports torch
 
         _GEN_CACHE[key] = reference_generate(cfg, [req], model=_model(cfg))[req.rid]
     return _GEN_CACHE[key]
@@ -316,9 +316,9 @@ def _unserved_requests(case: PDCase) -> list:
 
 
 def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, stem: str):
-    """engine/pd.py's run_pd under `ctl`, with the case's hooks and bootstrap faults: (summary or
+    """engine/runs/pd.py's run_pd under `ctl`, with the case's hooks and bootstrap faults: (summary or
     None, the exception it raised or None, the failures of threads that did not exit)."""
-    from engine.pd import run_pd  # lazy: imports torch
+    from engine.runs.pd import run_pd  # lazy: imports torch
 
     def faults(server):
         server.set_faults(
@@ -356,8 +356,8 @@ def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, ste
 
 def _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary) -> list[str]:
     """Every finished request's tokens against the reference; every abort not documented."""
-    from engine.pd import decode_requests  # lazy: imports torch
-    from engine.workload import make_workload  # lazy: imports torch
+    from engine.runs.pd import decode_requests  # lazy: imports torch
+    from engine.runs.workload import make_workload  # lazy: imports torch
 
     failures = []
     dreqs = {r.rid: r for r in extra}

@@ -9,9 +9,8 @@ checker, and `.decode` decode.
 from __future__ import annotations
 
 from checker import bench as checker_bench  # noqa: F401  (registers `pdo bench checker`)
-
-from . import decode, prefill, trace_overhead  # noqa: F401  (register their sub-commands)
-from .registry import BENCH
+from engine.bench import decode, prefill, trace_overhead  # noqa: F401  (register their sub-commands)
+from engine.bench.registry import BENCH
 
 
 def register(sub) -> None:

@@ -1,7 +1,7 @@
 """`pdo bench decode`: the DP-rank prefetch (PR #35071) against the synchronous baseline.
 
 For each bootstrap latency, runs with and without the prefetch alternate (on, off, on, off, ...) so
-drift on a shared machine hits both alike. Each run is a full embedded PD run (engine/pd.py) against
+drift on a shared machine hits both alike. Each run is a full embedded PD run (engine/runs/pd.py) against
 a fresh `pdo bootstrap` process: the server has its own interpreter, as in a deployment, and no room
 registered by an earlier run is known to a later one. Per arm, over all its runs:
 
@@ -23,15 +23,14 @@ import statistics
 import sys
 import tempfile
 
+from engine.bench.record import add_json_arguments, write_json
+from engine.bench.registry import BENCH, BenchCommand
+from engine.bench.stats import pct
+from engine.decode.config import DecodeConfig
+from engine.runs.child_process import spawn, stop
+from engine.runtime.config import MODEL_PRESETS, MODES, EngineConfig
 from spec import domains as d
 from spec.errors import BadInput
-
-from ..child_process import spawn, stop
-from ..config import MODEL_PRESETS, MODES, EngineConfig
-from ..decode.config import DecodeConfig
-from .record import add_json_arguments, write_json
-from .registry import BENCH, BenchCommand
-from .stats import pct
 
 LATENCIES_MS = (0.5, 2.0, 10.0)
 MAX_ARRIVAL_SPAN_S = 3600.0  # as `pdo run --arrival poisson` (engine/cli/flags.py)
@@ -135,7 +134,7 @@ def cmd_decode(a) -> int:
 
 class _Bootstrap:
     """A `pdo bootstrap` process on a free port, for one run; its output goes to a log file in a
-    temporary directory (engine/child_process.py), removed with it."""
+    temporary directory (engine/runs/child_process.py), removed with it."""
 
     def __init__(self, latency_ms: float, scope: str, dp: int):
         self.dir = tempfile.TemporaryDirectory(prefix="pdo-bench-bootstrap-")
@@ -173,7 +172,7 @@ def _runs_at(
 ) -> dict:
     """`reps` PD runs per arm at one bootstrap latency, prefetch on and off alternating:
     {True: [summary, ...], False: [...]}."""
-    from ..pd import run_pd  # lazy: imports torch, slow for every pdo start
+    from engine.runs.pd import run_pd  # lazy: imports torch, slow for every pdo start
 
     arms = {True: [], False: []}
     for rep in range(reps):
@@ -217,7 +216,7 @@ def bench_decode(
     latency_scope="all",
     progress=False,
 ) -> dict:
-    from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
+    from engine.runs.workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     cfg = EngineConfig(mode=mode, launch_cost_us=launch_cost_us)
     wc = WorkloadConfig(

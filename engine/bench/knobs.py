@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import sys
 
+from engine.bench.progress import Progress
+from engine.runtime.config import MODEL_PRESETS
 from spec import domains as d
 from spec.errors import BadInput
-
-from ..config import MODEL_PRESETS
-from .progress import Progress
 
 MAX_CONTEXT = max(m.max_context for m in MODEL_PRESETS.values())
 MAX_POOL_TOKENS = 1 << 20  # as `pdo run` (engine/cli/flags.py)

@@ -8,12 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
-from spec import domains as d
-from spec.errors import BadInput
-
-from ..config import MODES, EngineConfig
-from ..trace import Tracer
-from .knobs import (
+from engine.bench.knobs import (
     add_engine_knobs,
     apply_switch_interval,
     check_knobs,
@@ -21,13 +16,17 @@ from .knobs import (
     floats,
     progress_of,
 )
-from .prefill_chart import format_prefill_table, plot_prefill
-from .progress import Progress
-from .record import add_json_arguments, machine, now, write_json
-from .registry import BENCH, BenchCommand
-from .stats import ci95, median, pct
-from .trace_metrics import trace_metrics
-from .what_if import gil_free_device, print_what_if
+from engine.bench.prefill_chart import format_prefill_table, plot_prefill
+from engine.bench.progress import Progress
+from engine.bench.record import add_json_arguments, machine, now, write_json
+from engine.bench.registry import BENCH, BenchCommand
+from engine.bench.stats import ci95, median, pct
+from engine.bench.trace_metrics import trace_metrics
+from engine.bench.what_if import gil_free_device, print_what_if
+from engine.runtime.config import MODES, EngineConfig
+from engine.trace.tracer import Tracer
+from spec import domains as d
+from spec.errors import BadInput
 
 BASELINE = "thread"
 # Host time per layer launch (EngineConfig.launch_cost_us) that `bench prefill` models on the CPU
@@ -60,7 +59,10 @@ _PER_RUN = (
 
 def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
     """One traced run: the engine's summary plus TTFT and the trace metrics."""
-    from ..run import run_prefill, shared_model  # lazy: imports torch, slow for every pdo start
+    from engine.runs.prefill_run import (  # lazy: imports torch, slow for every pdo start
+        run_prefill,
+        shared_model,
+    )
 
     tracer = Tracer()
     if progress is not None and progress.enabled:
@@ -95,7 +97,7 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
 
 def _interleaved_runs(modes, hits, reps, requests, engine, workload, progress) -> dict:
     """`reps` rounds of every mode at every hit ratio, nested so: {(hit, mode): [run, ...]}."""
-    from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
+    from engine.runs.workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     runs: dict[tuple, list[dict]] = {(h, m): [] for h in hits for m in modes}
     total = reps * len(hits) * len(modes)
@@ -182,7 +184,7 @@ def bench_prefill(
 ) -> dict:
     """All `modes` interleaved (A B C D A B C D ...) at each hit ratio, `reps` times. Returns the
     per-run numbers, their medians per (hit, mode) and the per-rep ratios against `thread`."""
-    from ..workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
+    from engine.runs.workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     engine = dict(engine or {})
     workload = dict(workload or {})

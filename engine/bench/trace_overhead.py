@@ -9,23 +9,22 @@ import tempfile
 import threading
 import time
 
-from spec import domains as d
-
-from .. import hb
-from ..config import MODES, EngineConfig
-from ..trace import NullTracer, Tracer
-from .knobs import (
+from engine.bench.knobs import (
     add_engine_knobs,
     apply_switch_interval,
     check_knobs,
     engine_workload,
     progress_of,
 )
-from .progress import Progress
-from .record import add_json_arguments, machine, now, write_json
-from .registry import BENCH, BenchCommand
-from .stats import ci95, geo_ci95, median, quantile_ratio
-from .what_if import gil_free_device, print_what_if
+from engine.bench.progress import Progress
+from engine.bench.record import add_json_arguments, machine, now, write_json
+from engine.bench.registry import BENCH, BenchCommand
+from engine.bench.stats import ci95, geo_ci95, median, quantile_ratio
+from engine.bench.what_if import gil_free_device, print_what_if
+from engine.runtime.config import MODES, EngineConfig
+from engine.sync import hb
+from engine.trace.tracer import NullTracer, Tracer
+from spec import domains as d
 
 
 def emit_cost_ns(n: int = 100_000) -> dict:
@@ -98,8 +97,8 @@ def _timer_self_cost() -> tuple[float, float]:
 def accounted_run(cfg, wc) -> dict:
     """One traced run with the tracing work timed where it happens, and its share of wall time."""
     # lazy: both import torch, slow for every pdo start
-    from .. import digest
-    from ..run import run_prefill, shared_model
+    from engine.runs.prefill_run import run_prefill, shared_model
+    from engine.trace import digest
 
     self_cpu, self_elapsed = _timer_self_cost()
     acc = _Accounting()
@@ -142,7 +141,10 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) 
     """`reps` pairs of runs with tracing on and off in ABBA order (off on, on off, ...: drift of the
     machine hits both sides alike); per pair each side's wall and CPU time, and the wall ratio.
     `clocks`: the traced side also keeps the happens-before clocks (`pdo run --hb`)."""
-    from ..run import run_prefill, shared_model  # lazy: imports torch, slow for every pdo start
+    from engine.runs.prefill_run import (  # lazy: imports torch, slow for every pdo start
+        run_prefill,
+        shared_model,
+    )
 
     pairs = []
     # tracing on is what `pdo run --trace` does: the trace streamed to a file during the run
@@ -232,8 +234,8 @@ def bench_trace_overhead(
     (bootstrap CI) and geometric mean (t-interval), a verdict against the target, the tracing work
     timed inside three more traced runs, and the per-event cost."""
     # lazy: both import torch, slow for every pdo start
-    from ..run import run_prefill, shared_model
-    from ..workload import WorkloadConfig
+    from engine.runs.prefill_run import run_prefill, shared_model
+    from engine.runs.workload import WorkloadConfig
 
     engine = dict(engine or {})
     workload = dict(workload or {})

@@ -21,7 +21,7 @@ class gil_free_device:
         # lazy: torch and the model (which imports it) are slow for every pdo start
         import torch
 
-        from ..model import TinyLlama
+        from engine.runtime.model import TinyLlama
 
         ms, full = self.ms, self.full
         self.orig = TinyLlama.forward
@@ -52,7 +52,7 @@ class gil_free_device:
         return self
 
     def __exit__(self, *exc):
-        from ..model import TinyLlama  # lazy: as in __enter__ (already loaded by then)
+        from engine.runtime.model import TinyLlama  # lazy: as in __enter__ (already loaded by then)
 
         TinyLlama.forward = self.orig
 

@@ -27,10 +27,9 @@ try:  # Ctrl-C while pdo starts (these imports take a second): exit 130, no trac
     import engine.bench.cli
     import engine.sglang.conform
     import spec.cli
+    from engine.cli import bootstrap, check, exits, launch, run
     from spec.errors import BadInput, RunFailed
     from spec.registry import Registry
-
-    from . import bootstrap, check, exits, launch, run
 except KeyboardInterrupt:
     raise SystemExit(130) from None
 

@@ -1,12 +1,11 @@
-"""`pdo bootstrap`: the PD bootstrap server alone (engine/bootstrap.py), until SIGINT or SIGTERM."""
+"""`pdo bootstrap`: the PD bootstrap server alone (engine/bootstrap/server.py), until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 
+from engine.bootstrap.faults import FAILURE_STATUSES, LATENCY_SCOPES
 from spec import domains as d
-
-from ..bootstrap_faults import FAILURE_STATUSES, LATENCY_SCOPES
 
 
 def register(sub) -> None:
@@ -62,7 +61,7 @@ def register(sub) -> None:
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     """Bad settings and a port in use end in `pdo`'s one-line error, exit status 2. The server
     runs until a signal stops it: exit 130 for SIGINT (README, "Exit codes"), 143 for SIGTERM."""
-    from ..bootstrap import serve_forever  # lazy: start-up time (aiohttp)
+    from engine.bootstrap.server import serve_forever  # lazy: start-up time (aiohttp)
 
     signum = serve_forever(
         args.host,

@@ -10,10 +10,9 @@ from checker.parallel import add_ray_args
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
 from checker.trace_sets import verdict
+from engine.cli import check_fleet, exits
 from spec import domains as d
 from spec.errors import BadInput
-
-from . import check_fleet, exits
 
 
 def register(sub) -> None:

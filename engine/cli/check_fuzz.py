@@ -15,15 +15,14 @@ import time
 from collections import Counter
 
 from checker.fuzz.trace_mutate import mutate
-
-from . import exits
+from engine.cli import exits
 
 VERDICTS = {exits.OK, exits.FAILED, exits.BAD_INPUT, exits.INCOMPLETE}
 
 
 def check_once(path: str, extra: list[str], parser=None) -> tuple[int, str]:
     """`pdo check [extra] path` in this process: (exit code, what it wrote on stderr)."""
-    from . import main
+    from engine.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -54,7 +53,7 @@ def campaign(
     """`cases` mutants of the seed traces, each checked once (every `json_every`-th with --json,
     every `z3_every`-th with --engine z3). Returns counts by exit code, the problems found (case,
     mutations, what was wrong) and the wall time."""
-    from . import build_parser
+    from engine.cli import build_parser
 
     parser = build_parser()  # built once: building it costs more than checking a small trace
     t0 = time.perf_counter()

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 
+from engine.runtime.config import MODEL_PRESETS, MODES, EngineConfig, mode_from_env
+from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 from spec import domains as d
 from spec.errors import BadInput
-
-from ..config import MODEL_PRESETS, MODES, EngineConfig, mode_from_env
-from ..inject import DECODE_MUTANTS, MUTANTS
 
 # The limits of a run's size: each bounds a value the engine allocates or waits for up front.
 MAX_REQUESTS = 100_000
@@ -108,7 +107,9 @@ def build_configs(args: argparse.Namespace, *, max_new_tokens: int = 1):
     flag) for flags that do not go together."""
     import torch  # lazy: start-up time (torch); `pdo --help` imports this module
 
-    from ..workload import WorkloadConfig  # lazy: start-up time (engine.request imports torch)
+    from engine.runs.workload import (
+        WorkloadConfig,  # lazy: start-up time (engine.runtime.request imports torch)
+    )
 
     cuda = torch.cuda.is_available()
     device = args.device or ("cuda" if cuda else "cpu")

@@ -1,8 +1,8 @@
 """`pdo launch`: the bootstrap server, N prefill DP ranks and one decode instance as separate
-processes on loopback, KV over ZMQ (engine/decode/transport.py), each process writing its own trace.
+processes on loopback, KV over ZMQ (engine/kv/transport.py), each process writing its own trace.
 
 The parent writes one spec file (every config), starts `pdo bootstrap --port 0` and reads its URL,
-starts the ranks (`python -m engine.pd_process prefill ...`, engine/pd_process.py) and the decode
+starts the ranks (`python -m engine.runs.pd_process prefill ...`, engine/runs/pd_process.py) and the decode
 (`... decode ...`), waits, then compares the decode's outputs with the single-process reference.
 Every process rebuilds the seeded workload and the seeded router, so they agree on which rank
 serves which room without a router process. A child that dies (or fails) is a fault, not the end of
@@ -22,15 +22,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from engine.bootstrap import client as bootstrap_client
+from engine.cli.flags import add_engine_args, add_flight_args, exit_on_sigterm, watchdog_of
+from engine.cli.pd import add_pd_args, configs_from_args, print_summary
+from engine.decode.config import ROUTERS, PDError
+from engine.runs.child_process import Child, spawn, stop
+from engine.runtime.config import check_dispatch
 from spec import domains as d
 from spec.errors import BadInput
-
-from .. import bootstrap_client
-from ..child_process import Child, spawn, stop
-from ..config import check_dispatch
-from ..decode.config import ROUTERS, PDError
-from .flags import add_engine_args, add_flight_args, exit_on_sigterm, watchdog_of
-from .pd import add_pd_args, configs_from_args, print_summary
 
 REPO = Path(__file__).resolve().parents[2]
 _LISTENING = "listening on "  # the line `pdo bootstrap` prints once it serves (its URL)
@@ -90,7 +89,7 @@ def launch(
     kill: dict | None = None,
 ) -> dict:
     """Run every role as a process; returns the decode's summary extended like run_pd's, with
-    `faults` (each process that died or failed). `flight`: each role's watchdog (engine/watchdog.py
+    `faults` (each process that died or failed). `flight`: each role's watchdog (engine/trace/watchdog.py
     keyword arguments, or None) and trace flush interval (ms, or None for the default). `kill`:
     {"role", "at"} (parse_kill)."""
     check_dispatch(cfg)
@@ -136,8 +135,8 @@ def launch(
         decode_lost_by=[i for i, p in enumerate(pre) if p.get("decode_lost")],
     )
     if verify:
-        from ..reference import reference_generate  # lazy: start-up time (torch)
-        from ..workload import make_workload  # lazy: start-up time (torch)
+        from engine.oracle.reference import reference_generate  # lazy: start-up time (torch)
+        from engine.runs.workload import make_workload  # lazy: start-up time (torch)
 
         reqs = {r.rid: r for r in make_workload(wc, cfg.model_config.vocab_size)}
         ref = reference_generate(cfg, [reqs[rid] for rid in s["outputs"]])
@@ -181,7 +180,7 @@ def _run_processes(
     kill: dict | None = None,
 ) -> list[dict]:
     """Start the bootstrap server, the prefill ranks and the decode, each writing its output into
-    `out`/ROLE.log (engine/child_process.py); wait for them all (a child that dies does not stop the
+    `out`/ROLE.log (engine/runs/child_process.py); wait for them all (a child that dies does not stop the
     others); leave none running. Returns the faults: each child that ended with a non-zero status
     before the run was over, the bootstrap server included, with its last output line."""
     children: list[Child] = []
@@ -232,7 +231,7 @@ def _run_processes(
 
 
 def _child(name: str, args: list[str], out: Path, env: dict) -> Child:
-    return spawn(name, [sys.executable, "-m", "engine.pd_process", *args], out, env)
+    return spawn(name, [sys.executable, "-m", "engine.runs.pd_process", *args], out, env)
 
 
 def _read_url(boot: Child, *, timeout_s: float) -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.cli.exits import FAILED, OK
+from engine.cli.flags import MAX_CONTEXT, build_configs, exit_on_sigterm
+from engine.decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
 from spec import domains as d
 from spec.errors import BadInput
-
-from ..decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
-from .exits import FAILED, OK
-from .flags import MAX_CONTEXT, build_configs, exit_on_sigterm
 
 MAX_DP = 32  # prefill DP ranks (`pdo launch` starts a process for each)
 SECONDS = d.number(0, 86400, above=True)  # a timeout: more than 0, at most a day
@@ -178,7 +177,7 @@ def configs_from_args(args: argparse.Namespace):
 def cmd_run_pd(args: argparse.Namespace) -> int:
     cfg, workload, decode, opts = configs_from_args(args)  # bad flags fail here, before torch
     exit_on_sigterm()  # SIGTERM ends every role as SIGINT does: its trace ends with trace_end
-    from ..pd import run_pd  # lazy: start-up time (torch)
+    from engine.runs.pd import run_pd  # lazy: start-up time (torch)
 
     summary = run_pd(cfg, workload, decode, trace_path=args.trace, **opts)
     return print_summary(summary, args.json, "pdo run --pd")

@@ -7,12 +7,17 @@ import functools
 import json
 import os
 
+from engine.cli.flags import (
+    add_engine_args,
+    add_flight_args,
+    build_configs,
+    exit_on_sigterm,
+    watchdog_of,
+)
+from engine.cli.pd import add_no_verify, add_pd_args, cmd_run_pd, configs_from_args
+from engine.sync import hb
 from spec import domains as d
 from spec.errors import BadInput
-
-from .. import hb
-from .flags import add_engine_args, add_flight_args, build_configs, exit_on_sigterm, watchdog_of
-from .pd import add_no_verify, add_pd_args, cmd_run_pd, configs_from_args
 
 _UNSET = object()
 
@@ -50,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         hb.enable()
     if args.pd:
         return cmd_run_pd(args)
-    from ..run import run_prefill  # lazy: start-up time (torch)
+    from engine.runs.prefill_run import run_prefill  # lazy: start-up time (torch)
 
     cfg, workload = build_configs(args)
     exit_on_sigterm()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError, EngineError
+from engine.errors import ConfigError, EngineError
 
 DECODE_LOOPS = ("normal", "overlap")
 

@@ -9,8 +9,8 @@ top), then intake, then the prealloc/transfer queues, whose resolve step consume
 
 from __future__ import annotations
 
-from ..forward_state import Inflight
-from .scheduler import DecodeScheduler
+from engine.decode.scheduler import DecodeScheduler
+from engine.runtime.forward_state import Inflight
 
 
 def _loop_top(s: DecodeScheduler):

@@ -27,8 +27,10 @@ import itertools
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .. import bootstrap_client, inject, sync
-from .request import DecodeReq, ReceiverInit, ReqState, now
+from engine import sync
+from engine.bootstrap import client as bootstrap_client
+from engine.decode.request import DecodeReq, ReceiverInit, ReqState, now
+from engine.runtime import inject
 
 
 @dataclass
@@ -44,7 +46,7 @@ class DecodePreallocQueue:
         self.sched = sched
         self.dc = dc
         self.tr = tracer
-        # Declared once and logged positionally (engine/trace.py), as the scheduler's events are;
+        # Declared once and logged positionally (engine/trace/tracer.py), as the scheduler's events are;
         # prefill_info, whose layout fields are optional, goes through emit.
         self.log = tracer.events_for(
             req_add=("rid", "room", "addr"),
@@ -62,7 +64,7 @@ class DecodePreallocQueue:
         self.pending: list[DecodeReq] = []
         self.prefill_info_table: dict[str, dict] = {}
         self._queries: dict[str, Prefetch] = {}
-        # concurrent.futures' pool; managed worker threads under a schedule controller (engine/sync.py)
+        # concurrent.futures' pool; managed worker threads under a schedule controller (engine/sync/__init__.py)
         self._executor = sync.executor(dc.executor_workers, "prefetch")
         self._qids = itertools.count()
         self._info_attempts: dict[

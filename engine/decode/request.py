@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .. import sync
+from engine import sync
 
 
 class ReqState(Enum):
@@ -72,5 +72,5 @@ class DecodeReq:
 
 
 def now() -> float:
-    """Monotonic seconds; virtual time under a schedule controller (engine/sync.py)."""
+    """Monotonic seconds; virtual time under a schedule controller (engine/sync/__init__.py)."""
     return sync.now()

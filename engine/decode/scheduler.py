@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import sync
-from ..attention import DecodeMeta, make_backend
-from ..config import EngineConfig
-from ..forward_state import ForwardResult, ForwardState
-from ..memory import KVPool, ReqToTokenPool, pages_for
-from ..model import TinyLlama
-from ..trace import NullTracer
-from .config import DecodeConfig
-from .prealloc import DecodePreallocQueue
-from .request import DecodeReq, ReceiverInit, ReqState, now
-from .transport import KVTransportError
+from engine import sync
+from engine.decode.config import DecodeConfig
+from engine.decode.prealloc import DecodePreallocQueue
+from engine.decode.request import DecodeReq, ReceiverInit, ReqState, now
+from engine.kv.transport import KVTransportError
+from engine.runtime.attention import DecodeMeta, make_backend
+from engine.runtime.config import EngineConfig
+from engine.runtime.forward_state import ForwardResult, ForwardState
+from engine.runtime.memory import KVPool, ReqToTokenPool, pages_for
+from engine.runtime.model import TinyLlama
+from engine.trace.tracer import NullTracer
 
 
 @dataclass
@@ -56,7 +56,7 @@ class DecodeScheduler:
         self.cfg, self.dc = cfg, dc
         self.tr = tracer or NullTracer()
         # The decode events (spec/events.toml), declared once and logged positionally
-        # (engine/trace.py); stage, war_barrier and sample are the forward state's.
+        # (engine/trace/tracer.py); stage, war_barrier and sample are the forward state's.
         self.log = self.tr.events_for(
             iter_begin=("iter",),
             alloc=("rid", "obj", "slot"),
@@ -85,7 +85,7 @@ class DecodeScheduler:
         )
         self.req_to_token = ReqToTokenPool(dc.max_slots, mc.max_context, self.device)
         bs = self.bs = dc.max_running
-        # Streams, shared input buffers, future map (engine/forward_state.py): a decode step's
+        # Streams, shared input buffers, future map (engine/runtime/forward_state.py): a decode step's
         # inputs are one token per request, int64 for their future-map references.
         self.fwd_state = ForwardState(
             self.device,
@@ -394,7 +394,7 @@ class DecodeScheduler:
 
     def stage(self, batch: DecodeBatch) -> None:
         """Inputs into the shared buffers on the schedule stream, which is in order after the WAR
-        barrier's wait for the previous forward (engine/forward_state.py)."""
+        barrier's wait for the previous forward (engine/runtime/forward_state.py)."""
         self.fwd_state.stage(batch, len(batch.reqs))
 
     def run_batch(self, batch: DecodeBatch, *, sample_inline: bool = False) -> ForwardResult:

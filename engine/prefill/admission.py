@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .. import inject
-from ..config import EngineConfig
-from ..memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
-from ..request import Req, SamplingBatchInfo, ScheduleBatch
+from engine.runtime import inject
+from engine.runtime.config import EngineConfig
+from engine.runtime.memory import KVPool, PrefixCache, ReqToTokenPool, pages_for
+from engine.runtime.request import Req, SamplingBatchInfo, ScheduleBatch
 
 
 @dataclass(eq=False)
@@ -24,7 +24,7 @@ class Admission:
     """The admission steps, with what they read and write. `stats` is the scheduler's counter dict
     (admission adds batches, tokens, cached tokens and the memory-pressure counts); `log` the
     scheduler's event loggers; `release` frees a request's slot and pages (for a mutant only);
-    `probe` (engine/oracle.py) is told each prefix match when outputs are verified."""
+    `probe` (engine/oracle/judge.py) is told each prefix match when outputs are verified."""
 
     cfg: EngineConfig
     device: torch.device
@@ -142,7 +142,7 @@ class Admission:
             self.req_to_token.table[req.slot, : req.prefix_len] = idx.to(self.device)
             if (
                 self.probe is not None
-            ):  # verification only (engine/oracle.py): the matched pages' KV
+            ):  # verification only (engine/oracle/judge.py): the matched pages' KV
                 self.probe.prefix_matched(self.pool, req, req.pages, idx)
         self.log.alloc(req.rid, req, req.slot)
         self.stats["cached_tokens"] += req.prefix_len

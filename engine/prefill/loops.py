@@ -7,17 +7,17 @@ processing, S(N) deferred sampling.
   thread   A(N) → submit(N) → collect(N) → P(N-1) → S(N)     (forward on a worker, no new overlap)
   ahead    A(N+1) → collect(N) → S(N) → submit(N+1) → P(N)   (admission overlaps forward N)
 
-A launched batch waiting for P travels as `Inflight(batch copy, result)` (engine/forward_state.py).
+A launched batch waiting for P travels as `Inflight(batch copy, result)` (engine/runtime/forward_state.py).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from .. import inject
-from ..forward_state import Inflight
-from .scheduler import PrefillScheduler
-from .worker import ForwardWorker
+from engine.prefill.scheduler import PrefillScheduler
+from engine.prefill.worker import ForwardWorker
+from engine.runtime import inject
+from engine.runtime.forward_state import Inflight
 
 
 def _loop_top(s: PrefillScheduler):
@@ -80,7 +80,7 @@ def event_loop_thread(s: PrefillScheduler) -> None:
 
 
 class AheadMutants(NamedTuple):
-    """The ahead loop's mutant switches (engine/inject.py), read once when the loop starts."""
+    """The ahead loop's mutant switches (engine/runtime/inject.py), read once when the loop starts."""
 
     sample_late: bool  # MUTANT: sample-before-collect — S(N) after submit(N+1), beside F(N+1)
     two_forwards: bool  # MUTANT: two-forwards — submit(N+1) before collect(N)

@@ -11,21 +11,22 @@ import time
 
 import torch
 
-from .. import inject, sync
-from ..attention import ExtendMeta, make_backend
-from ..config import EngineConfig
-from ..device import then_log
-from ..digest import DigestStamp
-from ..errors import EngineError
-from ..forward_state import ForwardResult, ForwardState
-from ..memory import KVPool, PrefixCache, ReqToTokenPool
-from ..model import TinyLlama
-from ..request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
-from ..trace import NullTracer
-from ..transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
-from .admission import Admission
+from engine import sync
+from engine.errors import EngineError
+from engine.kv.transfer import AttentionStore, KVReceiverStore, KVSender, TransferEngine
+from engine.prefill.admission import Admission
+from engine.runtime import inject
+from engine.runtime.attention import ExtendMeta, make_backend
+from engine.runtime.config import EngineConfig
+from engine.runtime.device import then_log
+from engine.runtime.forward_state import ForwardResult, ForwardState
+from engine.runtime.memory import KVPool, PrefixCache, ReqToTokenPool
+from engine.runtime.model import TinyLlama
+from engine.runtime.request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
+from engine.trace.digest import DigestStamp
+from engine.trace.tracer import NullTracer
 
-# The prefill events (spec/events.toml), declared once and logged positionally (engine/trace.py);
+# The prefill events (spec/events.toml), declared once and logged positionally (engine/trace/tracer.py);
 # stage, war_barrier and sample are the forward state's.
 EVENTS: dict[str, tuple[str, ...]] = dict(
     admit=("batch", "rids", "chunks"),
@@ -67,7 +68,7 @@ class PrefillScheduler:
         self.tr = tracer or NullTracer()
         self.log = self.tr.events_for(**EVENTS)
         self._build_model_and_memory(model)
-        # Streams, shared input buffers, future map (engine/forward_state.py). A batch's inputs are
+        # Streams, shared input buffers, future map (engine/runtime/forward_state.py). A batch's inputs are
         # pinned on a GPU (_build_batch).
         self.fwd_state = ForwardState(
             self.device,
@@ -87,7 +88,7 @@ class PrefillScheduler:
         self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
         self.astore = AttentionStore(self.pool, self.copy_stream)
         self._hook_completions()
-        # An engine/oracle.py OutputProbe when outputs are verified: admission reports each prefix
+        # An engine/oracle/judge.py OutputProbe when outputs are verified: admission reports each prefix
         # match to it, the AttentionStore each entry.
         self.probe = probe
         if probe is not None:
@@ -202,7 +203,7 @@ class PrefillScheduler:
     # ---- the forward ---------------------------------------------------------------------------
     def stage(self, batch: ScheduleBatch) -> None:
         """Write the batch's inputs into the shared buffers, on the schedule stream, in order after
-        the WAR barrier's wait for the previous forward's reads (engine/forward_state.py)."""
+        the WAR barrier's wait for the previous forward's reads (engine/runtime/forward_state.py)."""
         self.fwd_state.stage(batch, batch.num_tokens)
 
     def snapshot(self, batch: ScheduleBatch) -> ScheduleBatch:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import queue
 
-from .. import inject, sync
-from ..forward_state import Inflight
-from .scheduler import EngineError
+from engine import sync
+from engine.prefill.scheduler import EngineError
+from engine.runtime import inject
+from engine.runtime.forward_state import Inflight
 
 _STOP = object()
 

@@ -44,7 +44,9 @@ def installed_version() -> str | None:
 
 
 def check_version() -> str:
-    from . import versions  # lazy: `python -m engine.sglang.versions` runs it as __main__
+    from engine.sglang import (
+        versions,  # lazy: `python -m engine.sglang.versions` runs it as __main__
+    )
 
     version = installed_version()
     if version is None:
@@ -61,7 +63,7 @@ def check_version() -> str:
 
 def range_warning(version: str) -> str | None:
     """The warning for a release newer than the range: it runs, and the attach line says what held."""
-    from . import versions  # lazy: as in check_version
+    from engine.sglang import versions  # lazy: as in check_version
 
     if versions.position(version) != "above":
         return None

@@ -13,8 +13,8 @@ import sys
 
 import wrapt
 
-from . import SGLangUnavailable, decode, hooks, load, prefill
-from .sink import TraceSink
+from engine.sglang import SGLangUnavailable, decode, hooks, load, prefill
+from engine.sglang.sink import TraceSink
 
 TRIGGER = "sglang.srt.managers.scheduler"
 

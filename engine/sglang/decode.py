@@ -31,8 +31,8 @@ import itertools
 import threading
 import time
 
-from .. import sync
-from . import hooks
+from engine import sync
+from engine.sglang import hooks
 
 _local = threading.local()  # .query: (qid, "prefetch") while a prefetched query runs
 _qids = itertools.count()

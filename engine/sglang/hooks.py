@@ -18,7 +18,7 @@ import threading
 
 import wrapt
 
-from .sink import TraceSink
+from engine.sglang.sink import TraceSink
 
 _active: TraceSink | None = None
 _installed: list[tuple[object, str, object]] = []  # (owner, name, the attribute as it was)

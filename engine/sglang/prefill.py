@@ -61,8 +61,8 @@ import weakref
 import wrapt
 import xxhash
 
-from . import hooks
-from . import sink as trace_sink
+from engine.sglang import hooks
+from engine.sglang import sink as trace_sink
 
 LOOPS = {
     "event_loop_normal_disagg_prefill": "normal",

@@ -38,7 +38,7 @@ def wire_matches(sgl) -> bool:
     sends must be one the release's dataclass has (releases before 0.5.23 lack some)."""
     import dataclasses  # lazy: with the rest of SGLang's side
 
-    from ..bootstrap_state import INFO_DECODE_SIDE, INFO_FIELDS, INFO_OMITTED_WHEN_NULL
+    from engine.bootstrap.state import INFO_DECODE_SIDE, INFO_FIELDS, INFO_OMITTED_WHEN_NULL
 
     sent = (set(INFO_FIELDS) - set(INFO_OMITTED_WHEN_NULL)) | set(INFO_DECODE_SIDE)
     return sent <= {f.name for f in dataclasses.fields(sgl.conn.PrefillServerInfo)}

@@ -16,10 +16,9 @@ import sys
 import threading
 import time
 
+from engine import sync
+from engine.trace.tracer import FORMAT
 from spec.errors import ControlFlow
-
-from .. import sync
-from ..trace import FORMAT
 
 # Version 2: the adapter logs kv_delivered (a sender's poll() answering Success), and every trace
 # ends with trace_end. It logs none of version 3's stream events (SGLang's streams are CUDA streams,

@@ -14,7 +14,7 @@ engine/decode/prealloc.py's prefetch and consumption, as a state machine unrolle
 iterations: the environment chooses when each room arrives, when a still-pending request is aborted
 (its client goes away), which iterations poll the prealloc queue (SGLang's polling interval: a
 prefetch may be consumed iterations later), and when memory is released and resumed (after the
-prefetch, as the after_prefetch hook of tests/engine/test_pd_faults.py); everything else follows from the
+prefetch, as the after_prefetch hook of tests/engine/runs/test_pd_faults.py); everything else follows from the
 code. Scheduler events sit at fixed positions of their iteration (100 i + the step's offset); the
 pool thread's query_begin floats after its submit and before the answer is used; a cancel that stopped
 the query (Future.cancel() returned True, the cancel's `stopped`) means it never begins, one that

@@ -16,7 +16,7 @@ import z3
 # iterations are left out of the universe (outside_universe: the loop model cannot submit them).
 FIRST_SUBMIT = 3
 
-DECODE_MODEL_MUTANTS = {  # engine/inject.py decode mutants the decode loop model knows
+DECODE_MODEL_MUTANTS = {  # engine/runtime/inject.py decode mutants the decode loop model knows
     "double-prefetch": "the prefetch submits while a query of the address is in flight; the new "
     "future replaces the old one, which is never closed",
     "no-cancel-on-release": "the release_memory hook leaves the prefetched futures running",

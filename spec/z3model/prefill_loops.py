@@ -111,7 +111,7 @@ WORKER_EVENTS = {
     "thread": {"fwd_begin", "prefix_send", "stage", "fwd_end", "war_barrier", "batch_copy"},
     "ahead": {"fwd_begin", "fwd_end", "war_barrier", "batch_copy"},
 }
-ENGINE_MUTANTS = {  # engine/inject.py mutants the loop model knows (ahead mode)
+ENGINE_MUTANTS = {  # engine/runtime/inject.py mutants the loop model knows (ahead mode)
     "two-forwards": "input queue of capacity 2; collect(N) after submit(N+1)",
     "sample-before-collect": "sample(N) after submit(N+1)",
     "prefix-send-on-worker": "the worker sends the cached prefix inside run_batch",

@@ -7,8 +7,8 @@ import pytest
 from checker import z3check
 from checker.linear import CROSS_TEMPLATES, TEMPLATES, check_file
 from engine.cli import main
-from engine.config import MODES
 from engine.decode.config import DECODE_LOOPS
+from engine.runtime.config import MODES
 from spec import LOOP_MODES, PARAMS, _check_params
 from tests.checker import test_decode_rules as decode_fixtures
 from tests.checker.test_rules_violations import VIOLATIONS

@@ -1,15 +1,15 @@
-"""Each decode mutant (engine/inject.py DECODE_MUTANTS) is caught by its rule, in a hand-written run that
-makes the bug reachable; the same run without the mutant passes (tests/engine/test_pd_faults.py covers the
+"""Each decode mutant (engine/runtime/inject.py DECODE_MUTANTS) is caught by its rule, in a hand-written run that
+makes the bug reachable; the same run without the mutant passes (tests/engine/runs/test_pd_faults.py covers the
 clean runs). These are the minimal reproductions, over the real HTTP bootstrap server; schedule
-fuzzing hunts the same mutants on drawn, controlled PD runs (tests/checker/test_fuzz.py, `pdo fuzz --mutants`)."""
+fuzzing hunts the same mutants on drawn, controlled PD runs (tests/checker/fuzz/test_fuzz.py, `pdo fuzz --mutants`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import inject
 from engine.decode.config import DecodeConfig
-from tests.engine.test_pd_faults import (
+from engine.runtime import inject
+from tests.engine.runs.test_pd_faults import (
     abort_everything_prefetched,
     abort_one_of_several_prefetched,
     pd,

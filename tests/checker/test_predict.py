@@ -12,13 +12,13 @@ from checker.fuzz.confirm import confirm
 from checker.linear import check_file
 from checker.predict import Clocks, NoClocks, predict_file, text_report
 from checker.trace_io import iter_chunks
-from engine import hb
 from engine.cli import main as pdo
-from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
-from engine.pd import run_pd
-from engine.trace import VERSION
-from engine.workload import WorkloadConfig
+from engine.runs.pd import run_pd
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
+from engine.sync import hb
+from engine.trace.tracer import VERSION
 from spec import load_rules
 from tests.helpers import run_mode
 from tests.trace_fixtures import canonical

@@ -11,14 +11,14 @@ from checker.fuzz.confirm import confirm
 from checker.linear import check_file, check_files
 from checker.predict import Clocks, Prediction, predict_file
 from checker.trace_io import iter_chunks
-from engine import hb
 from engine.cli import exits
 from engine.cli import main as pdo
-from engine.config import EngineConfig
 from engine.decode.config import DecodeConfig
-from engine.pd import run_pd
-from engine.trace import Tracer
-from engine.workload import WorkloadConfig
+from engine.runs.pd import run_pd
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
+from engine.sync import hb
+from engine.trace.tracer import Tracer
 from spec import load_rules
 
 WC = WorkloadConfig(requests=6, prompt_len=(20, 80), hit=0.5, seed=2, max_new_tokens=2)

@@ -13,11 +13,11 @@ from checker.fuzz.runs import run_case
 from checker.fuzz.strategies import make_strategy
 from checker.linear import check_file
 from checker.refine import check_model, json_report, text
-from engine.config import EngineConfig
 from engine.decode import loops
 from engine.decode.config import DecodeConfig
-from engine.pd import run_pd
-from engine.workload import WorkloadConfig
+from engine.runs.pd import run_pd
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
 from tests.conftest import _drift
 
 WORKLOAD = dict(requests=6, prompt_len=(16, 64), max_new_tokens=4, seed=7)

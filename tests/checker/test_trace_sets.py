@@ -1,6 +1,6 @@
 """Trace sets (checker/trace_sets.py), what `pdo check --ray DIR` runs one task for: the files of
 one run grouped as `pdo run`, `pdo run --pd` and `pdo launch` name them, and each set's verdict the
-one `pdo check` gives its files. No Ray needed (tests/checker/test_ray.py runs them on Ray)."""
+one `pdo check` gives its files. No Ray needed (tests/checker/fuzz/test_ray.py runs them on Ray)."""
 
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ from checker.refine import check_model, text
 from checker.trace_io import TraceFormatError
 from engine.cli import main as pdo
 from engine.cli.exits import FAILED, INCOMPLETE, OK
-from engine.config import EngineConfig
 from engine.decode import loops as decode_loops
 from engine.prefill import loops as prefill_loops
-from engine.run import run_prefill
-from engine.workload import WorkloadConfig
+from engine.runs.prefill_run import run_prefill
+from engine.runs.workload import WorkloadConfig
+from engine.runtime.config import EngineConfig
 from tests.checker.test_refine import _war_barrier_after_processing
 from tests.checker.test_refine_decode import _decode_trace, _intake_before_prefetch
 

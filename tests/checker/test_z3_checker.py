@@ -265,9 +265,9 @@ def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["thread", "ahead"])
 def test_engine_trace(mode, tmp_path):
     """A trace of the real engine (tiny model, CPU)."""
-    from engine import run
-    from engine.config import EngineConfig
-    from engine.workload import WorkloadConfig
+    from engine.runs import prefill_run as run
+    from engine.runs.workload import WorkloadConfig
+    from engine.runtime.config import EngineConfig
 
     path = str(tmp_path / "e.jsonl")
     run.run_prefill(
@@ -306,10 +306,10 @@ def _read(path):
 
 @pytest.fixture(scope="module")
 def pd_traces(tmp_path_factory):
-    from engine.config import EngineConfig
     from engine.decode.config import DecodeConfig
-    from engine.pd import run_pd
-    from engine.workload import WorkloadConfig
+    from engine.runs.pd import run_pd
+    from engine.runs.workload import WorkloadConfig
+    from engine.runtime.config import EngineConfig
 
     d = tmp_path_factory.mktemp("pd")
     s = run_pd(

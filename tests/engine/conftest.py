@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import bootstrap_client
-from engine.bootstrap import BootstrapServer
-from tests.engine.bootstrap_fixtures import rank
+from engine.bootstrap import client as bootstrap_client
+from engine.bootstrap.server import BootstrapServer
+from tests.engine.bootstrap.fixtures import rank
 
 
 @pytest.fixture

@@ -117,7 +117,7 @@ def _record_launches(preset, dtype_name, full):
     import torch
 
     import triton_kernels  # noqa: F401  (registers the submodules)
-    from engine.config import MODEL_PRESETS
+    from engine.runtime.config import MODEL_PRESETS
 
     ea = sys.modules["triton_kernels.extend_attention"]
     da = sys.modules["triton_kernels.decode_attention"]
@@ -151,8 +151,8 @@ def _record_launches(preset, dtype_name, full):
 def _drive_backend(mc, dtype, full, launches):
     import torch
 
-    from engine.attention import DecodeMeta, ExtendMeta
-    from engine.memory import KVPool, ReqToTokenPool
+    from engine.runtime.attention import DecodeMeta, ExtendMeta
+    from engine.runtime.memory import KVPool, ReqToTokenPool
     from triton_kernels.backend import TritonAttention
 
     pool = KVPool(

@@ -27,9 +27,8 @@ from __future__ import annotations
 import sys
 
 from checker.parallel import add_ray_args
+from engine.sglang import SGLangUnavailable, check_version, range_warning, versions
 from spec import domains as d
-
-from .. import SGLangUnavailable, check_version, range_warning, versions
 
 
 def register(sub) -> None:
@@ -105,6 +104,6 @@ def cmd_conform(a) -> int:
     if warning:
         print(f"pdo conform: warning: {warning}", file=sys.stderr)
     # lazy: the scenarios import torch and build on SGLang; every other `pdo` command starts without
-    from . import command
+    from engine.sglang.conform import command
 
     return command.run(a)

@@ -46,7 +46,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from . import compat
+from engine.sglang.conform import compat
 
 BACKENDS = ("mooncake", "nixl", "mori", "ascend")
 ROOM = 7
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.sglang.conform.backends")
     parser.add_argument("--sglang-version", metavar="V", help="a release installed side by side")
     a = parser.parse_args(argv)
-    from .. import SGLangUnavailable, load, versions
+    from engine.sglang import SGLangUnavailable, load, versions
 
     try:
         if a.sglang_version is not None:

@@ -13,9 +13,16 @@ import sys
 import tempfile
 
 from checker.parallel import Progress, executor, in_order, ray_summary
-
-from .. import hooks, versions
-from . import decode_life, decode_scenarios, driver, mutants, prefill_life, prefill_scenarios, tasks
+from engine.sglang import hooks, versions
+from engine.sglang.conform import (
+    decode_life,
+    decode_scenarios,
+    driver,
+    mutants,
+    prefill_life,
+    prefill_scenarios,
+    tasks,
+)
 
 
 def run(a) -> int:

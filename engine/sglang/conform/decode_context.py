@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import types
 
-from . import compat
-from .prefill_scheduler import _model_path, _process_groups
+from engine.sglang.conform import compat
+from engine.sglang.conform.prefill_scheduler import _model_path, _process_groups
 
 
 @contextlib.contextmanager
@@ -31,7 +31,7 @@ def published(
     # lazy: SGLang is optional
     from sglang.srt.server_args import ServerArgs
 
-    from .. import load
+    from engine.sglang import load
 
     server_args = ServerArgs(
         model_path=_model_path(),

@@ -27,15 +27,15 @@ import enum
 import inspect
 import types
 
-from ... import bootstrap_client
-from .. import decode as decode_hooks
-from .. import hooks, mutate, sglang_server
-from ..sink import LoopExit, TraceSink
-from . import compat, decode_context, faults, lifecycle
-from .decode_scenarios import _kv_manager, _Server
-from .faults import Fault, Phase
-from .prefill_releases import cpu_kernels
-from .reachable import assert_reachable
+from engine.bootstrap import client as bootstrap_client
+from engine.sglang import decode as decode_hooks
+from engine.sglang import hooks, mutate, sglang_server
+from engine.sglang.conform import compat, decode_context, faults, lifecycle
+from engine.sglang.conform.decode_scenarios import _kv_manager, _Server
+from engine.sglang.conform.faults import Fault, Phase
+from engine.sglang.conform.prefill_releases import cpu_kernels
+from engine.sglang.conform.reachable import assert_reachable
+from engine.sglang.sink import LoopExit, TraceSink
 
 PAGE_SIZE, KV_TOKENS, MAX_RUNNING = 16, 512, 4
 DECODE_STEPS = 4  # iterations a request decodes, in the stand-in, before it finishes

@@ -28,15 +28,15 @@ import threading
 import types
 
 from checker.fuzz import Controller, RandomWalk
+from engine import sync
+from engine.bootstrap import client as bootstrap_client
+from engine.bootstrap.server import BootstrapServer
+from engine.sglang import decode as decode_hooks
+from engine.sglang import hooks, sglang_server
+from engine.sglang.conform import decode_context
+from engine.sglang.conform.reachable import assert_reachable
+from engine.sglang.sink import LoopExit, TraceSink
 from spec.registry import Registry
-
-from ... import bootstrap_client, sync
-from ...bootstrap import BootstrapServer
-from .. import decode as decode_hooks
-from .. import hooks, sglang_server
-from ..sink import LoopExit, TraceSink
-from . import decode_context
-from .reachable import assert_reachable
 
 PAGE_SIZE = 16
 

@@ -18,11 +18,17 @@ import os
 from packaging.version import Version
 
 from checker.linear import check_files
-
-from .. import decode as decode_hooks
-from .. import hooks, load
-from .. import prefill as prefill_hooks
-from . import decode_life, decode_scenarios, lifecycle, mutants, prefill_life, prefill_scenarios
+from engine.sglang import decode as decode_hooks
+from engine.sglang import hooks, load
+from engine.sglang import prefill as prefill_hooks
+from engine.sglang.conform import (
+    decode_life,
+    decode_scenarios,
+    lifecycle,
+    mutants,
+    prefill_life,
+    prefill_scenarios,
+)
 
 
 @dataclasses.dataclass(frozen=True)

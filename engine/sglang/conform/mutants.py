@@ -16,12 +16,11 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from engine.sglang import mutate
+from engine.sglang.conform.prefill_run import run_workload
+from engine.sglang.conform.prefill_scenarios import SCENARIOS
+from engine.sglang.conform.prefill_scheduler import SCENARIO_LOCK, sglang
 from spec.registry import Registry
-
-from .. import mutate
-from .prefill_run import run_workload
-from .prefill_scenarios import SCENARIOS
-from .prefill_scheduler import SCENARIO_LOCK, sglang
 
 
 # ---- decode --------------------------------------------------------------------------------------

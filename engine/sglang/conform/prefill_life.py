@@ -24,15 +24,21 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import hooks, mutate
-from ..sink import TraceSink
-from . import lifecycle
-from .faults import TIMEOUT_POLLS, Fault
-from .prefill_fakes import Arrival, CallLog, FakeCudaEvents, FakeTokenizerSocket, Schedule
-from .prefill_releases import cpu_kernels
-from .prefill_run import Stuck, _envs, _install_intake, _LoopEnd, _restored
-from .prefill_scenarios import HARNESS_OLDEST
-from .prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
+from engine.sglang import hooks, mutate
+from engine.sglang.conform import lifecycle
+from engine.sglang.conform.faults import TIMEOUT_POLLS, Fault
+from engine.sglang.conform.prefill_fakes import (
+    Arrival,
+    CallLog,
+    FakeCudaEvents,
+    FakeTokenizerSocket,
+    Schedule,
+)
+from engine.sglang.conform.prefill_releases import cpu_kernels
+from engine.sglang.conform.prefill_run import Stuck, _envs, _install_intake, _LoopEnd, _restored
+from engine.sglang.conform.prefill_scenarios import HARNESS_OLDEST
+from engine.sglang.conform.prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
+from engine.sglang.sink import TraceSink
 
 TARGET = "t"
 
@@ -73,7 +79,7 @@ def _faulty_class():
         return _FAULTY[0]
     from sglang.srt.disaggregation.base import KVPoll  # lazy: SGLang is optional
 
-    from .prefill_fakes import scripted_sender_class
+    from engine.sglang.conform.prefill_fakes import scripted_sender_class
 
     class FaultyKVSender(scripted_sender_class()):
         def _use(self, what):
@@ -280,7 +286,7 @@ def inapplicable() -> dict[str, str]:
     """Cell -> why it is not run on this release."""
     from packaging.version import Version
 
-    from .. import load
+    from engine.sglang import load
 
     if Version(load().version) < Version(LIFE_OLDEST):
         return dict.fromkeys(_names(), NOT_COVERED)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 
-from . import compat
+from engine.sglang.conform import compat
 
 
 class Config:
@@ -97,8 +97,8 @@ def cpu_kernels() -> contextlib.ExitStack:
     without asking the platform (nothing where it asks)."""
     from sglang.srt.mem_cache.allocator import paged  # lazy: SGLang is optional
 
-    from .. import mutate
-    from ..decode import unwrap
+    from engine.sglang import mutate
+    from engine.sglang.decode import unwrap
 
     stack = contextlib.ExitStack()
     source = inspect.getsource(unwrap(paged.PagedTokenToKVPoolAllocator.alloc_extend))

@@ -11,9 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import hooks, mutate
-from ..sink import LoopExit, TraceSink
-from .prefill_fakes import (
+from engine.sglang import hooks, mutate
+from engine.sglang.conform.prefill_fakes import (
     CallLog,
     FakeCudaEvents,
     FakeTokenizerSocket,
@@ -21,8 +20,9 @@ from .prefill_fakes import (
     scripted_sender,
     scripted_sender_class,
 )
-from .prefill_releases import cpu_kernels
-from .prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
+from engine.sglang.conform.prefill_releases import cpu_kernels
+from engine.sglang.conform.prefill_scheduler import SCENARIO_LOCK, Workload, build_scheduler, sglang
+from engine.sglang.sink import LoopExit, TraceSink
 
 
 def _envs(workload: Workload):
@@ -93,7 +93,7 @@ def _install_intake(
 
 def _reads_gracefully_exit(sched, workload: Workload) -> bool:
     """Whether the workload's loop reads `self.gracefully_exit` (from 0.5.21)."""
-    from ..decode import unwrap  # the plain function under the hooks' wrapper
+    from engine.sglang.decode import unwrap  # the plain function under the hooks' wrapper
 
     loop = unwrap(getattr(type(sched), LOOPS[workload.mode]))
     return "self.gracefully_exit" in inspect.getsource(loop)

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import os
 
+from engine.sglang.conform.prefill_fakes import Arrival
+from engine.sglang.conform.prefill_run import run_workload
+from engine.sglang.conform.prefill_scheduler import Workload, missing_switches
 from spec.registry import Registry
-
-from .prefill_fakes import Arrival
-from .prefill_run import run_workload
-from .prefill_scheduler import Workload, missing_switches
 
 
 def _chunked_mix() -> list[Arrival]:
@@ -138,7 +137,7 @@ def inapplicable() -> dict[str, str]:
     a switch its workload turns on that the release lacks."""
     from packaging.version import Version
 
-    from .. import load
+    from engine.sglang import load
 
     # load(): SGLang imported with the CPU workarounds before anything reads its switches
     if Version(load().version) < Version(HARNESS_OLDEST):

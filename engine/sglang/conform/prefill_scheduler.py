@@ -22,9 +22,9 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from .. import load
-from .. import prefill as prefill_hooks
-from .prefill_fakes import (
+from engine.sglang import load
+from engine.sglang import prefill as prefill_hooks
+from engine.sglang.conform.prefill_fakes import (
     Arrival,
     CallLog,
     FakeDeviceModule,
@@ -33,7 +33,14 @@ from .prefill_fakes import (
     FakeStream,
     Schedule,
 )
-from .prefill_releases import RANK_ARGS, Config, construct, init_steps, parallel_state, tree_cache
+from engine.sglang.conform.prefill_releases import (
+    RANK_ARGS,
+    Config,
+    construct,
+    init_steps,
+    parallel_state,
+    tree_cache,
+)
 
 _MODEL = {
     "architectures": ["LlamaForCausalLM"],

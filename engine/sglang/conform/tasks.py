@@ -9,8 +9,8 @@ import functools
 import os
 import sys
 
-from .. import versions
-from . import driver, mutants
+from engine.sglang import versions
+from engine.sglang.conform import driver, mutants
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """SGLang 0.5.23's real client functions against pdo bootstrap, and pdo's client
-(engine/bootstrap_client.py) against SGLang's server (tests/engine/sglang/wire.py describes the setup)."""
+(engine/bootstrap/client.py) against SGLang's server (tests/engine/sglang/wire.py describes the setup)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from unittest import mock
 
 import pytest
 
-from engine import bootstrap_client
-from engine.pd import rank_info as pdo_rank_info
+from engine.bootstrap import client as bootstrap_client
+from engine.runs.pd import rank_info as pdo_rank_info
 
 from .wire import (
     TOPOLOGIES,
@@ -242,10 +242,10 @@ def test_sglang_decode_waits_out_a_duplicate_registration_on_pdo(conn):
 
 @pytest.mark.parametrize("payloads", ["sglang", "pdo"])
 def test_pdo_client_against_sglang_server(conn, payloads):
-    """engine/bootstrap_client.py against SGLang's server: the same answers as against pdo's."""
+    """engine/bootstrap/client.py against SGLang's server: the same answers as against pdo's."""
     if payloads == "sglang":
         regs = sglang_payloads(conn, Prefill())
-    else:  # what pdo's own prefill ranks send (engine/pd.py)
+    else:  # what pdo's own prefill ranks send (engine/runs/pd.py)
         regs = [pdo_rank_info(r, 2, 16, 21000 + r) for r in range(2)]
     with pdo_server() as p, sglang_server(conn) as s:
         got = []

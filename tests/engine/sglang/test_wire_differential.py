@@ -1,4 +1,4 @@
-"""pdo bootstrap (engine/bootstrap.py) and SGLang 0.5.23's CommonKVBootstrapServer, sent the same
+"""pdo bootstrap (engine/bootstrap/server.py) and SGLang 0.5.23's CommonKVBootstrapServer, sent the same
 requests: the same status codes and JSON bodies, except where wire.DIFFERENCES says why pdo answers
 otherwise (tests/engine/sglang/wire.py describes the setup)."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import requests
 
-from engine import bootstrap_client
+from engine.bootstrap import client as bootstrap_client
 
 from .wire import (
     DIFFERENCES,

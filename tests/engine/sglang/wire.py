@@ -2,7 +2,7 @@
 
 Both servers run on 127.0.0.1 and get the same requests (test_wire_differential.py): their status
 codes and JSON bodies must agree, except where DIFFERENCES below says why pdo answers otherwise.
-SGLang's real client functions run against pdo, and pdo's client (engine/bootstrap_client.py)
+SGLang's real client functions run against pdo, and pdo's client (engine/bootstrap/client.py)
 against SGLang's server (test_wire_clients.py).
 
 The registration payloads are not written here: SGLang's own CommonKVManager.register_to_bootstrap
@@ -27,7 +27,7 @@ from unittest import mock
 import pytest
 import requests
 
-from engine.bootstrap import BootstrapServer
+from engine.bootstrap.server import BootstrapServer
 
 SGLANG_VERSION = "0.5.23"  # the version whose server and clients these tests pin
 TIMEOUT_S = 5.0  # per-request timeout: loopback answers are immediate
