@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from engine.oracle.judge import judge as oracle
+from engine.oracle import judge as oracle
 from engine.prefill.loops import LOOPS
 from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.workload import WorkloadConfig, make_workload

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from engine.bootstrap.server import BootstrapServer
 from engine.cli import main
 from engine.runtime.device import CpuStream
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(Path(__file__).resolve().parents[3])
 # Race-dependent mutants: some schedules of these campaigns fail, others pass.
 SETUP = {
     "prefill": {"mode": "ahead", "inject": ["no-war-barrier"], "requests": 5, "hit": 0.8},

@@ -8,7 +8,7 @@ import torch
 from checker.fuzz import PCT, Case, run_case
 from engine.cli import main
 from engine.kv.transfer import AttentionStore
-from engine.oracle.judge import judge as oracle
+from engine.oracle import judge as oracle
 from engine.runtime.memory import PrefixCache
 from tests.helpers import run_mode
 
