@@ -431,13 +431,14 @@ def enc_consume_answer(rule, universe):
         if pending is None or covered is None:
             continue
         addr, rooms = x.f["addr"], rooms_of(x)
-        # the pending rooms
+        # the pending rooms: no add of a room outside `pending` is held at x (a room added twice is
+        # pending when either add is held, as the linear checker's set has it)
         for a in adds.get(addr, []):
-            held = _pending(universe, x, [a], gone)
-            yield (
-                implies(x.exists, held if a.f["room"] in pending else neg(held)),
-                [x, a, *gone.get(a.f["room"], [])],
-            )
+            if a.f["room"] not in pending:
+                yield (
+                    implies(x.exists, neg(_pending(universe, x, [a], gone))),
+                    [x, a, *gone.get(a.f["room"], [])],
+                )
         for room in pending:
             mine = [a for a in adds.get(addr, []) if a.f["room"] == room]
             yield implies(x.exists, _pending(universe, x, mine, gone)), [x, *mine]

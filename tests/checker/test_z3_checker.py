@@ -15,7 +15,7 @@ import random
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checker import z3check
@@ -239,6 +239,9 @@ def test_checkers_agree_on_the_decode_fixtures(tmp_path):
     seed=st.integers(0, 2**32 - 1),
     kind=st.sampled_from(MUTATIONS + ("rooms", "rank", "addr", "qid", "source")),
 )
+# a room added again after its request was done: pending from its second add only (z3 once held
+# every add of a room to the point's `pending`)
+@example(seed=267498385, kind="duplicate")
 def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
     d = _decode_fixtures()
     rnd = random.Random(seed)
