@@ -14,8 +14,8 @@ from checker.fuzz.runs import run_case
 from checker.fuzz.strategies import make_strategy
 from checker.refine import check_model
 from engine.prefill import loops
-from tests.conftest import _drift
 from tests.helpers import run_mode
+from tests.refinement import drift
 
 MODES = ("normal", "overlap", "thread", "ahead")
 
@@ -57,7 +57,6 @@ def _war_barrier_after_processing(s):
             s.idle_wait()
 
 
-@pytest.mark.drifts
 def test_a_reordered_loop_is_named_at_the_step(tmp_path, monkeypatch):
     monkeypatch.setitem(loops.LOOPS, "normal", _war_barrier_after_processing)
     path = tmp_path / "drift.jsonl"
@@ -67,8 +66,8 @@ def test_a_reordered_loop_is_named_at_the_step(tmp_path, monkeypatch):
     named = {(check.events[s - 1]["ev"]) for s in check.answer.seqs}
     assert "E:program-order" in check.answer.groups
     assert "war_barrier" in named and named & {"process_begin", "process_end", "kv_send"}, named
-    # the suite's own refinement of every engine trace (tests/conftest.py) flags this one too
-    assert "DRIFT" in _drift(str(path))
+    # the fixture `refined` (tests/conftest.py) of the loop tests flags this one too
+    assert "DRIFT" in drift(str(path))
 
 
 def test_pdo_check_model_exit_codes_and_json(tmp_path):
@@ -89,7 +88,6 @@ def test_pdo_check_model_exit_codes_and_json(tmp_path):
     assert report["model"]["status"] == "unsat" and report["model"]["events"]
 
 
-@pytest.mark.drifts
 def test_the_fuzz_judge_flags_a_drifted_loop(monkeypatch):
     """Refinement is the fuzz loop's third judge: the swapped normal loop fails as `model ...`."""
     case = Case(mode="normal", requests=3)

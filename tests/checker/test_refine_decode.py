@@ -18,7 +18,7 @@ from engine.decode.config import DecodeConfig
 from engine.runs.pd import run_pd
 from engine.runs.workload import WorkloadConfig
 from engine.runtime.config import EngineConfig
-from tests.conftest import _drift
+from tests.refinement import drift
 
 WORKLOAD = dict(requests=6, prompt_len=(16, 64), max_new_tokens=4, seed=7)
 
@@ -60,7 +60,6 @@ def _intake_before_prefetch(s):
             s.idle_wait()
 
 
-@pytest.mark.drifts
 def test_a_reordered_decode_loop_is_named_at_the_step(tmp_path, monkeypatch):
     monkeypatch.setitem(loops.LOOPS, "normal", _intake_before_prefetch)
     path = _decode_trace(tmp_path, dp=1, loop="normal")
@@ -69,7 +68,7 @@ def test_a_reordered_decode_loop_is_named_at_the_step(tmp_path, monkeypatch):
     named = {check.events[s - 1]["ev"] for s in check.answer.seqs}
     assert "E:order" in check.answer.groups, check.answer.groups
     assert named and named <= {"req_add", "prefetch_begin", "prefetch_end"}, named
-    assert "DRIFT" in _drift(path)  # the suite's own refinement (tests/conftest.py) flags it too
+    assert "DRIFT" in drift(path)  # the suite's own refinement (tests/conftest.py) flags it too
 
 
 MUTANT_RUNS = {
@@ -82,7 +81,6 @@ MUTANT_RUNS = {
 }
 
 
-@pytest.mark.drifts
 @pytest.mark.parametrize("mutant", sorted(MUTANT_RUNS))
 def test_a_decode_mutant_the_model_cannot_admit_drifts(tmp_path, mutant):
     rule, dc = MUTANT_RUNS[mutant]
@@ -125,7 +123,6 @@ def test_what_the_decode_model_leaves_out_is_not_judged(tmp_path):
         assert "UNKNOWN" in text(check) and not check.judged
 
 
-@pytest.mark.drifts
 def test_the_fuzz_judge_judges_the_decode_trace(monkeypatch):
     """The fuzz loop's third judge on a PD case: the decode trace is refined too, and the swapped
     decode loop fails as `model E:...`."""

@@ -93,7 +93,6 @@ def test_a_truncated_prefill_trace_is_judged_as_a_prefix_of_the_model(tmp_path, 
         assert check.answer.status == "unknown" or "INCOMPLETE" in text(check)
 
 
-@pytest.mark.drifts
 def test_a_drifted_prefill_loop_drifts_in_a_prefix(tmp_path, monkeypatch, capsys):
     good = _cut_at(_prefill_trace(tmp_path, mode="normal"), tmp_path / "good.jsonl", 0.75)
     assert pdo(["check", "--model", str(good)]) == INCOMPLETE
@@ -122,7 +121,6 @@ def test_a_truncated_decode_trace_is_judged_as_a_prefix_of_the_model(tmp_path):
     assert check.answer.status == "unknown" and "memory_waits" in check.answer.reason
 
 
-@pytest.mark.drifts
 def test_a_drifted_decode_loop_drifts_in_a_prefix(tmp_path, monkeypatch):
     monkeypatch.setitem(decode_loops.LOOPS, "normal", _intake_before_prefetch)
     path = _count_in_header(Path(_decode_trace(tmp_path, dp=1, loop="normal")))

@@ -17,6 +17,9 @@ from engine.decode.request import DecodeReq, ReceiverInit, ReqState
 from engine.runs.pd import rank_info
 from engine.trace.tracer import Tracer
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 
 class FakeSched:
     """Receiver init always succeeds (or finds no memory beyond `capacity`); aborts are recorded."""

@@ -12,6 +12,9 @@ from engine.decode.scheduler import DecodeScheduler
 from engine.prefill.scheduler import PrefillScheduler
 from engine.runtime.forward_state import ForwardState
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 
 class Declared:
     """Stands in for Tracer.events_for's loggers: any event, its name recorded."""

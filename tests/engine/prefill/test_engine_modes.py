@@ -28,6 +28,9 @@ from engine.runtime.model import TinyLlama
 from engine.trace.tracer import NullTracer, Tracer
 from tests.helpers import reference, run_mode
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_tokens_and_kv_match_reference(mode, tmp_path):

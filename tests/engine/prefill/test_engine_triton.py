@@ -9,6 +9,9 @@ from engine.runs.workload import WorkloadConfig
 from engine.runtime.config import MODES
 from tests.helpers import reference, run_mode
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_triton_backend_matches_reference(mode, tmp_path):

@@ -26,6 +26,9 @@ from engine.runs.workload import WorkloadConfig
 from engine.runtime.config import EngineConfig
 from tests.helpers import assert_tokens_match_reference
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 ROOT = Path(__file__).resolve().parents[3]
 # four processes per `pdo launch` case, about a minute each on a loaded machine: the decode and
 # bootstrap cases run with PDO_SLOW=1 (scripts/fault_table.py measures all of them)

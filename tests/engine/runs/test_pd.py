@@ -20,6 +20,9 @@ from engine.runs.workload import WorkloadConfig
 from engine.runtime.config import MODES, EngineConfig
 from tests.helpers import assert_tokens_match_reference
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOAD = dict(requests=8, prompt_len=(20, 100), hit=0.6, max_new_tokens=6, seed=5)
 

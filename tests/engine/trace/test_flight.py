@@ -26,6 +26,9 @@ from engine.runtime.config import EngineConfig
 from engine.trace.tracer import Tracer
 from spec import load_events
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

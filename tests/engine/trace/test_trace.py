@@ -16,6 +16,9 @@ from engine.trace.tracer import NullTracer, Tracer
 from spec import load_events
 from tests.batch_fixtures import make_batch
 
+# the loops' traces refine their models (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("refined")
+
 
 def test_tracer_object_ids_survive_id_reuse():
     """Identities are exact: the tracer keeps what it named alive, so a dead object's id() is never
