@@ -32,6 +32,19 @@ def _pdo(args: list[str]) -> subprocess.Popen:
     )
 
 
+def _until_torch_loads(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until pdo is inside its own imports (torch's libraries mapped): a signal before that lands in
+    the interpreter's start-up (site), which says nothing about pdo, and on a loaded machine no
+    fixed sleep is sure to be past it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/maps") as f:
+            if "torch/lib" in f.read():
+                return
+        time.sleep(0.005)
+    raise AssertionError("pdo never loaded torch")
+
+
 def _lines(path: Path) -> int:
     try:
         return path.read_bytes().count(b"\n")
@@ -70,7 +83,7 @@ def test_a_signal_mid_run_ends_every_pd_trace(tmp_path, sig, code):
 
 def test_ctrl_c_while_pdo_starts_exits_130_without_a_traceback(tmp_path):
     proc = _pdo(["run", "--pd", "--dp", "2", "--trace", str(tmp_path / "pd.jsonl")])
-    time.sleep(0.5)  # inside its imports
+    _until_torch_loads(proc)  # inside its imports
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
