@@ -8,6 +8,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
 
+# The quick loop (README: `pytest -n auto -m "not heavy"`) leaves out what takes most of the suite's
+# time and is about the edges, not the engine's core: SGLang's releases, the schedule-fuzz
+# campaigns, the GPU script and the Triton compile, and the unbounded proofs.
+HEAVY = (
+    "tests/engine/sglang/",
+    "tests/checker/fuzz/",
+    "tests/test_gpu_script.py",
+    "tests/triton_kernels/test_triton_compile_sm90.py",
+    "tests/spec/test_unbounded.py",
+    "tests/spec/test_decode_unbounded.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = str(config.rootpath) + os.sep
+    for item in items:
+        if str(item.path).removeprefix(root).startswith(HEAVY):
+            item.add_marker(pytest.mark.heavy)
+
+
 # Refinement of the engine's traces (issue #19): the fixture `refined` checks each prefill or decode
 # trace the engine writes during a test (Tracer.write, or streamed by Tracer.stream) against the
 # loop model of its mode, or the decode loop model, when the test ends (a decode trace the model
