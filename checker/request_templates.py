@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .streaming import TEMPLATES, Template, event_label
+from .streaming import TEMPLATES, Template, event_label, in_order
+
+_EMPTY: dict = {}
 
 
 @TEMPLATES.register("counter")
@@ -404,7 +406,14 @@ class Delivered(Template):
     same): without `sends`, some `done` of the rid before each `consumer`; with `sends`, the `done`
     of each of the rid's sends before the consumer (the same `start` where the send carries one),
     every send completed by the end, and no completion without an earlier send. A `failed` of the
-    rid (its transfer ended in failure) completes every send of the rid logged before it."""
+    rid (its transfer ended in failure) completes every send of the rid logged before it.
+
+    The state is the seq of the first occurrence of each fact (a send, a completion), and every
+    judgement compares seqs: "X before event e" is "X's first seq < e.seq". First occurrences do
+    not depend on the order they are recorded in, so `on_kinds` records a chunk a kind at a time
+    (no merge, no dispatch per event), then judges it; only a chunk in which some judgement fails
+    is walked again event by event (`_walk`, which words the violations in trace order), and so is
+    every chunk once a `failed` or a send without an int `start` was seen."""
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -417,83 +426,139 @@ class Delivered(Template):
             *self.sends,
             *([self.failed] if self.failed else []),
         )
-        self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
-        self.completed: set = set()  # (rid, start) completed
-        self.any_done: set = set()  # rids with some completion
-        # rids some send of which may still be open (completions only ever close sends, so a rid
-        # a consumer found all delivered leaves until its next send)
-        self.unsettled: set = set()
+        self.sent: dict = {}  # rid -> {start (None: a send without one): seq of its first send}
+        self.closed: dict = {}  # rid -> {start: seq of its first completion}
+        self.first_done: dict = {}  # rid -> seq of its first completion (or failed)
+        self.walking = False  # from the first `failed` or send without an int start on
+
+    def on_kinds(self, by):
+        if self.walking or (self.failed is not None and self.failed in by):
+            self.walking = True
+            self._walk(in_order(by, self.events))
+            return
+        try:
+            ok = self._record(by)
+        except AttributeError:  # a kind without `start`: the walk reads it with a default
+            ok, self.walking = False, True
+        if ok:
+            self.checks += len(by.get(self.consumer, ())) + (
+                len(by.get(self.done, ())) if self.sends else 0
+            )
+        else:  # word the violations, in trace order (recording again changes nothing)
+            self._walk(in_order(by, self.events))
+
+    def _record(self, by) -> bool:
+        """Record the chunk's sends and completions; whether no judgement of it fails (False also
+        where a send has no int start: the walk then takes over for good)."""
+        sent, closed, first_done = self.sent, self.closed, self.first_done
+        for e in in_order(by, self.sends):  # in trace order: the walk words in send order
+            rid, start, seq = e.rid, e.start, e.seq
+            if type(start) is not int:
+                self.walking = True
+                return False
+            got = sent.get(rid)
+            if got is None:
+                sent[rid] = {start: seq}
+            elif start not in got:
+                got[start] = seq
+        ok = True
+        if self.sends:
+            for e in by.get(self.done, ()):
+                rid, start, seq = e.rid, e.start, e.seq
+                got = closed.get(rid)
+                if got is None:
+                    closed[rid] = {start: seq}
+                    if rid not in first_done:
+                        first_done[rid] = seq
+                elif start not in got:
+                    got[start] = seq
+                if not sent.get(rid, _EMPTY).get(start, seq) < seq:  # completes no earlier send
+                    ok = False
+            for e in by.get(self.consumer, ()):
+                # every send of the rid so far (some may come after it) closed before it
+                rid, seq = e.rid, e.seq
+                got = sent.get(rid)
+                if got:
+                    done = closed.get(rid, _EMPTY)
+                    for start in got:
+                        if not done.get(start, seq) < seq:
+                            ok = False
+            return ok
+        for e in by.get(self.done, ()):
+            if e.rid not in first_done:
+                first_done[e.rid] = e.seq
+        for e in by.get(self.consumer, ()):
+            if not first_done.get(e.rid, e.seq) < e.seq:
+                ok = False
+        return ok
 
     def on_chunk(self, evs):
-        done, failed, consumer, sent = self.done, self.failed, self.consumer, self.sent
-        completed, any_done, sends = self.completed, self.any_done, self.sends
-        unsettled = self.unsettled
-        checks = 0
+        self._walk(evs)
+
+    def _walk(self, evs):
+        """Record and judge `evs` (in trace order) one by one."""
+        done, failed, consumer = self.done, self.failed, self.consumer
+        sent, closed, first_done = self.sent, self.closed, self.first_done
         for e in evs:
-            ev, rid = e.ev, e.rid
+            ev, rid, seq = e.ev, e.rid, e.seq
             if ev == done:
                 start = getattr(e, "start", None)
-                completed.add((rid, start))
-                any_done.add(rid)
-                if sends:
-                    checks += 1
-                    got = sent.get(rid, ())
-                    if start not in got and None not in got:
+                closed.setdefault(rid, {}).setdefault(start, seq)
+                first_done.setdefault(rid, seq)
+                if self.sends:
+                    self.checks += 1
+                    got = sent.get(rid, _EMPTY)
+                    if not (got.get(start, seq) < seq or got.get(None, seq) < seq):
                         self.fail(
                             f"{event_label(e)} completes a send of {rid} at token {start} "
                             "that was never made",
-                            e.seq,
+                            seq,
                         )
             elif ev == consumer:
-                checks += 1
-                self._consumer(e, rid)
+                self.checks += 1
+                self._consumer(e, rid, seq)
             elif ev == failed:  # every send of the rid so far is over: completed, undelivered
-                any_done.add(rid)
-                completed.update([(rid, start) for start in sent.get(rid, ())])
+                first_done.setdefault(rid, seq)
+                got = closed.setdefault(rid, {})
+                for start, at in sent.get(rid, _EMPTY).items():
+                    if at < seq:
+                        got.setdefault(start, seq)
             else:  # a send
                 start = getattr(e, "start", None)
                 if type(start) is not int:
-                    start = None
-                got = sent.get(rid)
-                if got is None:
-                    sent[rid] = {start: e.seq}
-                elif start not in got:
-                    got[start] = e.seq
-                unsettled.add(rid)
-        self.checks += checks
+                    start, self.walking = None, True
+                sent.setdefault(rid, {}).setdefault(start, seq)
 
-    def _open(self, rid, start) -> bool:
-        """Whether the rid's send at `start` (None: a send without one) has no completion yet."""
-        return (rid, start) not in self.completed if start is not None else rid not in self.any_done
+    def _closed_by(self, rid, start, seq) -> bool:
+        """Whether the rid's send at `start` (None: a send without one) has a completion before
+        `seq`."""
+        if start is None:
+            return self.first_done.get(rid, seq) < seq
+        return self.closed.get(rid, _EMPTY).get(start, seq) < seq
 
-    def _consumer(self, e, rid):
+    def _consumer(self, e, rid, seq):
         if not self.sends:
-            if rid not in self.any_done:
-                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e.seq)
+            if not self.first_done.get(rid, seq) < seq:
+                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", seq)
             return
-        if rid not in self.unsettled:
-            return
-        settled = True
-        for start, seq in self.sent.get(rid, {}).items():
-            if self._open(rid, start):
-                settled = False
-                at = f" at token {start}" if start is not None else ""
+        for start, at in self.sent.get(rid, _EMPTY).items():
+            if at < seq and not self._closed_by(rid, start, seq):
+                where = f" at token {start}" if start is not None else ""
                 self.fail(
-                    f"{event_label(e)} for {rid} while its send{at} was not yet delivered "
+                    f"{event_label(e)} for {rid} while its send{where} was not yet delivered "
                     f"(no {self.done} before it)",
+                    at,
                     seq,
-                    e.seq,
                 )
-        if settled:
-            self.unsettled.discard(rid)
 
     def finish(self):
-        self.checks += sum(map(len, self.sent.values()))
-        unsettled = self.unsettled
-        for rid, sent in self.sent.items():
-            if rid not in unsettled:
+        closed, end = self.closed, float("inf")
+        for rid, sent in self.sent.items():  # in send order
+            self.checks += len(sent)
+            done = closed.get(rid, _EMPTY)
+            if len(done) >= len(sent) and None not in sent and all(map(done.__contains__, sent)):
                 continue
             for start, seq in sent.items():
-                if self._open(rid, start):
-                    at = f" at token {start}" if start is not None else ""
-                    self.fail(f"{rid}'s send{at} was never delivered ({self.done})", seq)
+                if not self._closed_by(rid, start, end):
+                    where = f" at token {start}" if start is not None else ""
+                    self.fail(f"{rid}'s send{where} was never delivered ({self.done})", seq)

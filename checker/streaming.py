@@ -12,13 +12,17 @@ CROSS_TEMPLATES (checker/cross_templates.py).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from spec import Rule
 from spec.registry import Registry
+
+_SEQ = attrgetter("seq")
 
 
 @dataclass
@@ -148,6 +152,12 @@ class Template:
         """Event name -> callable; a template may route event kinds to separate methods."""
         return {ev: self.on for ev in self.events}
 
+    # A template may instead take its events a kind at a time: `on_kinds(by)`, with `by` the chunk's
+    # events split by kind (ev -> its events in trace order, every kind of the chunk; shared with
+    # the other templates, not to be changed), for rules judged on whole columns of a chunk (the
+    # order between kinds read from `seq`). None: the checker calls on_chunk.
+    on_kinds = None
+
     def on_chunk(self, evs: list) -> None:
         h = self.handlers()
         star = h.get("*")
@@ -166,6 +176,14 @@ class Template:
 TEMPLATES: Registry[type[Template]] = Registry("linear template")
 # The cross-process kinds: a decode trace against the prefill traces of its DP ranks.
 CROSS_TEMPLATES: Registry[type[Template]] = Registry("cross-process template")
+
+
+def in_order(by: dict, kinds) -> list:
+    """The events of `kinds` in `by` (ev -> events, each list in trace order) in trace order."""
+    lists = [by[k] for k in kinds if k in by]
+    if len(lists) <= 1:
+        return lists[0] if lists else []
+    return sorted(itertools.chain.from_iterable(lists), key=_SEQ)
 
 
 def event_label(e) -> str:
