@@ -303,16 +303,19 @@ class ChunkSent(Template):
             rule["release"],
         )
         self.events = ("admit", self.done, self.started, self.release, *self.sends)
-        self.chunks: dict = {}  # rid -> [[batch, remaining [lo, hi) intervals, admit seq, lo, hi]]
-        # (rid, lo) -> the chunk admitted as [lo, ...), for sends that cover exactly one chunk; only
-        # rids whose admitted ranges are disjoint use it (`tangled` holds the others)
-        self.at: dict = {}
-        self.tangled: set = set()
+        # rid -> its chunks not yet released, each [batch, remaining [lo, hi) intervals, admit
+        # seq, lo, hi, (lo, hi)]: `remaining` is [(lo, hi)] with that very tuple until a send
+        # takes some of it
+        self.chunks: dict = {}
+        self.tangled: set = set()  # rids some of whose admitted ranges overlap
         self.done_b, self.started_b = set(), set()
+        self.ranged: dict = {}  # the struct types of the sends -> whether they have start, tokens
 
     def on_chunk(self, evs):
         done, started, release = self.done, self.started, self.release
-        chunks, done_b, started_b = self.chunks, self.done_b, self.started_b
+        chunks, tangled, done_b, started_b = self.chunks, self.tangled, self.done_b, self.started_b
+        ranged = self.ranged
+        checks = 0
         for e in evs:
             ev = e.ev
             if ev == "admit":
@@ -322,35 +325,63 @@ class ChunkSent(Template):
             elif ev == started:
                 started_b.add(e.batch)
             elif ev == release:
-                self._unsent(e.rid, e.seq)
+                rid = e.rid
+                held = chunks.pop(rid, None)
+                if held is not None:
+                    checks += len(held)
+                    tangled.discard(rid)
+                    for chunk in held:
+                        if chunk[1]:
+                            self._unsent(rid, chunk, e.seq)
             else:
-                lo, tokens = getattr(e, "start", None), getattr(e, "tokens", None)
-                if type(lo) is int and type(tokens) is int and e.rid in chunks:
-                    self._send(e, lo, lo + tokens)
+                held = chunks.get(e.rid)
+                if held is None:
+                    continue
+                fast = ranged.get(type(e))
+                if fast is None:
+                    fast = ranged[type(e)] = hasattr(e, "start") and hasattr(e, "tokens")
+                if not fast:
+                    continue
+                lo, tokens = e.start, e.tokens
+                if type(lo) is not int or type(tokens) is not int:
+                    continue
+                if e.rid not in tangled:  # exactly one chunk's tokens, no other chunk holds any
+                    for chunk in held:
+                        if chunk[3] == lo:
+                            left = chunk[1]
+                            if chunk[4] == lo + tokens and len(left) == 1 and left[0] is chunk[5]:
+                                checks += 1
+                                if chunk[0] not in done_b:
+                                    self._early(e, chunk[0], left)
+                                chunk[1] = []
+                                break
+                            self._send(e, held, lo, lo + tokens)
+                            break
+                    else:
+                        self._send(e, held, lo, lo + tokens)
+                else:
+                    self._send(e, held, lo, lo + tokens)
+        self.checks += checks
 
     def _admit(self, e):
-        for rid, rng in (getattr(e, "chunks", None) or {}).items():
+        chunks, b, seq = self.chunks, e.batch, e.seq
+        for rid, rng in (getattr(e, "chunks", None) or _EMPTY).items():
             if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
-                lo, hi = rng
-                held = self.chunks.setdefault(rid, [])
-                if any(c[3] < hi and lo < c[4] for c in held):
-                    self.tangled.add(rid)
-                chunk = [e.batch, [(lo, hi)], e.seq, lo, hi]
+                lo, hi = span = tuple(rng)
+                chunk = [b, [span], seq, lo, hi, span]
+                held = chunks.get(rid)
+                if held is None:
+                    chunks[rid] = [chunk]
+                    continue
+                for c in held:
+                    if c[3] < hi and lo < c[4]:
+                        self.tangled.add(rid)
+                        break
                 held.append(chunk)
-                self.at[rid, lo] = chunk
 
-    def _send(self, e, lo, hi):
+    def _send(self, e, held, lo, hi):
         """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
-        rid = e.rid
-        chunk = self.at.get((rid, lo))
-        if chunk is not None and chunk[1] == [(lo, hi)] and rid not in self.tangled:
-            # exactly one chunk's tokens, and no other chunk holds any of them
-            self.checks += 1
-            if chunk[0] not in self.done_b:
-                self._early(e, chunk[0], chunk[1])
-            chunk[1] = []
-            return
-        for chunk in self.chunks[rid]:
+        for chunk in held:
             left = chunk[1]
             if not left or left[0][0] >= hi or left[-1][1] <= lo:  # nothing of it in [lo, hi)
                 continue
@@ -382,22 +413,21 @@ class ChunkSent(Template):
             e.seq,
         )
 
-    def _unsent(self, rid, seq):
-        self.tangled.discard(rid)
-        for batch, left, admit_seq, lo, _ in self.chunks.pop(rid, ()):
-            self.at.pop((rid, lo), None)
-            self.checks += 1
-            if left:
-                self.fail(
-                    f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} "
-                    "were never sent",
-                    admit_seq,
-                    *([seq] if seq is not None else []),
-                )
+    def _unsent(self, rid, chunk, seq):
+        """A chunk with tokens left unsent at the release of its rid (`seq`; None: at the end)."""
+        batch, left, admit_seq = chunk[0], chunk[1], chunk[2]
+        self.fail(
+            f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} were never sent",
+            admit_seq,
+            *([seq] if seq is not None else []),
+        )
 
     def finish(self):
-        for rid in list(self.chunks):
-            self._unsent(rid, None)
+        for rid, held in self.chunks.items():
+            self.checks += len(held)
+            for chunk in held:
+                if chunk[1]:
+                    self._unsent(rid, chunk, None)
 
 
 @TEMPLATES.register("delivered")

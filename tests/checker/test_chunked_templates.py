@@ -15,9 +15,9 @@ HEADER = {"format": "pdo-trace", "version": 4, "role": "prefill", "mode": "ahead
 RULES = {r.id: r for r in load_rules() if r.role == "prefill"}
 
 
-def check_chunked(events: list, rule_ids: list, cuts: list) -> list:
-    """(message, seqs) of each violation of the rules on `events` streamed as chunks cut before
-    each index in `cuts` (taken modulo the length), as check_file streams a file."""
+def run_chunked(events: list, rule_ids: list, cuts: list) -> list:
+    """The rules' templates after a check of `events` streamed as chunks cut before each index in
+    `cuts` (taken modulo the length), as check_file streams a file."""
     structs = as_events(HEADER, events)
     bounds = sorted({c % (len(structs) + 1) for c in cuts} | {0, len(structs)})
     chunks = [structs[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
@@ -26,7 +26,12 @@ def check_chunked(events: list, rule_ids: list, cuts: list) -> list:
     linear._stream(chunks, active, ctx, linear._batched_events("prefill"))
     for t in active:
         t.finish()
-    return [(v.message, v.seqs) for t in active for v in t.violations]
+    return active
+
+
+def check_chunked(events: list, rule_ids: list, cuts: list) -> list:
+    """(message, seqs) of each violation of the rules, the trace streamed in chunks (run_chunked)."""
+    return [(v.message, v.seqs) for t in run_chunked(events, rule_ids, cuts) for v in t.violations]
 
 
 _CUTS = st.lists(st.integers(0, 60), max_size=6)
@@ -130,8 +135,12 @@ def _delivery_events(steps):
 @given(st.lists(_DELIVERY_STEP, max_size=25), _CUTS)
 def test_release_after_delivery_in_chunks(steps, cuts):
     events = _delivery_events(steps)
-    got = check_chunked(events, ["P-release-after-delivery"], cuts)
-    assert got == _delivery_reference(events)
+    (t,) = run_chunked(events, ["P-release-after-delivery"], cuts)
+    assert [(v.message, v.seqs) for v in t.violations] == _delivery_reference(events)
+    # a judgement per completion, per release, and per distinct send at the end
+    sends = {(e["rid"], e.get("start")) for e in events if e["ev"] in ("kv_send", "prefix_send")}
+    judged = sum(e["ev"] in ("kv_delivered", "release") for e in events)
+    assert t.checks == judged + len(sends)
 
 
 def _store_reference(events):
@@ -157,3 +166,114 @@ def test_store_after_copy_in_chunks(steps, cuts):
         for i, (kind, rid) in enumerate(steps)
     ]
     assert check_chunked(events, ["P-store-after-copy"], cuts) == _store_reference(events)
+
+
+def _chunk_sent_reference(events):
+    """P-chunk-sent read literally (each send against every chunk it covers in part), with the
+    number of judgements: one per chunk a send covers some remaining token of, one per chunk at
+    its request's release (or at the end)."""
+    pending, done, started, out = {}, set(), set(), []
+    checks = 0
+
+    def unsent(rid, seq):
+        nonlocal checks
+        for batch, left, admit_seq in pending.pop(rid, ()):
+            checks += 1
+            if left:
+                seqs = [admit_seq] + ([seq] if seq is not None else [])
+                what = f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch}"
+                out.append((f"{what} were never sent", seqs))
+
+    for e in events:
+        ev, seq = e["ev"], e["seq"]
+        if ev == "admit":
+            for rid, (a, b) in e["chunks"].items():
+                pending.setdefault(rid, []).append([e["batch"], [(a, b)], seq])
+        elif ev == "process_begin":
+            done.add(e["batch"])
+        elif ev == "fwd_begin":
+            started.add(e["batch"])
+        elif ev == "release":
+            unsent(e["rid"], seq)
+        elif e["rid"] in pending:
+            lo, hi = e["start"], e["start"] + e["tokens"]
+            for chunk in pending[e["rid"]]:
+                batch, left, _ = chunk
+                hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
+                if not hit:
+                    continue
+                checks += 1
+                wait = e.get("device_wait") is True
+                if batch not in done and not (wait and batch in started):
+                    how = (
+                        "with a device wait before its forward began"
+                        if wait
+                        else f"before process_begin({batch}), with no device wait"
+                    )
+                    label = f"{ev}({e['batch']})" if "batch" in e else ev
+                    out.append(
+                        (
+                            f"{label} sends {e['rid']}'s tokens {hit[0][0]}..{hit[-1][1]} "
+                            f"of batch {batch} {how}",
+                            [seq],
+                        )
+                    )
+                chunk[1] = [
+                    p for a, b in left for p in ((a, min(b, lo)), (max(a, hi), b)) if p[0] < p[1]
+                ]
+    for rid in list(pending):
+        unsent(rid, None)
+    return out, checks
+
+
+# Sends of exactly the latest admitted chunk (the usual case, judged in one lookup) among sends of
+# any range, overlapping admits, forwards, result processing and releases.
+_CHUNK_STEP = st.one_of(
+    st.tuples(st.just("admit"), _RIDS, st.integers(0, 4), st.integers(1, 3)),
+    st.tuples(st.just("send_latest"), st.booleans()),
+    st.tuples(st.just("kv_send"), _RIDS, st.integers(0, 4), st.integers(1, 3), st.booleans()),
+    st.tuples(st.sampled_from(["process_begin", "fwd_begin", "release"]), _RIDS),
+)
+
+
+def _chunk_events(steps):
+    events, batch, latest = [], -1, None
+
+    def add(kind, **fields):
+        events.append({"ev": kind, "seq": len(events) + 1, "t_ns": 0, "thread": "s", **fields})
+
+    def send(rid, lo, hi, wait):
+        fields = {"rid": rid, "obj": rid, "tokens": hi - lo, "pages": 1, "start": lo}
+        if wait:
+            add("prefix_send", batch=max(batch, 0), **fields, device_wait=True)
+        else:
+            add("kv_send", **fields)
+
+    for step in steps:
+        if step[0] == "admit":
+            _, rid, lo, n = step
+            batch += 1
+            latest = (rid, 4 * lo, 4 * (lo + n))
+            add("admit", batch=batch, rids=[rid], chunks={rid: [4 * lo, 4 * (lo + n)]})
+        elif step[0] == "send_latest":
+            if latest is not None:
+                send(*latest, step[1])
+        elif step[0] == "kv_send":
+            _, rid, lo, n, wait = step
+            send(rid, 4 * lo, 4 * (lo + n), wait)
+        elif step[0] == "release":
+            add("release", rid=step[1], obj=step[1], slot=0)
+        else:
+            fields = {"digest": "0"} if step[0] == "fwd_begin" else {}
+            add(step[0], batch=max(batch, 0), **fields)
+    return events
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_CHUNK_STEP, max_size=30), _CUTS)
+def test_chunk_sent_and_its_judgements(steps, cuts):
+    events = _chunk_events(steps)
+    want, checks = _chunk_sent_reference(events)
+    (t,) = run_chunked(events, ["P-chunk-sent"], cuts)
+    assert [(v.message, v.seqs) for v in t.violations] == want
+    assert t.checks == checks
