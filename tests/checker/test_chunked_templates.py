@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from checker import linear
 from checker.streaming import Ctx
 from checker.trace_io import as_events
-from spec import load_rules
+from spec import load_events, load_rules
 
 HEADER = {"format": "pdo-trace", "version": 4, "role": "prefill", "mode": "ahead", "page_size": 4}
 RULES = {r.id: r for r in load_rules() if r.role == "prefill"}
@@ -277,3 +277,43 @@ def test_chunk_sent_and_its_judgements(steps, cuts):
     (t,) = run_chunked(events, ["P-chunk-sent"], cuts)
     assert [(v.message, v.seqs) for v in t.violations] == want
     assert t.checks == checks
+
+
+_DUMMY = {"int": 0, "str": "x", "list[str]": [], "list[int]": [], "int|str": "o", "bool": False}
+
+
+def _filled(kind: str, seq: int, thread: str) -> dict:
+    """An event of `kind` with every required field of the vocabulary at a dummy value."""
+    fields = load_events()["prefill"][kind].get("fields", {})
+    base = {"ev": kind, "seq": seq, "t_ns": 0, "thread": thread}
+    return base | {name: _DUMMY[typ] for name, typ in fields.items()}
+
+
+def _thread_reference(rule, events):
+    """The thread rule read literally: each of its events on its thread (or off `not_thread`)."""
+    out = []
+    for e in (e for e in events if e["ev"] in rule["events"]):
+        label = f"{e['ev']}({e['batch']})" if "batch" in e else e["ev"]
+        if rule.get("thread") and e["thread"] != rule["thread"]:
+            out.append((f"{label} ran on {e['thread']}, expected {rule['thread']}", [e["seq"]]))
+        if rule.get("not_thread") and e["thread"] == rule["not_thread"]:
+            out.append((f"{label} ran on {e['thread']}, expected another thread", [e["seq"]]))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["P-scheduler-thread", "P-run-on-worker"]),
+    st.lists(
+        st.tuples(st.integers(0, 20), st.sampled_from(["scheduler", "scheduler", "worker"])),
+        max_size=25,
+    ),
+    _CUTS,
+)
+def test_thread_rules_in_chunks(rule_id, steps, cuts):
+    rule = RULES[rule_id]
+    kinds = list(rule["events"]) + ["stage"]  # and a kind the rule does not judge
+    events = [_filled(kinds[k % len(kinds)], i + 1, t) for i, (k, t) in enumerate(steps)]
+    (t,) = run_chunked(events, [rule_id], cuts)
+    assert [(v.message, v.seqs) for v in t.violations] == _thread_reference(rule, events)
+    assert t.checks == sum(e["ev"] in rule["events"] for e in events)
