@@ -154,23 +154,37 @@ class Lifecycle(Template):
                 self.fail(f"{rid} (slot {slot}) is never released: a leaked req_to_token slot", seq)
 
 
+def _learn(cache: dict, e, fields: tuple) -> bool:
+    """Whether events of e's struct type have all of `fields` (absent optional ones read None),
+    kept in `cache` by type: the loops ask `cache.get(type(e))` first, and read the fields as
+    attributes, not with getattr and a default."""
+    got = cache[type(e)] = all(hasattr(e, f) for f in fields)
+    return got
+
+
 @TEMPLATES.register("page_count")
 class PageCount(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
+        self.typed: dict = {}  # struct type -> whether it has tokens and pages
 
     def on_chunk(self, evs):
-        ps = self.ctx.page_size
+        ps, typed, checks = self.ctx.page_size, self.typed, 0
         for e in evs:
-            if getattr(e, "tokens", None) is not None and getattr(e, "pages", None) is not None:
-                self.checks += 1
-                if e.pages != -(-e.tokens // ps):
+            has = typed.get(type(e))
+            if not (has or has is None and _learn(typed, e, ("tokens", "pages"))):
+                continue
+            tokens, pages = e.tokens, e.pages
+            if tokens is not None and pages is not None:
+                checks += 1
+                if pages != -(-tokens // ps):
                     self.fail(
-                        f"{e.ev} of {e.tokens} tokens covers {e.pages} pages; "
-                        f"ceil({e.tokens}/{ps}) = {-(-e.tokens // ps)}",
+                        f"{e.ev} of {tokens} tokens covers {pages} pages; "
+                        f"ceil({tokens}/{ps}) = {-(-tokens // ps)}",
                         e.seq,
                     )
+        self.checks += checks
 
 
 @TEMPLATES.register("page_aligned")
@@ -181,31 +195,39 @@ class PageAligned(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
-        self.previous: dict[str, dict] = {}  # rid -> its latest send with `start`
+        self.previous: dict = {}  # rid -> its latest send with `start`
+        self.typed: dict = {}  # struct type -> whether it has start and tokens
 
     def on_chunk(self, evs):
-        ps = self.ctx.page_size
+        ps, previous, typed, checks = self.ctx.page_size, self.previous, self.typed, 0
         for e in evs:
-            if not isinstance(getattr(e, "start", None), int) or not isinstance(
-                getattr(e, "tokens", None), int
+            has = typed.get(type(e))
+            if not (has or has is None and _learn(typed, e, ("start", "tokens"))):
+                continue
+            start, tokens = e.start, e.tokens
+            # (type() first: the common case without a call)
+            if not (type(start) is int or isinstance(start, int)) or not (
+                type(tokens) is int or isinstance(tokens, int)
             ):
                 continue
-            self.checks += 1
-            if e.start % ps:
+            checks += 1
+            rid = e.rid
+            if start % ps:
                 self.fail(
-                    f"{e.ev} for {e.rid} starts at token {e.start}, not on a page "
+                    f"{e.ev} for {rid} starts at token {start}, not on a page "
                     f"boundary (page_size {ps})",
                     e.seq,
                 )
-            before = self.previous.get(e.rid)
+            before = previous.get(rid)
             if before is not None and before.tokens % ps:
                 self.fail(
-                    f"{before.ev} for {e.rid} covers {before.tokens} tokens, not whole "
+                    f"{before.ev} for {rid} covers {before.tokens} tokens, not whole "
                     f"pages (page_size {ps}), and is not the request's last send",
                     before.seq,
                     e.seq,
                 )
-            self.previous[e.rid] = e
+            previous[rid] = e
+        self.checks += checks
 
 
 @TEMPLATES.register("in_span")
@@ -337,10 +359,8 @@ class ChunkSent(Template):
                 held = chunks.get(e.rid)
                 if held is None:
                     continue
-                fast = ranged.get(type(e))
-                if fast is None:
-                    fast = ranged[type(e)] = hasattr(e, "start") and hasattr(e, "tokens")
-                if not fast:
+                has = ranged.get(type(e))
+                if not (has or has is None and _learn(ranged, e, ("start", "tokens"))):
                     continue
                 lo, tokens = e.start, e.tokens
                 if type(lo) is not int or type(tokens) is not int:

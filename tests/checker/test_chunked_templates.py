@@ -317,3 +317,72 @@ def test_thread_rules_in_chunks(rule_id, steps, cuts):
     (t,) = run_chunked(events, [rule_id], cuts)
     assert [(v.message, v.seqs) for v in t.violations] == _thread_reference(rule, events)
     assert t.checks == sum(e["ev"] in rule["events"] for e in events)
+
+
+def _page_references(events, ps):
+    """P-page-count and P-page-aligned read literally: a send with tokens and pages covers
+    ceil(tokens / ps) pages; a send with start and tokens starts on a page boundary, and the one
+    before it for the same request (with start and tokens) covers whole pages."""
+    count, aligned, previous = [], [], {}
+    for e in events:
+        tokens, pages, start, rid = e.get("tokens"), e.get("pages"), e.get("start"), e["rid"]
+        if tokens is not None and pages is not None and pages != -(-tokens // ps):
+            count.append(
+                (
+                    f"{e['ev']} of {tokens} tokens covers {pages} pages; "
+                    f"ceil({tokens}/{ps}) = {-(-tokens // ps)}",
+                    [e["seq"]],
+                )
+            )
+        if start is None or tokens is None:
+            continue
+        if start % ps:
+            aligned.append(
+                (
+                    f"{e['ev']} for {rid} starts at token {start}, not on a page boundary "
+                    f"(page_size {ps})",
+                    [e["seq"]],
+                )
+            )
+        before = previous.get(rid)
+        if before is not None and before["tokens"] % ps:
+            aligned.append(
+                (
+                    f"{before['ev']} for {rid} covers {before['tokens']} tokens, not whole pages "
+                    f"(page_size {ps}), and is not the request's last send",
+                    [before["seq"], e["seq"]],
+                )
+            )
+        previous[rid] = e
+    return count, aligned
+
+
+_SEND = st.tuples(
+    st.sampled_from(["kv_send", "prefix_send"]),
+    _RIDS,
+    st.one_of(st.none(), st.integers(0, 9)),  # start
+    st.integers(1, 9),  # tokens
+    st.integers(0, 3),  # pages
+    st.booleans(),  # prefix_send: without tokens and pages
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SEND, max_size=25), _CUTS)
+def test_page_rules_in_chunks(steps, cuts):
+    events = []
+    for kind, rid, start, tokens, pages, bare in steps:
+        e = {"ev": kind, "seq": len(events) + 1, "t_ns": 0, "thread": "s", "rid": rid, "obj": rid}
+        if kind == "prefix_send":
+            e["batch"] = 0
+        if not (bare and kind == "prefix_send"):
+            e |= {"tokens": tokens, "pages": pages}
+        if start is not None:
+            e["start"] = start
+        events.append(e)
+    count, aligned = run_chunked(events, ["P-page-count", "P-page-aligned"], cuts)
+    want_count, want_aligned = _page_references(events, HEADER["page_size"])
+    assert [(v.message, v.seqs) for v in count.violations] == want_count
+    assert [(v.message, v.seqs) for v in aligned.violations] == want_aligned
+    assert count.checks == sum("tokens" in e for e in events)
+    assert aligned.checks == sum("tokens" in e and "start" in e for e in events)
