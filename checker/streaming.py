@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from spec import Rule
 from spec.registry import Registry
 
 _SEQ = attrgetter("seq")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 @dataclass
@@ -110,12 +111,15 @@ class Dense:
             # one spare slot: out-of-range lookups land there
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
-            if table:
-                k = np.array(list(table), dtype=np.int64) - self.lo
-                vals = list(table.values())
-                seq[k] = [v[0] for v in vals]
+            if table:  # in C: the columns of the index's (seq, thread) pairs
+                n = len(table)
+                k = np.fromiter(table, dtype=np.int64, count=n) - self.lo
+                seq[k] = np.fromiter(map(_FIRST, table.values()), dtype=np.int64, count=n)
+                threads = list(map(_SECOND, table.values()))
                 codes = self._codes
-                thr[k] = [codes.setdefault(t, len(codes)) for _, t in vals]
+                for t in dict.fromkeys(threads):  # a few distinct threads
+                    codes.setdefault(t, len(codes))
+                thr[k] = np.fromiter(map(codes.__getitem__, threads), dtype=np.int64, count=n)
                 self.threads = list(codes)
             got = self._cols[ev] = (seq, thr)
         return got

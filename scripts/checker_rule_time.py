@@ -27,7 +27,9 @@ def _timed(spent: collections.Counter, fed: collections.Counter):
         templates = make(rules, ctx, extra)
         for t in templates:
             key = f"{t.rule.id} ({type(t).__name__})"
-            if t.on_kinds is not None:  # fed the chunk's events by kind: count its own kinds'
+            if (
+                getattr(t, "on_kinds", None) is not None
+            ):  # fed the chunk's events by kind: count its own kinds'
                 t.on_kinds = _wrap(t.on_kinds, key, spent, fed, set(t.handlers()))
             else:
                 t.on_chunk = _wrap(t.on_chunk, key, spent, fed)
