@@ -4,7 +4,7 @@ returns (Violation, Result), and the registries the template kinds are added to.
 
 Each rule kind of spec/ is a small class (a template) instantiated with the rule's parameters:
 `events` says which event names it listens to, `on_chunk(events)` gets them a chunk of the trace at
-a time, `finish()` runs at the end. The kinds of one trace (prefill or decode) register into
+a time (or `on_kinds(by)` the chunk split by kind), `finish()` runs at the end. The kinds of one trace (prefill or decode) register into
 TEMPLATES (checker/batch_templates.py, checker/request_templates.py, checker/decode_templates.py);
 the cross-process kinds, which read a decode trace against the prefill traces of its DP ranks, into
 CROSS_TEMPLATES (checker/cross_templates.py).
