@@ -7,9 +7,13 @@ The finish-time templates (complete, order, within) read the shared batch index 
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
-from .streaming import TEMPLATES, Template, event_label
+from .streaming import TEMPLATES, Template, event_label, in_order
+
+_SEQ, _THREAD, _BATCH, _RID = (attrgetter(f) for f in ("seq", "thread", "batch", "rid"))
 
 
 @TEMPLATES.register("fifo")
@@ -224,11 +228,15 @@ class Within(Template):
         self.events = (self.ev,)
         self.seqs, self.threads, self.batches, self.rids = [], [], [], []
 
-    def on_chunk(self, evs):
-        self.seqs += [e.seq for e in evs]
-        self.threads += [e.thread for e in evs]
-        self.batches += [e.batch for e in evs]
-        self.rids += [getattr(e, "rid", None) for e in evs]
+    def on_chunk(self, evs):  # columns, in C
+        self.seqs += map(_SEQ, evs)
+        self.threads += map(_THREAD, evs)
+        self.batches += map(_BATCH, evs)
+        try:
+            rids = list(map(_RID, evs))
+        except AttributeError:  # a kind without `rid`
+            rids = [getattr(e, "rid", None) for e in evs]
+        self.rids += rids
 
     def finish(self):
         self.checks += len(self.seqs)
@@ -290,6 +298,24 @@ class Thread(Template):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
         self.thread, self.not_thread = rule.get("thread"), rule.get("not_thread")
+
+    def on_kinds(self, by):
+        """The threads of each kind's events, as a set, in C; the chunk is walked event by event
+        (in trace order, to word the messages) only when some thread is not as the rule says."""
+        n, ok = 0, True
+        for kind in self.events:
+            evs = by.get(kind)
+            if evs:
+                n += len(evs)
+                threads = set(map(_THREAD, evs))
+                if self.thread is not None and (len(threads) > 1 or self.thread not in threads):
+                    ok = False
+                if self.not_thread is not None and self.not_thread in threads:
+                    ok = False
+        if ok:
+            self.checks += n
+        else:
+            self.on_chunk(in_order(by, self.events))
 
     def on_chunk(self, evs):
         self.checks += len(evs)

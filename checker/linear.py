@@ -79,12 +79,15 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
 
     Per chunk, the events are split by kind in one pass; each distinct set of kinds that templates
     listen to gets its events back in trace order (one kind: its list as it is; several: their
-    lists merged by seq, in C), once for every template listening to exactly that set. The batch
-    index takes the first (seq, thread) of each batch of each batch-indexed kind."""
+    lists merged by seq, in C), once for every template listening to exactly that set; a template
+    with `on_kinds` gets the split itself. The batch index takes the first (seq, thread) of each
+    batch of each batch-indexed kind."""
     listeners: dict[frozenset | None, list] = defaultdict(list)  # kinds (None: all) -> templates
+    columnar = [t.on_kinds for t in active if t.on_kinds is not None]
     for t in active:
-        kinds = frozenset(t.handlers())
-        listeners[None if "*" in kinds else kinds].append(t)
+        if t.on_kinds is None:
+            kinds = frozenset(t.handlers())
+            listeners[None if "*" in kinds else kinds].append(t)
     sets = [(kinds, tuple(ts)) for kinds, ts in listeners.items() if kinds is None or kinds]
     indexed = [(ev, ctx.idx[ev]) for ev in sorted(batched)]
     admits = ctx.admits
@@ -101,6 +104,8 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
         for ev, table in indexed:  # first: a template may read the chunk's own entries
             if ev in by:
                 _index(table, by[ev], ev, admits)
+        for on_kinds in columnar:
+            on_kinds(by)
         for want, ts in sets:
             feed = chunk if want is None else _merged(chunk, by, want)
             if feed:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .streaming import TEMPLATES, Template, event_label
+from .streaming import TEMPLATES, Template, event_label, in_order
+
+_EMPTY: dict = {}
 
 
 @TEMPLATES.register("counter")
@@ -152,23 +154,37 @@ class Lifecycle(Template):
                 self.fail(f"{rid} (slot {slot}) is never released: a leaked req_to_token slot", seq)
 
 
+def _learn(cache: dict, e, fields: tuple) -> bool:
+    """Whether events of e's struct type have all of `fields` (absent optional ones read None),
+    kept in `cache` by type: the loops ask `cache.get(type(e))` first, and read the fields as
+    attributes, not with getattr and a default."""
+    got = cache[type(e)] = all(hasattr(e, f) for f in fields)
+    return got
+
+
 @TEMPLATES.register("page_count")
 class PageCount(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
+        self.typed: dict = {}  # struct type -> whether it has tokens and pages
 
     def on_chunk(self, evs):
-        ps = self.ctx.page_size
+        ps, typed, checks = self.ctx.page_size, self.typed, 0
         for e in evs:
-            if getattr(e, "tokens", None) is not None and getattr(e, "pages", None) is not None:
-                self.checks += 1
-                if e.pages != -(-e.tokens // ps):
+            has = typed.get(type(e))
+            if not (has or has is None and _learn(typed, e, ("tokens", "pages"))):
+                continue
+            tokens, pages = e.tokens, e.pages
+            if tokens is not None and pages is not None:
+                checks += 1
+                if pages != -(-tokens // ps):
                     self.fail(
-                        f"{e.ev} of {e.tokens} tokens covers {e.pages} pages; "
-                        f"ceil({e.tokens}/{ps}) = {-(-e.tokens // ps)}",
+                        f"{e.ev} of {tokens} tokens covers {pages} pages; "
+                        f"ceil({tokens}/{ps}) = {-(-tokens // ps)}",
                         e.seq,
                     )
+        self.checks += checks
 
 
 @TEMPLATES.register("page_aligned")
@@ -179,31 +195,39 @@ class PageAligned(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
-        self.previous: dict[str, dict] = {}  # rid -> its latest send with `start`
+        self.previous: dict = {}  # rid -> its latest send with `start`
+        self.typed: dict = {}  # struct type -> whether it has start and tokens
 
     def on_chunk(self, evs):
-        ps = self.ctx.page_size
+        ps, previous, typed, checks = self.ctx.page_size, self.previous, self.typed, 0
         for e in evs:
-            if not isinstance(getattr(e, "start", None), int) or not isinstance(
-                getattr(e, "tokens", None), int
+            has = typed.get(type(e))
+            if not (has or has is None and _learn(typed, e, ("start", "tokens"))):
+                continue
+            start, tokens = e.start, e.tokens
+            # (type() first: the common case without a call)
+            if not (type(start) is int or isinstance(start, int)) or not (
+                type(tokens) is int or isinstance(tokens, int)
             ):
                 continue
-            self.checks += 1
-            if e.start % ps:
+            checks += 1
+            rid = e.rid
+            if start % ps:
                 self.fail(
-                    f"{e.ev} for {e.rid} starts at token {e.start}, not on a page "
+                    f"{e.ev} for {rid} starts at token {start}, not on a page "
                     f"boundary (page_size {ps})",
                     e.seq,
                 )
-            before = self.previous.get(e.rid)
+            before = previous.get(rid)
             if before is not None and before.tokens % ps:
                 self.fail(
-                    f"{before.ev} for {e.rid} covers {before.tokens} tokens, not whole "
+                    f"{before.ev} for {rid} covers {before.tokens} tokens, not whole "
                     f"pages (page_size {ps}), and is not the request's last send",
                     before.seq,
                     e.seq,
                 )
-            self.previous[e.rid] = e
+            previous[rid] = e
+        self.checks += checks
 
 
 @TEMPLATES.register("in_span")
@@ -301,16 +325,19 @@ class ChunkSent(Template):
             rule["release"],
         )
         self.events = ("admit", self.done, self.started, self.release, *self.sends)
-        self.chunks: dict = {}  # rid -> [[batch, remaining [lo, hi) intervals, admit seq, lo, hi]]
-        # (rid, lo) -> the chunk admitted as [lo, ...), for sends that cover exactly one chunk; only
-        # rids whose admitted ranges are disjoint use it (`tangled` holds the others)
-        self.at: dict = {}
-        self.tangled: set = set()
+        # rid -> its chunks not yet released, each [batch, remaining [lo, hi) intervals, admit
+        # seq, lo, hi, (lo, hi)]: `remaining` is [(lo, hi)] with that very tuple until a send
+        # takes some of it
+        self.chunks: dict = {}
+        self.tangled: set = set()  # rids some of whose admitted ranges overlap
         self.done_b, self.started_b = set(), set()
+        self.ranged: dict = {}  # the struct types of the sends -> whether they have start, tokens
 
     def on_chunk(self, evs):
         done, started, release = self.done, self.started, self.release
-        chunks, done_b, started_b = self.chunks, self.done_b, self.started_b
+        chunks, tangled, done_b, started_b = self.chunks, self.tangled, self.done_b, self.started_b
+        ranged = self.ranged
+        checks = 0
         for e in evs:
             ev = e.ev
             if ev == "admit":
@@ -320,35 +347,61 @@ class ChunkSent(Template):
             elif ev == started:
                 started_b.add(e.batch)
             elif ev == release:
-                self._unsent(e.rid, e.seq)
+                rid = e.rid
+                held = chunks.pop(rid, None)
+                if held is not None:
+                    checks += len(held)
+                    tangled.discard(rid)
+                    for chunk in held:
+                        if chunk[1]:
+                            self._unsent(rid, chunk, e.seq)
             else:
-                lo, tokens = getattr(e, "start", None), getattr(e, "tokens", None)
-                if type(lo) is int and type(tokens) is int and e.rid in chunks:
-                    self._send(e, lo, lo + tokens)
+                held = chunks.get(e.rid)
+                if held is None:
+                    continue
+                has = ranged.get(type(e))
+                if not (has or has is None and _learn(ranged, e, ("start", "tokens"))):
+                    continue
+                lo, tokens = e.start, e.tokens
+                if type(lo) is not int or type(tokens) is not int:
+                    continue
+                if e.rid not in tangled:  # exactly one chunk's tokens, no other chunk holds any
+                    for chunk in held:
+                        if chunk[3] == lo:
+                            left = chunk[1]
+                            if chunk[4] == lo + tokens and len(left) == 1 and left[0] is chunk[5]:
+                                checks += 1
+                                if chunk[0] not in done_b:
+                                    self._early(e, chunk[0], left)
+                                chunk[1] = []
+                                break
+                            self._send(e, held, lo, lo + tokens)
+                            break
+                    else:
+                        self._send(e, held, lo, lo + tokens)
+                else:
+                    self._send(e, held, lo, lo + tokens)
+        self.checks += checks
 
     def _admit(self, e):
-        for rid, rng in (getattr(e, "chunks", None) or {}).items():
+        chunks, b, seq = self.chunks, e.batch, e.seq
+        for rid, rng in (getattr(e, "chunks", None) or _EMPTY).items():
             if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
-                lo, hi = rng
-                held = self.chunks.setdefault(rid, [])
-                if any(c[3] < hi and lo < c[4] for c in held):
-                    self.tangled.add(rid)
-                chunk = [e.batch, [(lo, hi)], e.seq, lo, hi]
+                lo, hi = span = tuple(rng)
+                chunk = [b, [span], seq, lo, hi, span]
+                held = chunks.get(rid)
+                if held is None:
+                    chunks[rid] = [chunk]
+                    continue
+                for c in held:
+                    if c[3] < hi and lo < c[4]:
+                        self.tangled.add(rid)
+                        break
                 held.append(chunk)
-                self.at[rid, lo] = chunk
 
-    def _send(self, e, lo, hi):
+    def _send(self, e, held, lo, hi):
         """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
-        rid = e.rid
-        chunk = self.at.get((rid, lo))
-        if chunk is not None and chunk[1] == [(lo, hi)] and rid not in self.tangled:
-            # exactly one chunk's tokens, and no other chunk holds any of them
-            self.checks += 1
-            if chunk[0] not in self.done_b:
-                self._early(e, chunk[0], chunk[1])
-            chunk[1] = []
-            return
-        for chunk in self.chunks[rid]:
+        for chunk in held:
             left = chunk[1]
             if not left or left[0][0] >= hi or left[-1][1] <= lo:  # nothing of it in [lo, hi)
                 continue
@@ -380,22 +433,21 @@ class ChunkSent(Template):
             e.seq,
         )
 
-    def _unsent(self, rid, seq):
-        self.tangled.discard(rid)
-        for batch, left, admit_seq, lo, _ in self.chunks.pop(rid, ()):
-            self.at.pop((rid, lo), None)
-            self.checks += 1
-            if left:
-                self.fail(
-                    f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} "
-                    "were never sent",
-                    admit_seq,
-                    *([seq] if seq is not None else []),
-                )
+    def _unsent(self, rid, chunk, seq):
+        """A chunk with tokens left unsent at the release of its rid (`seq`; None: at the end)."""
+        batch, left, admit_seq = chunk[0], chunk[1], chunk[2]
+        self.fail(
+            f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} were never sent",
+            admit_seq,
+            *([seq] if seq is not None else []),
+        )
 
     def finish(self):
-        for rid in list(self.chunks):
-            self._unsent(rid, None)
+        for rid, held in self.chunks.items():
+            self.checks += len(held)
+            for chunk in held:
+                if chunk[1]:
+                    self._unsent(rid, chunk, None)
 
 
 @TEMPLATES.register("delivered")
@@ -404,7 +456,14 @@ class Delivered(Template):
     same): without `sends`, some `done` of the rid before each `consumer`; with `sends`, the `done`
     of each of the rid's sends before the consumer (the same `start` where the send carries one),
     every send completed by the end, and no completion without an earlier send. A `failed` of the
-    rid (its transfer ended in failure) completes every send of the rid logged before it."""
+    rid (its transfer ended in failure) completes every send of the rid logged before it.
+
+    The state is the seq of the first occurrence of each fact (a send, a completion), and every
+    judgement compares seqs: "X before event e" is "X's first seq < e.seq". First occurrences do
+    not depend on the order they are recorded in, so `on_kinds` records a chunk a kind at a time
+    (no merge, no dispatch per event), then judges it; only a chunk in which some judgement fails
+    is walked again event by event (`_walk`, which words the violations in trace order), and so is
+    every chunk once a `failed` or a send without an int `start` was seen."""
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -417,83 +476,139 @@ class Delivered(Template):
             *self.sends,
             *([self.failed] if self.failed else []),
         )
-        self.sent: dict = {}  # rid -> {start or None: seq of the first such send}
-        self.completed: set = set()  # (rid, start) completed
-        self.any_done: set = set()  # rids with some completion
-        # rids some send of which may still be open (completions only ever close sends, so a rid
-        # a consumer found all delivered leaves until its next send)
-        self.unsettled: set = set()
+        self.sent: dict = {}  # rid -> {start (None: a send without one): seq of its first send}
+        self.closed: dict = {}  # rid -> {start: seq of its first completion}
+        self.first_done: dict = {}  # rid -> seq of its first completion (or failed)
+        self.walking = False  # from the first `failed` or send without an int start on
+
+    def on_kinds(self, by):
+        if self.walking or (self.failed is not None and self.failed in by):
+            self.walking = True
+            self._walk(in_order(by, self.events))
+            return
+        try:
+            ok = self._record(by)
+        except AttributeError:  # a kind without `start`: the walk reads it with a default
+            ok, self.walking = False, True
+        if ok:
+            self.checks += len(by.get(self.consumer, ())) + (
+                len(by.get(self.done, ())) if self.sends else 0
+            )
+        else:  # word the violations, in trace order (recording again changes nothing)
+            self._walk(in_order(by, self.events))
+
+    def _record(self, by) -> bool:
+        """Record the chunk's sends and completions; whether no judgement of it fails (False also
+        where a send has no int start: the walk then takes over for good)."""
+        sent, closed, first_done = self.sent, self.closed, self.first_done
+        for e in in_order(by, self.sends):  # in trace order: the walk words in send order
+            rid, start, seq = e.rid, e.start, e.seq
+            if type(start) is not int:
+                self.walking = True
+                return False
+            got = sent.get(rid)
+            if got is None:
+                sent[rid] = {start: seq}
+            elif start not in got:
+                got[start] = seq
+        ok = True
+        if self.sends:
+            for e in by.get(self.done, ()):
+                rid, start, seq = e.rid, e.start, e.seq
+                got = closed.get(rid)
+                if got is None:
+                    closed[rid] = {start: seq}
+                    if rid not in first_done:
+                        first_done[rid] = seq
+                elif start not in got:
+                    got[start] = seq
+                if not sent.get(rid, _EMPTY).get(start, seq) < seq:  # completes no earlier send
+                    ok = False
+            for e in by.get(self.consumer, ()):
+                # every send of the rid so far (some may come after it) closed before it
+                rid, seq = e.rid, e.seq
+                got = sent.get(rid)
+                if got:
+                    done = closed.get(rid, _EMPTY)
+                    for start in got:
+                        if not done.get(start, seq) < seq:
+                            ok = False
+            return ok
+        for e in by.get(self.done, ()):
+            if e.rid not in first_done:
+                first_done[e.rid] = e.seq
+        for e in by.get(self.consumer, ()):
+            if not first_done.get(e.rid, e.seq) < e.seq:
+                ok = False
+        return ok
 
     def on_chunk(self, evs):
-        done, failed, consumer, sent = self.done, self.failed, self.consumer, self.sent
-        completed, any_done, sends = self.completed, self.any_done, self.sends
-        unsettled = self.unsettled
-        checks = 0
+        self._walk(evs)
+
+    def _walk(self, evs):
+        """Record and judge `evs` (in trace order) one by one."""
+        done, failed, consumer = self.done, self.failed, self.consumer
+        sent, closed, first_done = self.sent, self.closed, self.first_done
         for e in evs:
-            ev, rid = e.ev, e.rid
+            ev, rid, seq = e.ev, e.rid, e.seq
             if ev == done:
                 start = getattr(e, "start", None)
-                completed.add((rid, start))
-                any_done.add(rid)
-                if sends:
-                    checks += 1
-                    got = sent.get(rid, ())
-                    if start not in got and None not in got:
+                closed.setdefault(rid, {}).setdefault(start, seq)
+                first_done.setdefault(rid, seq)
+                if self.sends:
+                    self.checks += 1
+                    got = sent.get(rid, _EMPTY)
+                    if not (got.get(start, seq) < seq or got.get(None, seq) < seq):
                         self.fail(
                             f"{event_label(e)} completes a send of {rid} at token {start} "
                             "that was never made",
-                            e.seq,
+                            seq,
                         )
             elif ev == consumer:
-                checks += 1
-                self._consumer(e, rid)
+                self.checks += 1
+                self._consumer(e, rid, seq)
             elif ev == failed:  # every send of the rid so far is over: completed, undelivered
-                any_done.add(rid)
-                completed.update([(rid, start) for start in sent.get(rid, ())])
+                first_done.setdefault(rid, seq)
+                got = closed.setdefault(rid, {})
+                for start, at in sent.get(rid, _EMPTY).items():
+                    if at < seq:
+                        got.setdefault(start, seq)
             else:  # a send
                 start = getattr(e, "start", None)
                 if type(start) is not int:
-                    start = None
-                got = sent.get(rid)
-                if got is None:
-                    sent[rid] = {start: e.seq}
-                elif start not in got:
-                    got[start] = e.seq
-                unsettled.add(rid)
-        self.checks += checks
+                    start, self.walking = None, True
+                sent.setdefault(rid, {}).setdefault(start, seq)
 
-    def _open(self, rid, start) -> bool:
-        """Whether the rid's send at `start` (None: a send without one) has no completion yet."""
-        return (rid, start) not in self.completed if start is not None else rid not in self.any_done
+    def _closed_by(self, rid, start, seq) -> bool:
+        """Whether the rid's send at `start` (None: a send without one) has a completion before
+        `seq`."""
+        if start is None:
+            return self.first_done.get(rid, seq) < seq
+        return self.closed.get(rid, _EMPTY).get(start, seq) < seq
 
-    def _consumer(self, e, rid):
+    def _consumer(self, e, rid, seq):
         if not self.sends:
-            if rid not in self.any_done:
-                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", e.seq)
+            if not self.first_done.get(rid, seq) < seq:
+                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", seq)
             return
-        if rid not in self.unsettled:
-            return
-        settled = True
-        for start, seq in self.sent.get(rid, {}).items():
-            if self._open(rid, start):
-                settled = False
-                at = f" at token {start}" if start is not None else ""
+        for start, at in self.sent.get(rid, _EMPTY).items():
+            if at < seq and not self._closed_by(rid, start, seq):
+                where = f" at token {start}" if start is not None else ""
                 self.fail(
-                    f"{event_label(e)} for {rid} while its send{at} was not yet delivered "
+                    f"{event_label(e)} for {rid} while its send{where} was not yet delivered "
                     f"(no {self.done} before it)",
+                    at,
                     seq,
-                    e.seq,
                 )
-        if settled:
-            self.unsettled.discard(rid)
 
     def finish(self):
         self.checks += sum(map(len, self.sent.values()))
-        unsettled = self.unsettled
-        for rid, sent in self.sent.items():
-            if rid not in unsettled:
+        closed, end = self.closed, float("inf")
+        for rid, sent in self.sent.items():  # in send order
+            done = closed.get(rid)
+            if done is not None and sent.keys() <= done.keys():  # every start completed
                 continue
             for start, seq in sent.items():
-                if self._open(rid, start):
-                    at = f" at token {start}" if start is not None else ""
-                    self.fail(f"{rid}'s send{at} was never delivered ({self.done})", seq)
+                if not self._closed_by(rid, start, end):
+                    where = f" at token {start}" if start is not None else ""
+                    self.fail(f"{rid}'s send{where} was never delivered ({self.done})", seq)

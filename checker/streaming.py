@@ -4,7 +4,7 @@ returns (Violation, Result), and the registries the template kinds are added to.
 
 Each rule kind of spec/ is a small class (a template) instantiated with the rule's parameters:
 `events` says which event names it listens to, `on_chunk(events)` gets them a chunk of the trace at
-a time, `finish()` runs at the end. The kinds of one trace (prefill or decode) register into
+a time (or `on_kinds(by)` the chunk split by kind), `finish()` runs at the end. The kinds of one trace (prefill or decode) register into
 TEMPLATES (checker/batch_templates.py, checker/request_templates.py, checker/decode_templates.py);
 the cross-process kinds, which read a decode trace against the prefill traces of its DP ranks, into
 CROSS_TEMPLATES (checker/cross_templates.py).
@@ -12,13 +12,18 @@ CROSS_TEMPLATES (checker/cross_templates.py).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
 from spec import Rule
 from spec.registry import Registry
+
+_SEQ = attrgetter("seq")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 @dataclass
@@ -106,12 +111,15 @@ class Dense:
             # one spare slot: out-of-range lookups land there
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
-            if table:
-                k = np.array(list(table), dtype=np.int64) - self.lo
-                vals = list(table.values())
-                seq[k] = [v[0] for v in vals]
+            if table:  # in C: the columns of the index's (seq, thread) pairs
+                n = len(table)
+                k = np.fromiter(table, dtype=np.int64, count=n) - self.lo
+                seq[k] = np.fromiter(map(_FIRST, table.values()), dtype=np.int64, count=n)
+                threads = list(map(_SECOND, table.values()))
                 codes = self._codes
-                thr[k] = [codes.setdefault(t, len(codes)) for _, t in vals]
+                for t in dict.fromkeys(threads):  # a few distinct threads
+                    codes.setdefault(t, len(codes))
+                thr[k] = np.fromiter(map(codes.__getitem__, threads), dtype=np.int64, count=n)
                 self.threads = list(codes)
             got = self._cols[ev] = (seq, thr)
         return got
@@ -148,6 +156,12 @@ class Template:
         """Event name -> callable; a template may route event kinds to separate methods."""
         return {ev: self.on for ev in self.events}
 
+    # A template may instead take its events a kind at a time: `on_kinds(by)`, with `by` the chunk's
+    # events split by kind (ev -> its events in trace order, every kind of the chunk; shared with
+    # the other templates, not to be changed), for rules judged on whole columns of a chunk (the
+    # order between kinds read from `seq`). None: the checker calls on_chunk.
+    on_kinds = None
+
     def on_chunk(self, evs: list) -> None:
         h = self.handlers()
         star = h.get("*")
@@ -166,6 +180,14 @@ class Template:
 TEMPLATES: Registry[type[Template]] = Registry("linear template")
 # The cross-process kinds: a decode trace against the prefill traces of its DP ranks.
 CROSS_TEMPLATES: Registry[type[Template]] = Registry("cross-process template")
+
+
+def in_order(by: dict, kinds) -> list:
+    """The events of `kinds` in `by` (ev -> events, each list in trace order) in trace order."""
+    lists = [by[k] for k in kinds if k in by]
+    if len(lists) <= 1:
+        return lists[0] if lists else []
+    return sorted(itertools.chain.from_iterable(lists), key=_SEQ)
 
 
 def event_label(e) -> str:

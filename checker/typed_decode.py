@@ -16,7 +16,7 @@ it, as on the other paths).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -52,17 +52,28 @@ class Event(msgspec.Struct, tag_field="ev", gc=False):
     __getitem__ = object.__getattribute__
 
 
-@dataclass(frozen=True)
 class Kinds:
     """The struct families of one role and version: `structs` and `dicts` decode event lines
     strictly (the vocabulary's types, no other field); an absent optional field is None in the
     first and left out of the dicts made from the second. `lenient` (the same kinds, any value,
-    extra fields dropped) turns events already validated as dicts into structs."""
+    extra fields dropped) turns events already validated as dicts into structs. The linear checker
+    needs only `structs`: the other two are built on first use (a few ms of every `pdo check`)."""
 
-    structs: Any
-    dicts: Any
-    lenient: Any
-    names: frozenset
+    def __init__(self, kinds: dict):
+        self._kinds = kinds
+        self.names = frozenset(kinds)
+        self.structs = msgspec.json.Decoder(self._union(True, None))
+
+    def _union(self, strict: bool, absent):
+        return Union[tuple(_struct(ev, spec, strict, absent) for ev, spec in self._kinds.items())]  # noqa: UP007
+
+    @cached_property
+    def dicts(self):
+        return msgspec.json.Decoder(self._union(True, msgspec.UNSET))
+
+    @cached_property
+    def lenient(self):
+        return list[self._union(False, None)]
 
 
 def _struct(ev: str, spec: dict, strict: bool, absent):
@@ -93,18 +104,7 @@ def _struct(ev: str, spec: dict, strict: bool, absent):
 def make_kinds(kinds: dict) -> Kinds | None:
     """The struct families of `kinds` (ev -> its spec/events.toml entry), or None for a role with
     no kinds."""
-    if not kinds:
-        return None
-
-    def union(strict, absent):
-        return Union[tuple(_struct(ev, spec, strict, absent) for ev, spec in kinds.items())]  # noqa: UP007
-
-    return Kinds(
-        msgspec.json.Decoder(union(True, None)),
-        msgspec.json.Decoder(union(True, msgspec.UNSET)),
-        list[union(False, None)],
-        frozenset(kinds),
-    )
+    return Kinds(kinds) if kinds else None
 
 
 def decode_chunk(kinds: Kinds, raw: list, structs: bool = False) -> list | None:

@@ -27,20 +27,26 @@ def _timed(spent: collections.Counter, fed: collections.Counter):
         templates = make(rules, ctx, extra)
         for t in templates:
             key = f"{t.rule.id} ({type(t).__name__})"
-            t.on_chunk = _wrap(t.on_chunk, key, spent, fed)
+            if (
+                getattr(t, "on_kinds", None) is not None
+            ):  # fed the chunk's events by kind: count its own kinds'
+                t.on_kinds = _wrap(t.on_kinds, key, spent, fed, set(t.handlers()))
+            else:
+                t.on_chunk = _wrap(t.on_chunk, key, spent, fed)
             t.finish = _wrap(t.finish, key, spent, None)
         return templates
 
     return instantiate
 
 
-def _wrap(fn, key, spent, fed):
+def _wrap(fn, key, spent, fed, kinds=None):
     def call(*args):
         start = time.perf_counter()
         fn(*args)
         spent[key] += time.perf_counter() - start
         if fed is not None:
-            fed[key] += len(args[0])
+            got = args[0]
+            fed[key] += sum(len(got[k]) for k in kinds if k in got) if kinds else len(got)
 
     return call
 
