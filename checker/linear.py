@@ -1,7 +1,7 @@
 """The linear checker: one streaming pass over a trace, every rule of spec/ evaluated as it goes.
 
 Each rule kind is a template (checker/streaming.py) instantiated with the rule's parameters; the
-kinds live in checker/batch_templates.py, checker/request_templates.py and
+kinds live in checker/batch_templates.py, checker/request_templates.py, checker/send_templates.py and
 checker/decode_templates.py, the cross-process ones in checker/cross_templates.py. One pass per
 chunk of the trace routes each event to the templates that listen to it and fills the shared batch
 index (the seq and thread of `ev` for batch N), which the finish-time templates read as numpy
@@ -18,7 +18,13 @@ from operator import attrgetter
 from spec import Rule, load_events, load_rules
 
 # The template modules register their kinds into TEMPLATES when imported.
-from . import batch_templates, decode_templates, receiver_templates, request_templates  # noqa: F401
+from . import (  # noqa: F401 - each registers its template kinds
+    batch_templates,
+    decode_templates,
+    receiver_templates,
+    request_templates,
+    send_templates,
+)
 from .cross_templates import check_cross
 from .streaming import CROSS_TEMPLATES, TEMPLATES, Ctx, Dense, Result, Template, Violation
 from .trace_io import as_events, iter_chunks, truncation

@@ -195,3 +195,11 @@ def event_label(e) -> str:
     of the linear checker, or a dict)."""
     b, ev = (e.get("batch"), e["ev"]) if type(e) is dict else (getattr(e, "batch", None), e.ev)
     return f"{ev}({b})" if b is not None else ev
+
+
+def has_fields(cache: dict, e, fields: tuple) -> bool:
+    """Whether events of e's struct type have all of `fields` (absent optional ones read None),
+    kept in `cache` by type: the loops ask `cache.get(type(e))` first, and read the fields as
+    attributes, not with getattr and a default."""
+    got = cache[type(e)] = all(hasattr(e, f) for f in fields)
+    return got
