@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
 from engine.oracle.reference import reference_generate
 from engine.oracle.reference_prefill import reference_prefill as reference  # noqa: F401 - re-exported
 from engine.runs.prefill_run import run_prefill
 from engine.runs.workload import WorkloadConfig, make_workload
 from engine.runtime.config import EngineConfig
-from engine.runtime.model import TinyLlama
 
 
 def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=False, **cfg_kw):
@@ -29,17 +26,12 @@ def assert_tokens_match_reference(s, cfg: EngineConfig, wc: WorkloadConfig) -> N
     """Every token each finished request of a PD run generated equals the single-process reference's
     (engine/oracle/reference.py), position by position: judged here, apart from run_pd's own comparison."""
     reqs = {r.rid: r for r in make_workload(wc, cfg.model_config.vocab_size)}
-    model = _GEN.setdefault(("model", cfg.model, cfg.seed, cfg.dtype), None)
     for rid, toks in s["outputs"].items():
         r = reqs[rid]
         bias = tuple(sorted((r.logit_bias or {}).items()))
         key = (cfg.model, cfg.seed, cfg.dtype, tuple(r.prompt), bias, r.max_new_tokens)
         if key not in _GEN:
-            if model is None:
-                model = _GEN[("model", cfg.model, cfg.seed, cfg.dtype)] = TinyLlama(
-                    cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype)
-                )
-            _GEN[key] = reference_generate(cfg, [r], model=model)[rid]
+            _GEN[key] = reference_generate(cfg, [r])[rid]
         ref = _GEN[key]
         assert len(toks) == r.max_new_tokens, f"{rid}: {len(toks)} tokens, not {r.max_new_tokens}"
         bad = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), None)

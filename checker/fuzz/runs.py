@@ -31,7 +31,6 @@ CLIENT_ABORT = "client went away"
 _FAILURE_ORDER = ("rule", "output", "leak", "engine", "schedule")
 
 _GEN_CACHE: dict = {}
-_MODELS: dict = {}
 _RULES: list = []
 # After uninstall, how long (wall seconds, all threads together) a run's threads get to exit
 # before a survivor is reported: only a thread stuck outside the controller takes that long.
@@ -223,23 +222,6 @@ def run_prefill_case(
 
 
 # ---- one PD case: prefill DP ranks + bootstrap + decode, in one process --------------------------
-def _model(cfg):
-    """One TinyLlama per model config, shared by the runs (its weights are only read)."""
-    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device)
-    if key not in _MODELS:
-        import torch  # lazy: see the module docstring
-
-        from engine.runtime.model import TinyLlama  # lazy: imports torch
-
-        _MODELS[key] = TinyLlama(
-            cfg.model_config,
-            seed=cfg.seed,
-            dtype=getattr(torch, cfg.dtype),
-            device=torch.device(cfg.device),
-        )
-    return _MODELS[key]
-
-
 def _rules():
     if not _RULES:
         _RULES.extend(load_rules())
@@ -258,7 +240,7 @@ def _reference_tokens(cfg, req):
     if key not in _GEN_CACHE:
         from engine.oracle.reference import reference_generate  # lazy: imports torch
 
-        _GEN_CACHE[key] = reference_generate(cfg, [req], model=_model(cfg))[req.rid]
+        _GEN_CACHE[key] = reference_generate(cfg, [req])[req.rid]
     return _GEN_CACHE[key]
 
 
@@ -343,7 +325,6 @@ def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, ste
                 verify=False,
                 server_hook=faults,
                 bootstrap="inproc",
-                model=_model(cfg),
             ),
             None,
         )

@@ -59,17 +59,14 @@ _PER_RUN = (
 
 def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
     """One traced run: the engine's summary plus TTFT and the trace metrics."""
-    from engine.runs.prefill_run import (  # lazy: imports torch, slow for every pdo start
-        run_prefill,
-        shared_model,
-    )
+    from engine.runs.prefill_run import run_prefill  # lazy: imports torch, slow for every pdo start
 
     tracer = Tracer()
     if progress is not None and progress.enabled:
         with progress.watch(label, tracer, wc.requests):
-            run = run_prefill(cfg, wc, tracer=tracer, model=shared_model(cfg))
+            run = run_prefill(cfg, wc, tracer=tracer)
     else:
-        run = run_prefill(cfg, wc, tracer=tracer, model=shared_model(cfg))
+        run = run_prefill(cfg, wc, tracer=tracer)
     s = run.summary
     if s["finished"] != s["requests"] or any(s["leaks"].values()):
         raise RuntimeError(

@@ -33,7 +33,7 @@ from engine.runs.prefill_run import frozen_gc
 from engine.runs.workload import WorkloadConfig, make_workload
 from engine.runtime import inject
 from engine.runtime.config import EngineConfig, check_dispatch
-from engine.runtime.model import TinyLlama
+from engine.runtime.model import TinyLlama, shared_model
 from engine.trace.tracer import NullTracer, Tracer
 from engine.trace.writer import ends_trace
 
@@ -232,13 +232,7 @@ def _run(
     kill=None,
     run_header=None,
 ) -> dict:
-    if model is None:
-        model = TinyLlama(
-            cfg.model_config,
-            seed=cfg.seed,
-            dtype=getattr(torch, cfg.dtype),
-            device=torch.device(cfg.device),
-        )
+    model = model or shared_model(cfg)
     head = {"config": _jsonable(asdict(cfg)), **(run_header or {})}
     roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model, head)
     tracers = [s.tr for s in roles.prefills] + [roles.decode_tracer]

@@ -17,7 +17,6 @@ from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.workload import WorkloadConfig, make_workload
 from engine.runtime import inject
 from engine.runtime.config import EngineConfig, check_dispatch
-from engine.runtime.model import TinyLlama, default_forward_impl
 from engine.runtime.request import Req
 from engine.trace.tracer import NullTracer, Tracer
 from engine.trace.watchdog import Watchdog
@@ -47,7 +46,7 @@ def run_prefill(
     watchdog: dict | None = None,
     flush_ms: float | None = None,
 ) -> PrefillResult:
-    """An exception that ends the run is raised, or with `keep_error` kept in the result. `model`: weights to reuse (`shared_model`), else built from cfg's preset and seed. `verify`:
+    """An exception that ends the run is raised, or with `keep_error` kept in the result. `model`: weights to use, else engine/runtime/model.py's shared_model. `verify`:
     judge every output against the reference (engine/oracle/judge.py) after the run, into
     summary["verify"]. With `trace_path` the trace streams to its file as the run goes on and ends
     with `trace_end` whatever ends the run (engine/trace/writer.py). `watchdog`: the keyword
@@ -138,27 +137,6 @@ def run_prefill(
     if error is not None and not keep_error:
         raise error
     return PrefillResult(summary, sched, reqs, error)
-
-
-_MODELS: dict = {}
-
-
-def shared_model(cfg: EngineConfig):
-    """The model of cfg (preset, seed, dtype, device, forward), built once per process: the weights
-    are only read, and drawing the large preset's weights anew for every run of a benchmark would
-    cost more than many runs."""
-    impl = default_forward_impl() if cfg.forward == "auto" else cfg.forward
-    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device, impl)
-    model = _MODELS.get(key)
-    if model is None:
-        model = _MODELS[key] = TinyLlama(
-            cfg.model_config,
-            seed=cfg.seed,
-            dtype=getattr(torch, cfg.dtype),
-            device=torch.device(cfg.device),
-            forward_impl=impl,
-        )
-    return model
 
 
 @contextlib.contextmanager
