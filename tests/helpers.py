@@ -5,7 +5,8 @@ from __future__ import annotations
 from engine.oracle.reference import reference_generate
 from engine.oracle.reference_prefill import reference_prefill as reference  # noqa: F401 - re-exported
 from engine.runs.prefill_run import run_prefill
-from engine.runs.workload import WorkloadConfig, make_workload
+from engine.runs.spec import RunSpec, WorkloadConfig
+from engine.runs.workload import make_workload
 from engine.runtime.config import EngineConfig
 
 
@@ -16,7 +17,7 @@ def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=Fal
     cfg_kw.setdefault("max_batch_tokens", 128)
     cfg = EngineConfig(mode=mode, inject=frozenset(inject), **cfg_kw)
     wc = workload or WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3)
-    return run_prefill(cfg, wc, trace_path=trace_path, keep_error=True, verify=verify), cfg
+    return run_prefill(RunSpec(cfg, wc, trace_path=trace_path, verify=verify), keep_error=True), cfg
 
 
 _GEN: dict = {}

@@ -21,6 +21,7 @@ from engine.bench.record import add_json_arguments, machine, now, write_json
 from engine.bench.registry import BENCH, BenchCommand
 from engine.bench.stats import ci95, geo_ci95, median, quantile_ratio
 from engine.bench.what_if import gil_free_device, print_what_if
+from engine.runs.spec import RunSpec
 from engine.runtime.config import MODES, EngineConfig
 from engine.sync import hb
 from engine.trace.tracer import NullTracer, Tracer
@@ -111,7 +112,7 @@ def accounted_run(cfg, wc) -> dict:
     digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
     try:
-        s = run_prefill(cfg, wc, tracer=tr).summary
+        s = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tr).summary
     finally:
         digest.DigestStamp.__init__, digest.DigestStamp.resolve = stamp, resolve
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
@@ -155,7 +156,7 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) 
             path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
             try:
-                s = run_prefill(cfg, wc, tracer=tr, trace_path=path).summary
+                s = run_prefill(RunSpec(cfg, wc, trace_path=path, verify=False), tracer=tr).summary
             finally:
                 hb.enable(False)
             row[which] = {
@@ -230,7 +231,7 @@ def bench_trace_overhead(
     timed inside three more traced runs, and the per-event cost."""
     # lazy: both import torch, slow for every pdo start
     from engine.runs.prefill_run import run_prefill
-    from engine.runs.workload import WorkloadConfig
+    from engine.runs.spec import WorkloadConfig
 
     engine = dict(engine or {})
     workload = dict(workload or {})
@@ -251,9 +252,9 @@ def bench_trace_overhead(
         return res
     cfg = EngineConfig(mode=mode, **engine)
     wc = WorkloadConfig(requests=requests, **workload)
-    forward = run_prefill(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload)).summary[
-        "forward"
-    ]  # warm-up
+    forward = run_prefill(
+        RunSpec(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload), verify=False)
+    ).summary["forward"]  # warm-up
     pairs = _on_off_pairs(cfg, wc, reps, progress, clocks)
     wall = _wall_summary(pairs, target_pct)
     micro = emit_cost_ns()
