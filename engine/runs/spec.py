@@ -1,7 +1,8 @@
-"""One run, described once: `RunSpec`, what `pdo run`, `pdo run --pd`, `pdo launch`'s processes and
-the fuzz harness are given (torch-free: the CLI builds it before torch loads), with a strict JSON round-trip (the spec file `pdo launch` hands its
-processes) and the record of it every trace header carries (`to_header`, `from_header`: what
-`pdo check --predict --confirm` rebuilds a run from)."""
+"""One run, described once: `RunSpec`, what `pdo run`, `pdo run --pd`, `pdo launch`'s processes
+and the fuzz harness are given. Torch-free, so the CLI builds it before torch loads. A strict JSON
+round-trip (the spec file `pdo launch` hands its processes), and the record of it every trace
+header carries (`to_header`, `from_header`: what `pdo check --predict --confirm` rebuilds a run
+from)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from checker.linear import check_file
+from checker.linear import check_file, check_files
 from engine.cli import main as pdo
 from engine.cli.exits import BAD_INPUT, FAILED, INCOMPLETE, OK
 from engine.cli.flags import exit_on_sigterm
@@ -165,6 +165,17 @@ def test_the_watchdog_logs_each_threads_stack_when_a_thread_hangs(tmp_path, monk
     assert all(len(s["frames"]) <= 6 for s in stacks.values())
     result = check_file(str(path))
     assert result.ok and result.stalls == len(stalls) and result.truncated is None
+
+
+def test_pdo_run_pd_honours_the_watchdog_on_every_role(tmp_path, monkeypatch):
+    _hang_in_stage(monkeypatch, 1.0)
+    trace = tmp_path / "pd.jsonl"
+    assert (
+        pdo(["run", "--pd", "--requests", "6", "--trace", str(trace), "--watchdog-s", "0.3"]) == OK
+    )
+    stalls = [e for e in _lines(tmp_path / "pd.prefill0.jsonl") if e.get("ev") == "stall"]
+    assert stalls and stalls[0]["pending"] > 0
+    assert all(r.ok for r in check_files([str(p) for p in tmp_path.glob("pd.*.jsonl")]))
 
 
 def test_the_watchdog_stops_the_run_with_reason_watchdog(tmp_path, monkeypatch):
