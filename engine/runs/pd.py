@@ -264,10 +264,8 @@ def _watchdogs(spec: RunSpec, roles: _Roles, tracers: dict) -> list:
             t.close("watchdog")
         os._exit(code)
 
-    d = roles.decode
-    owed = [lambda s=s: s.total - len(s.done) - len(s.arrivals) for s in roles.prefills]
-    owed.append(lambda: d.total - len(d.done) - len(d.aborted))
-    dogs = (watchdog(spec, t, n, exit=stop_all) for t, n in zip(tracers.values(), owed))
+    gone = [(s, s.arrivals) for s in roles.prefills] + [(roles.decode, roles.decode.aborted)]
+    dogs = (watchdog(spec, t, *g, exit=stop_all) for t, g in zip(tracers.values(), gone))
     return [dog for dog in dogs if dog is not None]
 
 

@@ -83,8 +83,7 @@ def prefill_main(args: argparse.Namespace) -> int:
             receiver=server,
             on_ingest=registrar(args.bootstrap, args.rank, errors, dp),
         )
-        pending = lambda: sched.total - len(sched.done) - len(sched.arrivals)  # noqa: E731
-        with role_loop(spec, sched, tracer, pending):
+        with role_loop(spec, sched, tracer, sched.arrivals):
             PREFILL_LOOPS[cfg.mode](sched)
         lost = _hold_kv(server, [r.bootstrap_room for r in mine], dc)
     tracer.close("normal")
@@ -151,8 +150,7 @@ def decode_main(args: argparse.Namespace) -> int:
     )
     t0 = time.monotonic()
     try:
-        pending = lambda: sched.total - len(sched.done) - len(sched.aborted)  # noqa: E731
-        with ends_trace(tracer), role_loop(spec, sched, tracer, pending):
+        with ends_trace(tracer), role_loop(spec, sched, tracer, sched.aborted):
             DECODE_LOOPS[dc.loop](sched)
     finally:
         wall = time.monotonic() - t0

@@ -52,7 +52,7 @@ def run_prefill(spec: RunSpec, *, tracer=None, keep_error: bool = False) -> Pref
     t0 = time.perf_counter()
     error, ended, dog = None, "normal", None
     try:
-        with role_loop(spec, sched, tracer, lambda: _pending(sched)) as dog:
+        with role_loop(spec, sched, tracer, sched.arrivals) as dog:
             LOOPS[cfg.mode](sched)
     except Exception as exc:  # summarised for the CLI; tests re-raise through `error`
         error, ended = exc, "exception"
@@ -90,8 +90,3 @@ def run_prefill(spec: RunSpec, *, tracer=None, keep_error: bool = False) -> Pref
     if error is not None and not keep_error:
         raise error
     return PrefillResult(summary, sched, reqs, error)
-
-
-def _pending(sched) -> int:
-    """Requests arrived and not finished: work the engine owes (the watchdog's condition)."""
-    return sched.total - len(sched.done) - len(sched.arrivals)

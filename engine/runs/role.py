@@ -45,14 +45,14 @@ def open_trace(
 
 
 @contextlib.contextmanager
-def role_loop(spec: RunSpec, sched, tracer, pending, *, exit=None):
+def role_loop(spec: RunSpec, sched, tracer, gone: list):
     """Around a role's loop on this thread: the thread named "scheduler" (the trace's thread
-    field), the collector frozen (EngineConfig.freeze_gc), the watchdog of `spec` watching
-    `tracer` while `pending()` requests are owed; after it, the watchdog stopped and `sched`
-    closed. Yields the watchdog (None without one)."""
+    field), the collector frozen (EngineConfig.freeze_gc), the watchdog of `spec` (see
+    `watchdog`); after it, the watchdog stopped and `sched` closed. Yields the watchdog (None
+    without one)."""
     thread = threading.current_thread()
     name, thread.name = thread.name, "scheduler"
-    dog = watchdog(spec, tracer, pending, exit=exit)
+    dog = watchdog(spec, tracer, sched, gone)
     try:
         with frozen_gc(spec.engine.freeze_gc):
             yield dog
@@ -63,12 +63,14 @@ def role_loop(spec: RunSpec, sched, tracer, pending, *, exit=None):
         sched.close()
 
 
-def watchdog(spec: RunSpec, tracer, pending, *, exit=None) -> Watchdog | None:
-    """The watchdog of `spec` on `tracer`, or None: none asked, or no trace to watch."""
+def watchdog(spec: RunSpec, tracer, sched, gone: list, *, exit=None) -> Watchdog | None:
+    """The watchdog of `spec` on `tracer`, or None: none asked, or no trace to watch. It waits
+    for work `sched` owes: requests neither done nor `gone` (a prefill's yet to arrive, a
+    decode's aborted)."""
     if spec.watchdog is None or not tracer.enabled:
         return None
-    w = spec.watchdog
-    kw = {"exit": exit} if exit else {}
+    w, kw = spec.watchdog, {"exit": exit} if exit else {}
+    pending = lambda: sched.total - len(sched.done) - len(gone)  # noqa: E731
     return Watchdog(tracer, pending, seconds=w.seconds, on_stall=w.on_stall, **kw)
 
 
