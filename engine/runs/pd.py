@@ -35,7 +35,6 @@ from engine.runs.spec import Kill, RunSpec
 from engine.runs.workload import make_workload
 from engine.runtime import inject
 from engine.runtime.config import check_dispatch
-from engine.trace.tracer import NullTracer, Tracer
 from engine.trace.writer import ends_trace
 
 STOP_GRACE_S = 5.0  # how long loops asked to stop after a timeout get to finish their batch
@@ -201,7 +200,7 @@ def _run(spec: RunSpec, result: PDResult, url, hooks, extra, unrecorded) -> None
     roles = _build_roles(spec, reqs, ranks, url, hooks, extra, unrecorded)
     result.prefills, result.decode = roles.prefills, roles.decode
     tracers = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
-    tracers["decode"] = roles.decode_tracer
+    tracers["decode"] = roles.decode.tr
     killed = _arm_kill(roles, spec.kill)
     if (hooks or {}).get("tracers"):
         hooks["tracers"](tracers)
@@ -220,13 +219,14 @@ def _run(spec: RunSpec, result: PDResult, url, hooks, extra, unrecorded) -> None
         else:
             s.tr.close("normal")
     # the header went out at the start: the count known at the end goes in trace_end
-    roles.decode_tracer.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
-    roles.decode_tracer.close("normal")
+    roles.decode.tr.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
+    roles.decode.tr.close("normal")
     result.summary = _summary(spec, roles, wall, killed, {r.rid: k for r, k in zip(reqs, ranks)})
 
 
 def _summary(spec: RunSpec, roles: _Roles, wall: float, killed, routed: dict) -> dict:
     summary = summarize(roles.decode, wall, routed)
+    decode_path, prefill_paths = trace_paths(spec.trace_path, spec.dp)
     summary.update(
         dp=spec.dp,
         prefill_mode=spec.engine.mode,
@@ -241,14 +241,13 @@ def _summary(spec: RunSpec, roles: _Roles, wall: float, killed, routed: dict) ->
         unclaimed_rooms=sorted(
             r for i, server in roles.servers.items() if i != killed for r in server.unclaimed()
         ),
-        traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p],
+        traces=[p for p in [decode_path, *prefill_paths] if p],
         faults=[]
         if killed is None
         else [{"role": f"prefill{killed}", "status": None, "error": roles.servers[killed].failed}],
     )
     if spec.verify:
-        done = [r for r in roles.decode_reqs if r.rid in summary["outputs"]]
-        ref = reference_generate(spec.engine, done)
+        ref = reference_generate(spec.engine, roles.decode.done)
         summary["mismatches"] = sorted(
             rid for rid, toks in summary["outputs"].items() if ref[rid] != toks
         )
@@ -276,11 +275,7 @@ class _Roles:
     prefills: list[PrefillScheduler]
     decode: DecodeScheduler
     servers: dict[int, InProcKVServer]  # each prefill rank's end of the KV transport
-    decode_reqs: list[DecodeReq]
-    decode_tracer: Tracer | NullTracer
     registration_errors: list[str]  # the register_dp_rank calls that failed, filled as they run
-    decode_path: str | None
-    prefill_paths: list
 
 
 def _build_roles(spec: RunSpec, reqs, ranks, url, hooks, extra, unrecorded) -> _Roles:
@@ -317,16 +312,7 @@ def _build_roles(spec: RunSpec, reqs, ranks, url, hooks, extra, unrecorded) -> _
         decode = DecodeScheduler(
             cfg, spec.decode, decode_reqs, client=client, tracer=decode_tracer, hooks=hooks
         )
-    return _Roles(
-        prefills,
-        decode,
-        servers,
-        decode_reqs,
-        decode_tracer,
-        registration_errors,
-        decode_path,
-        prefill_paths,
-    )
+    return _Roles(prefills, decode, servers, registration_errors)
 
 
 def _arm_kill(roles: _Roles, kill: Kill | None) -> int | None:
