@@ -15,6 +15,7 @@ from checker.trace_io import iter_events
 from engine.bench.progress import Progress
 from engine.bench.record import add_json_arguments, machine, now, write_json
 from engine.bench.registry import BENCH, BenchCommand
+from engine.runs.spec import RunSpec
 from engine.runtime.config import EngineConfig
 from spec import domains as d
 from spec.errors import BadInput
@@ -24,9 +25,16 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _engine_trace(path: str, requests: int, mode: str) -> None:
     from engine.runs.prefill_run import run_prefill  # lazy: imports torch, slow for every pdo start
-    from engine.runs.workload import WorkloadConfig
+    from engine.runs.spec import WorkloadConfig
 
-    run_prefill(EngineConfig(mode=mode), WorkloadConfig(requests=requests), trace_path=path)
+    run_prefill(
+        RunSpec(
+            EngineConfig(mode=mode),
+            WorkloadConfig(requests=requests),
+            trace_path=path,
+            verify=False,
+        )
+    )
 
 
 def _renumbered(e: dict, k: int, span: int, batches: int) -> dict:

@@ -12,8 +12,8 @@ import argparse
 import statistics
 
 from engine.bench.trace_overhead import emit_cost_ns
-from engine.runs.prefill_run import run_prefill, shared_model
-from engine.runs.workload import WorkloadConfig
+from engine.runs.prefill_run import run_prefill
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.sync import hb
 from engine.trace.tracer import NullTracer, Tracer
@@ -46,7 +46,7 @@ def main() -> None:
         for k in arms[r % 3 :] + arms[: r % 3]:
             hb.enable(k == "trace+hb")
             tr = NullTracer() if k == "off" else Tracer()
-            row[k] = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg)).summary["wall_s"]
+            row[k] = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tr).summary["wall_s"]
         hb.enable(False)
         if r == 0:
             continue

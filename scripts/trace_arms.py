@@ -19,8 +19,8 @@ import statistics
 import tempfile
 import time
 
-from engine.runs.prefill_run import run_prefill, shared_model
-from engine.runs.workload import WorkloadConfig
+from engine.runs.prefill_run import run_prefill
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.trace import writer as trace_writer
 from engine.trace.tracer import NullTracer, Tracer
@@ -37,14 +37,15 @@ def main() -> None:
     arms = a.arms.split(",")
     cfg = EngineConfig(mode=a.mode, launch_cost_us=0.0)
     wc = WorkloadConfig(requests=a.requests)
-    model = shared_model(cfg)
-    run_prefill(cfg, WorkloadConfig(requests=20), model=model)  # warm-up
+    run_prefill(RunSpec(cfg, WorkloadConfig(requests=20), verify=False))  # warm-up
     path = os.path.join(tempfile.mkdtemp(prefix="pdo-arms-"), "t.jsonl")
 
     def run(arm: str) -> float:
         tracer = NullTracer() if arm == "off" else Tracer()
         where = path if arm == "stream" else None
-        return run_prefill(cfg, wc, tracer=tracer, model=model, trace_path=where).summary["wall_s"]
+        return run_prefill(RunSpec(cfg, wc, trace_path=where, verify=False), tracer=tracer).summary[
+            "wall_s"
+        ]
 
     if a.passes:
         profile(a.passes, lambda: run("stream"))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-
 from engine.oracle.reference import reference_generate
 from engine.oracle.reference_prefill import reference_prefill as reference  # noqa: F401 - re-exported
 from engine.runs.prefill_run import run_prefill
-from engine.runs.workload import WorkloadConfig, make_workload
+from engine.runs.spec import RunSpec, WorkloadConfig
+from engine.runs.workload import make_workload
 from engine.runtime.config import EngineConfig
-from engine.runtime.model import TinyLlama
 
 
 def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=False, **cfg_kw):
@@ -19,7 +17,7 @@ def run_mode(mode: str, *, trace_path=None, inject=(), workload=None, verify=Fal
     cfg_kw.setdefault("max_batch_tokens", 128)
     cfg = EngineConfig(mode=mode, inject=frozenset(inject), **cfg_kw)
     wc = workload or WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3)
-    return run_prefill(cfg, wc, trace_path=trace_path, keep_error=True, verify=verify), cfg
+    return run_prefill(RunSpec(cfg, wc, trace_path=trace_path, verify=verify), keep_error=True), cfg
 
 
 _GEN: dict = {}
@@ -29,17 +27,12 @@ def assert_tokens_match_reference(s, cfg: EngineConfig, wc: WorkloadConfig) -> N
     """Every token each finished request of a PD run generated equals the single-process reference's
     (engine/oracle/reference.py), position by position: judged here, apart from run_pd's own comparison."""
     reqs = {r.rid: r for r in make_workload(wc, cfg.model_config.vocab_size)}
-    model = _GEN.setdefault(("model", cfg.model, cfg.seed, cfg.dtype), None)
     for rid, toks in s["outputs"].items():
         r = reqs[rid]
         bias = tuple(sorted((r.logit_bias or {}).items()))
         key = (cfg.model, cfg.seed, cfg.dtype, tuple(r.prompt), bias, r.max_new_tokens)
         if key not in _GEN:
-            if model is None:
-                model = _GEN[("model", cfg.model, cfg.seed, cfg.dtype)] = TinyLlama(
-                    cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype)
-                )
-            _GEN[key] = reference_generate(cfg, [r], model=model)[rid]
+            _GEN[key] = reference_generate(cfg, [r])[rid]
         ref = _GEN[key]
         assert len(toks) == r.max_new_tokens, f"{rid}: {len(toks)} tokens, not {r.max_new_tokens}"
         bad = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), None)

@@ -3,7 +3,6 @@ the bootstrap server and a decode, in one process), and the seeded draw of PD ca
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -11,6 +10,7 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from engine.decode.config import DecodeConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 
 from .pressure import with_pressure
@@ -45,10 +45,8 @@ class Case:
     workload_seed: Seed = 0
     arrival: Literal["burst", "poisson"] = "burst"
 
-    def configs(self):
-        # lazy: engine.runs.workload imports torch, and `pdo` loads the fuzz CLI at every start-up
-        from engine.runs.workload import WorkloadConfig
-
+    def spec(self) -> RunSpec:
+        """The run of this case: every output verified (engine/oracle/judge.py)."""
         cfg = EngineConfig(
             mode=self.mode,
             page_size=self.page_size,
@@ -69,7 +67,7 @@ class Case:
             arrival=self.arrival,
             rate=5000.0,
         )
-        return cfg, workload
+        return RunSpec(cfg, workload)
 
 
 @dataclass
@@ -107,12 +105,16 @@ class PDCase(Case):
     prefill_delay_ms: Millis = 0.0  # prefill ranks register late: decode sees 503 until then
     decode_pages: Pages = 256  # the decode's KV pool (page 0 reserved)
 
-    def configs(self):
-        cfg, workload = super().configs()
-        workload = dataclasses.replace(workload, max_new_tokens=self.max_new_tokens)
+    def spec(self) -> RunSpec:
+        """The run of this case, judged by the harness (checker/fuzz/runs.py) rather than by
+        run_pd's own verify; the bootstrap server in process (the run replays exactly)."""
+        spec = super().spec()
+        spec.workload.max_new_tokens = self.max_new_tokens
+        spec.dp, spec.prefill_delay_s = self.dp, self.prefill_delay_ms / 1000.0
+        spec.verify, spec.bootstrap = False, "inproc"
         # Virtual time: the clock moves only when every thread sleeps, so the bounds are in idle
         # time.
-        decode_cfg = DecodeConfig(
+        spec.decode = DecodeConfig(
             loop=self.decode_loop,
             prefetch=self.prefetch,
             polling_interval=self.polling_interval,
@@ -125,7 +127,7 @@ class PDCase(Case):
             kv_timeout_s=1.0,
             info_retry_interval_s=0.001,
         )
-        return cfg, workload, decode_cfg
+        return spec
 
 
 def draw_pd_case(rng: random.Random, **fixed) -> PDCase:

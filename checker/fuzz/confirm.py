@@ -10,7 +10,6 @@ an order the engine enforces (a hand-off engine/sync/hb.py does not see): a bug 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from collections import Counter
@@ -19,9 +18,7 @@ from dataclasses import dataclass
 from checker.linear import check_file
 from checker.trace_io import iter_chunks
 from engine import sync
-from engine.decode.config import DecodeConfig
-from engine.runs.workload import WorkloadConfig
-from engine.runtime.config import EngineConfig
+from engine.runs.spec import RunSpec
 from engine.trace.tracer import Tracer
 from spec.errors import BadInput
 
@@ -99,25 +96,6 @@ class Delay:
         return name
 
 
-def _configs(header: dict, path: str):
-    cfg_d, wl_d = header.get("config"), header.get("workload")
-    if not isinstance(cfg_d, dict) or not isinstance(wl_d, dict):
-        raise BadInput(
-            f"{path}: header lacks 'config' or 'workload': cannot rebuild the run (written by "
-            "pdo run and pdo run --pd; a pdo launch process's trace does not record its run)"
-        )
-    cfg_kw = _fields(EngineConfig, cfg_d)
-    cfg_kw["inject"] = frozenset(cfg_kw.get("inject", ()))
-    wl_kw = _fields(WorkloadConfig, wl_d)
-    if "prompt_len" in wl_kw:
-        wl_kw["prompt_len"] = tuple(wl_kw["prompt_len"])
-    return EngineConfig(**cfg_kw), WorkloadConfig(**wl_kw)
-
-
-def _fields(cls, d: dict) -> dict:
-    return {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
-
-
 def confirm(path: str, header: dict, prediction) -> Confirmation:
     """Replay the run of `path` with `prediction.second` forced ahead of `prediction.first`."""
     events = [e for chunk in iter_chunks(path) for e in chunk]
@@ -134,14 +112,15 @@ def confirm(path: str, header: dict, prediction) -> Confirmation:
 def _confirm_prefill(path: str, header: dict, prediction, k: int, k2: int) -> Confirmation:
     from engine.runs.prefill_run import run_prefill  # lazy: imports torch
 
-    cfg, wc = _configs(header, path)
+    spec = RunSpec.from_header(header, path)
+    spec.verify = False
     a, b = prediction.first, prediction.second
     tracer = Tracer()
     delay = Delay(tracer, a["thread"], a["ev"], k, b["ev"], k2)
     ctl = Controller(delay)
     ctl.install("scheduler")
     try:
-        run = run_prefill(cfg, wc, tracer=tracer, keep_error=True)
+        run = run_prefill(spec, tracer=tracer, keep_error=True)
         sync.quiesce("confirm.quiesce")
     finally:
         ctl.uninstall()
@@ -154,9 +133,9 @@ def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirm
     `pdo run --pd`), the first event's thread held in that role."""
     from engine.runs.pd import run_pd  # lazy: imports torch
 
-    cfg, wc = _configs(header, path)
-    run, dc_d = header.get("pd_run"), header.get("decode_config")
-    if not isinstance(run, dict) or not isinstance(dc_d, dict):
+    spec = RunSpec.from_header(header, path)
+    run = header.get("pd_run")
+    if not isinstance(run, dict) or not isinstance(header.get("decode_config"), dict):
         raise BadInput(f"{path}: header lacks 'pd_run' or 'decode_config': cannot rebuild the run")
     if run.get("unrecorded"):
         return Confirmation(
@@ -174,26 +153,15 @@ def _confirm_pd(path: str, header: dict, prediction, k: int, k2: int) -> Confirm
 
     ctl = Controller(delay, max_steps=PD_MAX_STEPS)
     ctl.install("main")
-    error = None
     try:
         with tempfile.TemporaryDirectory(prefix="pdo-confirm-pd-") as d:
-            run_pd(
-                cfg,
-                wc,
-                DecodeConfig(**_fields(DecodeConfig, dc_d)),
-                dp=header.get("dp_size", 1),
-                router=run["router"],
-                bootstrap_latency_ms=run["bootstrap_latency_ms"],
-                latency_scope=run["latency_scope"],
-                prefill_delay_s=run["prefill_delay_s"],
-                kill=run["kill"],
-                trace_path=os.path.join(d, "t.jsonl"),  # real tracers; the files are not read
-                hooks={"tracers": tracers},
-                verify=False,
-                bootstrap="inproc",
+            # real tracers; the files are not read
+            spec.trace_path, spec.verify, spec.bootstrap = (
+                os.path.join(d, "t.jsonl"),
+                False,
+                "inproc",
             )
-    except Exception as exc:  # noqa: BLE001 - reported in the verdict
-        error = exc
+            error = run_pd(spec, hooks={"tracers": tracers}, keep_error=True).error
     finally:
         ctl.uninstall()
         ctl.join_all(10.0)

@@ -19,7 +19,8 @@ _NEEDS: dict = {}
 def page_needs(case) -> tuple[int, int, int]:
     """(largest request's pages, working set in pages, largest decode need in pages) of `case`'s
     workload; the decode need is prompt plus generated tokens, nothing shared."""
-    cfg, wc = case.configs()[:2]
+    spec = case.spec()
+    cfg, wc = spec.engine, spec.workload
     new_tokens = getattr(case, "max_new_tokens", 0)
     key = (dataclasses.astuple(wc), cfg.model, case.page_size, new_tokens)
     if key not in _NEEDS:

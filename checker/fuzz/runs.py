@@ -31,7 +31,6 @@ CLIENT_ABORT = "client went away"
 _FAILURE_ORDER = ("rule", "output", "leak", "engine", "schedule")
 
 _GEN_CACHE: dict = {}
-_MODELS: dict = {}
 _RULES: list = []
 # After uninstall, how long (wall seconds, all threads together) a run's threads get to exit
 # before a survivor is reported: only a thread stuck outside the controller takes that long.
@@ -179,12 +178,11 @@ def run_prefill_case(
     request's output against the reference, and leaks."""
     from engine.runs.prefill_run import run_prefill  # lazy: imports torch
 
-    cfg, workload = case.configs()
     tracer = Tracer()
     ctl = Controller(strategy)
     ctl.install("scheduler")
     try:
-        run = run_prefill(cfg, workload, tracer=tracer, keep_error=True, verify=True)
+        run = run_prefill(case.spec(), tracer=tracer, keep_error=True)
         # Still under control: the worker, streams and transfer thread were told to stop; let them
         # exit as scheduled steps, so none runs on uncontrolled after uninstall. (A saved schedule
         # shorter than this replays these steps non-preemptively.)
@@ -223,23 +221,6 @@ def run_prefill_case(
 
 
 # ---- one PD case: prefill DP ranks + bootstrap + decode, in one process --------------------------
-def _model(cfg):
-    """One TinyLlama per model config, shared by the runs (its weights are only read)."""
-    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device)
-    if key not in _MODELS:
-        import torch  # lazy: see the module docstring
-
-        from engine.runtime.model import TinyLlama  # lazy: imports torch
-
-        _MODELS[key] = TinyLlama(
-            cfg.model_config,
-            seed=cfg.seed,
-            dtype=getattr(torch, cfg.dtype),
-            device=torch.device(cfg.device),
-        )
-    return _MODELS[key]
-
-
 def _rules():
     if not _RULES:
         _RULES.extend(load_rules())
@@ -258,7 +239,7 @@ def _reference_tokens(cfg, req):
     if key not in _GEN_CACHE:
         from engine.oracle.reference import reference_generate  # lazy: imports torch
 
-        _GEN_CACHE[key] = reference_generate(cfg, [req], model=_model(cfg))[req.rid]
+        _GEN_CACHE[key] = reference_generate(cfg, [req])[req.rid]
     return _GEN_CACHE[key]
 
 
@@ -315,9 +296,9 @@ def _unserved_requests(case: PDCase) -> list:
     ]
 
 
-def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, stem: str):
-    """engine/runs/pd.py's run_pd under `ctl`, with the case's hooks and bootstrap faults: (summary or
-    None, the exception it raised or None, the failures of threads that did not exit)."""
+def _run_pd(case: PDCase, ctl: Controller, spec, extra):
+    """engine/runs/pd.py's run_pd under `ctl`, with the case's hooks and bootstrap faults: (its
+    PDResult, the failures of threads that did not exit)."""
     from engine.runs.pd import run_pd  # lazy: imports torch
 
     def faults(server):
@@ -328,48 +309,27 @@ def _run_pd(case: PDCase, ctl: Controller, cfg, workload, decode_cfg, extra, ste
             seed=case.fault_seed,
         )
 
+    hooks = _pd_hooks(case)
     ctl.install("main")
     try:
-        summary, error = (
-            run_pd(
-                cfg,
-                workload,
-                decode_cfg,
-                dp=case.dp,
-                trace_path=stem,
-                hooks=_pd_hooks(case),
-                extra_decode_reqs=extra,
-                prefill_delay_s=case.prefill_delay_ms / 1000.0,
-                verify=False,
-                server_hook=faults,
-                bootstrap="inproc",
-                model=_model(cfg),
-            ),
-            None,
+        run = run_pd(
+            spec, hooks=hooks, server_hook=faults, extra_decode_reqs=extra, keep_error=True
         )
-    except Exception as exc:  # noqa: BLE001 - judged by the caller
-        summary, error = None, exc
     finally:
         survivors = _uninstall(ctl)
-    return summary, error, survivors
+    return run, survivors
 
 
-def _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary) -> list[str]:
+def _pd_output_failures(case, run) -> list[str]:
     """Every finished request's tokens against the reference; every abort not documented."""
-    from engine.runs.pd import decode_requests  # lazy: imports torch
-    from engine.runs.workload import make_workload  # lazy: imports torch
-
     failures = []
-    dreqs = {r.rid: r for r in extra}
-    for r in decode_requests(make_workload(workload, cfg.model_config.vocab_size), "-"):
-        dreqs[r.rid] = r
-    for rid, toks in summary["outputs"].items():
-        if toks != _reference_tokens(cfg, dreqs[rid]):
-            failures.append(
-                f"output: {rid} tokens {toks} != reference {_reference_tokens(cfg, dreqs[rid])}"
-            )
-    for rid, reason in summary["aborted"].items():
-        if not _expected_abort(case, decode_cfg, rid, reason):
+    cfg = run.decode.cfg
+    for r in run.decode.done:
+        ref = _reference_tokens(cfg, r)
+        if r.output != ref:
+            failures.append(f"output: {r.rid} tokens {r.output} != reference {ref}")
+    for rid, reason in run.summary["aborted"].items():
+        if not _expected_abort(case, run.decode.dc, rid, reason):
             failures.append(f"output: {rid} aborted: {reason}"[:300])
     return failures
 
@@ -402,20 +362,19 @@ def run_pd_case(
     rank) against its rules plus the cross rules, every finished request's tokens against the
     reference, every abort (only the documented ones, `_expected_abort`), and leaks on both
     sides."""
-    cfg, workload, decode_cfg = case.configs()
-    extra = _unserved_requests(case)
+    spec = case.spec()
     tmp = None if trace_path else tempfile.mkdtemp(prefix="pdo-fuzz-pd-")
-    stem = trace_path or os.path.join(tmp, "t.jsonl")
+    spec.trace_path = trace_path or os.path.join(tmp, "t.jsonl")
     ctl = Controller(strategy, max_steps=60_000)
-    summary, error, survivors = _run_pd(case, ctl, cfg, workload, decode_cfg, extra, stem)
-    failures = _run_failures(ctl, error, survivors)
-    trace, judged = [], {}
+    run, survivors = _run_pd(case, ctl, spec, _unserved_requests(case))
+    failures = _run_failures(ctl, run.error, survivors)
+    trace, judged, summary = [], {}, run.summary
     if summary is not None:
         judged = {"rules": len(summary["traces"]), "outputs": 1}
         failures += _rule_failures(check_files(summary["traces"], rules=_rules()))
         if model:
             failures += _model_failures(summary["traces"], judged, model_timeout_ms)
-        failures += _pd_output_failures(case, cfg, workload, decode_cfg, extra, summary)
+        failures += _pd_output_failures(case, run)
         failures += _leak_failure(_pd_leaks(summary))
         trace = _read_traces(summary["traces"])
     if tmp is not None:

@@ -28,6 +28,7 @@ from engine.bench.registry import BENCH, BenchCommand
 from engine.bench.stats import pct
 from engine.decode.config import DecodeConfig
 from engine.runs.child_process import spawn, stop
+from engine.runs.spec import RunSpec
 from engine.runtime.config import MODEL_PRESETS, MODES, EngineConfig
 from spec import domains as d
 from spec.errors import BadInput
@@ -185,7 +186,7 @@ def _runs_at(
             )
             server = _Bootstrap(lat, latency_scope, dp)
             try:
-                s = run_pd(cfg, wc, dc, dp=dp, bootstrap_url=server.url)
+                s = run_pd(RunSpec(cfg, wc, dc, dp=dp, bootstrap_url=server.url)).summary
             finally:
                 server.close()
             arms[prefetch].append(s)
@@ -216,7 +217,7 @@ def bench_decode(
     latency_scope="all",
     progress=False,
 ) -> dict:
-    from engine.runs.workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
+    from engine.runs.spec import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     cfg = EngineConfig(mode=mode, launch_cost_us=launch_cost_us)
     wc = WorkloadConfig(

@@ -23,6 +23,7 @@ from engine.bench.registry import BENCH, BenchCommand
 from engine.bench.stats import ci95, median, pct
 from engine.bench.trace_metrics import trace_metrics
 from engine.bench.what_if import gil_free_device, print_what_if
+from engine.runs.spec import RunSpec
 from engine.runtime.config import MODES, EngineConfig
 from engine.trace.tracer import Tracer
 from spec import domains as d
@@ -59,17 +60,14 @@ _PER_RUN = (
 
 def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> dict:
     """One traced run: the engine's summary plus TTFT and the trace metrics."""
-    from engine.runs.prefill_run import (  # lazy: imports torch, slow for every pdo start
-        run_prefill,
-        shared_model,
-    )
+    from engine.runs.prefill_run import run_prefill  # lazy: imports torch, slow for every pdo start
 
     tracer = Tracer()
     if progress is not None and progress.enabled:
         with progress.watch(label, tracer, wc.requests):
-            run = run_prefill(cfg, wc, tracer=tracer, model=shared_model(cfg))
+            run = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tracer)
     else:
-        run = run_prefill(cfg, wc, tracer=tracer, model=shared_model(cfg))
+        run = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tracer)
     s = run.summary
     if s["finished"] != s["requests"] or any(s["leaks"].values()):
         raise RuntimeError(
@@ -97,7 +95,7 @@ def run_one(cfg, wc, *, progress: Progress | None = None, label: str = "") -> di
 
 def _interleaved_runs(modes, hits, reps, requests, engine, workload, progress) -> dict:
     """`reps` rounds of every mode at every hit ratio, nested so: {(hit, mode): [run, ...]}."""
-    from engine.runs.workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
+    from engine.runs.spec import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     runs: dict[tuple, list[dict]] = {(h, m): [] for h in hits for m in modes}
     total = reps * len(hits) * len(modes)
@@ -184,7 +182,7 @@ def bench_prefill(
 ) -> dict:
     """All `modes` interleaved (A B C D A B C D ...) at each hit ratio, `reps` times. Returns the
     per-run numbers, their medians per (hit, mode) and the per-rep ratios against `thread`."""
-    from engine.runs.workload import WorkloadConfig  # lazy: imports torch, slow for every pdo start
+    from engine.runs.spec import WorkloadConfig  # lazy: imports torch, slow for every pdo start
 
     engine = dict(engine or {})
     workload = dict(workload or {})

@@ -21,6 +21,7 @@ from engine.bench.record import add_json_arguments, machine, now, write_json
 from engine.bench.registry import BENCH, BenchCommand
 from engine.bench.stats import ci95, geo_ci95, median, quantile_ratio
 from engine.bench.what_if import gil_free_device, print_what_if
+from engine.runs.spec import RunSpec
 from engine.runtime.config import MODES, EngineConfig
 from engine.sync import hb
 from engine.trace.tracer import NullTracer, Tracer
@@ -97,7 +98,7 @@ def _timer_self_cost() -> tuple[float, float]:
 def accounted_run(cfg, wc) -> dict:
     """One traced run with the tracing work timed where it happens, and its share of wall time."""
     # lazy: both import torch, slow for every pdo start
-    from engine.runs.prefill_run import run_prefill, shared_model
+    from engine.runs.prefill_run import run_prefill
     from engine.trace import digest
 
     self_cpu, self_elapsed = _timer_self_cost()
@@ -111,7 +112,7 @@ def accounted_run(cfg, wc) -> dict:
     digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
     try:
-        s = run_prefill(cfg, wc, tracer=tr, model=shared_model(cfg)).summary
+        s = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tr).summary
     finally:
         digest.DigestStamp.__init__, digest.DigestStamp.resolve = stamp, resolve
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
@@ -141,10 +142,7 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) 
     """`reps` pairs of runs with tracing on and off in ABBA order (off on, on off, ...: drift of the
     machine hits both sides alike); per pair each side's wall and CPU time, and the wall ratio.
     `clocks`: the traced side also keeps the happens-before clocks (`pdo run --hb`)."""
-    from engine.runs.prefill_run import (  # lazy: imports torch, slow for every pdo start
-        run_prefill,
-        shared_model,
-    )
+    from engine.runs.prefill_run import run_prefill  # lazy: imports torch, slow for every pdo start
 
     pairs = []
     # tracing on is what `pdo run --trace` does: the trace streamed to a file during the run
@@ -158,9 +156,7 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) 
             path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
             try:
-                s = run_prefill(
-                    cfg, wc, tracer=tr, model=shared_model(cfg), trace_path=path
-                ).summary
+                s = run_prefill(RunSpec(cfg, wc, trace_path=path, verify=False), tracer=tr).summary
             finally:
                 hb.enable(False)
             row[which] = {
@@ -234,8 +230,8 @@ def bench_trace_overhead(
     (bootstrap CI) and geometric mean (t-interval), a verdict against the target, the tracing work
     timed inside three more traced runs, and the per-event cost."""
     # lazy: both import torch, slow for every pdo start
-    from engine.runs.prefill_run import run_prefill, shared_model
-    from engine.runs.workload import WorkloadConfig
+    from engine.runs.prefill_run import run_prefill
+    from engine.runs.spec import WorkloadConfig
 
     engine = dict(engine or {})
     workload = dict(workload or {})
@@ -257,7 +253,7 @@ def bench_trace_overhead(
     cfg = EngineConfig(mode=mode, **engine)
     wc = WorkloadConfig(requests=requests, **workload)
     forward = run_prefill(
-        cfg, WorkloadConfig(requests=max(8, requests // 10), **workload), model=shared_model(cfg)
+        RunSpec(cfg, WorkloadConfig(requests=max(8, requests // 10), **workload), verify=False)
     ).summary["forward"]  # warm-up
     pairs = _on_off_pairs(cfg, wc, reps, progress, clocks)
     wall = _wall_summary(pairs, target_pct)

@@ -1,6 +1,6 @@
 """The engine and workload flags of `pdo run` and `pdo launch`, and the configs built from them.
 
-Each flag has a declared domain (spec/domains.py); build_configs then checks what spans flags
+Each flag has a declared domain (spec/domains.py); build_spec then checks what spans flags
 (a prompt that fits the model, a pool of bounded size, arrivals within MAX_ARRIVAL_SPAN_S, a CUDA
 device this torch has), so that every value that parses runs, with a bound."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.runs.spec import RunSpec, WatchdogSpec, WorkloadConfig
 from engine.runtime.config import MODEL_PRESETS, MODES, EngineConfig, mode_from_env
 from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 from spec import domains as d
@@ -102,14 +103,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--workload-seed", type=d.seed(), default=0)
 
 
-def build_configs(args: argparse.Namespace, *, max_new_tokens: int = 1):
-    """(EngineConfig, WorkloadConfig) from the flags of add_engine_args; BadInput (naming the
-    flag) for flags that do not go together."""
+def build_spec(args: argparse.Namespace, *, max_new_tokens: int = 1) -> RunSpec:
+    """The run of the flags of add_engine_args, add_flight_args, --trace and --no-verify;
+    BadInput (naming the flag) for flags that do not go together."""
     import torch  # lazy: start-up time (torch); `pdo --help` imports this module
-
-    from engine.runs.workload import (
-        WorkloadConfig,  # lazy: start-up time (engine.runtime.request imports torch)
-    )
 
     cuda = torch.cuda.is_available()
     device = args.device or ("cuda" if cuda else "cpu")
@@ -142,8 +139,19 @@ def build_configs(args: argparse.Namespace, *, max_new_tokens: int = 1):
         arrival=args.arrival,
         rate=args.rate,
         seed=args.workload_seed,
+        max_new_tokens=max_new_tokens,
     )
-    return cfg, workload
+    watchdog = None
+    if args.watchdog_s is not None:  # its domain (> 0) was checked as it was parsed
+        watchdog = WatchdogSpec(args.watchdog_s, args.on_stall)
+    return RunSpec(
+        cfg,
+        workload,
+        trace_path=getattr(args, "trace", None),
+        flush_ms=args.trace_flush_ms,
+        watchdog=watchdog,
+        verify=not args.no_verify,
+    )
 
 
 def check_sizes(args: argparse.Namespace, max_new_tokens: int) -> None:
@@ -193,12 +201,6 @@ def add_flight_args(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="write the streamed trace at least every MS ms (default 50): what a SIGKILL can lose",
     )
-
-
-def watchdog_of(args: argparse.Namespace) -> dict | None:
-    if args.watchdog_s is None:  # its domain (> 0) was checked as it was parsed
-        return None
-    return {"seconds": args.watchdog_s, "on_stall": args.on_stall}
 
 
 def exit_on_sigterm() -> None:

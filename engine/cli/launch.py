@@ -19,14 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from engine.bootstrap import client as bootstrap_client
-from engine.cli.flags import add_engine_args, add_flight_args, exit_on_sigterm, watchdog_of
-from engine.cli.pd import add_pd_args, configs_from_args, print_summary
-from engine.decode.config import ROUTERS, PDError
+from engine.cli.flags import add_engine_args, add_flight_args, exit_on_sigterm
+from engine.cli.pd import add_pd_args, pd_spec, print_summary
+from engine.decode.config import PDError
 from engine.runs.child_process import Child, spawn, stop
+from engine.runs.spec import Kill, RunSpec
 from engine.runtime.config import check_dispatch
 from spec import domains as d
 from spec.errors import BadInput
@@ -56,66 +56,33 @@ def register(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_flight_args(p)
-    p.set_defaults(fn=cmd_launch, validate=lambda args, _argv: configs_from_args(args))
+    p.set_defaults(fn=cmd_launch, validate=lambda args, _argv: pd_spec(args))
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    cfg, workload, decode, opts = configs_from_args(args)
+    spec = pd_spec(args)
     exit_on_sigterm()  # through _run_processes' cleanup: no child outlives the launcher
-    opts["flight"] = {"watchdog": watchdog_of(args), "flush_ms": args.trace_flush_ms}
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
-        s = launch(cfg, workload, decode, out_dir=args.trace_dir, timeout_s=args.timeout_s, **opts)
+        s = launch(spec, out_dir=args.trace_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="pdo-launch-") as tmp:
-            s = launch(cfg, workload, decode, out_dir=tmp, timeout_s=args.timeout_s, **opts)
+            s = launch(spec, out_dir=tmp)
             s["traces"] = []
     return print_summary(s, args.json, "pdo launch")
 
 
-def launch(
-    cfg,
-    wc,
-    dc,
-    *,
-    out_dir: str,
-    dp: int = 1,
-    router: str = "round_robin",
-    bootstrap_latency_ms: float = 0.0,
-    latency_scope: str = "all",
-    timeout_s: float = 120.0,
-    verify: bool = True,
-    flight: dict | None = None,
-    kill: dict | None = None,
-) -> dict:
-    """Run every role as a process; returns the decode's summary extended like run_pd's, with
-    `faults` (each process that died or failed). `flight`: each role's watchdog (engine/trace/watchdog.py
-    keyword arguments, or None) and trace flush interval (ms, or None for the default). `kill`:
-    {"role", "at"} (parse_kill)."""
+def launch(spec: RunSpec, *, out_dir: str) -> dict:
+    """Run every role of `spec` as a process; returns the decode's summary extended like
+    run_pd's, with `faults` (each process that died or failed)."""
+    cfg, dc, dp = spec.engine, spec.decode, spec.dp
     check_dispatch(cfg)
-    if dp < 1 or router not in ROUTERS:  # before anything starts (no torch in the parent yet)
-        raise BadInput(f"need --dp >= 1 and a router in {ROUTERS}, got dp={dp}, router={router!r}")
     out = Path(out_dir)
-    spec = out / "spec.json"
-    spec.write_text(
-        json.dumps(
-            {
-                "cfg": {**asdict(cfg), "inject": sorted(cfg.inject)},
-                "wc": asdict(wc),
-                "dc": asdict(dc),
-                "dp": dp,
-                "router": router,
-                "flight": flight or {},
-                "kill": kill,
-            }
-        )
-    )
+    (out / "spec.json").write_bytes(spec.to_json())
     t0 = time.monotonic()
-    faults = _run_processes(
-        spec, out, dp, bootstrap_latency_ms, latency_scope, t0 + timeout_s, kill
-    )
+    faults = _run_processes(spec, out, t0 + spec.timeout_s)
     wall = time.monotonic() - t0
-    s = _read(out / "decode.json") or _lost_decode(wc.requests)
+    s = _read(out / "decode.json") or _lost_decode(spec.workload.requests)
     pre = [_read(out / f"prefill{i}.json") or {} for i in range(dp)]
     s.update(
         dp=dp,
@@ -134,11 +101,11 @@ def launch(
         faults=faults,
         decode_lost_by=[i for i, p in enumerate(pre) if p.get("decode_lost")],
     )
-    if verify:
+    if spec.verify:
         from engine.oracle.reference import reference_generate  # lazy: start-up time (torch)
         from engine.runs.workload import make_workload  # lazy: start-up time (torch)
 
-        reqs = {r.rid: r for r in make_workload(wc, cfg.model_config.vocab_size)}
+        reqs = {r.rid: r for r in make_workload(spec.workload, cfg.model_config.vocab_size)}
         ref = reference_generate(cfg, [reqs[rid] for rid in s["outputs"]])
         s["mismatches"] = sorted(rid for rid, toks in s["outputs"].items() if ref[rid] != toks)
     return s
@@ -170,20 +137,13 @@ def _lost_decode(n: int) -> dict:
     }
 
 
-def _run_processes(
-    spec: Path,
-    out: Path,
-    dp: int,
-    bootstrap_latency_ms: float,
-    latency_scope: str,
-    deadline: float,
-    kill: dict | None = None,
-) -> list[dict]:
+def _run_processes(spec: RunSpec, out: Path, deadline: float) -> list[dict]:
     """Start the bootstrap server, the prefill ranks and the decode, each writing its output into
     `out`/ROLE.log (engine/runs/child_process.py); wait for them all (a child that dies does not stop the
     others); leave none running. Returns the faults: each child that ended with a non-zero status
     before the run was over, the bootstrap server included, with its last output line."""
     children: list[Child] = []
+    dp, kill = spec.dp, spec.kill
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
         boot = spawn(
@@ -196,20 +156,20 @@ def _run_processes(
                 "--port",
                 "0",
                 "--latency-ms",
-                str(bootstrap_latency_ms),
+                str(spec.bootstrap_latency_ms),
                 "--latency-scope",
-                latency_scope,
+                spec.latency_scope,
                 "--expected-ranks",
                 str(dp),
                 # `--kill bootstrap@N` counts the server's answers through its test-only stats route
-                *(["--test-routes"] if kill and kill["role"] == "bootstrap" else []),
+                *(["--test-routes"] if kill and kill.role == "bootstrap" else []),
             ],
             out,
             env,
         )
         children.append(boot)
         url = _read_url(boot, timeout_s=30.0)
-        common = ["--spec", str(spec), "--bootstrap", url, "--out", str(out)]
+        common = ["--spec", str(out / "spec.json"), "--bootstrap", url, "--out", str(out)]
         for i in range(dp):
             children.append(_child(f"prefill{i}", ["prefill", "--rank", str(i), *common], out, env))
         children.append(_child("decode", ["decode", *common], out, env))
@@ -247,21 +207,21 @@ def _read_url(boot: Child, *, timeout_s: float) -> str:
     return line.rsplit(" ", 1)[1]
 
 
-def _bootstrap_killer(boot: subprocess.Popen, url: str, kill: dict | None):
+def _bootstrap_killer(boot: subprocess.Popen, url: str, kill: Kill | None):
     """The step of the wait loop that SIGKILLs the bootstrap server once it has answered
-    kill["at"] query_dp_ranks (`--kill bootstrap@N`); nothing for another fault."""
-    if not kill or kill["role"] != "bootstrap":
+    kill.at query_dp_ranks (`--kill bootstrap@N`); nothing for another fault."""
+    if not kill or kill.role != "bootstrap":
         return lambda: None
 
     def step():
         if boot.poll() is not None:
             return
-        if kill["at"] > 0:
+        if kill.at > 0:
             try:
                 counters = bootstrap_client.get_stats(url, timeout=1.0)["counters"]
             except bootstrap_client.BootstrapError:
                 return
-            if counters.get("query_dp_ranks", 0) < kill["at"]:
+            if counters.get("query_dp_ranks", 0) < kill.at:
                 return
         boot.kill()
         boot.wait()

@@ -8,8 +8,9 @@ import argparse
 import json
 
 from engine.cli.exits import FAILED, OK
-from engine.cli.flags import MAX_CONTEXT, build_configs, exit_on_sigterm
+from engine.cli.flags import MAX_CONTEXT, build_spec, exit_on_sigterm
 from engine.decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
+from engine.runs.spec import Kill, RunSpec
 from spec import domains as d
 from spec.errors import BadInput
 
@@ -131,9 +132,9 @@ def _kill_text(text: str) -> str:
 KILL = d.Domain("ROLE@N (prefillI, decode or bootstrap; N in [0, 1e9])", _kill_text)
 
 
-def parse_kill(text: str | None, dp: int, *, launch: bool) -> dict | None:
-    """`--kill ROLE@N` as {"role": ROLE, "at": N}; BadInput naming the flag otherwise. In one
-    process (`pdo run --pd`) only a prefill rank can be killed."""
+def parse_kill(text: str | None, dp: int, *, launch: bool) -> Kill | None:
+    """`--kill ROLE@N` as Kill(ROLE, N); BadInput naming the flag otherwise. In one process
+    (`pdo run --pd`) only a prefill rank can be killed."""
     if not text:
         return None
     role, _, at = text.partition("@")
@@ -143,44 +144,37 @@ def parse_kill(text: str | None, dp: int, *, launch: bool) -> dict | None:
             f"--kill {text}: this run's roles are {', '.join(roles)} (--dp {dp})"
             + ("" if launch else "; pdo launch kills decode and bootstrap too")
         )
-    return {"role": role, "at": int(at)}
+    return Kill(role, int(at))
 
 
-def configs_from_args(args: argparse.Namespace):
-    """(EngineConfig, WorkloadConfig, DecodeConfig, run_pd's keyword options) from the flags;
-    BadInput for flags that do not go together. Each flag's own domain was checked as it was
-    parsed (spec/domains.py)."""
-    cfg, workload = build_configs(args, max_new_tokens=args.max_new_tokens)
-    workload.max_new_tokens = args.max_new_tokens
-    decode = DecodeConfig(
+def pd_spec(args: argparse.Namespace) -> RunSpec:
+    """The PD run of the flags; BadInput for flags that do not go together. Each flag's own
+    domain was checked as it was parsed (spec/domains.py)."""
+    spec = build_spec(args, max_new_tokens=args.max_new_tokens)
+    spec.decode = DecodeConfig(
         loop=args.decode_mode,
         prefetch=not args.no_prefetch,
         polling_interval=args.decode_polling_interval,
         recv_wait_us=args.decode_recv_wait_us,
-        max_running=min(16, cfg.max_batch_reqs),
+        max_running=min(16, spec.engine.max_batch_reqs),
         bootstrap_timeout_s=args.decode_bootstrap_timeout_s,
         kv_timeout_s=args.decode_kv_timeout_s,
     )
-    opts = dict(
-        dp=args.dp,
-        router=args.router,
-        bootstrap_latency_ms=args.bootstrap_latency_ms,
-        latency_scope=args.bootstrap_latency_scope,
-        verify=not args.no_verify,
-        kill=parse_kill(args.kill, args.dp, launch=not hasattr(args, "pd")),
-    )
-    if getattr(args, "bootstrap_url", None):
-        opts["bootstrap_url"] = args.bootstrap_url
-    return cfg, workload, decode, opts
+    spec.dp, spec.router = args.dp, args.router
+    spec.bootstrap_latency_ms = args.bootstrap_latency_ms
+    spec.latency_scope = args.bootstrap_latency_scope
+    spec.kill = parse_kill(args.kill, args.dp, launch=not hasattr(args, "pd"))
+    spec.bootstrap_url = getattr(args, "bootstrap_url", None)
+    spec.timeout_s = getattr(args, "timeout_s", spec.timeout_s)
+    return spec
 
 
 def cmd_run_pd(args: argparse.Namespace) -> int:
-    cfg, workload, decode, opts = configs_from_args(args)  # bad flags fail here, before torch
+    spec = pd_spec(args)  # bad flags fail here, before torch
     exit_on_sigterm()  # SIGTERM ends every role as SIGINT does: its trace ends with trace_end
     from engine.runs.pd import run_pd  # lazy: start-up time (torch)
 
-    summary = run_pd(cfg, workload, decode, trace_path=args.trace, **opts)
-    return print_summary(summary, args.json, "pdo run --pd")
+    return print_summary(run_pd(spec).summary, args.json, "pdo run --pd")
 
 
 def summary_ok(s: dict) -> bool:

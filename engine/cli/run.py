@@ -7,14 +7,8 @@ import functools
 import json
 import os
 
-from engine.cli.flags import (
-    add_engine_args,
-    add_flight_args,
-    build_configs,
-    exit_on_sigterm,
-    watchdog_of,
-)
-from engine.cli.pd import add_no_verify, add_pd_args, cmd_run_pd, configs_from_args
+from engine.cli.flags import add_engine_args, add_flight_args, build_spec, exit_on_sigterm
+from engine.cli.pd import add_no_verify, add_pd_args, cmd_run_pd, pd_spec
 from engine.sync import hb
 from spec import domains as d
 from spec.errors import BadInput
@@ -43,10 +37,7 @@ def register(sub) -> None:
 def validate_run(run_parser: argparse.ArgumentParser, args: argparse.Namespace, argv) -> None:
     """What spans the flags of `pdo run`, before anything runs: BadInput naming the flag."""
     refuse_pd_only_flags(run_parser, args, argv)
-    if args.pd:
-        configs_from_args(args)
-    else:
-        build_configs(args)
+    pd_spec(args) if args.pd else build_spec(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -57,16 +48,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_pd(args)
     from engine.runs.prefill_run import run_prefill  # lazy: start-up time (torch)
 
-    cfg, workload = build_configs(args)
+    spec = build_spec(args)
     exit_on_sigterm()
-    s = run_prefill(
-        cfg,
-        workload,
-        trace_path=args.trace,
-        verify=not args.no_verify,
-        watchdog=watchdog_of(args),
-        flush_ms=args.trace_flush_ms,
-    ).summary
+    s = run_prefill(spec).summary
     leaks = s["leaks"]
     verdict = s.get("verify")
     code = 0 if not any(leaks.values()) and not (verdict and verdict["mismatches"]) else 1

@@ -25,7 +25,7 @@ from engine.runtime.attention import DecodeMeta, make_backend
 from engine.runtime.config import EngineConfig
 from engine.runtime.forward_state import ForwardResult, ForwardState
 from engine.runtime.memory import KVPool, ReqToTokenPool, pages_for
-from engine.runtime.model import TinyLlama
+from engine.runtime.model import shared_model
 from engine.trace.tracer import NullTracer
 
 
@@ -77,7 +77,7 @@ class DecodeScheduler:
         self.device = torch.device(cfg.device)
         mc = self.mc = cfg.model_config
         dtype = getattr(torch, cfg.dtype)
-        self.model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=self.device)
+        self.model = model or shared_model(cfg)
         self.backend = make_backend(cfg.attention_backend, self.device)
         self.ps = cfg.page_size
         self.pool = KVPool(

@@ -17,7 +17,7 @@ from engine import sync
 from engine.runtime.attention import DecodeMeta, ExtendMeta, TorchAttention
 from engine.runtime.config import EngineConfig
 from engine.runtime.memory import KVPool
-from engine.runtime.model import TinyLlama
+from engine.runtime.model import TinyLlama, shared_model
 
 
 def reference_generate(
@@ -27,7 +27,7 @@ def reference_generate(
     mc = cfg.model_config
     dtype = getattr(torch, cfg.dtype)
     dev = torch.device(cfg.device)
-    model = model or TinyLlama(mc, seed=cfg.seed, dtype=dtype, device=dev)
+    model = model or shared_model(cfg)
     backend = TorchAttention()
     out = {}
     # off the schedule: the reference is the judge, not a part of the run a fuzz schedule steps

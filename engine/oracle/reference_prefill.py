@@ -11,21 +11,12 @@ from engine import sync
 from engine.runtime.attention import ExtendMeta, TorchAttention
 from engine.runtime.config import EngineConfig
 from engine.runtime.memory import KVPool, ReqToTokenPool
-from engine.runtime.model import TinyLlama
-
-_MODELS: dict = {}
-
-
-def _model(cfg: EngineConfig) -> TinyLlama:
-    key = (cfg.model, cfg.seed, cfg.dtype)
-    if key not in _MODELS:
-        _MODELS[key] = TinyLlama(cfg.model_config, seed=cfg.seed, dtype=getattr(torch, cfg.dtype))
-    return _MODELS[key]
+from engine.runtime.model import shared_model
 
 
 def reference_prefill(cfg: EngineConfig, prompt: list[int], logit_bias=None):
     mc = cfg.model_config
-    model = _model(cfg)
+    model = shared_model(cfg, device="cpu")
     n, ps = len(prompt), cfg.page_size
     pool = KVPool(
         -(-n // ps) + 1, ps, mc.layers, mc.kv_heads, mc.head_dim, model.embed.dtype, "cpu"

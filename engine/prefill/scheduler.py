@@ -21,7 +21,7 @@ from engine.runtime.config import EngineConfig
 from engine.runtime.device import then_log
 from engine.runtime.forward_state import ForwardResult, ForwardState
 from engine.runtime.memory import KVPool, PrefixCache, ReqToTokenPool
-from engine.runtime.model import TinyLlama
+from engine.runtime.model import shared_model
 from engine.runtime.request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from engine.trace.digest import DigestStamp
 from engine.trace.tracer import NullTracer
@@ -139,13 +139,7 @@ class PrefillScheduler:
         mc = cfg.model_config
         self.mc = mc
         dtype = getattr(torch, cfg.dtype)
-        self.model = model or TinyLlama(
-            mc,
-            seed=cfg.seed,
-            dtype=dtype,
-            device=self.device,
-            forward_impl=None if cfg.forward == "auto" else cfg.forward,
-        )
+        self.model = model or shared_model(cfg)
         self.backend = make_backend(cfg.attention_backend, self.device)
         self.pool = KVPool(
             cfg.num_pages, cfg.page_size, mc.layers, mc.kv_heads, mc.head_dim, dtype, self.device

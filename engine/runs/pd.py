@@ -12,16 +12,17 @@ the same roles as processes over ZMQ.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine import sync
 from engine.bootstrap import client as bootstrap_client
 from engine.bootstrap.server import BootstrapServer
-from engine.decode.config import ROUTERS, DecodeConfig, PDError, PDStartupError  # noqa: F401  (PDError re-exported)
+from engine.decode.config import ROUTERS, PDError, PDStartupError
 from engine.decode.loops import LOOPS as DECODE_LOOPS
 from engine.decode.request import DecodeReq
 from engine.decode.scheduler import DecodeScheduler
@@ -29,12 +30,11 @@ from engine.kv.transport import InProcKVClient, InProcKVServer
 from engine.oracle.reference import intra_op_threads, reference_generate
 from engine.prefill.loops import LOOPS as PREFILL_LOOPS
 from engine.prefill.scheduler import PrefillScheduler
-from engine.runs.prefill_run import frozen_gc
-from engine.runs.workload import WorkloadConfig, make_workload
+from engine.runs.role import die_after, frozen_gc, open_trace, role_header, watchdog
+from engine.runs.spec import Kill, RunSpec
+from engine.runs.workload import make_workload
 from engine.runtime import inject
-from engine.runtime.config import EngineConfig, check_dispatch
-from engine.runtime.model import TinyLlama
-from engine.trace.tracer import NullTracer, Tracer
+from engine.runtime.config import check_dispatch
 from engine.trace.writer import ends_trace
 
 STOP_GRACE_S = 5.0  # how long loops asked to stop after a timeout get to finish their batch
@@ -113,100 +113,79 @@ def trace_paths(trace_path: str | None, dp: int) -> tuple[str | None, list]:
     return f"{stem}.decode.jsonl", [f"{stem}.prefill{i}.jsonl" for i in range(dp)]
 
 
+@dataclass
+class PDResult:
+    """A PD run: `summary`, the report `pdo run --pd` prints (None when the run failed); the
+    roles, for a caller that looks inside (as far as they were built); `error`, the exception
+    that ended the run, when the run was asked to keep it."""
+
+    summary: dict | None = None
+    prefills: list[PrefillScheduler] = field(default_factory=list)
+    decode: DecodeScheduler | None = None
+    error: Exception | None = None
+
+
 def run_pd(
-    cfg: EngineConfig,
-    wc: WorkloadConfig,
-    dc: DecodeConfig,
+    spec: RunSpec,
     *,
-    dp: int = 1,
-    router: str = "round_robin",
-    bootstrap_latency_ms: float = 0.0,
-    latency_scope: str = "all",
-    trace_path: str | None = None,
     hooks: dict | None = None,
-    bootstrap_url: str | None = None,
-    prefill_delay_s: float = 0.0,
-    extra_decode_reqs=(),
-    timeout_s: float = 120.0,
-    verify: bool = True,
     server_hook=None,
-    bootstrap: str | None = None,
-    model: TinyLlama | None = None,
-    kill: dict | None = None,
-) -> dict:
-    """Run all roles to completion and return a summary (outputs, aborts, waits, leaks, mismatches
-    against the single-process reference when `verify`).
+    extra_decode_reqs=(),
+    keep_error: bool = False,
+) -> PDResult:
+    """Run all roles of `spec` to completion; the summary holds outputs, aborts, waits, leaks and,
+    with `spec.verify`, the mismatches against the single-process reference. An exception that
+    ends the run is raised, or with `keep_error` kept in the result.
 
-    `bootstrap`: "http" (the aiohttp server on its own thread, the default) or "inproc" (the same
-    server's handlers called in-process, `inproc://bootstrap`; the default under a schedule
-    controller, where every role thread is a managed thread and the run replays exactly). `model`:
-    reuse a TinyLlama built for `cfg` (its weights are only read). `kill`: {"role": "prefill<i>",
-    "at": N}, rank i dies once it sent N KV chunks (0: before its loop starts): its KV server
-    fails, its loop stops, and decode aborts what it held (docs/faults.md). `hooks`: the decode
-    scheduler's (`iter`, `after_prefetch`) and `tracers`, called with each role's tracer by name
-    (`prefill<i>`, `decode`) before the roles start (a fuzz strategy that reads a trace as it grows).
+    The hooks a spec cannot hold: `hooks`, the decode scheduler's (`iter`, `after_prefetch`) and
+    `tracers`, called with each role's tracer by name (`prefill<i>`, `decode`) before the roles
+    start (a fuzz strategy that reads a trace as it grows); `server_hook`, called with the
+    bootstrap server once started; `extra_decode_reqs`, decode-only requests. `spec.kill`
+    ({"role": "prefill<i>", "at": N}): rank i dies once it sent N KV chunks (0: before its loop
+    starts): its KV server fails, its loop stops, and decode aborts what it held (docs/faults.md).
 
-    Every trace's header records the run (`workload`, `decode_config`, `pd_run`): what
-    `pdo check --predict --confirm` rebuilds it from; `pd_run.unrecorded` names the options given
-    that it cannot rebuild."""
+    Every trace's header records the run (RunSpec.to_header): what `pdo check --predict
+    --confirm` rebuilds it from; `pd_run.unrecorded` names the hooks given, which it cannot."""
+    result = PDResult()
+    given = {"bootstrap_url": spec.bootstrap_url, "server_hook": server_hook}
+    given["extra_decode_reqs"] = extra_decode_reqs
+    given["hooks"] = set(hooks or ()) - {"tracers"}
+    unrecorded = sorted(k for k, v in given.items() if v)
+    try:
+        _serve_and_run(spec, result, hooks, server_hook, extra_decode_reqs, unrecorded)
+    except Exception as exc:
+        if not keep_error:
+            raise
+        result.error = exc
+    return result
+
+
+def _serve_and_run(spec: RunSpec, result: PDResult, hooks, server_hook, extra, unrecorded):
+    """The bootstrap server (the spec's, or one started here) around the run of the roles."""
+    cfg = spec.engine
     check_dispatch(cfg)
     torch.manual_seed(cfg.seed)
-    reqs = make_workload(wc, cfg.model_config.vocab_size)
-    ranks = route(reqs, dp, router, wc.seed)
-    # the options a rebuild from the header cannot give back (no value of them is recorded)
-    given = {"bootstrap_url": bootstrap_url, "extra_decode_reqs": extra_decode_reqs}
-    given.update(server_hook=server_hook, hooks=set(hooks or ()) - {"tracers"})
-    run_header = {
-        "workload": _jsonable(asdict(wc)),
-        "decode_config": asdict(dc),
-        "pd_run": {
-            "router": router,
-            "bootstrap_latency_ms": bootstrap_latency_ms,
-            "latency_scope": latency_scope,
-            "prefill_delay_s": prefill_delay_s,
-            "kill": kill,
-            "unrecorded": sorted(k for k, v in given.items() if v),
-        },
-    }
-    server = None
-    if bootstrap is None:
-        bootstrap = "inproc" if sync.controlled() else "http"
-    if bootstrap not in ("http", "inproc"):
-        raise ValueError(f"bootstrap must be 'http' or 'inproc', got {bootstrap!r}")
-    if bootstrap_url is None:
+    url, server = spec.bootstrap_url, None
+    if url is None:
         server = BootstrapServer(
-            latency_s=bootstrap_latency_ms / 1000.0, latency_scope=latency_scope, expected_ranks=dp
+            latency_s=spec.bootstrap_latency_ms / 1000.0,
+            latency_scope=spec.latency_scope,
+            expected_ranks=spec.dp,
         )
-        server = server.start_inproc() if bootstrap == "inproc" else server.start()
-        bootstrap_url = server.url
+        inproc = (spec.bootstrap or ("inproc" if sync.controlled() else "http")) == "inproc"
+        server = server.start_inproc() if inproc else server.start()
+        url = server.url
     try:
-        if not bootstrap_client.health(bootstrap_url, timeout=2.0):
+        if not bootstrap_client.health(url, timeout=2.0):
             raise PDStartupError(
-                f"bootstrap server at {bootstrap_url} is not reachable: start it first (pdo bootstrap)"
+                f"bootstrap server at {url} is not reachable: start it first (pdo bootstrap)"
             )
         if server_hook:
             server_hook(server)
         inject.set_active(cfg.inject)  # once, for every role of the run
         try:
             with intra_op_threads(1):  # every role has its own threads already
-                return _run(
-                    cfg,
-                    wc,
-                    dc,
-                    reqs,
-                    ranks,
-                    dp,
-                    bootstrap_url,
-                    trace_path,
-                    hooks,
-                    prefill_delay_s,
-                    extra_decode_reqs,
-                    timeout_s,
-                    verify,
-                    model,
-                    kill,
-                    run_header,
-                )
+                _run(spec, result, url, hooks, extra, unrecorded)
         finally:
             inject.set_active(())
     finally:
@@ -214,56 +193,45 @@ def run_pd(
             server.stop()
 
 
-def _run(
-    cfg,
-    wc,
-    dc,
-    reqs,
-    ranks,
-    dp,
-    url,
-    trace_path,
-    hooks,
-    prefill_delay_s,
-    extra,
-    timeout_s,
-    verify,
-    model=None,
-    kill=None,
-    run_header=None,
-) -> dict:
-    if model is None:
-        model = TinyLlama(
-            cfg.model_config,
-            seed=cfg.seed,
-            dtype=getattr(torch, cfg.dtype),
-            device=torch.device(cfg.device),
-        )
-    head = {"config": _jsonable(asdict(cfg)), **(run_header or {})}
-    roles = _build_roles(cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model, head)
-    tracers = [s.tr for s in roles.prefills] + [roles.decode_tracer]
-    killed = _arm_kill(roles, kill)
+def _run(spec: RunSpec, result: PDResult, url, hooks, extra, unrecorded) -> None:
+    cfg, dp = spec.engine, spec.dp
+    reqs = make_workload(spec.workload, cfg.model_config.vocab_size)
+    ranks = route(reqs, dp, spec.router, spec.workload.seed)
+    roles = _build_roles(spec, reqs, ranks, url, hooks, extra, unrecorded)
+    result.prefills, result.decode = roles.prefills, roles.decode
+    tracers = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
+    tracers["decode"] = roles.decode.tr
+    killed = _arm_kill(roles, spec.kill)
     if (hooks or {}).get("tracers"):
-        named = {f"prefill{i}": s.tr for i, s in enumerate(roles.prefills)}
-        hooks["tracers"]({**named, "decode": roles.decode_tracer})
+        hooks["tracers"](tracers)
     with contextlib.ExitStack() as ending:  # the streamed traces end as `pdo run` ends its own
-        for t in tracers:
+        for t in tracers.values():
             ending.enter_context(ends_trace(t))
-        wall = _run_roles(cfg, dc, roles, dp, url, prefill_delay_s, timeout_s, killed)
+        dogs = _watchdogs(spec, roles, tracers)
+        try:
+            wall = _run_roles(spec, roles, url, killed)
+        finally:
+            for dog in dogs:
+                dog.stop()
     for i, s in enumerate(roles.prefills):
         if i == killed:  # cut where it stopped, as a killed process leaves its file
             s.tr.cut()
         else:
             s.tr.close("normal")
     # the header went out at the start: the count known at the end goes in trace_end
-    roles.decode_tracer.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
-    roles.decode_tracer.close("normal")
-    summary = summarize(roles.decode, wall, {r.rid: k for r, k in zip(reqs, ranks)})
+    roles.decode.tr.end_fields["memory_waits"] = roles.decode.stats["memory_waits"]
+    roles.decode.tr.close("normal")
+    result.summary = _summary(spec, roles, wall, killed, {r.rid: k for r, k in zip(reqs, ranks)})
+
+
+def _summary(spec: RunSpec, roles: _Roles, wall: float, killed, routed: dict) -> dict:
+    summary = summarize(roles.decode, wall, routed)
+    decode_path, prefill_paths = trace_paths(spec.trace_path, spec.dp)
     summary.update(
-        dp=dp,
-        prefill_mode=cfg.mode,
-        decode_mode=dc.loop,
-        prefetch=dc.prefetch,
+        dp=spec.dp,
+        prefill_mode=spec.engine.mode,
+        decode_mode=spec.decode.loop,
+        prefetch=spec.decode.prefetch,
         registration_errors=roles.registration_errors,
         # a killed rank's memory went with it: its leaks are not counted
         prefill_leaks=[
@@ -273,18 +241,31 @@ def _run(
         unclaimed_rooms=sorted(
             r for i, server in roles.servers.items() if i != killed for r in server.unclaimed()
         ),
-        traces=[p for p in [roles.decode_path, *roles.prefill_paths] if p],
+        traces=[p for p in [decode_path, *prefill_paths] if p],
         faults=[]
         if killed is None
         else [{"role": f"prefill{killed}", "status": None, "error": roles.servers[killed].failed}],
     )
-    if verify:
-        done = [r for r in roles.decode_reqs if r.rid in summary["outputs"]]
-        ref = reference_generate(cfg, done, model=model)
+    if spec.verify:
+        ref = reference_generate(spec.engine, roles.decode.done)
         summary["mismatches"] = sorted(
             rid for rid, toks in summary["outputs"].items() if ref[rid] != toks
         )
     return summary
+
+
+def _watchdogs(spec: RunSpec, roles: _Roles, tracers: dict) -> list:
+    """A watchdog per role's trace (as each process of `pdo launch` has its own); one that stops
+    the run ends every trace first (reason watchdog), then the process."""
+
+    def stop_all(code: int) -> None:
+        for t in tracers.values():
+            t.close("watchdog")
+        os._exit(code)
+
+    gone = [(s, s.arrivals) for s in roles.prefills] + [(roles.decode, roles.decode.aborted)]
+    dogs = (watchdog(spec, t, *g, exit=stop_all) for t, g in zip(tracers.values(), gone))
+    return [dog for dog in dogs if dog is not None]
 
 
 @dataclass
@@ -294,36 +275,21 @@ class _Roles:
     prefills: list[PrefillScheduler]
     decode: DecodeScheduler
     servers: dict[int, InProcKVServer]  # each prefill rank's end of the KV transport
-    decode_reqs: list[DecodeReq]
-    decode_tracer: Tracer | NullTracer
     registration_errors: list[str]  # the register_dp_rank calls that failed, filled as they run
-    decode_path: str | None
-    prefill_paths: list
 
 
-def _build_roles(
-    cfg, wc, dc, reqs, ranks, dp, url, trace_path, hooks, extra, model, head
-) -> _Roles:
-    """The roles, their traces streaming with `head` in their headers (when `trace_path`)."""
+def _build_roles(spec: RunSpec, reqs, ranks, url, hooks, extra, unrecorded) -> _Roles:
+    """The roles, their traces streaming (with a trace path) with the run in their headers."""
+    cfg, dp = spec.engine, spec.dp
     # SGLang's bootstrap_addr is host:port; an in-process server keeps its inproc:// URL
     addr = url if url.startswith("inproc://") else bootstrap_client.base_url(url).split("://", 1)[1]
-    decode_path, prefill_paths = trace_paths(trace_path, dp)
-    common = {
-        "mode": cfg.mode,
-        "page_size": cfg.page_size,
-        "model": cfg.model,
-        "seed": cfg.seed,
-        "workload_seed": wc.seed,
-        "inject": sorted(cfg.inject),
-        "dp_size": dp,
-    }
+    decode_path, prefill_paths = trace_paths(spec.trace_path, dp)
     servers = {i: InProcKVServer(i) for i in range(dp)}
     registration_errors: list[str] = []
     prefills = []
     for i in range(dp):
-        tracer = Tracer({"role": "prefill", **common, "dp_rank": i}) if trace_path else NullTracer()
-        if trace_path:
-            tracer.stream(prefill_paths[i], extra_header=head)
+        header = role_header(spec, "prefill", i)
+        tracer = open_trace(spec, header, prefill_paths[i], pd=True, unrecorded=unrecorded)
         mine = [r for r, k in zip(reqs, ranks) if k == i]
         # under a controller: this rank's threads are "prefill<i>/..."
         with sync.group(f"prefill{i}"):
@@ -333,79 +299,46 @@ def _build_roles(
                     mine,
                     tracer=tracer,
                     receiver=servers[i],
-                    model=model,
                     on_ingest=registrar(url, i, registration_errors, dp),
                 )
             )
     for r in extra:  # decode-only requests (tests: rooms no prefill rank serves)
         r.addr = r.addr or addr  # default address: this run's
     decode_reqs = decode_requests(reqs, addr) + list(extra)
-    decode_tracer = (
-        Tracer(
-            {
-                "role": "decode",
-                **common,
-                "mode": dc.loop,
-                "prefill_mode": cfg.mode,
-                "prefetch": dc.prefetch,
-                "polling_interval": dc.polling_interval,
-            }
-        )
-        if trace_path
-        else NullTracer()
-    )
-    if trace_path:
-        decode_tracer.stream(decode_path, extra_header=head)
+    header = role_header(spec, "decode")
+    decode_tracer = open_trace(spec, header, decode_path, pd=True, unrecorded=unrecorded)
     with sync.group("decode"):
+        client = InProcKVClient(servers)
         decode = DecodeScheduler(
-            cfg,
-            dc,
-            decode_reqs,
-            client=InProcKVClient(servers),
-            tracer=decode_tracer,
-            model=model,
-            hooks=hooks,
+            cfg, spec.decode, decode_reqs, client=client, tracer=decode_tracer, hooks=hooks
         )
-    return _Roles(
-        prefills,
-        decode,
-        servers,
-        decode_reqs,
-        decode_tracer,
-        registration_errors,
-        decode_path,
-        prefill_paths,
-    )
+    return _Roles(prefills, decode, servers, registration_errors)
 
 
-def _arm_kill(roles: _Roles, kill: dict | None) -> int | None:
+def _arm_kill(roles: _Roles, kill: Kill | None) -> int | None:
     """Make the prefill rank `kill` names die at its moment; returns its rank (None: no fault)."""
     if not kill:
         return None
-    rank = int(kill["role"].removeprefix("prefill"))
-    server, sched, at = roles.servers[rank], roles.prefills[rank], kill["at"]
-    why = f"killed (--kill {kill['role']}@{at})"
-    if at == 0:  # dead once registered: _run_roles starts no loop for it
+    rank = int(kill.role.removeprefix("prefill"))
+    server, sched = roles.servers[rank], roles.prefills[rank]
+    why = f"killed (--kill {kill.role}@{kill.at})"
+
+    def die():
         server.fail(why)
         sched.stop()
-        return rank
-    deliver, sent = server.deliver, [0]
 
-    def deliver_then_die(chunk):
-        deliver(chunk)
-        sent[0] += 1
-        if sent[0] == at:
-            server.fail(why)
-            sched.stop()
-
-    server.deliver = deliver_then_die
+    if kill.at == 0:  # dead once registered: _run_roles starts no loop for it
+        die()
+    else:
+        die_after(server, kill.at, die)
     return rank
 
 
-def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s, killed=None) -> float:
+def _run_roles(spec: RunSpec, roles: _Roles, url, killed=None) -> float:
     """Every role's loop on its own thread until all end or timeout_s passes; the wall time.
     Raises PDError past the timeout or when a role failed."""
     errors: dict[str, BaseException] = {}
+    cfg, dp, prefill_delay_s, timeout_s = spec.engine, spec.dp, spec.prefill_delay_s, spec.timeout_s
 
     def prefill_main(i, s):
         try:
@@ -425,7 +358,7 @@ def _run_roles(cfg, dc, roles: _Roles, dp, url, prefill_delay_s, timeout_s, kill
     def decode_main():
         try:
             roles.decode.t0 = t_start
-            DECODE_LOOPS[dc.loop](roles.decode)
+            DECODE_LOOPS[spec.decode.loop](roles.decode)
         except BaseException as exc:
             errors["decode"] = exc
 
@@ -504,10 +437,6 @@ def _close_finished(roles: _Roles, threads: list) -> list[str]:
         else:
             still.append(name)
     return still
-
-
-def _jsonable(d):
-    return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}
 
 
 def summarize(decode: DecodeScheduler, wall: float, routed: dict[str, int] | None = None) -> dict:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,78 +26,37 @@ from engine.kv.transport import HEARTBEAT_TIMEOUT_S, KVTransportError, ZmqKVClie
 from engine.prefill.loops import LOOPS as PREFILL_LOOPS
 from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.pd import decode_requests, rank_info, registrar, route, summarize
-from engine.runs.prefill_run import frozen_gc
-from engine.runs.workload import WorkloadConfig, make_workload
+from engine.runs.role import die_after, open_trace, role_header, role_loop
+from engine.runs.spec import RunSpec
+from engine.runs.workload import make_workload
 from engine.runtime import inject
-from engine.runtime.config import EngineConfig
-from engine.trace.tracer import Tracer
-from engine.trace.watchdog import Watchdog
 from engine.trace.writer import ends_trace
 
 
-def _load(spec_path: str):
-    spec = json.loads(Path(spec_path).read_text())
-    cfg = spec["cfg"]
-    cfg["inject"] = frozenset(cfg["inject"])
-    workload = spec["wc"]
-    workload["prompt_len"] = tuple(workload["prompt_len"])
-    return (
-        EngineConfig(**cfg),
-        WorkloadConfig(**workload),
-        DecodeConfig(**spec["dc"]),
-        spec["dp"],
-        spec["router"],
-    )
+def _load(path: str) -> RunSpec:
+    return RunSpec.from_json(Path(path).read_bytes(), path)
 
 
-def _flight(spec_path: str) -> dict:
-    """The flight recorder's settings of `pdo launch` (engine/cli/launch.py)."""
-    f = json.loads(Path(spec_path).read_text()).get("flight", {})
-    ms = f.get("flush_ms")
-    return {"watchdog": f.get("watchdog"), "stream": {"flush_ms": ms} if ms else {}}
-
-
-def _watchdog(tracer, sched, flight: dict, gone: list):
-    """The role's watchdog, or None: pending is every request not done nor `gone` (a prefill's
-    requests yet to arrive, a decode's aborted ones)."""
-    if not flight["watchdog"]:
-        return None
-    return Watchdog(tracer, lambda: sched.total - len(sched.done) - len(gone), **flight["watchdog"])
-
-
-def _kill_at(spec_path: str, role: str) -> int | None:
+def _kill_at(spec: RunSpec, role: str) -> int | None:
     """The moment this process is to die by SIGKILL (`pdo launch --kill ROLE@N`), or None."""
-    kill = json.loads(Path(spec_path).read_text()).get("kill")
-    return kill["at"] if kill and kill["role"] == role else None
+    return spec.kill.at if spec.kill and spec.kill.role == role else None
 
 
 def _die() -> None:
+    time.sleep(0.05)  # let what was sent last leave its socket first
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _deliver_then_die(server: ZmqKVServer, after: int):
-    """The rank's KV delivery that kills the process once `after` chunks have gone out."""
-    deliver, sent = server.deliver, [0]
-
-    def wrapped(chunk):
-        deliver(chunk)
-        sent[0] += 1
-        if sent[0] >= after:
-            time.sleep(0.05)  # let the chunk leave the socket first
-            _die()
-
-    return wrapped
-
-
 def prefill_main(args: argparse.Namespace) -> int:
-    cfg, wc, dc, dp, router = _load(args.spec)
+    spec = _load(args.spec)
+    cfg, wc, dc, dp = spec.engine, spec.workload, spec.decode, spec.dp
     inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
-    mine = [r for r, k in zip(reqs, route(reqs, dp, router, wc.seed)) if k == args.rank]
+    mine = [r for r, k in zip(reqs, route(reqs, dp, spec.router, wc.seed)) if k == args.rank]
     server = ZmqKVServer(args.rank)
-    kill = _kill_at(args.spec, f"prefill{args.rank}")
+    kill = _kill_at(spec, f"prefill{args.rank}")
     if kill:
-        server.deliver = _deliver_then_die(server, kill)
+        die_after(server, kill, _die)
     try:
         bootstrap_client.register_prefill_rank(
             args.bootstrap,
@@ -113,22 +71,9 @@ def prefill_main(args: argparse.Namespace) -> int:
         ) from exc
     if kill == 0:
         _die()
-    tracer = Tracer(
-        {
-            "role": "prefill",
-            "mode": cfg.mode,
-            "page_size": cfg.page_size,
-            "model": cfg.model,
-            "seed": cfg.seed,
-            "workload_seed": wc.seed,
-            "inject": sorted(cfg.inject),
-            "dp_size": dp,
-            "dp_rank": args.rank,
-        }
-    )
     out = Path(args.out)
-    flight = _flight(args.spec)
-    tracer.stream(str(out / f"prefill{args.rank}.jsonl"), **flight["stream"])  # as it runs
+    header = role_header(spec, "prefill", args.rank)
+    tracer = open_trace(spec, header, str(out / f"prefill{args.rank}.jsonl"), pd=True)
     errors: list[str] = []
     with ends_trace(tracer):
         sched = PrefillScheduler(
@@ -138,28 +83,9 @@ def prefill_main(args: argparse.Namespace) -> int:
             receiver=server,
             on_ingest=registrar(args.bootstrap, args.rank, errors, dp),
         )
-        dog = _watchdog(tracer, sched, flight, sched.arrivals)
-        threading.current_thread().name = "scheduler"
-        try:
-            with frozen_gc(cfg.freeze_gc):
-                PREFILL_LOOPS[cfg.mode](sched)
-        finally:
-            if dog is not None:
-                dog.stop()
-            sched.close()
-        # Stay until decode has pulled every room (or said goodbye): the KV lives here until then. A
-        # decode that stops its heartbeat (or never came within its bootstrap timeout) is gone: the
-        # held KV is dropped and the rank ends.
-        rooms = [r.bootstrap_room for r in mine]
-        t_end = time.monotonic()
-        deadline = t_end + dc.kv_timeout_s + 30
-        lost = False
-        while not server.settled(rooms) and not server.byes and time.monotonic() < deadline:
-            wait = HEARTBEAT_TIMEOUT_S if server.last_peer is not None else dc.bootstrap_timeout_s
-            if server.peer_lost(t_end, wait):
-                lost = True
-                break
-            time.sleep(0.01)
+        with role_loop(spec, sched, tracer, sched.arrivals):
+            PREFILL_LOOPS[cfg.mode](sched)
+        lost = _hold_kv(server, [r.bootstrap_room for r in mine], dc)
     tracer.close("normal")
     (out / f"prefill{args.rank}.json").write_text(
         json.dumps(
@@ -173,6 +99,20 @@ def prefill_main(args: argparse.Namespace) -> int:
     )
     server.close()
     return 0
+
+
+def _hold_kv(server: ZmqKVServer, rooms: list, dc: DecodeConfig) -> bool:
+    """Stay until decode has pulled every room (or said goodbye): the KV lives here until then. A
+    decode that stops its heartbeat (or never came within its bootstrap timeout) is gone: the held
+    KV is dropped and the rank ends. Whether the decode was lost."""
+    t_end = time.monotonic()
+    deadline = t_end + dc.kv_timeout_s + 30
+    while not server.settled(rooms) and not server.byes and time.monotonic() < deadline:
+        wait = HEARTBEAT_TIMEOUT_S if server.last_peer is not None else dc.bootstrap_timeout_s
+        if server.peer_lost(t_end, wait):
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def _await_prefill(url: str, dc: DecodeConfig) -> None:
@@ -193,52 +133,32 @@ def _await_prefill(url: str, dc: DecodeConfig) -> None:
 
 
 def decode_main(args: argparse.Namespace) -> int:
-    cfg, wc, dc, dp, router = _load(args.spec)
+    spec = _load(args.spec)
+    cfg, wc, dc, dp = spec.engine, spec.workload, spec.decode, spec.dp
     inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
-    routed = {r.rid: k for r, k in zip(reqs, route(reqs, dp, router, wc.seed))}
+    routed = {r.rid: k for r, k in zip(reqs, route(reqs, dp, spec.router, wc.seed))}
     addr = bootstrap_client.base_url(args.bootstrap).split("://", 1)[1]
     client = ZmqKVClient(args.bootstrap, timeout_s=dc.query_timeout_s)
-    tracer = Tracer(
-        {
-            "role": "decode",
-            "mode": dc.loop,
-            "prefill_mode": cfg.mode,
-            "page_size": cfg.page_size,
-            "model": cfg.model,
-            "seed": cfg.seed,
-            "workload_seed": wc.seed,
-            "inject": sorted(cfg.inject),
-            "dp_size": dp,
-            "prefetch": dc.prefetch,
-            "polling_interval": dc.polling_interval,
-        }
-    )
     out = Path(args.out)
-    flight = _flight(args.spec)
-    tracer.stream(str(out / "decode.jsonl"), **flight["stream"])  # the flight recorder: as it runs
-    kill = _kill_at(args.spec, "decode")
+    tracer = open_trace(spec, role_header(spec, "decode"), str(out / "decode.jsonl"), pd=True)
+    kill = _kill_at(spec, "decode")
     _await_prefill(args.bootstrap, dc)
     hooks = {"iter": lambda s: s.iter >= kill and _die()} if kill is not None else None
     sched = DecodeScheduler(
         cfg, dc, decode_requests(reqs, addr), client=client, tracer=tracer, hooks=hooks
     )
-    dog = _watchdog(tracer, sched, flight, sched.aborted)
-    threading.current_thread().name = "scheduler"
     t0 = time.monotonic()
     try:
-        with ends_trace(tracer), frozen_gc(cfg.freeze_gc):
+        with ends_trace(tracer), role_loop(spec, sched, tracer, sched.aborted):
             DECODE_LOOPS[dc.loop](sched)
     finally:
-        if dog is not None:
-            dog.stop()
         wall = time.monotonic() - t0
         for rank in range(dp):
             try:
                 client.bye(rank)
             except KVTransportError:
                 pass
-        sched.close()
         time.sleep(0.05)  # let the byes leave before the sockets close
         client.close()
     # the header was written at the start: the count goes in trace_end (docs/trace-format.md)

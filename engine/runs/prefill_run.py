@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import platform
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from engine.oracle import judge as oracle
 from engine.prefill.loops import LOOPS
 from engine.prefill.scheduler import PrefillScheduler
-from engine.runs.workload import WorkloadConfig, make_workload
+from engine.runs.role import open_trace, role_header, role_loop
+from engine.runs.spec import RunSpec
+from engine.runs.workload import make_workload
 from engine.runtime import inject
-from engine.runtime.config import EngineConfig, check_dispatch
-from engine.runtime.model import TinyLlama, default_forward_impl
+from engine.runtime.config import check_dispatch
 from engine.runtime.request import Req
-from engine.trace.tracer import NullTracer, Tracer
-from engine.trace.watchdog import Watchdog
 
 
 @dataclass
@@ -35,66 +30,29 @@ class PrefillResult:
     error: Exception | None = None
 
 
-def run_prefill(
-    cfg: EngineConfig,
-    wc: WorkloadConfig,
-    *,
-    trace_path: str | None = None,
-    tracer=None,
-    keep_error: bool = False,
-    model=None,
-    verify: bool = False,
-    watchdog: dict | None = None,
-    flush_ms: float | None = None,
-) -> PrefillResult:
-    """An exception that ends the run is raised, or with `keep_error` kept in the result. `model`: weights to reuse (`shared_model`), else built from cfg's preset and seed. `verify`:
-    judge every output against the reference (engine/oracle/judge.py) after the run, into
-    summary["verify"]. With `trace_path` the trace streams to its file as the run goes on and ends
-    with `trace_end` whatever ends the run (engine/trace/writer.py). `watchdog`: the keyword
-    arguments of engine/trace/watchdog.py's Watchdog (seconds, on_stall), or None for none."""
+def run_prefill(spec: RunSpec, *, tracer=None, keep_error: bool = False) -> PrefillResult:
+    """The prefill engine once on `spec` (its engine, workload, trace, watchdog and `verify`: every
+    output judged against the reference, engine/oracle/judge.py, into summary["verify"]). An
+    exception that ends the run is raised, or with `keep_error` kept in the result. `tracer`: the
+    one to log into (a caller that reads the events), else one made here. With a trace path the
+    trace streams to its file as the run goes on and ends with `trace_end` whatever ends the run
+    (engine/trace/writer.py)."""
+    cfg, wc, trace_path = spec.engine, spec.workload, spec.trace_path
     check_dispatch(cfg)
     inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
-    header = {
-        "role": "prefill",
-        "mode": cfg.mode,
-        "page_size": cfg.page_size,
-        "model": cfg.model,
-        "seed": cfg.seed,
-        "workload_seed": wc.seed,
-        "inject": sorted(cfg.inject),
-    }
-    if tracer is None:
-        tracer = Tracer(header) if trace_path else NullTracer(header)
-    else:
-        tracer.header.update(header)
-    if trace_path:
-        tracer.stream(
-            trace_path,
-            extra_header={
-                "host": platform.node(),
-                "config": _jsonable(asdict(cfg)),
-                "workload": _jsonable(asdict(wc)),
-            },
-            **({"flush_ms": flush_ms} if flush_ms else {}),
-        )
+    tracer = open_trace(spec, role_header(spec, "prefill"), trace_path, pd=False, tracer=tracer)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
-    probe = oracle.OutputProbe() if verify else None
+    probe = oracle.OutputProbe() if spec.verify else None
     try:
-        sched = PrefillScheduler(cfg, reqs, tracer=tracer, model=model, probe=probe)
+        sched = PrefillScheduler(cfg, reqs, tracer=tracer, probe=probe)
     except BaseException:
         tracer.close("exception")
         raise
-    dog = None
-    if watchdog and tracer.enabled:  # it watches the events: nothing to watch without a trace
-        dog = Watchdog(tracer, lambda: _pending(sched), **watchdog)
-    prev_name = threading.current_thread().name
-    threading.current_thread().name = "scheduler"
     t0 = time.perf_counter()
-    error = None
-    ended = "normal"
+    error, ended, dog = None, "normal", None
     try:
-        with frozen_gc(cfg.freeze_gc):
+        with role_loop(spec, sched, tracer, sched.arrivals) as dog:
             LOOPS[cfg.mode](sched)
     except Exception as exc:  # summarised for the CLI; tests re-raise through `error`
         error, ended = exc, "exception"
@@ -103,15 +61,9 @@ def run_prefill(
         raise
     finally:
         wall = time.perf_counter() - t0
-        threading.current_thread().name = prev_name
-        if dog is not None:
-            dog.stop()
-        try:
-            sched.close()
-        finally:
-            inject.set_active(())
-            if ended != "normal" and trace_path:
-                tracer.close(dog.reason if dog is not None and dog.fired else ended)
+        inject.set_active(())
+        if ended != "normal" and trace_path:
+            tracer.close(dog.reason if dog is not None and dog.fired else ended)
     leaks = sched.leak_report()
     summary = {
         "mode": cfg.mode,
@@ -138,48 +90,3 @@ def run_prefill(
     if error is not None and not keep_error:
         raise error
     return PrefillResult(summary, sched, reqs, error)
-
-
-_MODELS: dict = {}
-
-
-def shared_model(cfg: EngineConfig):
-    """The model of cfg (preset, seed, dtype, device, forward), built once per process: the weights
-    are only read, and drawing the large preset's weights anew for every run of a benchmark would
-    cost more than many runs."""
-    impl = default_forward_impl() if cfg.forward == "auto" else cfg.forward
-    key = (cfg.model, cfg.seed, cfg.dtype, cfg.device, impl)
-    model = _MODELS.get(key)
-    if model is None:
-        model = _MODELS[key] = TinyLlama(
-            cfg.model_config,
-            seed=cfg.seed,
-            dtype=getattr(torch, cfg.dtype),
-            device=torch.device(cfg.device),
-            forward_impl=impl,
-        )
-    return model
-
-
-@contextlib.contextmanager
-def frozen_gc(on: bool = True):
-    """Everything alive now goes to the collector's permanent generation for the duration (see
-    EngineConfig.freeze_gc), and back after: what the run leaves behind is collected as usual. A
-    process that froze objects itself keeps its freeze (nothing is frozen or unfrozen then)."""
-    if not on or gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def _jsonable(d):
-    return {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in d.items()}
-
-
-def _pending(sched) -> int:
-    """Requests arrived and not finished: work the engine owes (the watchdog's condition)."""
-    return sched.total - len(sched.done) - len(sched.arrivals)

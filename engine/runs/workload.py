@@ -7,22 +7,9 @@ its group's prefix, the rest is unique. With a warm cache, about `hit` of the in
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
+from engine.runs.spec import WorkloadConfig
 from engine.runtime.request import Req
-
-
-@dataclass
-class WorkloadConfig:
-    requests: int = 24
-    prompt_len: tuple[int, int] = (24, 160)  # inclusive range
-    hit: float = 0.8
-    groups: int = 3
-    arrival: str = "burst"  # burst | poisson
-    rate: float = 2000.0  # requests per second for poisson
-    logit_bias_frac: float = 0.25
-    max_new_tokens: int = 1
-    seed: int = 0
 
 
 def make_workload(wc: WorkloadConfig, vocab: int) -> list[Req]:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import sync
-from engine.runtime.config import ModelConfig
+from engine.runtime.config import EngineConfig, ModelConfig
 from engine.runtime.device_ops import lazy_scripts
 
 FORWARD_IMPLS = ("script", "eager")
@@ -44,6 +44,26 @@ def default_forward_impl() -> str:
     if impl not in FORWARD_IMPLS:
         raise ValueError(f"PDO_FORWARD={impl!r}; choose one of {', '.join(FORWARD_IMPLS)}")
     return impl
+
+
+_MODELS: dict = {}
+
+
+def shared_model(cfg: EngineConfig, *, device: str | None = None) -> TinyLlama:
+    """The model of cfg (preset, seed, dtype, forward) on `device` (default cfg.device), built
+    once per process and shared by every role, run and judge: its weights are only read, and
+    drawing the large preset's weights anew for every run would cost more than many runs."""
+    impl = default_forward_impl() if cfg.forward == "auto" else cfg.forward
+    key = (cfg.model, cfg.seed, cfg.dtype, device or cfg.device, impl)
+    if key not in _MODELS:
+        _MODELS[key] = TinyLlama(
+            cfg.model_config,
+            seed=cfg.seed,
+            dtype=getattr(torch, cfg.dtype),
+            device=torch.device(key[3]),
+            forward_impl=impl,
+        )
+    return _MODELS[key]
 
 
 class TinyLlama:

@@ -15,7 +15,7 @@ from checker.trace_io import iter_chunks
 from engine.cli import main as pdo
 from engine.decode.config import DecodeConfig
 from engine.runs.pd import run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.sync import hb
 from engine.trace.tracer import VERSION
@@ -242,8 +242,14 @@ def test_confirm_reaches_a_real_race_and_not_a_missing_edge(tmp_path, clocks):
 def test_a_clean_pd_run_predicts_nothing(tmp_path, clocks):
     wc = WorkloadConfig(requests=8, prompt_len=(20, 80), hit=0.5, seed=2, max_new_tokens=3)
     s = run_pd(
-        EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl")
-    )
+        RunSpec(
+            EngineConfig(mode="ahead"),
+            wc,
+            DecodeConfig(),
+            dp=2,
+            trace_path=str(tmp_path / "t.jsonl"),
+        )
+    ).summary
     assert len(s["traces"]) == 3
     for path in s["traces"]:
         assert check_file(path).ok

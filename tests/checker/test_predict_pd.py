@@ -15,7 +15,7 @@ from engine.cli import exits
 from engine.cli import main as pdo
 from engine.decode.config import DecodeConfig
 from engine.runs.pd import run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.sync import hb
 from engine.trace.tracer import Tracer
@@ -33,16 +33,9 @@ def clocks():
 
 def _pd(tmp_path, name, *, inject=(), dp=2, prefetch=True, **kw):
     cfg = EngineConfig(mode="ahead", inject=frozenset(inject))
-    s = run_pd(
-        cfg,
-        WC,
-        DecodeConfig(prefetch=prefetch),
-        dp=dp,
-        trace_path=str(tmp_path / f"{name}.jsonl"),
-        verify=False,
-        **kw,
-    )
-    return s["traces"]
+    trace = str(tmp_path / f"{name}.jsonl")
+    spec = RunSpec(cfg, WC, DecodeConfig(prefetch=prefetch), dp=dp, trace_path=trace, verify=False)
+    return run_pd(spec, **kw).summary["traces"]
 
 
 def _read(path):

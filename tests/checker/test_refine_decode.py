@@ -16,7 +16,7 @@ from checker.refine import check_model, json_report, text
 from engine.decode import loops
 from engine.decode.config import DecodeConfig
 from engine.runs.pd import run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from tests.refinement import drift
 
@@ -26,12 +26,14 @@ WORKLOAD = dict(requests=6, prompt_len=(16, 64), max_new_tokens=4, seed=7)
 def _decode_trace(tmp_path, *, dp=2, inject=(), requests=6, **dc) -> str:
     tmp_path.mkdir(exist_ok=True)
     s = run_pd(
-        EngineConfig(mode="ahead", inject=frozenset(inject)),
-        WorkloadConfig(**{**WORKLOAD, "requests": requests}),
-        DecodeConfig(**dc),
-        dp=dp,
-        trace_path=str(tmp_path / "t.jsonl"),
-    )
+        RunSpec(
+            EngineConfig(mode="ahead", inject=frozenset(inject)),
+            WorkloadConfig(**{**WORKLOAD, "requests": requests}),
+            DecodeConfig(**dc),
+            dp=dp,
+            trace_path=str(tmp_path / "t.jsonl"),
+        )
+    ).summary
     assert s["finished"] == s["requests"], s["aborted"]
     return next(p for p in s["traces"] if p.endswith(".decode.jsonl"))
 

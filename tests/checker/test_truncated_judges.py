@@ -19,7 +19,7 @@ from engine.cli.exits import FAILED, INCOMPLETE, OK
 from engine.decode import loops as decode_loops
 from engine.prefill import loops as prefill_loops
 from engine.runs.prefill_run import run_prefill
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from tests.checker.test_refine import _war_barrier_after_processing
 from tests.checker.test_refine_decode import _decode_trace, _intake_before_prefetch
@@ -28,7 +28,7 @@ from tests.checker.test_refine_decode import _decode_trace, _intake_before_prefe
 def _prefill_trace(tmp_path, name="t.jsonl", mode="thread", inject=()) -> Path:
     path = tmp_path / name
     cfg = EngineConfig(mode=mode, inject=frozenset(inject))
-    run_prefill(cfg, WorkloadConfig(requests=6), trace_path=str(path))
+    run_prefill(RunSpec(cfg, WorkloadConfig(requests=6), trace_path=str(path), verify=False))
     return path
 
 

@@ -22,6 +22,7 @@ from checker import z3check
 from checker.linear import check_file as linear_check
 from checker.trace_io import TraceFormatError, iter_chunks
 from engine.cli import main as pdo
+from engine.runs.spec import RunSpec
 from spec import abstract, load_rules
 
 SLOW = os.environ.get("PDO_SLOW") == "1"
@@ -269,12 +270,17 @@ def test_checkers_agree_on_mutated_decode_traces(seed, kind, tmp_path_factory):
 def test_engine_trace(mode, tmp_path):
     """A trace of the real engine (tiny model, CPU)."""
     from engine.runs import prefill_run as run
-    from engine.runs.workload import WorkloadConfig
+    from engine.runs.spec import WorkloadConfig
     from engine.runtime.config import EngineConfig
 
     path = str(tmp_path / "e.jsonl")
     run.run_prefill(
-        EngineConfig(mode=mode, device="cpu"), WorkloadConfig(requests=6), trace_path=path
+        RunSpec(
+            EngineConfig(mode=mode, device="cpu"),
+            WorkloadConfig(requests=6),
+            trace_path=path,
+            verify=False,
+        )
     )
     ids, z = assert_agree(path)
     assert ids == [] and z.ok
@@ -311,20 +317,27 @@ def _read(path):
 def pd_traces(tmp_path_factory):
     from engine.decode.config import DecodeConfig
     from engine.runs.pd import run_pd
-    from engine.runs.workload import WorkloadConfig
+    from engine.runs.spec import WorkloadConfig
     from engine.runtime.config import EngineConfig
 
     d = tmp_path_factory.mktemp("pd")
     s = run_pd(
-        EngineConfig(mode="ahead", device="cpu"),
-        WorkloadConfig(
-            requests=10, prompt_len=(20, 80), arrival="poisson", rate=300, max_new_tokens=3, seed=3
-        ),
-        DecodeConfig(loop="overlap", prefetch=True),
-        dp=2,
-        bootstrap_latency_ms=5.0,
-        trace_path=str(d / "t.jsonl"),
-    )
+        RunSpec(
+            EngineConfig(mode="ahead", device="cpu"),
+            WorkloadConfig(
+                requests=10,
+                prompt_len=(20, 80),
+                arrival="poisson",
+                rate=300,
+                max_new_tokens=3,
+                seed=3,
+            ),
+            DecodeConfig(loop="overlap", prefetch=True),
+            dp=2,
+            bootstrap_latency_ms=5.0,
+            trace_path=str(d / "t.jsonl"),
+        )
+    ).summary
     return s["traces"]
 
 

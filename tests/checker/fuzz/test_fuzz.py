@@ -33,7 +33,7 @@ from checker.fuzz import (
 from checker.fuzz.cli import ALL_MUTANTS, mutant_row, register
 from engine import sync
 from engine.cli import main
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import WorkloadConfig
 from engine.runtime.inject import DECODE_MUTANTS, MUTANT_RULES, MUTANTS
 from tests.helpers import run_mode
 

@@ -230,7 +230,7 @@ def test_progress_counts_requests_and_tokens_from_the_running_trace():
     its lines count released requests and sent tokens, so a run shows progress, not 0/N."""
     import re
 
-    from engine.runs.workload import WorkloadConfig
+    from engine.runs.spec import WorkloadConfig
     from engine.runtime.config import EngineConfig
 
     buf = io.StringIO()

@@ -15,7 +15,8 @@ import engine.runs.prefill_run
 from engine.cli import main
 from engine.cli.pd import summary_ok
 from engine.decode.config import DecodeConfig
-from engine.runs.workload import WorkloadConfig
+from engine.runs.pd import PDResult
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,7 +26,11 @@ SMALL = ["--requests", "2", "--prompt-len", "16:40"]
 @pytest.fixture(scope="module")
 def prefill_summary():
     s = engine.runs.prefill_run.run_prefill(
-        EngineConfig(mode="ahead"), WorkloadConfig(requests=2, prompt_len=(16, 40))
+        RunSpec(
+            EngineConfig(mode="ahead"),
+            WorkloadConfig(requests=2, prompt_len=(16, 40)),
+            verify=False,
+        )
     ).summary
     assert not any(s["leaks"].values())
     return s
@@ -34,10 +39,12 @@ def prefill_summary():
 @pytest.fixture(scope="module")
 def pd_summary():
     s = engine.runs.pd.run_pd(
-        EngineConfig(mode="ahead"),
-        WorkloadConfig(requests=2, prompt_len=(16, 40), max_new_tokens=3),
-        DecodeConfig(),
-    )
+        RunSpec(
+            EngineConfig(mode="ahead"),
+            WorkloadConfig(requests=2, prompt_len=(16, 40), max_new_tokens=3),
+            DecodeConfig(),
+        )
+    ).summary
     assert summary_ok(s), s
     return s
 
@@ -85,14 +92,15 @@ def test_summary_ok_flags_each_failure(pd_summary, how):
 @pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
 @pytest.mark.parametrize("how", ["mismatch", "aborted"])
 def test_run_pd_with_a_failed_summary_exits_1(monkeypatch, capsys, pd_summary, how, as_json):
-    monkeypatch.setattr(engine.runs.pd, "run_pd", lambda *a, **k: _spoil(pd_summary, how))
+    spoilt = PDResult(_spoil(pd_summary, how))
+    monkeypatch.setattr(engine.runs.pd, "run_pd", lambda *a, **k: spoilt)
     assert main(["run", "--pd", *SMALL, *(["--json"] if as_json else [])]) == 1
     out = capsys.readouterr().out
     if as_json:
         assert not summary_ok(json.loads(out))
     else:
         assert ("MISMATCH" if how == "mismatch" else "aborted r0: client went away") in out
-    monkeypatch.setattr(engine.runs.pd, "run_pd", lambda *a, **k: pd_summary)
+    monkeypatch.setattr(engine.runs.pd, "run_pd", lambda *a, **k: PDResult(pd_summary))
     assert main(["run", "--pd", *SMALL, "--json"]) == 0
 
 

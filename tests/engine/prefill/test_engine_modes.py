@@ -20,7 +20,7 @@ from engine.prefill import scheduler as sched_mod
 from engine.prefill.admission import Admission
 from engine.prefill.worker import ForwardWorker
 from engine.runs.prefill_run import run_prefill
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.attention import DecodeMeta, ExtendMeta, TorchAttention
 from engine.runtime.config import MODES, EngineConfig, check_dispatch, mode_from_env
 from engine.runtime.memory import KVPool, PrefixCache, ReqToTokenPool
@@ -422,7 +422,7 @@ def test_loop_runs_with_startup_objects_frozen_and_leaves_a_user_freeze_alone():
     fresh interpreter: the freeze is process-wide, and another test's threads may hold one.)"""
     code = """
 import gc
-from engine.runs.prefill_run import frozen_gc
+from engine.runs.role import frozen_gc
 assert gc.get_freeze_count() == 0
 with frozen_gc():
     assert gc.get_freeze_count() > 0
@@ -446,7 +446,9 @@ def test_a_traced_run_leaves_no_cycle_behind(mode):
     kept the tracer's naming method; the run's objects then waited for a full collection, and a
     frozen collector in the next run kept them for good)."""
     tr = Tracer()
-    run_prefill(EngineConfig(mode=mode), WorkloadConfig(requests=12), tracer=tr)
+    run_prefill(
+        RunSpec(EngineConfig(mode=mode), WorkloadConfig(requests=12), verify=False), tracer=tr
+    )
     assert any(e["ev"] == "snapshot" for e in tr.events)  # stamps were made and resolved
     alive = weakref.ref(tr)
     was = gc.isenabled()

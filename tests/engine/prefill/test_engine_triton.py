@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from checker.linear import check_file
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import MODES
 from tests.helpers import reference, run_mode
 
@@ -67,7 +67,9 @@ def test_pd_decode_on_the_triton_backend_matches_reference(tmp_path, monkeypatch
     cfg = EngineConfig(
         mode=mode, attention_backend="triton", page_size=8, chunk_size=32, max_batch_tokens=48
     )
-    s = run_pd(cfg, wc, DecodeConfig(loop=loop), dp=dp, trace_path=str(tmp_path / "t.jsonl"))
+    s = run_pd(
+        RunSpec(cfg, wc, DecodeConfig(loop=loop), dp=dp, trace_path=str(tmp_path / "t.jsonl"))
+    ).summary
     assert_clean(s)
     assert s["decode_tokens"] == wc.requests * (wc.max_new_tokens - 1)
     assert calls["extend"] > 0 and calls["decode"] > 0, calls

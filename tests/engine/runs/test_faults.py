@@ -22,7 +22,7 @@ from engine.decode.config import DecodeConfig
 from engine.decode.scheduler import DecodeScheduler
 from engine.runs.child_process import children_of
 from engine.runs.pd import run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import Kill, RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from tests.helpers import assert_tokens_match_reference
 
@@ -43,14 +43,16 @@ def violated(results):
 def embedded(tmp_path, kill, **dc):
     cfg = EngineConfig(mode="overlap")
     s = run_pd(
-        cfg,
-        WC,
-        DecodeConfig(**{"bootstrap_timeout_s": 1.0, "kv_timeout_s": 2.0, **dc}),
-        dp=2,
-        trace_path=str(tmp_path / "t.jsonl"),
-        kill=kill,
-        timeout_s=30,
-    )
+        RunSpec(
+            cfg,
+            WC,
+            DecodeConfig(**{"bootstrap_timeout_s": 1.0, "kv_timeout_s": 2.0, **dc}),
+            dp=2,
+            trace_path=str(tmp_path / "t.jsonl"),
+            kill=kill,
+            timeout_s=30,
+        )
+    ).summary
     assert_tokens_match_reference(s, cfg, WC)  # the live rank's requests: the reference's tokens
     return s
 
@@ -66,7 +68,7 @@ def assert_contained(s, rank: int, dp: int = 2):
 
 @pytest.mark.parametrize("at", [0, 2])  # 0: dead once registered; 2: after two KV chunks
 def test_embedded_prefill_rank_killed_aborts_only_its_requests(tmp_path, at, capsys):
-    s = embedded(tmp_path, {"role": "prefill1", "at": at})
+    s = embedded(tmp_path, Kill("prefill1", at))
     assert_contained(s, 1)
     assert s["aborted"], "a rank killed this early held requests"
     assert [f["role"] for f in s["faults"]] == ["prefill1"]
@@ -88,7 +90,7 @@ def test_without_the_reaper_a_dead_ranks_requests_wait_for_the_kv_timeout(tmp_pa
     # attributed to the rank): a request in transfer at the kill ends only at the KV timeout, one
     # not yet pulled at its refused pull. Which of the two each meets depends on timing.
     monkeypatch.setattr(DecodeScheduler, "reap_failed_ranks", lambda self: None)
-    s = embedded(tmp_path, {"role": "prefill1", "at": 2}, kv_timeout_s=0.5)
+    s = embedded(tmp_path, Kill("prefill1", 2), kv_timeout_s=0.5)
     assert s["failed_ranks"] == [], s["failed_ranks"]
     assert s["aborted"] and all(
         "incomplete" in why or "prefill rank 1 failed" in why for why in s["aborted"].values()
@@ -98,7 +100,7 @@ def test_without_the_reaper_a_dead_ranks_requests_wait_for_the_kv_timeout(tmp_pa
 def test_a_short_trace_of_the_failed_rank_is_not_judged_against(tmp_path):
     """The flight recorder leaves a dead rank's trace cut short: X-rank-served must not blame the
     decode for rooms the prefix lacks, but only for a rank the decode trace records as failed."""
-    s = embedded(tmp_path, {"role": "prefill1", "at": 2})
+    s = embedded(tmp_path, Kill("prefill1", 2))
     decode, live, cut = s["traces"]
     assert check_file(cut).truncated is not None  # the dead rank's, cut where it stopped
     head = json.loads(Path(live).read_text().splitlines()[0])

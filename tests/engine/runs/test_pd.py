@@ -16,7 +16,7 @@ from checker.refine import check_model
 from checker.refine import text as refine_text
 from engine.decode.config import DecodeConfig
 from engine.runs.pd import run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import MODES, EngineConfig
 from tests.helpers import assert_tokens_match_reference
 
@@ -48,12 +48,14 @@ def assert_traces_pass(paths):
 def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
     cfg, wc = EngineConfig(mode=mode), WorkloadConfig(**WORKLOAD)
     s = run_pd(
-        cfg,
-        wc,
-        DecodeConfig(loop=loop, prefetch=prefetch),
-        dp=2,
-        trace_path=str(tmp_path / "t.jsonl"),
-    )
+        RunSpec(
+            cfg,
+            wc,
+            DecodeConfig(loop=loop, prefetch=prefetch),
+            dp=2,
+            trace_path=str(tmp_path / "t.jsonl"),
+        )
+    ).summary
     assert_clean(s)
     assert_tokens_match_reference(s, cfg, wc)
     assert s["decode_tokens"] == WORKLOAD["requests"] * (WORKLOAD["max_new_tokens"] - 1)
@@ -74,13 +76,15 @@ def test_random_router_three_ranks_long_outputs_and_a_full_decode_batch(tmp_path
     )
     cfg = EngineConfig(mode="ahead", max_batch_tokens=128)
     s = run_pd(
-        cfg,
-        wc,
-        DecodeConfig(max_running=4),
-        dp=3,
-        router="random",
-        trace_path=str(tmp_path / "t.jsonl"),
-    )
+        RunSpec(
+            cfg,
+            wc,
+            DecodeConfig(max_running=4),
+            dp=3,
+            router="random",
+            trace_path=str(tmp_path / "t.jsonl"),
+        )
+    ).summary
     assert_clean(s)
     assert_tokens_match_reference(s, cfg, wc)
     assert_traces_pass(s["traces"])
@@ -243,8 +247,10 @@ def test_inproc_bootstrap_answers_like_http():
 def test_embedded_pd_over_the_inproc_bootstrap_matches_reference(tmp_path):
     cfg, wc = EngineConfig(mode="ahead"), WorkloadConfig(**WORKLOAD)
     s = run_pd(
-        cfg, wc, DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl"), bootstrap="inproc"
-    )
+        RunSpec(
+            cfg, wc, DecodeConfig(), dp=2, trace_path=str(tmp_path / "t.jsonl"), bootstrap="inproc"
+        )
+    ).summary
     assert_clean(s)
     assert_tokens_match_reference(s, cfg, wc)
     rid = next(iter(s["outputs"]))
@@ -276,7 +282,11 @@ def test_timeout_stops_and_closes_every_role(monkeypatch):
     )
     t0 = time.monotonic()
     with pytest.raises(PDError, match="did not finish within"):
-        run_pd(EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, timeout_s=0.3, verify=False)
+        run_pd(
+            RunSpec(
+                EngineConfig(mode="ahead"), wc, DecodeConfig(), dp=2, timeout_s=0.3, verify=False
+            )
+        )
     assert time.monotonic() - t0 < 0.3 + pd_mod.STOP_GRACE_S + 5
     assert len(made) == 2 and all(s.stopping for s in made)
     threads = [

@@ -16,7 +16,7 @@ from checker.linear import check_files
 from engine.decode.config import DecodeConfig
 from engine.decode.request import DecodeReq
 from engine.runs.pd import PDError, run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from tests.helpers import assert_tokens_match_reference
 
@@ -35,15 +35,9 @@ def pd(tmp_path, *, inject=(), extra=0, requests=6, mode="overlap", **kw):
     kw.setdefault("dc", DecodeConfig(bootstrap_timeout_s=0.6))
     cfg = EngineConfig(mode=mode, inject=frozenset(inject))
     wc = WorkloadConfig(requests=requests, prompt_len=(16, 64), max_new_tokens=4, seed=7)
-    s = run_pd(
-        cfg,
-        wc,
-        kw.pop("dc"),
-        dp=2,
-        trace_path=str(tmp_path / "t.jsonl"),
-        extra_decode_reqs=extras(extra),
-        **kw,
-    )
+    run = {k: kw.pop(k) for k in ("hooks", "server_hook") if k in kw}
+    spec = RunSpec(cfg, wc, kw.pop("dc"), dp=2, trace_path=str(tmp_path / "t.jsonl"), **kw)
+    s = run_pd(spec, extra_decode_reqs=extras(extra), **run).summary
     assert_tokens_match_reference(s, cfg, wc)
     return s, check_files(s["traces"])
 
@@ -163,10 +157,12 @@ def test_bootstrap_down_at_start_is_a_clear_startup_error():
         port = sock.getsockname()[1]
     with pytest.raises(PDError, match="not reachable"):
         run_pd(
-            EngineConfig(),
-            WorkloadConfig(requests=2),
-            DecodeConfig(),
-            bootstrap_url=f"http://127.0.0.1:{port}",
+            RunSpec(
+                EngineConfig(),
+                WorkloadConfig(requests=2),
+                DecodeConfig(),
+                bootstrap_url=f"http://127.0.0.1:{port}",
+            )
         )
     r = subprocess.run(
         [
@@ -232,12 +228,14 @@ def test_requests_aborted_while_pending_leave_no_kv_on_the_prefill_side(tmp_path
     max_new_tokens exceeds max_context, found at receiver init) must drop its room on that rank, or
     the rank's KV server keeps the room's chunks for good."""
     s = run_pd(
-        EngineConfig(),
-        WorkloadConfig(requests=4, prompt_len=(30, 40), max_new_tokens=1000, seed=7),
-        DecodeConfig(),
-        dp=2,
-        trace_path=str(tmp_path / "t.jsonl"),
-    )
+        RunSpec(
+            EngineConfig(),
+            WorkloadConfig(requests=4, prompt_len=(30, 40), max_new_tokens=1000, seed=7),
+            DecodeConfig(),
+            dp=2,
+            trace_path=str(tmp_path / "t.jsonl"),
+        )
+    ).summary
     assert len(s["aborted"]) == 4 and all("exceeds max_context" in e for e in s["aborted"].values())
     no_leaks(s)
     assert not violated(check_files(s["traces"]))

@@ -15,15 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from checker.linear import check_file
+from checker.linear import check_file, check_files
 from engine.cli import main as pdo
 from engine.cli.exits import BAD_INPUT, FAILED, INCOMPLETE, OK
 from engine.cli.flags import exit_on_sigterm
 from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.prefill_run import run_prefill
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WatchdogSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.trace.tracer import Tracer
+from engine.trace.watchdog import Watchdog
 from spec import load_events
 
 # the loops' traces refine their models (tests/conftest.py)
@@ -41,9 +42,10 @@ def _run(tmp_path, name="t.jsonl", mode="thread", requests=8, **kw):
     cfg = EngineConfig(
         mode=mode, device="cpu", dtype="float32", inject=frozenset(kw.pop("inject", ()))
     )
-    return path, run_prefill(
-        cfg, WorkloadConfig(requests=requests), trace_path=str(path), **kw
-    ).summary
+    watchdog = kw.pop("watchdog", None)
+    watchdog = watchdog and WatchdogSpec(**watchdog)
+    spec = RunSpec(cfg, WorkloadConfig(requests=requests), trace_path=str(path), watchdog=watchdog)
+    return path, run_prefill(spec, **kw).summary
 
 
 def _slow_run(trace: Path) -> subprocess.Popen:
@@ -101,7 +103,7 @@ def test_a_signalled_run_ends_its_trace_with_reason_signal(tmp_path, sig):
     wc = WorkloadConfig(requests=400, arrival="poisson", rate=40.0)
     try:
         with pytest.raises((KeyboardInterrupt, SystemExit)):
-            run_prefill(cfg, wc, trace_path=str(path), flush_ms=20)
+            run_prefill(RunSpec(cfg, wc, trace_path=str(path), flush_ms=20, verify=False))
     finally:
         signal.signal(signal.SIGTERM, previous)
     lines = _lines(path)
@@ -168,11 +170,22 @@ def test_the_watchdog_logs_each_threads_stack_when_a_thread_hangs(tmp_path, monk
     assert result.ok and result.stalls == len(stalls) and result.truncated is None
 
 
+def test_pdo_run_pd_honours_the_watchdog_on_every_role(tmp_path, monkeypatch):
+    _hang_in_stage(monkeypatch, 1.0)
+    trace = tmp_path / "pd.jsonl"
+    assert (
+        pdo(["run", "--pd", "--requests", "6", "--trace", str(trace), "--watchdog-s", "0.3"]) == OK
+    )
+    stalls = [e for e in _lines(tmp_path / "pd.prefill0.jsonl") if e.get("ev") == "stall"]
+    assert stalls and stalls[0]["pending"] > 0
+    assert all(r.ok for r in check_files([str(p) for p in tmp_path.glob("pd.*.jsonl")]))
+
+
 def test_the_watchdog_stops_the_run_with_reason_watchdog(tmp_path, monkeypatch):
     exits = []
     _hang_in_stage(monkeypatch, 1.0)
-    watchdog = {"seconds": 0.3, "on_stall": "stop", "exit": exits.append}
-    path, _ = _run(tmp_path, watchdog=watchdog)
+    monkeypatch.setitem(Watchdog.__init__.__kwdefaults__, "exit", exits.append)
+    path, _ = _run(tmp_path, watchdog={"seconds": 0.3, "on_stall": "stop"})
     lines = _lines(path)
     assert exits == [FAILED] and lines[-1]["reason"] == "watchdog"
     assert lines[-2]["ev"] == "stall"

@@ -8,7 +8,7 @@ import pytest
 
 from engine import sync
 from engine.runs.prefill_run import run_prefill
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.runtime.request import Req
 from engine.trace.digest import DigestStamp
@@ -105,8 +105,11 @@ def test_the_prefill_engine_declares_its_events_as_the_spec_names_them():
     # as tests/helpers.py's run_mode: FIFO-paced admission, so prefix hits and chunks do not depend
     # on timing
     s = run_prefill(
-        EngineConfig(mode="ahead", max_batch_tokens=128),
-        WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3),
+        RunSpec(
+            EngineConfig(mode="ahead", max_batch_tokens=128),
+            WorkloadConfig(requests=12, prompt_len=(20, 150), hit=0.6, seed=3),
+            verify=False,
+        ),
         tracer=tr,
     )
     vocab = load_events()["prefill"]
