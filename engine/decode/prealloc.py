@@ -31,6 +31,7 @@ from engine import sync
 from engine.bootstrap import client as bootstrap_client
 from engine.decode.request import DecodeReq, ReceiverInit, ReqState, now
 from engine.runtime import inject
+from spec.vocabulary import PREFETCH, declared
 
 
 @dataclass
@@ -41,31 +42,29 @@ class Prefetch:
     t_submit: float
 
 
+# A consumption point's `pending` and `covered` are the SGLang adapter's (engine/sglang/decode.py).
+EVENTS = declared(
+    "decode",
+    *("req_add", "prefetch_begin", "prefetch_skip", "prefetch_submit", "prefetch_end"),
+    *("prefetch_cancel", "query_begin", "query_end", "resolve", "release_memory"),
+    "resume_memory",
+    without={"resolve": ("pending", "covered")},
+)
+
+
 class DecodePreallocQueue:
     def __init__(self, sched, dc, tracer):
         self.sched = sched
         self.dc = dc
         self.tr = tracer
-        # Declared once and logged positionally (engine/trace/tracer.py), as the scheduler's events are;
-        # prefill_info, whose layout fields are optional, goes through emit.
-        self.log = tracer.events_for(
-            req_add=("rid", "room", "addr"),
-            prefetch_begin=("iter",),
-            prefetch_skip=("addr", "reason"),
-            prefetch_submit=("addr", "rooms", "qid"),
-            prefetch_end=("iter",),
-            prefetch_cancel=("addr", "rooms", "qid", "reason", "stopped"),
-            query_begin=("addr", "rooms", "qid", "source"),
-            query_end=("addr", "rooms", "qid", "result", "error"),
-            resolve=("addr", "rooms", "source", "qid", "wait_ns", "lead_ns", "result", "error"),
-            release_memory=(),
-            resume_memory=(),
-        )
+        # Declared from spec/events.toml and logged positionally in its order, as the scheduler's
+        # events are; prefill_info, whose layout fields are optional, goes through emit.
+        self.log = tracer.events_for(**EVENTS)
         self.pending: list[DecodeReq] = []
         self.prefill_info_table: dict[str, dict] = {}
         self._queries: dict[str, Prefetch] = {}
         # concurrent.futures' pool; managed worker threads under a schedule controller (engine/sync/__init__.py)
-        self._executor = sync.executor(dc.executor_workers, "prefetch")
+        self._executor = sync.executor(dc.executor_workers, PREFETCH)
         self._qids = itertools.count()
         self._info_attempts: dict[
             str, tuple[int, float]

@@ -18,6 +18,7 @@ from engine import sync
 from engine.runtime import device_ops, inject
 from engine.runtime.memory import pages_for
 from engine.sync import hb
+from spec.vocabulary import TRANSFER
 
 
 @dataclass
@@ -66,7 +67,7 @@ class TransferEngine:
         # called on this thread with (req, start, tokens) once a chunk's KV is in the receiver's
         # hands: the trace's kv_delivered, what the release of the request's pages must follow
         self.on_delivered = None
-        self._thread = sync.start_thread(self._run, "transfer")
+        self._thread = sync.start_thread(self._run, TRANSFER)
 
     def _run(self):
         while True:

@@ -25,30 +25,17 @@ from engine.runtime.model import TinyLlama
 from engine.runtime.request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from engine.trace.digest import DigestStamp
 from engine.trace.tracer import NullTracer
+from spec.vocabulary import declared
 
-# The prefill events (spec/events.toml), declared once and logged positionally (engine/trace/tracer.py);
-# stage, war_barrier and sample are the forward state's.
-EVENTS: dict[str, tuple[str, ...]] = dict(
-    admit=("batch", "rids", "chunks"),
-    alloc=("rid", "obj", "slot"),
-    chunk_inc=("rid", "obj", "value"),
-    snapshot=("batch", "digest"),
-    submit=("batch",),
-    fwd_begin=("batch", "digest"),
-    fwd_end=("batch",),
-    fwd_done=("batch",),
-    batch_copy=("batch",),
-    collect=("batch",),
-    prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"),
-    process_begin=("batch",),
-    chunk_dec=("rid", "obj", "value"),
-    kv_send=("rid", "obj", "tokens", "pages", "start"),
-    process_end=("batch",),
-    release=("rid", "obj", "slot"),
-    # completions of asynchronous copies (format version 2), each logged where it has happened
-    kv_delivered=("rid", "obj", "start", "tokens"),
-    store_copied=("rid",),
-    store_entry=("rid",),
+# The prefill events, declared from spec/events.toml and logged positionally in its order
+# (engine/trace/tracer.py); stage, war_barrier, sample and staged are the forward state's. A prefix send
+# has no device_wait: this engine's transfer reads the pages once the host has seen the forward end.
+EVENTS = declared(
+    "prefill",
+    *("admit", "alloc", "chunk_inc", "snapshot", "submit", "fwd_begin", "fwd_end", "fwd_done"),
+    *("batch_copy", "collect", "prefix_send", "process_begin", "chunk_dec", "kv_send"),
+    *("process_end", "release", "kv_delivered", "store_copied", "store_entry"),
+    without={"prefix_send": ("device_wait",)},
 )
 
 
@@ -73,6 +60,7 @@ class PrefillScheduler:
         self.fwd_state = ForwardState(
             self.device,
             self.tr,
+            "prefill",
             tokens=cfg.max_batch_tokens,
             requests=cfg.max_batch_reqs,
             vocab=self.mc.vocab_size,

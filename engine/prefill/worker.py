@@ -13,6 +13,7 @@ from engine import sync
 from engine.prefill.scheduler import EngineError
 from engine.runtime import inject
 from engine.runtime.forward_state import Inflight
+from spec.vocabulary import FORWARD
 
 _STOP = object()
 
@@ -29,7 +30,7 @@ class ForwardWorker:
         self.out_q: queue.Queue = queue.Queue(maxsize=cap)
         self.submitted = 0
         self.collected = 0
-        self.thread = sync.start_thread(self._loop, "forward")
+        self.thread = sync.start_thread(self._loop, FORWARD)
 
     def _loop(self):
         while True:
