@@ -199,7 +199,7 @@ class PrefillScheduler:
         snap = snapshot_for_forward(batch)
         if self.tr.enabled:
             # hashed later, by the worker (DigestStamp): not on this thread's critical path
-            snap._digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
+            snap.digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
             self.log.snapshot(snap.bid, stamp)
         return snap
 
@@ -237,11 +237,7 @@ class PrefillScheduler:
         with the snapshot's: while the batch is still the snapshot's, only the two logit biases are
         read."""
         stamp = DigestStamp(
-            batch,
-            self.tr.obj,
-            sampling,
-            marker="changed-in-launch",
-            same_as=batch.__dict__.get("_digest_stamp"),
+            batch, self.tr.obj, sampling, marker="changed-in-launch", same_as=batch.digest_stamp
         )
         self.log.fwd_begin(batch.bid, stamp)
         return stamp
@@ -250,7 +246,7 @@ class PrefillScheduler:
         """The tracer's own work, after run_batch's end (not in the forward's span), before the
         scheduler can have the batch back: a change while run_batch read it shows here."""
         fwd_stamp.resolve()
-        snap_stamp = batch.__dict__.get("_digest_stamp")
+        snap_stamp = batch.digest_stamp
         if snap_stamp is not None:  # not resolved with the forward's (they differed at fwd_begin):
             snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
 

@@ -102,6 +102,9 @@ class ScheduleBatch:
     sampling_info: SamplingBatchInfo
     spec_info: object = None
     stage_event: object = None
+    # A snapshot's digest stamp (engine/trace/digest.py DigestStamp), while it is unresolved: the
+    # forward's stamp is compared with it, and resolving it clears this (the two hold each other).
+    digest_stamp: object = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
