@@ -59,32 +59,22 @@ def load(path: pathlib.Path) -> dict[str, dict[str, dict]]:
 
 
 def _entry(path: pathlib.Path, role: str, ev: str, entry: dict) -> dict:
-    if not isinstance(entry.get("fields"), dict):
+    names = entry.get("fields")
+    if not isinstance(names, dict):
         raise BadInput(f"{path}: [{role}.{ev}]: 'fields' must be a table of field -> type")
-    required, optional = {}, {}
-    for name, typ in entry["fields"].items():
-        if name.endswith("?"):
-            optional[name[:-1]] = typ
-        else:
-            required[name] = typ
-    order = tuple(n.rstrip("?") for n in entry["fields"])
+    required = {n: typ for n, typ in names.items() if not n.endswith("?")}
+    optional = {n[:-1]: typ for n, typ in names.items() if n.endswith("?")}
+    order = tuple(n.rstrip("?") for n in names)
     return {**entry, "fields": required, "optional": optional, "order": order}
 
 
-def fields(role: str, ev: str, without: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The fields of `role`'s event `ev` in the order logged, less the optional ones in `without`
-    (those its logger never writes)."""
-    entry = events()[role][ev]
-    bad = [n for n in without if n not in entry["optional"]]
-    if bad:
-        raise InternalError(
-            f"{EVENTS_FILE}: [{role}.{ev}]: {', '.join(bad)}: not an optional field"
-        )
-    return tuple(n for n in entry["order"] if n not in without)
-
-
 def declared(role: str, *names: str, without: dict | None = None) -> dict[str, tuple[str, ...]]:
-    """ev -> fields, for a logger's `Tracer.events_for`: the events `names` of `role`, each without
-    the optional fields `without[ev]` names."""
-    without = without or {}
-    return {ev: fields(role, ev, tuple(without.get(ev, ()))) for ev in names}
+    """ev -> its fields in the order logged, for a logger's `Tracer.events_for`: the events `names`
+    of `role`, each less the optional fields `without[ev]` (those its logger never writes)."""
+    out = {}
+    for ev in names:
+        entry, left_out = events()[role][ev], (without or {}).get(ev, ())
+        if not set(left_out) <= set(entry["optional"]):
+            raise InternalError(f"{EVENTS_FILE}: [{role}.{ev}]: {left_out} are not all optional")
+        out[ev] = tuple(n for n in entry["order"] if n not in left_out)
+    return out
