@@ -101,7 +101,7 @@ class DecodeScheduler:
             fs.fwd_stream,
             fs.copy_stream,
         )
-        self.prealloc = DecodePreallocQueue(self, dc, self.tr)
+        self.prealloc = DecodePreallocQueue(self, dc, self.tr, cfg.inject)
 
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
         self.by_room = {r.room: r for r in requests}

@@ -57,8 +57,9 @@ class KVReceiverStore:
 
 
 class TransferEngine:
-    def __init__(self, pool, receiver, *, device):
+    def __init__(self, pool, receiver, *, device, mutants: frozenset = frozenset()):
         self.pool = pool
+        self.mutants = mutants  # the run's (engine/runtime/inject.py); its senders read them too
         self.receiver = receiver
         self.device = device
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -125,7 +126,7 @@ class KVSender:
         start = req.start_send_idx
         tokens = end - start
         pages = pages_for(tokens, self.ps)
-        if inject.on("floor-page-count"):
+        if inject.on(self.engine.mutants, "floor-page-count"):
             pages = tokens // self.ps  # MUTANT: the tail page is rounded down and never sent
         first_page = start // self.ps
         page_ids = req.pages[first_page : first_page + pages]
@@ -160,8 +161,9 @@ class AttentionStore:
     staged together (one cross-request gather, the design's batched staging) before the host write
     consumes the staging buffer; `retire()` at the top of each loop moves completed writes in."""
 
-    def __init__(self, pool, copy_stream):
+    def __init__(self, pool, copy_stream, mutants: frozenset = frozenset()):
         self.pool = pool
+        self.mutants = mutants  # the run's (engine/runtime/inject.py)
         self.stream = copy_stream
         self.pending: list[tuple] = []
         self.store: dict[str, tuple[int, int]] = {}  # rid -> (tokens, bytes)
@@ -222,7 +224,9 @@ class AttentionStore:
         """Completes finished writes; returns how many were retired."""
         keep, n = [], 0
         for done, spans, holder in self.pending:
-            if done.query() or inject.on("retire-before-copy"):  # MUTANT: no wait for the copy
+            if done.query() or inject.on(
+                self.mutants, "retire-before-copy"
+            ):  # MUTANT: no wait for the copy
                 if not holder["on_stream"] and not holder.get("copied"):  # first seen done here
                     holder["copied"] = True
                     self._copied(spans)

@@ -73,8 +73,10 @@ class PrefillScheduler:
         self.fwd_stream = self.fwd_state.fwd_stream
         self.copy_stream = self.fwd_state.copy_stream
         self.receiver = receiver or KVReceiverStore()
-        self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
-        self.astore = AttentionStore(self.pool, self.copy_stream)
+        self.transfer = TransferEngine(
+            self.pool, self.receiver, device=self.device, mutants=cfg.inject
+        )
+        self.astore = AttentionStore(self.pool, self.copy_stream, cfg.inject)
         self._hook_completions()
         # An engine/oracle/judge.py OutputProbe when outputs are verified: admission reports each prefix
         # match to it, the AttentionStore each entry.
@@ -196,7 +198,7 @@ class PrefillScheduler:
 
     def snapshot(self, batch: ScheduleBatch) -> ScheduleBatch:
         """Thread modes: isolate what the worker reads from the next admission's mutations."""
-        snap = snapshot_for_forward(batch)
+        snap = snapshot_for_forward(batch, self.cfg.inject)
         if self.tr.enabled:
             # hashed later, by the worker (DigestStamp): not on this thread's critical path
             snap.digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
@@ -207,7 +209,9 @@ class PrefillScheduler:
         self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False
     ) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
-        sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
+        sampling = batch.sampling_info.copy_for_forward(
+            self.cfg.inject
+        )  # second call in thread modes: idempotent
         tracing = self.tr.enabled
         if tracing:
             fwd_stamp = self._stamp_forward(batch, sampling)
@@ -220,7 +224,7 @@ class PrefillScheduler:
         result = ForwardResult(
             batch.bid, len(batch.reqs), sampling.logit_bias, done_event=done, war_event=done
         )
-        if inject.on("send-before-forward-done"):
+        if inject.on(self.cfg.inject, "send-before-forward-done"):
             # MUTANT: chunk KV sent without waiting for the forward
             for i, req in enumerate(batch.reqs):
                 if not batch.last_chunk[i]:
@@ -296,7 +300,9 @@ class PrefillScheduler:
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Later writes to the shared buffers wait for forward N's reads
         (ForwardState.war_barrier)."""
-        self.fwd_state.war_barrier(batch, result, wait=not inject.on("no-war-barrier"))
+        self.fwd_state.war_barrier(
+            batch, result, wait=not inject.on(self.cfg.inject, "no-war-barrier")
+        )
 
     def maybe_send_cached_prefix(self, batch: ScheduleBatch, req: Req) -> None:
         """The cached prefix's KV goes to decode before the suffix forward (it is already computed)."""
@@ -335,7 +341,7 @@ class PrefillScheduler:
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 self.log.chunk_dec(req.rid, req, req.inflight_middle_chunks)
-                if not inject.on("send-before-forward-done"):
+                if not inject.on(self.cfg.inject, "send-before-forward-done"):
                     self._send(req, end, result.done_event, last=False)
             else:
                 req.output_token = result.host_tokens[i]
@@ -377,7 +383,9 @@ class PrefillScheduler:
         for req in self.inflight:
             # MUTANT: released once the last chunk is handed to the sender, not once delivered
             sent = (
-                req.sender.sent_last if inject.on("release-before-delivery") else req.sender.poll()
+                req.sender.sent_last
+                if inject.on(self.cfg.inject, "release-before-delivery")
+                else req.sender.poll()
             )
             if sent and (req.as_event is None or req.as_event.query()):
                 if not req.released:

@@ -31,7 +31,6 @@ from engine.prefill.loops import LOOPS as PREFILL_LOOPS
 from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.prefill_run import frozen_gc
 from engine.runs.workload import WorkloadConfig, make_workload
-from engine.runtime import inject
 from engine.runtime.config import EngineConfig, check_dispatch
 from engine.runtime.model import TinyLlama
 from engine.trace.tracer import NullTracer, Tracer
@@ -186,29 +185,25 @@ def run_pd(
             )
         if server_hook:
             server_hook(server)
-        inject.set_active(cfg.inject)  # once, for every role of the run
-        try:
-            with intra_op_threads(1):  # every role has its own threads already
-                return _run(
-                    cfg,
-                    wc,
-                    dc,
-                    reqs,
-                    ranks,
-                    dp,
-                    bootstrap_url,
-                    trace_path,
-                    hooks,
-                    prefill_delay_s,
-                    extra_decode_reqs,
-                    timeout_s,
-                    verify,
-                    model,
-                    kill,
-                    run_header,
-                )
-        finally:
-            inject.set_active(())
+        with intra_op_threads(1):  # every role has its own threads already
+            return _run(
+                cfg,
+                wc,
+                dc,
+                reqs,
+                ranks,
+                dp,
+                bootstrap_url,
+                trace_path,
+                hooks,
+                prefill_delay_s,
+                extra_decode_reqs,
+                timeout_s,
+                verify,
+                model,
+                kill,
+                run_header,
+            )
     finally:
         if server is not None:
             server.stop()

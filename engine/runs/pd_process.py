@@ -29,7 +29,6 @@ from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.pd import decode_requests, rank_info, registrar, route, summarize
 from engine.runs.prefill_run import frozen_gc
 from engine.runs.workload import WorkloadConfig, make_workload
-from engine.runtime import inject
 from engine.runtime.config import EngineConfig
 from engine.trace.tracer import Tracer
 from engine.trace.watchdog import Watchdog
@@ -92,7 +91,6 @@ def _deliver_then_die(server: ZmqKVServer, after: int):
 
 def prefill_main(args: argparse.Namespace) -> int:
     cfg, wc, dc, dp, router = _load(args.spec)
-    inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     mine = [r for r, k in zip(reqs, route(reqs, dp, router, wc.seed)) if k == args.rank]
     server = ZmqKVServer(args.rank)
@@ -194,7 +192,6 @@ def _await_prefill(url: str, dc: DecodeConfig) -> None:
 
 def decode_main(args: argparse.Namespace) -> int:
     cfg, wc, dc, dp, router = _load(args.spec)
-    inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     routed = {r.rid: k for r, k in zip(reqs, route(reqs, dp, router, wc.seed))}
     addr = bootstrap_client.base_url(args.bootstrap).split("://", 1)[1]

@@ -15,7 +15,6 @@ from engine.oracle import judge as oracle
 from engine.prefill.loops import LOOPS
 from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.workload import WorkloadConfig, make_workload
-from engine.runtime import inject
 from engine.runtime.config import EngineConfig, check_dispatch
 from engine.runtime.model import TinyLlama, default_forward_impl
 from engine.runtime.request import Req
@@ -53,7 +52,6 @@ def run_prefill(
     with `trace_end` whatever ends the run (engine/trace/writer.py). `watchdog`: the keyword
     arguments of engine/trace/watchdog.py's Watchdog (seconds, on_stall), or None for none."""
     check_dispatch(cfg)
-    inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
     header = {
         "role": "prefill",
@@ -109,7 +107,6 @@ def run_prefill(
         try:
             sched.close()
         finally:
-            inject.set_active(())
             if ended != "normal" and trace_path:
                 tracer.close(dog.reason if dog is not None and dog.fired else ended)
     leaks = sched.leak_report()

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
+from engine.runtime import inject
 from spec.vocabulary import PREFILL_LOOPS
 
 
@@ -85,6 +86,7 @@ class EngineConfig:
             raise ConfigError(
                 f"unknown mode {self.mode!r}; choose one of {', '.join(PREFILL_LOOPS)}"
             )
+        self.inject = inject.checked(self.inject)
         if self.model not in MODEL_PRESETS:
             raise ConfigError(
                 f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}"

@@ -236,7 +236,9 @@ def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
             return
 
     w = DeadWorker(
-        SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",)))
+        SimpleNamespace(
+            log=NullTracer().events_for(submit=("batch",), collect=("batch",)), cfg=EngineConfig()
+        )
     )
     w.thread.join(5)
     w.submit(
@@ -257,7 +259,9 @@ def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
             release.wait(10)  # alive, reading nothing; then gone
 
     w = DyingWorker(
-        SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",)))
+        SimpleNamespace(
+            log=NullTracer().events_for(submit=("batch",), collect=("batch",)), cfg=EngineConfig()
+        )
     )
     w.in_q.put(
         (SimpleNamespace(bid=0), False)
