@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from spec.vocabulary import SCHEDULER
+
 from .cross_templates import CROSS_TEMPLATES, check_cross, cross_pairs  # noqa: F401 (re-exported)
 from .streaming import TEMPLATES, Template
 
-SCHED = "scheduler"
+SCHED = SCHEDULER
 
 
 class DecodeTemplate(Template):

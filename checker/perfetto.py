@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from spec.vocabulary import THREADS
+
 from .trace_io import iter_events
 
 SPAN_KINDS = ("admit", "fwd", "collect", "sample", "process")
@@ -153,7 +155,7 @@ def _chain(first, it):
 
 # ---- Chrome trace-event JSON --------------------------------------------------------------------
 
-_THREAD_ORDER = ("scheduler", "forward")
+_THREAD_ORDER = THREADS
 _FLOW_SUBMIT, _FLOW_COPY, _FLOW_VIOLATION = 1, 2, 3
 
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from spec.errors import BadInput
+from spec.vocabulary import THREADS
 
 from .perfetto import load
 
@@ -57,7 +58,7 @@ def _window(path: str, tl, spans, batches: str | None, time_ms: str | None) -> t
 
 def _lane_order(threads) -> list[str]:
     """Scheduler first, then the forward worker, then the rest by name."""
-    first = ("scheduler", "forward")
+    first = THREADS
     return sorted(threads, key=lambda n: (first.index(n) if n in first else 2, n))
 
 

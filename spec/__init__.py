@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass, field
 
+from spec.vocabulary import LOOP_MODES, THREADS, events
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -76,15 +78,6 @@ PARAMS: dict[str, dict[str, str]] = {
     },
 }
 KINDS = tuple(PARAMS)
-# The loop modes a rule may name, per role ("any": every mode), and the threads a rule may name. The
-# models in spec/ read these; the engine keeps its own lists (engine/runtime/config.py MODES, engine/decode/
-# config.py DECODE_LOOPS: it does not depend on spec/), and a test keeps the two in step.
-LOOP_MODES = {
-    "prefill": ("normal", "overlap", "thread", "ahead"),
-    "decode": ("normal", "overlap"),
-    "cross": ("normal", "overlap"),
-}
-THREADS = ("scheduler", "forward")
 
 
 @dataclass(frozen=True)
@@ -143,14 +136,14 @@ _RULES: list = [None, None]  # (the parsed files they were built from, the rules
 def load_rules() -> list[Rule]:
     """Every rule of spec/, checked against PARAMS and the vocabulary: built again only when a file
     changed (the checker asks once per trace file, a fuzz campaign for thousands of small files)."""
-    files = [f for f in ("rules.toml", "decode_rules.toml", "events.toml") if (HERE / f).exists()]
+    files = [f for f in ("rules.toml", "decode_rules.toml") if (HERE / f).exists()]
     parsed = tuple(_load(f) for f in files)  # held, so that a new parse is never mistaken for them
     if (
         _RULES[0] is None
         or len(_RULES[0]) != len(parsed)
         or any(a is not b for a, b in zip(_RULES[0], parsed))
     ):
-        _RULES[:] = [parsed, _build_rules([f for f in files if f != "events.toml"])]
+        _RULES[:] = [parsed, _build_rules(files)]
     return list(_RULES[1])
 
 
@@ -173,7 +166,7 @@ def _build_rules(files: list[str]) -> list[Rule]:
                 raise ValueError(f"{fname}: rule {base['id']}: unknown kind {base['kind']!r}")
             _check_params(fname, base["id"], base["kind"], raw, role, tuple(base["modes"]))
             named = [
-                _load("events.toml").get(r, {}).get(ev, {})
+                load_events().get(r, {}).get(ev, {})
                 for r, ev in _events_named(base["kind"], raw, role)
             ]
             rules.append(
@@ -290,8 +283,9 @@ def _check_params(fname: str, rid: str, kind: str, params: dict, role: str, mode
 
 
 def load_events() -> dict[str, dict[str, dict]]:
-    """role -> ev -> {"where": str, "fields": {name: type}}"""
-    return _load("events.toml")
+    """role -> ev -> {"where": str, "fields": {name: type}, "optional": {name: type}, "order": names}
+    (spec/vocabulary.py)"""
+    return events()
 
 
 def rule_by_id(rule_id: str) -> Rule:

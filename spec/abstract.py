@@ -19,10 +19,10 @@ import json
 import random
 from dataclasses import dataclass
 
-from . import LOOP_MODES
+from .vocabulary import FORWARD as FWD
+from .vocabulary import SCHEDULER as SCHED
+from .vocabulary import THREAD_LOOPS
 
-MODES = LOOP_MODES["prefill"]
-SCHED, FWD = "scheduler", "forward"
 _STOP = object()
 
 
@@ -365,7 +365,7 @@ def run(
     ch = Choices(rnd or random.Random(0))
     w = World(mode, cfg, ch)
     threads = {SCHED: LOOPS[mode](w)}
-    if mode in ("thread", "ahead"):
+    if mode in THREAD_LOOPS:
         threads[FWD] = worker(w)
     waiting = {t: None for t in threads}
     for _ in range(max_steps):

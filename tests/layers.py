@@ -7,13 +7,15 @@ in the importer's allowed set is a back-edge; tests/test_layers.py fails on one,
 from __future__ import annotations
 
 # layer: (packages, layers its modules may import besides their own). Each engine package is a layer of
-# its own: the order below is the order of docs/architecture.md, lowest first.
-LOW = ("errors", "kernels")
+# its own: the order below is the order of docs/architecture.md, lowest first. The vocabulary (loop
+# modes, thread roles, event fields: spec/vocabulary.py) is the one part of spec/ the engine reads.
+LOW = ("errors", "vocabulary", "kernels")
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "errors": (("spec.errors", "engine.errors"), ()),
+    "vocabulary": (("spec.vocabulary",), ("errors",)),
     "kernels": (("triton_kernels",), ()),
-    "spec": (("spec",), ("errors",)),
-    "checker": (("checker",), ("spec", "errors")),
+    "spec": (("spec",), ("vocabulary", "errors")),
+    "checker": (("checker",), ("spec", "vocabulary", "errors")),
     "sync": (("engine.sync",), LOW),
     "runtime": (("engine.runtime",), ("sync", *LOW)),
     "trace": (("engine.trace",), ("runtime", "sync", *LOW)),

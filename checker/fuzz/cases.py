@@ -12,6 +12,7 @@ from msgspec import Meta
 from engine.decode.config import DecodeConfig
 from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
+from spec.vocabulary import DECODE_LOOPS, PREFILL_LOOPS
 
 from .pressure import with_pressure
 
@@ -30,7 +31,7 @@ Step = Annotated[int, Meta(ge=-1, le=1_000_000)]
 
 @dataclass
 class Case:
-    mode: Literal["normal", "overlap", "thread", "ahead"] = "ahead"
+    mode: Literal[PREFILL_LOOPS] = "ahead"
     inject: tuple[str, ...] = ()
     requests: Count = 4
     prompt_len: tuple[Tokens, Tokens] = (8, 40)
@@ -79,7 +80,7 @@ class PDCase(Case):
     managed thread; the bootstrap server is served in-process."""
 
     kind: Literal["pd"] = "pd"
-    decode_loop: Literal["normal", "overlap"] = "overlap"
+    decode_loop: Literal[DECODE_LOOPS] = "overlap"
     prefetch: bool = True
     dp: Annotated[int, Meta(ge=1, le=32)] = 2
     max_new_tokens: Tokens = 3
@@ -135,8 +136,8 @@ def draw_pd_case(rng: random.Random, **fixed) -> PDCase:
     tests/checker/fuzz/test_fuzz.py)."""
     ps = rng.choice([1, 4, 8])
     knobs = dict(
-        mode=rng.choice(["normal", "overlap", "thread", "ahead"]),
-        decode_loop=rng.choice(["normal", "overlap"]),
+        mode=rng.choice(PREFILL_LOOPS),
+        decode_loop=rng.choice(DECODE_LOOPS),
         dp=rng.choice([1, 2, 2, 3]),
         requests=rng.randint(2, 6),
         prompt_len=(8, rng.choice([16, 40])),

@@ -12,9 +12,9 @@ import statistics
 import sys
 import time
 
-from engine.runtime.config import MODES
 from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 from spec import domains as d
+from spec.vocabulary import PREFILL_LOOPS
 
 from ..parallel import Progress, add_ray_args, executor, ray_summary
 from . import (
@@ -363,7 +363,7 @@ def register(sub) -> None:
     p = sub.add_parser("fuzz", help="fuzz schedules of the engine (controlled interleavings)")
     p.add_argument(
         "--mode",
-        choices=MODES,
+        choices=PREFILL_LOOPS,
         default=None,
         help="prefill loop (default ahead; with --pd: drawn per schedule unless given)",
     )

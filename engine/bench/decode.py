@@ -29,9 +29,10 @@ from engine.bench.stats import pct
 from engine.decode.config import DecodeConfig
 from engine.runs.child_process import spawn, stop
 from engine.runs.spec import RunSpec
-from engine.runtime.config import MODEL_PRESETS, MODES, EngineConfig
+from engine.runtime.config import MODEL_PRESETS, EngineConfig
 from spec import domains as d
 from spec.errors import BadInput
+from spec.vocabulary import DECODE_LOOPS, PREFILL_LOOPS
 
 LATENCIES_MS = (0.5, 2.0, 10.0)
 MAX_ARRIVAL_SPAN_S = 3600.0  # as `pdo run --arrival poisson` (engine/cli/flags.py)
@@ -72,8 +73,8 @@ def add_decode_arguments(q) -> None:
         "prefill step",
     )
     q.add_argument("--dp", type=d.integer(1, 32), default=2)
-    q.add_argument("--mode", choices=MODES, default="normal", help="prefill loop")
-    q.add_argument("--decode-mode", choices=["normal", "overlap"], default="overlap")
+    q.add_argument("--mode", choices=PREFILL_LOOPS, default="normal", help="prefill loop")
+    q.add_argument("--decode-mode", choices=DECODE_LOOPS, default="overlap")
     q.add_argument(
         "--polling-interval",
         type=d.integer(1, 1000),

@@ -24,10 +24,11 @@ from engine.bench.stats import ci95, median, pct
 from engine.bench.trace_metrics import trace_metrics
 from engine.bench.what_if import gil_free_device, print_what_if
 from engine.runs.spec import RunSpec
-from engine.runtime.config import MODES, EngineConfig
+from engine.runtime.config import EngineConfig
 from engine.trace.tracer import Tracer
 from spec import domains as d
 from spec.errors import BadInput
+from spec.vocabulary import PREFILL_LOOPS
 
 BASELINE = "thread"
 # Host time per layer launch (EngineConfig.launch_cost_us) that `bench prefill` models on the CPU
@@ -170,7 +171,7 @@ def _used(runs: dict, key: str) -> str:
 
 def bench_prefill(
     *,
-    modes=MODES,
+    modes=PREFILL_LOOPS,
     hits=(0.0, 0.5, 0.8),
     reps: int = 3,
     requests: int = 160,
@@ -256,10 +257,10 @@ def cmd_prefill(a) -> int:
     reps = a.reps or base["reps"]
     requests = a.requests or base["requests"]
     hits = floats(a.hits) if a.hits else base["hits"]
-    modes = [m.strip() for m in a.modes.split(",")] if a.modes else list(MODES)
-    bad = [m for m in modes if m not in MODES]
+    modes = [m.strip() for m in a.modes.split(",")] if a.modes else list(PREFILL_LOOPS)
+    bad = [m for m in modes if m not in PREFILL_LOOPS]
     if bad:
-        raise BadInput(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+        raise BadInput(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(PREFILL_LOOPS)}")
     engine, workload = engine_workload(a, DEFAULT_LAUNCH_COST_US)
     switch = apply_switch_interval(a)
     res = bench_prefill(
@@ -309,7 +310,7 @@ def add_prefill_arguments(q) -> None:
     )
     q.add_argument(
         "--modes",
-        type=d.listed(d.one_of(MODES, "a loop mode")),
+        type=d.listed(d.one_of(PREFILL_LOOPS, "a loop mode")),
         default=None,
         help="loop modes, comma-separated (default all four)",
     )

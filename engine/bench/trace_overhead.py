@@ -22,10 +22,11 @@ from engine.bench.registry import BENCH, BenchCommand
 from engine.bench.stats import ci95, geo_ci95, median, quantile_ratio
 from engine.bench.what_if import gil_free_device, print_what_if
 from engine.runs.spec import RunSpec
-from engine.runtime.config import MODES, EngineConfig
+from engine.runtime.config import EngineConfig
 from engine.sync import hb
 from engine.trace.tracer import NullTracer, Tracer
 from spec import domains as d
+from spec.vocabulary import PREFILL_LOOPS
 
 
 def emit_cost_ns(n: int = 100_000) -> dict:
@@ -346,7 +347,7 @@ def cmd_trace_overhead(a) -> int:
 
 def add_trace_overhead_arguments(t) -> None:
     t.add_argument("--quick", action="store_true")
-    t.add_argument("--mode", choices=list(MODES), default="ahead")
+    t.add_argument("--mode", choices=PREFILL_LOOPS, default="ahead")
     t.add_argument(
         "--reps",
         type=d.integer(1, 100_000),

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 
 from engine.runs.spec import RunSpec, WatchdogSpec, WorkloadConfig
-from engine.runtime.config import MODEL_PRESETS, MODES, EngineConfig, mode_from_env
+from engine.runtime.config import MODEL_PRESETS, EngineConfig, mode_from_env
 from engine.runtime.inject import DECODE_MUTANTS, MUTANTS
 from spec import domains as d
 from spec.errors import BadInput
+from spec.vocabulary import PREFILL_LOOPS
 
 # The limits of a run's size: each bounds a value the engine allocates or waits for up front.
 MAX_REQUESTS = 100_000
@@ -29,7 +30,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument(
         "--mode",
-        choices=MODES,
+        choices=PREFILL_LOOPS,
         default=None,
         help="prefill loop (default: from SGLANG_ENABLE_PREFILL_FWD_THREAD / "
         "SGLANG_PREFILL_FWD_THREAD_AHEAD, else ahead)",

@@ -9,10 +9,11 @@ import json
 
 from engine.cli.exits import FAILED, OK
 from engine.cli.flags import MAX_CONTEXT, build_spec, exit_on_sigterm
-from engine.decode.config import DECODE_LOOPS, ROUTERS, DecodeConfig
+from engine.decode.config import ROUTERS, DecodeConfig
 from engine.runs.spec import Kill, RunSpec
 from spec import domains as d
 from spec.errors import BadInput
+from spec.vocabulary import DECODE_LOOPS
 
 MAX_DP = 32  # prefill DP ranks (`pdo launch` starts a process for each)
 SECONDS = d.number(0, 86400, above=True)  # a timeout: more than 0, at most a day

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import ConfigError, EngineError
-
-DECODE_LOOPS = ("normal", "overlap")
+from spec.vocabulary import DECODE_LOOPS
 
 
 @dataclass

@@ -23,6 +23,7 @@ requests concerned are aborted with an error, never left hanging.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from engine import sync
 from engine.bootstrap import client as bootstrap_client
 from engine.decode.request import DecodeReq, ReceiverInit, ReqState, now
 from engine.runtime import inject
+from spec.vocabulary import PREFETCH, declared
 
 
 @dataclass
@@ -41,31 +43,31 @@ class Prefetch:
     t_submit: float
 
 
+# A consumption point's `pending` and `covered` are the SGLang adapter's (engine/sglang/decode.py).
+EVENTS = declared(
+    "decode",
+    *("req_add", "prefetch_begin", "prefetch_skip", "prefetch_submit", "prefetch_end"),
+    *("prefetch_cancel", "query_begin", "query_end", "resolve", "release_memory"),
+    "resume_memory",
+    without={"resolve": ("pending", "covered")},
+)
+
+
 class DecodePreallocQueue:
-    def __init__(self, sched, dc, tracer):
+    def __init__(self, sched, dc, tracer, mutants: frozenset = frozenset()):
         self.sched = sched
+        # whether a mutant of the run's `mutants` is on (engine/runtime/inject.py)
+        self.mutant = functools.partial(inject.on, mutants)
         self.dc = dc
         self.tr = tracer
-        # Declared once and logged positionally (engine/trace/tracer.py), as the scheduler's events are;
-        # prefill_info, whose layout fields are optional, goes through emit.
-        self.log = tracer.events_for(
-            req_add=("rid", "room", "addr"),
-            prefetch_begin=("iter",),
-            prefetch_skip=("addr", "reason"),
-            prefetch_submit=("addr", "rooms", "qid"),
-            prefetch_end=("iter",),
-            prefetch_cancel=("addr", "rooms", "qid", "reason", "stopped"),
-            query_begin=("addr", "rooms", "qid", "source"),
-            query_end=("addr", "rooms", "qid", "result", "error"),
-            resolve=("addr", "rooms", "source", "qid", "wait_ns", "lead_ns", "result", "error"),
-            release_memory=(),
-            resume_memory=(),
-        )
+        # Declared from spec/events.toml and logged positionally in its order, as the scheduler's
+        # events are; prefill_info, whose layout fields are optional, goes through emit.
+        self.log = tracer.events_for(**EVENTS)
         self.pending: list[DecodeReq] = []
         self.prefill_info_table: dict[str, dict] = {}
         self._queries: dict[str, Prefetch] = {}
         # concurrent.futures' pool; managed worker threads under a schedule controller (engine/sync/__init__.py)
-        self._executor = sync.executor(dc.executor_workers, "prefetch")
+        self._executor = sync.executor(dc.executor_workers, PREFETCH)
         self._qids = itertools.count()
         self._info_attempts: dict[
             str, tuple[int, float]
@@ -89,7 +91,7 @@ class DecodePreallocQueue:
     def prefetch_prefill_dp_rank_queries(self, it: int) -> None:
         self.log.prefetch_begin(it)
         groups = self._by_addr()
-        if not inject.on("no-stale-cancel"):  # MUTANT: no-stale-cancel — stale futures are kept
+        if not self.mutant("no-stale-cancel"):  # MUTANT: no-stale-cancel — stale futures are kept
             for addr in sorted(set(self._queries) - set(groups)):
                 self._cancel(addr, "stale")
         for addr, reqs in groups.items():
@@ -97,19 +99,20 @@ class DecodePreallocQueue:
             rooms = tuple(
                 r.room
                 for r in reqs
-                if r.prefill_dp_rank is None or inject.on("query-every-iteration")
+                if r.prefill_dp_rank is None or self.mutant("query-every-iteration")
             )
             if self.prefill_info_table.get(addr, {}).get("dp_size") == 1:
                 rooms = ()  # one DP rank: the consumption point knows the answer without a query
             reason = None
             if self.memory_released:
                 reason = "released"
-            elif addr in self._queries and not inject.on(
-                "double-prefetch"
-            ):  # MUTANT: double-prefetch
+            # MUTANT: double-prefetch
+            elif addr in self._queries and not self.mutant("double-prefetch"):
                 reason = "in_flight"
             # MUTANT: prefetch-before-published — queries a prefill that has not published its info
-            elif addr not in self.prefill_info_table and not inject.on("prefetch-before-published"):
+            elif addr not in self.prefill_info_table and not self.mutant(
+                "prefetch-before-published"
+            ):
                 reason = "not_published"
             elif not rooms:
                 reason = "all_known"
@@ -191,7 +194,7 @@ class DecodePreallocQueue:
 
     def _resolve_pending_reqs(self) -> None:
         if not self.pending:
-            if not inject.on("no-stale-cancel"):  # MUTANT: no-stale-cancel — leftovers stay
+            if not self.mutant("no-stale-cancel"):  # MUTANT: no-stale-cancel — leftovers stay
                 self.cancel_all("empty")
             return
         groups = self._by_addr()
@@ -227,7 +230,7 @@ class DecodePreallocQueue:
         lead = (t0 - p.t_submit) if p is not None else 0.0
         qid = None
         # MUTANT: prefetch-use-mismatched-rooms — the answer is used whatever rooms it was for
-        if p is not None and (p.rooms == rooms or inject.on("prefetch-use-mismatched-rooms")):
+        if p is not None and (p.rooms == rooms or self.mutant("prefetch-use-mismatched-rooms")):
             source, qid = "prefetched", p.qid
             result, error = sync.result(p.future, "prefetch.result")
         elif p is not None and rooms[: len(p.rooms)] == p.rooms:
@@ -305,7 +308,7 @@ class DecodePreallocQueue:
 
     # ---- memory occupation ----------------------------------------------------------------------
     def release_memory_occupation(self) -> None:
-        if not inject.on(
+        if not self.mutant(
             "no-cancel-on-release"
         ):  # MUTANT: no-cancel-on-release — futures outlive it
             self.cancel_all("release")

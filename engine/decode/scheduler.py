@@ -27,6 +27,7 @@ from engine.runtime.forward_state import ForwardResult, ForwardState
 from engine.runtime.memory import KVPool, ReqToTokenPool, pages_for
 from engine.runtime.model import shared_model
 from engine.trace.tracer import NullTracer
+from spec.vocabulary import declared
 
 
 @dataclass
@@ -39,6 +40,14 @@ class DecodeBatch:
     seq_lens: list
     bias: torch.Tensor
     stage_event: object = None
+
+
+EVENTS = declared(
+    "decode",
+    *("iter_begin", "alloc", "receiver_init", "kv_recv", "kv_done", "release", "req_done"),
+    *("req_abort", "admit", "fwd_begin", "fwd_end", "process_begin", "process_end"),
+    without={"req_abort": ("failed_rank",)},
+)
 
 
 class DecodeScheduler:
@@ -55,23 +64,10 @@ class DecodeScheduler:
     ):
         self.cfg, self.dc = cfg, dc
         self.tr = tracer or NullTracer()
-        # The decode events (spec/events.toml), declared once and logged positionally
-        # (engine/trace/tracer.py); stage, war_barrier and sample are the forward state's.
-        self.log = self.tr.events_for(
-            iter_begin=("iter",),
-            alloc=("rid", "obj", "slot"),
-            receiver_init=("room", "rank", "rid"),
-            kv_recv=("room", "rank", "start", "tokens", "pages"),
-            kv_done=("room", "rid", "first_token"),
-            release=("rid", "obj", "slot"),
-            req_done=("rid", "room", "tokens"),
-            req_abort=("rid", "room", "reason"),
-            admit=("batch", "rids"),
-            fwd_begin=("batch",),
-            fwd_end=("batch",),
-            process_begin=("batch",),
-            process_end=("batch",),
-        )
+        # The decode events, declared from spec/events.toml and logged positionally in its order
+        # (engine/trace/tracer.py); stage, war_barrier and sample are the forward state's. An abort
+        # that names a failed rank goes through emit (_abort).
+        self.log = self.tr.events_for(**EVENTS)
         self.client = client
         self.hooks = hooks or {}
         self.device = torch.device(cfg.device)
@@ -90,6 +86,7 @@ class DecodeScheduler:
         self.fwd_state = ForwardState(
             self.device,
             self.tr,
+            "decode",
             tokens=bs,
             requests=bs,
             vocab=mc.vocab_size,
@@ -104,7 +101,7 @@ class DecodeScheduler:
             fs.fwd_stream,
             fs.copy_stream,
         )
-        self.prealloc = DecodePreallocQueue(self, dc, self.tr)
+        self.prealloc = DecodePreallocQueue(self, dc, self.tr, cfg.inject)
 
         self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
         self.by_room = {r.room: r for r in requests}

@@ -18,6 +18,7 @@ from engine import sync
 from engine.runtime import device_ops, inject
 from engine.runtime.memory import pages_for
 from engine.sync import hb
+from spec.vocabulary import TRANSFER
 
 
 @dataclass
@@ -56,8 +57,9 @@ class KVReceiverStore:
 
 
 class TransferEngine:
-    def __init__(self, pool, receiver, *, device):
+    def __init__(self, pool, receiver, *, device, mutants: frozenset = frozenset()):
         self.pool = pool
+        self.mutants = mutants  # the run's (engine/runtime/inject.py); its senders read them too
         self.receiver = receiver
         self.device = device
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -66,7 +68,7 @@ class TransferEngine:
         # called on this thread with (req, start, tokens) once a chunk's KV is in the receiver's
         # hands: the trace's kv_delivered, what the release of the request's pages must follow
         self.on_delivered = None
-        self._thread = sync.start_thread(self._run, "transfer")
+        self._thread = sync.start_thread(self._run, TRANSFER)
 
     def _run(self):
         while True:
@@ -124,7 +126,7 @@ class KVSender:
         start = req.start_send_idx
         tokens = end - start
         pages = pages_for(tokens, self.ps)
-        if inject.on("floor-page-count"):
+        if inject.on(self.engine.mutants, "floor-page-count"):
             pages = tokens // self.ps  # MUTANT: the tail page is rounded down and never sent
         first_page = start // self.ps
         page_ids = req.pages[first_page : first_page + pages]
@@ -159,8 +161,9 @@ class AttentionStore:
     staged together (one cross-request gather, the design's batched staging) before the host write
     consumes the staging buffer; `retire()` at the top of each loop moves completed writes in."""
 
-    def __init__(self, pool, copy_stream):
+    def __init__(self, pool, copy_stream, mutants: frozenset = frozenset()):
         self.pool = pool
+        self.mutants = mutants  # the run's (engine/runtime/inject.py)
         self.stream = copy_stream
         self.pending: list[tuple] = []
         self.store: dict[str, tuple[int, int]] = {}  # rid -> (tokens, bytes)
@@ -221,7 +224,9 @@ class AttentionStore:
         """Completes finished writes; returns how many were retired."""
         keep, n = [], 0
         for done, spans, holder in self.pending:
-            if done.query() or inject.on("retire-before-copy"):  # MUTANT: no wait for the copy
+            if done.query() or inject.on(
+                self.mutants, "retire-before-copy"
+            ):  # MUTANT: no wait for the copy
                 if not holder["on_stream"] and not holder.get("copied"):  # first seen done here
                     holder["copied"] = True
                     self._copied(spans)

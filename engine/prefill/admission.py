@@ -208,7 +208,7 @@ class Admission:
             if not last:
                 req.inflight_middle_chunks += 1
                 self.log.chunk_inc(req.rid, req, req.inflight_middle_chunks)
-            elif inject.on("free-slot-before-forward-done"):
+            elif inject.on(self.cfg.inject, "free-slot-before-forward-done"):
                 # MUTANT: slot and pages freed as soon as the last chunk is scheduled; the request still
                 # uses them (its forward reads the req_to_token row, its KV send reads the pages).
                 self.release(req, early=True)

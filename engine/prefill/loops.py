@@ -87,18 +87,18 @@ class AheadMutants(NamedTuple):
     send_on_worker: bool  # MUTANT: prefix-send-on-worker — the worker sends the cached prefix
 
     @classmethod
-    def read(cls) -> AheadMutants:
+    def read(cls, active: frozenset) -> AheadMutants:
         return cls(
-            inject.on("sample-before-collect"),
-            inject.on("two-forwards"),
-            inject.on("prefix-send-on-worker"),
+            inject.on(active, "sample-before-collect"),
+            inject.on(active, "two-forwards"),
+            inject.on(active, "prefix-send-on-worker"),
         )
 
 
 def event_loop_ahead(s: PrefillScheduler) -> None:
     """AHEAD on: build N+1 while forward N runs; collect N, sample N, submit N+1, then process N."""
     worker = ForwardWorker(s)
-    mutant = AheadMutants.read()
+    mutant = AheadMutants.read(s.cfg.inject)
     inflight = None  # snapshot of the batch whose forward is on the worker
     try:
         while not s.finished_all or inflight:

@@ -25,30 +25,17 @@ from engine.runtime.model import shared_model
 from engine.runtime.request import Req, SamplingBatchInfo, ScheduleBatch, snapshot_for_forward
 from engine.trace.digest import DigestStamp
 from engine.trace.tracer import NullTracer
+from spec.vocabulary import declared
 
-# The prefill events (spec/events.toml), declared once and logged positionally (engine/trace/tracer.py);
-# stage, war_barrier and sample are the forward state's.
-EVENTS: dict[str, tuple[str, ...]] = dict(
-    admit=("batch", "rids", "chunks"),
-    alloc=("rid", "obj", "slot"),
-    chunk_inc=("rid", "obj", "value"),
-    snapshot=("batch", "digest"),
-    submit=("batch",),
-    fwd_begin=("batch", "digest"),
-    fwd_end=("batch",),
-    fwd_done=("batch",),
-    batch_copy=("batch",),
-    collect=("batch",),
-    prefix_send=("batch", "rid", "obj", "tokens", "pages", "start"),
-    process_begin=("batch",),
-    chunk_dec=("rid", "obj", "value"),
-    kv_send=("rid", "obj", "tokens", "pages", "start"),
-    process_end=("batch",),
-    release=("rid", "obj", "slot"),
-    # completions of asynchronous copies (format version 2), each logged where it has happened
-    kv_delivered=("rid", "obj", "start", "tokens"),
-    store_copied=("rid",),
-    store_entry=("rid",),
+# The prefill events, declared from spec/events.toml and logged positionally in its order
+# (engine/trace/tracer.py); stage, war_barrier, sample and staged are the forward state's. A prefix send
+# has no device_wait: this engine's transfer reads the pages once the host has seen the forward end.
+EVENTS = declared(
+    "prefill",
+    *("admit", "alloc", "chunk_inc", "snapshot", "submit", "fwd_begin", "fwd_end", "fwd_done"),
+    *("batch_copy", "collect", "prefix_send", "process_begin", "chunk_dec", "kv_send"),
+    *("process_end", "release", "kv_delivered", "store_copied", "store_entry"),
+    without={"prefix_send": ("device_wait",)},
 )
 
 
@@ -73,6 +60,7 @@ class PrefillScheduler:
         self.fwd_state = ForwardState(
             self.device,
             self.tr,
+            "prefill",
             tokens=cfg.max_batch_tokens,
             requests=cfg.max_batch_reqs,
             vocab=self.mc.vocab_size,
@@ -85,8 +73,10 @@ class PrefillScheduler:
         self.fwd_stream = self.fwd_state.fwd_stream
         self.copy_stream = self.fwd_state.copy_stream
         self.receiver = receiver or KVReceiverStore()
-        self.transfer = TransferEngine(self.pool, self.receiver, device=self.device)
-        self.astore = AttentionStore(self.pool, self.copy_stream)
+        self.transfer = TransferEngine(
+            self.pool, self.receiver, device=self.device, mutants=cfg.inject
+        )
+        self.astore = AttentionStore(self.pool, self.copy_stream, cfg.inject)
         self._hook_completions()
         # An engine/oracle/judge.py OutputProbe when outputs are verified: admission reports each prefix
         # match to it, the AttentionStore each entry.
@@ -202,10 +192,10 @@ class PrefillScheduler:
 
     def snapshot(self, batch: ScheduleBatch) -> ScheduleBatch:
         """Thread modes: isolate what the worker reads from the next admission's mutations."""
-        snap = snapshot_for_forward(batch)
+        snap = snapshot_for_forward(batch, self.cfg.inject)
         if self.tr.enabled:
             # hashed later, by the worker (DigestStamp): not on this thread's critical path
-            snap._digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
+            snap.digest_stamp = stamp = DigestStamp(snap, self.tr.obj)
             self.log.snapshot(snap.bid, stamp)
         return snap
 
@@ -213,7 +203,9 @@ class PrefillScheduler:
         self, batch: ScheduleBatch, *, early_send_prefix: bool = True, sample_inline: bool = False
     ) -> ForwardResult:
         """Host-side run_batch(N): returns once the forward is launched, not when it has finished."""
-        sampling = batch.sampling_info.copy_for_forward()  # second call in thread modes: idempotent
+        sampling = batch.sampling_info.copy_for_forward(
+            self.cfg.inject
+        )  # second call in thread modes: idempotent
         tracing = self.tr.enabled
         if tracing:
             fwd_stamp = self._stamp_forward(batch, sampling)
@@ -226,7 +218,7 @@ class PrefillScheduler:
         result = ForwardResult(
             batch.bid, len(batch.reqs), sampling.logit_bias, done_event=done, war_event=done
         )
-        if inject.on("send-before-forward-done"):
+        if inject.on(self.cfg.inject, "send-before-forward-done"):
             # MUTANT: chunk KV sent without waiting for the forward
             for i, req in enumerate(batch.reqs):
                 if not batch.last_chunk[i]:
@@ -243,11 +235,7 @@ class PrefillScheduler:
         with the snapshot's: while the batch is still the snapshot's, only the two logit biases are
         read."""
         stamp = DigestStamp(
-            batch,
-            self.tr.obj,
-            sampling,
-            marker="changed-in-launch",
-            same_as=batch.__dict__.get("_digest_stamp"),
+            batch, self.tr.obj, sampling, marker="changed-in-launch", same_as=batch.digest_stamp
         )
         self.log.fwd_begin(batch.bid, stamp)
         return stamp
@@ -256,7 +244,7 @@ class PrefillScheduler:
         """The tracer's own work, after run_batch's end (not in the forward's span), before the
         scheduler can have the batch back: a change while run_batch read it shows here."""
         fwd_stamp.resolve()
-        snap_stamp = batch.__dict__.get("_digest_stamp")
+        snap_stamp = batch.digest_stamp
         if snap_stamp is not None:  # not resolved with the forward's (they differed at fwd_begin):
             snap_stamp.resolve()  # now, so that it keeps nothing of the batch alive
 
@@ -306,7 +294,9 @@ class PrefillScheduler:
     def apply_war_barrier(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Later writes to the shared buffers wait for forward N's reads
         (ForwardState.war_barrier)."""
-        self.fwd_state.war_barrier(batch, result, wait=not inject.on("no-war-barrier"))
+        self.fwd_state.war_barrier(
+            batch, result, wait=not inject.on(self.cfg.inject, "no-war-barrier")
+        )
 
     def maybe_send_cached_prefix(self, batch: ScheduleBatch, req: Req) -> None:
         """The cached prefix's KV goes to decode before the suffix forward (it is already computed)."""
@@ -345,7 +335,7 @@ class PrefillScheduler:
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 self.log.chunk_dec(req.rid, req, req.inflight_middle_chunks)
-                if not inject.on("send-before-forward-done"):
+                if not inject.on(self.cfg.inject, "send-before-forward-done"):
                     self._send(req, end, result.done_event, last=False)
             else:
                 req.output_token = result.host_tokens[i]
@@ -387,7 +377,9 @@ class PrefillScheduler:
         for req in self.inflight:
             # MUTANT: released once the last chunk is handed to the sender, not once delivered
             sent = (
-                req.sender.sent_last if inject.on("release-before-delivery") else req.sender.poll()
+                req.sender.sent_last
+                if inject.on(self.cfg.inject, "release-before-delivery")
+                else req.sender.poll()
             )
             if sent and (req.as_event is None or req.as_event.query()):
                 if not req.released:

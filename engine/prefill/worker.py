@@ -13,6 +13,7 @@ from engine import sync
 from engine.prefill.scheduler import EngineError
 from engine.runtime import inject
 from engine.runtime.forward_state import Inflight
+from spec.vocabulary import FORWARD
 
 _STOP = object()
 
@@ -24,12 +25,12 @@ class WorkerError(EngineError):
 class ForwardWorker:
     def __init__(self, sched):
         self.sched = sched
-        cap = 2 if inject.on("two-forwards") else 1  # MUTANT: two-forwards
+        cap = 2 if inject.on(sched.cfg.inject, "two-forwards") else 1  # MUTANT: two-forwards
         self.in_q: queue.Queue = queue.Queue(maxsize=cap)
         self.out_q: queue.Queue = queue.Queue(maxsize=cap)
         self.submitted = 0
         self.collected = 0
-        self.thread = sync.start_thread(self._loop, "forward")
+        self.thread = sync.start_thread(self._loop, FORWARD)
 
     def _loop(self):
         while True:
@@ -40,7 +41,9 @@ class ForwardWorker:
             try:
                 result = self.sched.run_batch(batch, early_send_prefix=early_send_prefix)
                 self.sched.apply_war_barrier(batch, result)
-                if inject.on("copy-after-handoff"):  # MUTANT: copy-after-handoff
+                if inject.on(
+                    self.sched.cfg.inject, "copy-after-handoff"
+                ):  # MUTANT: copy-after-handoff
                     sync.q_put(self.out_q, Inflight(batch, result), "worker.out_q")
                     batch.copy()
                     self.sched.log.batch_copy(batch.bid)

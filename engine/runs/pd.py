@@ -33,7 +33,6 @@ from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.role import die_after, frozen_gc, open_trace, role_header, watchdog
 from engine.runs.spec import Kill, RunSpec
 from engine.runs.workload import make_workload
-from engine.runtime import inject
 from engine.runtime.config import check_dispatch
 from engine.trace.writer import ends_trace
 
@@ -182,12 +181,8 @@ def _serve_and_run(spec: RunSpec, result: PDResult, hooks, server_hook, extra, u
             )
         if server_hook:
             server_hook(server)
-        inject.set_active(cfg.inject)  # once, for every role of the run
-        try:
-            with intra_op_threads(1):  # every role has its own threads already
-                _run(spec, result, url, hooks, extra, unrecorded)
-        finally:
-            inject.set_active(())
+        with intra_op_threads(1):  # every role has its own threads already
+            _run(spec, result, url, hooks, extra, unrecorded)
     finally:
         if server is not None:
             server.stop()

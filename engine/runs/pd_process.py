@@ -29,7 +29,6 @@ from engine.runs.pd import decode_requests, rank_info, registrar, route, summari
 from engine.runs.role import die_after, open_trace, role_header, role_loop
 from engine.runs.spec import RunSpec
 from engine.runs.workload import make_workload
-from engine.runtime import inject
 from engine.trace.writer import ends_trace
 
 
@@ -50,7 +49,6 @@ def _die() -> None:
 def prefill_main(args: argparse.Namespace) -> int:
     spec = _load(args.spec)
     cfg, wc, dc, dp = spec.engine, spec.workload, spec.decode, spec.dp
-    inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     mine = [r for r, k in zip(reqs, route(reqs, dp, spec.router, wc.seed)) if k == args.rank]
     server = ZmqKVServer(args.rank)
@@ -135,7 +133,6 @@ def _await_prefill(url: str, dc: DecodeConfig) -> None:
 def decode_main(args: argparse.Namespace) -> int:
     spec = _load(args.spec)
     cfg, wc, dc, dp = spec.engine, spec.workload, spec.decode, spec.dp
-    inject.set_active(cfg.inject)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
     routed = {r.rid: k for r, k in zip(reqs, route(reqs, dp, spec.router, wc.seed))}
     addr = bootstrap_client.base_url(args.bootstrap).split("://", 1)[1]

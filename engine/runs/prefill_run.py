@@ -13,7 +13,6 @@ from engine.prefill.scheduler import PrefillScheduler
 from engine.runs.role import open_trace, role_header, role_loop
 from engine.runs.spec import RunSpec
 from engine.runs.workload import make_workload
-from engine.runtime import inject
 from engine.runtime.config import check_dispatch
 from engine.runtime.request import Req
 
@@ -39,7 +38,6 @@ def run_prefill(spec: RunSpec, *, tracer=None, keep_error: bool = False) -> Pref
     (engine/trace/writer.py)."""
     cfg, wc, trace_path = spec.engine, spec.workload, spec.trace_path
     check_dispatch(cfg)
-    inject.set_active(cfg.inject)
     torch.manual_seed(cfg.seed)
     tracer = open_trace(spec, role_header(spec, "prefill"), trace_path, pd=False, tracer=tracer)
     reqs = make_workload(wc, cfg.model_config.vocab_size)
@@ -61,7 +59,6 @@ def run_prefill(spec: RunSpec, *, tracer=None, keep_error: bool = False) -> Pref
         raise
     finally:
         wall = time.perf_counter() - t0
-        inject.set_active(())
         if ended != "normal" and trace_path:
             tracer.close(dog.reason if dog is not None and dog.fired else ended)
     leaks = sched.leak_report()

@@ -7,9 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
-
-MODES = ("normal", "overlap", "thread", "ahead")
-THREAD_MODES = ("thread", "ahead")
+from engine.runtime import inject
+from spec.vocabulary import PREFILL_LOOPS
 
 
 @dataclass(frozen=True)
@@ -83,8 +82,11 @@ class EngineConfig:
     enable_overlap: bool = True
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.mode not in PREFILL_LOOPS:
+            raise ConfigError(
+                f"unknown mode {self.mode!r}; choose one of {', '.join(PREFILL_LOOPS)}"
+            )
+        self.inject = inject.checked(self.inject)
         if self.model not in MODEL_PRESETS:
             raise ConfigError(
                 f"unknown model preset {self.model!r}; choose one of {', '.join(MODEL_PRESETS)}"

@@ -23,6 +23,7 @@ import torch
 
 from engine.runtime import device_ops
 from engine.runtime.device import make_stream, then_log
+from spec.vocabulary import declared
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Inflight(NamedTuple):
 class ForwardState:
     """Streams, shared buffers and future map of one scheduler (see the module docstring).
 
-    `tokens`: input buffer length (tokens in a batch); `requests`: logit rows (requests in a
+    `role`: the trace role whose events it logs (prefill, decode). `tokens`: input buffer length (tokens in a batch); `requests`: logit rows (requests in a
     batch); the future map holds four batches' tokens. `pinned_inputs`: a batch's inputs are pinned
     host tensors (prefill pins them on a GPU), so staging copies them on the schedule stream
     asynchronously; otherwise the calling thread moves them to the device first, and the stream
@@ -64,6 +65,7 @@ class ForwardState:
         self,
         device: torch.device,
         tracer,
+        role: str,
         *,
         tokens: int,
         requests: int,
@@ -75,8 +77,8 @@ class ForwardState:
         device_events: bool = False,
     ):
         self.device = device
-        kinds = {"stage": ("batch",), "war_barrier": ("batch",), "sample": ("batch",)}
-        self.log = tracer.events_for(**kinds, **({"staged": ("batch",)} if device_events else {}))
+        kinds = ("stage", "war_barrier", "sample", *(("staged",) if device_events else ()))
+        self.log = tracer.events_for(**declared(role, *kinds))
         self.sched_stream = make_stream("schedule", device)
         self.fwd_stream = make_stream("forward", device)
         self.copy_stream = make_stream("copy", device)

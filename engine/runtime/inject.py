@@ -1,9 +1,13 @@
 """Mutation switches: realistic bugs, each off by default, each turned on by name (`--inject NAME`).
 
-Every use site is marked `# MUTANT:` in the engine. `checker/fuzz/` runs the engine with each one on
-and requires that a rule violation or a wrong output catches it."""
+Every use site is marked `# MUTANT:` in the engine and asks `on(active, name)` of its run's set
+(EngineConfig.inject, handed to each component: no process-wide switch). `checker/fuzz/` runs the
+engine with each one on and requires that a rule violation or a wrong output catches it."""
 
 from __future__ import annotations
+
+from engine.errors import ConfigError
+from spec.errors import InternalError
 
 MUTANTS = {
     "live-batch": "the forward worker reads the live batch, no snapshot",
@@ -39,20 +43,22 @@ MUTANT_RULES: dict[str, tuple[str, ...]] = {
     "copy-after-handoff": ("P-worker-copy",),
 }
 
-_active: frozenset = frozenset()
 
-
-def set_active(names) -> None:
-    global _active
+def checked(names) -> frozenset:
+    """The mutants `names` (a run's EngineConfig.inject), each one a known mutant."""
     names = frozenset(names or ())
     unknown = names - set(MUTANTS) - set(DECODE_MUTANTS)
     if unknown:
-        raise ValueError(f"unknown mutant(s): {', '.join(sorted(unknown))}")
-    _active = names
+        raise ConfigError(f"--inject: unknown mutant(s): {', '.join(sorted(unknown))}")
+    return names
 
 
-def on(name: str) -> bool:
-    return name in _active
+def on(active: frozenset, name: str) -> bool:
+    """Whether the mutant `name` is among a run's `active` ones. Each component is handed its run's
+    set (EngineConfig.inject): no process-wide switch, so two runs in one process never share one."""
+    if name not in MUTANTS and name not in DECODE_MUTANTS:
+        raise InternalError(f"engine/runtime/inject.py: no mutant named {name!r}")
+    return name in active
 
 
 DECODE_MUTANTS: dict[str, str] = {

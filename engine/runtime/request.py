@@ -76,13 +76,15 @@ class SamplingBatchInfo:
         if self.penalizer is not None:
             self.penalizer.accumulated = self.penalizer.accumulated[idx]
 
-    def copy_for_forward(self) -> "SamplingBatchInfo":
+    def copy_for_forward(self, mutants: frozenset = frozenset()) -> "SamplingBatchInfo":
         """A copy for the forward: own tensors, no penalizer. Safe to call twice (once before submit,
-        once inside run_batch): folding the penalizer state happens only on the first call."""
-        if self.is_forward_copy and not inject.on("non-idempotent-copy-for-forward"):
+        once inside run_batch): folding the penalizer state happens only on the first call.
+        `mutants`: the run's (engine/runtime/inject.py)."""
+        twice = inject.on(mutants, "non-idempotent-copy-for-forward")
+        if self.is_forward_copy and not twice:
             return SamplingBatchInfo(self.logit_bias.clone(), None, True)
         folded = self.logit_bias + (self.penalizer.accumulated if self.penalizer is not None else 0)
-        if inject.on("non-idempotent-copy-for-forward") and self.is_forward_copy:
+        if twice and self.is_forward_copy:
             # MUTANT: the forward copy's bias is applied again on the second call.
             folded = self.logit_bias * 2
         return SamplingBatchInfo(folded.clone(), None, True)
@@ -102,6 +104,9 @@ class ScheduleBatch:
     sampling_info: SamplingBatchInfo
     spec_info: object = None
     stage_event: object = None
+    # A snapshot's digest stamp (engine/trace/digest.py DigestStamp), while it is unresolved: the
+    # forward's stamp is compared with it, and resolving it clears this (the two hold each other).
+    digest_stamp: object = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -122,16 +127,17 @@ class ScheduleBatch:
         return copy.copy(self)
 
 
-def snapshot_for_forward(batch: ScheduleBatch) -> ScheduleBatch:
+def snapshot_for_forward(batch: ScheduleBatch, mutants: frozenset = frozenset()) -> ScheduleBatch:
     """The design's `_snapshot_batch_for_forward`: shallow batch copy, forward copy of the sampling
-    info, shallow spec_info; Req objects kept by identity (never deep-copied)."""
-    if inject.on("live-batch"):
+    info, shallow spec_info; Req objects kept by identity (never deep-copied). `mutants`: the run's
+    (engine/runtime/inject.py)."""
+    if inject.on(mutants, "live-batch"):
         return batch  # MUTANT: the worker reads the live batch
     snap = copy.copy(batch)
-    snap.sampling_info = batch.sampling_info.copy_for_forward()
+    snap.sampling_info = batch.sampling_info.copy_for_forward(mutants)
     if batch.spec_info is not None:
         snap.spec_info = copy.copy(batch.spec_info)
-    if inject.on("deepcopy-chunked-req"):
+    if inject.on(mutants, "deepcopy-chunked-req"):
         # MUTANT: chunked requests are deep-copied, so result processing mutates a copy.
         snap.reqs = [
             copy.copy(r) if not last else r for r, last in zip(batch.reqs, batch.last_chunk)

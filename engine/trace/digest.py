@@ -252,8 +252,8 @@ class DigestStamp:
         # Keep nothing of the batch alive, nor the tracer: `name` is its bound method, and a trace
         # holding its stamps would be a cycle (freed only by the collector, not when dropped).
         self.batch = self.sampling = self.refs = self.same_as = self.name = None
-        if batch.__dict__.get("_digest_stamp") is self:
-            del batch.__dict__["_digest_stamp"]
+        if batch.digest_stamp is self:
+            batch.digest_stamp = None
 
 
 _RESOLVE = threading.RLock()

@@ -30,12 +30,13 @@ from collections import defaultdict
 import z3
 
 from .. import LOOP_MODES, load_events
+from ..vocabulary import PREFETCH, SCHEDULER
 from .decode_workload import DECODE_MODEL_MUTANTS, FIRST_SUBMIT, DecodeWorkload  # noqa: F401  (re-exported)
 from .logic import as_z3, conj, disj, implies, lt, neg
 from .universe import FWD, SCHED, SymbolicUniverse
 
 DECODE_MODES = LOOP_MODES["decode"]
-DECODE_THREADS = {"scheduler": SCHED, "prefetch_0": FWD}
+DECODE_THREADS = {SCHEDULER: SCHED, f"{PREFETCH}_0": FWD}
 
 
 def _prefix_of(p, n):

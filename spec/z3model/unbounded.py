@@ -27,6 +27,7 @@ from pathlib import Path
 
 import z3
 
+from ..vocabulary import PREFILL_LOOPS
 from .properties import PROPERTIES
 from .transition import LO, Slot, System, all_of, any_of, request_events
 
@@ -220,7 +221,7 @@ def prove_mode(mode, props=None, mutants=(), batches=None) -> list[Result]:
     return out
 
 
-MODES_ALL = ("normal", "overlap", "thread", "ahead")
+MODES_ALL = PREFILL_LOOPS
 
 
 def prove_all(modes=MODES_ALL, props=None, mutants=(), batches=None) -> list[Result]:

@@ -11,15 +11,14 @@ from collections import defaultdict
 
 import z3
 
-from .. import LOOP_MODES
+from ..vocabulary import FORWARD, PREFILL_LOOPS, SCHEDULER, THREAD_LOOPS
 from .logic import conj, implies
 
 SCHED, FWD = 0, 1  # host threads of the model
-THREAD_IDS = {"scheduler": SCHED, "forward": FWD}
+THREAD_IDS = {SCHEDULER: SCHED, FORWARD: FWD}
 THREAD_NAMES = {v: k for k, v in THREAD_IDS.items()}
 STREAM = 2  # device work (schedule and forward streams): hidden events
-MODES = LOOP_MODES["prefill"]
-THREAD_MODES = ("thread", "ahead")
+MODES, THREAD_MODES = PREFILL_LOOPS, THREAD_LOOPS  # spec/vocabulary.py's, under the model's names
 
 
 class Ev:

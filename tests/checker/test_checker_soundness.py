@@ -7,9 +7,7 @@ import pytest
 from checker import z3check
 from checker.linear import CROSS_TEMPLATES, TEMPLATES, check_file
 from engine.cli import main
-from engine.decode.config import DECODE_LOOPS
-from engine.runtime.config import MODES
-from spec import LOOP_MODES, PARAMS, _check_params
+from spec import PARAMS, _check_params
 from tests.checker import test_decode_rules as decode_fixtures
 from tests.checker.test_rules_violations import VIOLATIONS
 from tests.trace_fixtures import canonical, write
@@ -184,12 +182,3 @@ def test_rule_modes_and_threads_are_checked_at_load():
             "prefill",
             ("ahead",),
         )
-
-
-def test_the_engine_and_the_spec_name_the_same_loop_modes():
-    """The engine does not import spec/; its mode lists and the spec's must still agree, or a trace
-    the engine writes would be refused (or a spec mode never run)."""
-    assert (
-        MODES == LOOP_MODES["prefill"]
-        and DECODE_LOOPS == LOOP_MODES["decode"] == LOOP_MODES["cross"]
-    )

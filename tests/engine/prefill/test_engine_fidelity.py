@@ -10,6 +10,7 @@ import pytest
 
 from engine.decode.scheduler import DecodeScheduler
 from engine.prefill.scheduler import PrefillScheduler
+from engine.runtime.config import EngineConfig
 from engine.runtime.forward_state import ForwardState
 
 # the loops' traces refine their models (tests/conftest.py)
@@ -34,7 +35,7 @@ def recorder():
     state.log = Declared(log)
     state.sched_stream = SimpleNamespace(wait_event=lambda event: log.append("wait queued"))
     state.launch_sample = lambda *a: log.append("launched")
-    return log, SimpleNamespace(fwd_state=state)
+    return log, SimpleNamespace(fwd_state=state, cfg=EngineConfig())
 
 
 @pytest.mark.parametrize("cls", [PrefillScheduler, DecodeScheduler])

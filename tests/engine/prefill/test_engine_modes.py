@@ -22,17 +22,18 @@ from engine.prefill.worker import ForwardWorker
 from engine.runs.prefill_run import run_prefill
 from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.attention import DecodeMeta, ExtendMeta, TorchAttention
-from engine.runtime.config import MODES, EngineConfig, check_dispatch, mode_from_env
+from engine.runtime.config import EngineConfig, check_dispatch, mode_from_env
 from engine.runtime.memory import KVPool, PrefixCache, ReqToTokenPool
 from engine.runtime.model import TinyLlama
 from engine.trace.tracer import NullTracer, Tracer
+from spec.vocabulary import PREFILL_LOOPS
 from tests.helpers import reference, run_mode
 
 # the loops' traces refine their models (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("refined")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PREFILL_LOOPS)
 def test_tokens_and_kv_match_reference(mode, tmp_path):
     trace = tmp_path / f"{mode}.jsonl"
     run, cfg = run_mode(mode, trace_path=str(trace), verify=True)
@@ -68,7 +69,7 @@ def test_tokens_and_kv_match_reference(mode, tmp_path):
 
 def test_modes_agree_with_each_other():
     outs = {}
-    for mode in MODES:
+    for mode in PREFILL_LOOPS:
         run, _ = run_mode(mode)
         outs[mode] = [r.output_token for r in run.requests]
     assert len({tuple(v) for v in outs.values()}) == 1, outs
@@ -235,7 +236,9 @@ def test_worker_shutdown_is_bounded_when_the_thread_died_without_a_result():
             return
 
     w = DeadWorker(
-        SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",)))
+        SimpleNamespace(
+            log=NullTracer().events_for(submit=("batch",), collect=("batch",)), cfg=EngineConfig()
+        )
     )
     w.thread.join(5)
     w.submit(
@@ -256,7 +259,9 @@ def test_worker_shutdown_is_bounded_when_the_thread_dies_while_shutdown_waits():
             release.wait(10)  # alive, reading nothing; then gone
 
     w = DyingWorker(
-        SimpleNamespace(log=NullTracer().events_for(submit=("batch",), collect=("batch",)))
+        SimpleNamespace(
+            log=NullTracer().events_for(submit=("batch",), collect=("batch",)), cfg=EngineConfig()
+        )
     )
     w.in_q.put(
         (SimpleNamespace(bid=0), False)
@@ -286,7 +291,7 @@ def test_worker_exception_reaches_scheduler():
         sched_mod.PrefillScheduler.run_batch = orig
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PREFILL_LOOPS)
 def test_chunked_request_waits_for_pages_instead_of_being_lost(mode):
     """Regression (found by the schedule fuzzer): a chunked request that cannot get pages for its
     next chunk must stay first in line, not drop out of the queue."""

@@ -6,14 +6,14 @@ import torch
 
 from checker.linear import check_file
 from engine.runs.spec import RunSpec, WorkloadConfig
-from engine.runtime.config import MODES
+from spec.vocabulary import PREFILL_LOOPS
 from tests.helpers import reference, run_mode
 
 # the loops' traces refine their models (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("refined")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PREFILL_LOOPS)
 def test_triton_backend_matches_reference(mode, tmp_path):
     trace = tmp_path / "t.jsonl"
     wc = WorkloadConfig(requests=4, prompt_len=(20, 70), hit=0.8, groups=1, seed=2)

@@ -17,7 +17,8 @@ from checker.refine import text as refine_text
 from engine.decode.config import DecodeConfig
 from engine.runs.pd import run_pd
 from engine.runs.spec import RunSpec, WorkloadConfig
-from engine.runtime.config import MODES, EngineConfig
+from engine.runtime.config import EngineConfig
+from spec.vocabulary import PREFILL_LOOPS
 from tests.helpers import assert_tokens_match_reference
 
 # the loops' traces refine their models (tests/conftest.py)
@@ -44,7 +45,7 @@ def assert_traces_pass(paths):
 
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
 @pytest.mark.parametrize("loop", ["normal", "overlap"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", PREFILL_LOOPS)
 def test_embedded_pd_matches_reference(tmp_path, mode, loop, prefetch):
     cfg, wc = EngineConfig(mode=mode), WorkloadConfig(**WORKLOAD)
     s = run_pd(

@@ -1,11 +1,15 @@
 """Snapshot semantics of the design: shallow batch copy, idempotent copy_for_forward without the
 penalizer, shallow spec_info, Req objects by identity; in-place filter does not reach a snapshot."""
 
+import pytest
 import torch
 
+from engine.errors import ConfigError
 from engine.runtime import inject
+from engine.runtime.config import EngineConfig
 from engine.runtime.request import snapshot_for_forward
 from engine.trace.digest import batch_digest
+from spec.errors import InternalError
 from tests.batch_fixtures import make_batch
 
 
@@ -40,15 +44,16 @@ def test_copy_for_forward_is_idempotent_and_drops_penalizer():
 
 
 def test_mutants_change_these_semantics():
-    inject.set_active({"non-idempotent-copy-for-forward"})
-    try:
-        once = make_batch().sampling_info.copy_for_forward()
-        assert not torch.equal(once.copy_for_forward().logit_bias, once.logit_bias)
-    finally:
-        inject.set_active(())
-    inject.set_active({"live-batch"})
-    try:
-        live = make_batch()
-        assert snapshot_for_forward(live) is live
-    finally:
-        inject.set_active(())
+    twice = frozenset({"non-idempotent-copy-for-forward"})
+    once = make_batch().sampling_info.copy_for_forward(twice)
+    assert not torch.equal(once.copy_for_forward(twice).logit_bias, once.logit_bias)
+    live = make_batch()
+    assert snapshot_for_forward(live, frozenset({"live-batch"})) is live
+    assert snapshot_for_forward(live) is not live  # the switch is the run's, not the process's
+
+
+def test_a_mutant_name_is_checked():
+    with pytest.raises(ConfigError, match="--inject: unknown mutant"):
+        EngineConfig(inject=frozenset({"live-btach"}))
+    with pytest.raises(InternalError, match="no mutant named 'live-btach'"):
+        inject.on(frozenset(), "live-btach")

@@ -96,7 +96,7 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     assert tr.events[-1]["digest"] == batch_digest(b, name=tr.obj)
     # a change that lands while the stamp is being hashed (admission beside the worker) shows too
     stamp = DigestStamp(b, tr.obj)
-    b._digest_stamp = stamp
+    b.digest_stamp = stamp
     hashing = digest._digest
 
     def admission_lands_meanwhile(*a, **k):
@@ -108,7 +108,7 @@ def test_digest_stamp_is_the_digest_of_its_moment_or_a_marker(monkeypatch):
     assert stamp.trace_value().startswith("changed:")
     monkeypatch.undo()
     # nothing kept
-    assert stamp.batch is None and stamp.refs is None and "_digest_stamp" not in b.__dict__
+    assert stamp.batch is None and stamp.refs is None and b.digest_stamp is None
 
 
 def test_forward_stamp_shares_the_snapshot_digest_only_when_it_may(monkeypatch):
@@ -190,7 +190,7 @@ def test_a_change_during_the_shared_resolution_gives_both_markers(monkeypatch):
     tr = Tracer()
     b = make_batch()
     snap = DigestStamp(b, tr.obj)
-    b._digest_stamp = snap
+    b.digest_stamp = snap
     fwd = DigestStamp(
         b, tr.obj, b.sampling_info.copy_for_forward(), marker="changed-in-launch", same_as=snap
     )
@@ -203,7 +203,7 @@ def test_a_change_during_the_shared_resolution_gives_both_markers(monkeypatch):
 
     monkeypatch.setattr(digest, "_equal", admission_lands_meanwhile)
     assert fwd.trace_value() == f"changed-in-launch:{b.bid}"
-    assert snap.value == f"changed:{b.bid}" and "_digest_stamp" not in b.__dict__
+    assert snap.value == f"changed:{b.bid}" and b.digest_stamp is None
 
 
 def test_bias_comparison_is_exact():
