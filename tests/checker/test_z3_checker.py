@@ -24,9 +24,10 @@ from checker.trace_io import TraceFormatError, iter_chunks
 from engine.cli import main as pdo
 from engine.runs.spec import RunSpec
 from spec import abstract, load_rules
+from spec.vocabulary import PREFILL_LOOPS
 
 SLOW = os.environ.get("PDO_SLOW") == "1"
-MODES = abstract.MODES
+MODES = PREFILL_LOOPS
 MUTATIONS = ("swap", "drop", "duplicate", "move", "thread", "obj", "digest")
 
 

@@ -11,7 +11,7 @@ from engine.decode import loops as decode_loops
 from engine.decode.config import DecodeConfig
 from engine.prefill import loops as prefill_loops
 from engine.runs.pd import run_pd
-from engine.runs.workload import WorkloadConfig
+from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from spec import abstract
 from spec.errors import BadInput
@@ -53,12 +53,14 @@ def test_a_pd_run_logs_every_event_in_the_spec_order(tmp_path):
     """Prefill ranks with a forward thread and a decode with prefetch: the events of both roles,
     declared (Tracer.events_for) and emitted, as spec/events.toml orders their fields."""
     s = run_pd(
-        EngineConfig(mode="ahead"),
-        WorkloadConfig(requests=6, prompt_len=(20, 80), hit=0.6, max_new_tokens=3, seed=5),
-        DecodeConfig(loop="overlap"),
-        dp=2,
-        trace_path=str(tmp_path / "t.jsonl"),
-    )
+        RunSpec(
+            EngineConfig(mode="ahead"),
+            WorkloadConfig(requests=6, prompt_len=(20, 80), hit=0.6, max_new_tokens=3, seed=5),
+            DecodeConfig(loop="overlap"),
+            dp=2,
+            trace_path=str(tmp_path / "t.jsonl"),
+        )
+    ).summary
     seen = {}
     for path in s["traces"]:
         with open(path) as f:
