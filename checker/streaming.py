@@ -140,41 +140,45 @@ class Dense:
     templates evaluate all batches at once on these; a trace whose batch ids are too sparse for
     arrays (a foreign engine numbering batches by time, say) keeps the per-batch loops."""
 
-    def __init__(self, ctx, lo: int, n: int, admits: list):
+    def __init__(self, ctx, lo: int, n: int, admits: list, batches: dict):
         self.ctx, self.lo, self.n = ctx, lo, n
         self.admits = np.array(admits, dtype=np.int64)
+        self._batches = batches  # ev -> the batch of each of its events (an array)
         self.threads: list[str] = []
         self._codes: dict[str, int] = {}
         self._cols: dict[str, tuple] = {}
 
     @classmethod
     def build(cls, ctx) -> Dense | None:
-        admits = list(dict.fromkeys(map(_BATCH, ctx.events("admit"))))
-        keys = []
+        batches = {}  # ev -> the batch of each of its events
         for ev in ctx._kept:
-            batches = list(map(_BATCH, ctx.events(ev)))
-            if batches:
-                keys += (min(batches), max(batches))
-        if not admits or not keys:
+            evs = ctx.events(ev)
+            try:
+                batches[ev] = np.fromiter(map(_BATCH, evs), dtype=np.int64, count=len(evs))
+            except (TypeError, ValueError, OverflowError):  # not ints of 64 bits: the loops
+                return None
+        keys = [f(b) for b in batches.values() if len(b) for f in (np.min, np.max)]
+        admitted = batches.get("admit")
+        if admitted is None or not len(admitted) or not keys:
             return None
-        lo, hi = min(keys), max(keys)
-        if not all(type(k) is int for k in keys) or hi - lo + 1 > 4 * len(admits) + 4096:
+        admits = list(dict.fromkeys(admitted.tolist()))
+        lo, hi = int(min(keys)), int(max(keys))
+        if hi - lo + 1 > 4 * len(admits) + 4096:
             return None
-        return cls(ctx, lo, hi - lo + 1, admits)
+        return cls(ctx, lo, hi - lo + 1, admits, batches)
 
     def col(self, ev: str) -> tuple:
         """(seq, thread code) arrays of `ev` over the batch range."""
         got = self._cols.get(ev)
         if got is None:
-            evs = self.ctx.events(ev) if ev in self.ctx._kept else []
+            b = self._batches.get(ev)
             # one spare slot: out-of-range lookups land there
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
-            if evs:  # in C: the first event of each batch (np.unique: its first index)
-                n = len(evs)
-                b = np.fromiter(map(_BATCH, evs), dtype=np.int64, count=n) - self.lo
-                k, first = np.unique(b, return_index=True)
-                seq[k] = np.fromiter(map(_SEQ, evs), dtype=np.int64, count=n)[first]
+            if b is not None and len(b):  # in C: each batch's first event (np.unique's index)
+                evs = self.ctx.events(ev)
+                k, first = np.unique(b - self.lo, return_index=True)
+                seq[k] = np.fromiter(map(_SEQ, evs), dtype=np.int64, count=len(evs))[first]
                 threads = list(map(_THREAD, map(evs.__getitem__, first.tolist())))
                 codes = self._codes
                 for t in dict.fromkeys(threads):  # a few distinct threads

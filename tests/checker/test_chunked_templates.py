@@ -386,3 +386,64 @@ def test_page_rules_in_chunks(steps, cuts):
     assert [(v.message, v.seqs) for v in aligned.violations] == want_aligned
     assert count.checks == sum("tokens" in e for e in events)
     assert aligned.checks == sum("tokens" in e and "start" in e for e in events)
+
+
+_INDEXED = ["admit", "fwd_begin", "process_begin", "process_end"]
+
+
+def _first_of_each_batch(events: list) -> dict:
+    """The batch index read literally: ev -> batch -> (seq, thread) of its first event, in the
+    order batches are first met."""
+    index: dict = {}
+    for e in events:
+        index.setdefault(e["ev"], {}).setdefault(e["batch"], (e["seq"], e["thread"]))
+    return index
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(_INDEXED), st.integers(0, 6), st.sampled_from(["scheduler", "worker"])
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    _CUTS,
+    st.integers(0, 60),
+)
+def test_batch_index_in_chunks(steps, cuts, read_at):
+    """The batch index built from the kept chunks (Ctx.add) is the first event of each batch, as
+    dicts (also when read between chunks, then added to) and as Dense's columns."""
+    events = []
+    for kind, batch, thread in steps:
+        e = _filled(kind, len(events) + 1, thread) | {"batch": batch}
+        if kind == "admit":
+            e["rids"] = [f"r{len(events)}"]
+        events.append(e)
+    structs = as_events(HEADER, events)
+    bounds = sorted({c % (len(structs) + 1) for c in cuts} | {0, len(structs)})
+    chunks = [structs[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    stop = read_at % (len(chunks) + 1)
+    ctx = Ctx(HEADER, HEADER["page_size"])
+    linear._stream(chunks[:stop], [], ctx, set(_INDEXED))
+    ctx.idx  # noqa: B018 - read between chunks: built from the chunks so far, then added to
+    linear._stream(chunks[stop:], [], ctx, set(_INDEXED))
+    want = _first_of_each_batch(events)
+    assert {ev: list(t.items()) for ev, t in ctx.idx.items() if t} == {
+        ev: list(t.items()) for ev, t in want.items()
+    }
+    admits = {e["batch"]: e["rids"] for e in reversed(events) if e["ev"] == "admit"}
+    admits = {b: admits[b] for b in want.get("admit", {})}
+    assert list(ctx.admits.items()) == list(admits.items())
+    fresh = Ctx(HEADER, HEADER["page_size"])  # columns straight from the chunks
+    linear._stream(chunks, [], fresh, set(_INDEXED))
+    d = fresh.dense()
+    if not admits:
+        assert d is None
+        return
+    assert d.admits.tolist() == list(admits)
+    for ev in _INDEXED:
+        seq, thr = d.col(ev)
+        got = {b + d.lo: (int(seq[b]), d.threads[thr[b]]) for b in range(d.n) if seq[b] > 0}
+        assert got == want.get(ev, {})
