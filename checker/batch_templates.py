@@ -118,9 +118,9 @@ class Order(Template):
         same = (
             len(chain) if self.rule.get("same_thread") else self.rule.get("same_thread_prefix", 0)
         )
-        steps = [(ev, off, self.ctx.idx[ev], i < same) for i, (ev, off) in enumerate(chain)]
         dense = self.ctx.dense()
         if dense is None:
+            steps = self._steps(chain, same)
             for n in self._applicable(self.ctx.admits):
                 self._check_batch(n, steps)
             return
@@ -149,8 +149,15 @@ class Order(Template):
             prev_s = np.where(present, s, prev_s)
             prev_t = np.where(present, t, prev_t)
         self.checks += int(np.count_nonzero(active & (found >= 2)))
-        for j in np.nonzero(failing)[0]:
-            self._check_batch(int(dense.admits[j]), steps, count=False)
+        failing = np.nonzero(failing)[0].tolist()
+        if failing:  # (the index as dicts is built only here)
+            steps = self._steps(chain, same)
+            for j in failing:
+                self._check_batch(int(dense.admits[j]), steps, count=False)
+
+    def _steps(self, chain, same) -> list:
+        """(ev, offset, its index table, whether on the chain's thread) per chain step."""
+        return [(ev, off, self.ctx.idx[ev], i < same) for i, (ev, off) in enumerate(chain)]
 
     def _applicable(self, batches):
         """The batches the rule speaks about: with `when` (a, b), those where a precedes b."""

@@ -3,9 +3,9 @@
 Each rule kind is a template (checker/streaming.py) instantiated with the rule's parameters; the
 kinds live in checker/batch_templates.py, checker/request_templates.py, checker/send_templates.py and
 checker/decode_templates.py, the cross-process ones in checker/cross_templates.py. One pass per
-chunk of the trace routes each event to the templates that listen to it and fills the shared batch
-index (the seq and thread of `ev` for batch N), which the finish-time templates read as numpy
-columns (`Dense`); memory grows with batches and requests, not with events.
+chunk of the trace routes each event to the templates that listen to it and keeps the events of
+the shared batch index (the seq and thread of `ev` for batch N), which the finish-time templates
+read as numpy columns (`Dense`); memory grows with batches and requests, not with events.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ __all__ = [
 ]
 
 
-_SEQ, _BATCH, _RIDS = attrgetter("seq"), attrgetter("batch"), attrgetter("rids")
-_SEQ_THREAD = attrgetter("seq", "thread")
+_SEQ = attrgetter("seq")
 
 
 def check_file(
@@ -86,8 +85,8 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     Per chunk, the events are split by kind in one pass; each distinct set of kinds that templates
     listen to gets its events back in trace order (one kind: its list as it is; several: their
     lists merged by seq, in C), once for every template listening to exactly that set; a template
-    with `on_kinds` gets the split itself. The batch index takes the first (seq, thread) of each
-    batch of each batch-indexed kind."""
+    with `on_kinds` gets the split itself. The batch index keeps the lists of the batch-indexed
+    kinds (Ctx.add), and is built from them when read."""
     listeners: dict[frozenset | None, list] = defaultdict(list)  # kinds (None: all) -> templates
     columnar = [t.on_kinds for t in active if t.on_kinds is not None]
     for t in active:
@@ -95,8 +94,7 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
             kinds = frozenset(t.handlers())
             listeners[None if "*" in kinds else kinds].append(t)
     sets = [(kinds, tuple(ts)) for kinds, ts in listeners.items() if kinds is None or kinds]
-    indexed = [(ev, ctx.idx[ev]) for ev in sorted(batched)]
-    admits = ctx.admits
+    indexed = sorted(batched)
     n = 0
     for chunk in chunks:
         n += len(chunk)
@@ -107,9 +105,9 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
                 by[e.ev] = [e]
             else:
                 got.append(e)
-        for ev, table in indexed:  # first: a template may read the chunk's own entries
+        for ev in indexed:  # first: a template may read the chunk's own entries
             if ev in by:
-                _index(table, by[ev], ev, admits)
+                ctx.add(ev, by[ev])
         for on_kinds in columnar:
             on_kinds(by)
         for want, ts in sets:
@@ -129,20 +127,6 @@ def _merged(chunk: list, by: dict, kinds: frozenset) -> list:
     if 3 * sum(map(len, lists)) > len(chunk):
         return [e for e in chunk if e.ev in kinds]
     return sorted(itertools.chain.from_iterable(lists), key=_SEQ)
-
-
-def _index(table: dict, evs: list, ev: str, admits: dict) -> None:
-    """The first (seq, thread) of each batch among `evs` (one kind, trace order) into `table`, and
-    for admits the rids of each batch's first admit."""
-    rev = evs[::-1]  # later entries overwrite earlier ones: reversed, the first of a batch wins
-    first = dict(zip(map(_BATCH, rev), map(_SEQ_THREAD, rev)))
-    if all(map(table.__contains__, first)):
-        return
-    order = [b for b in dict.fromkeys(map(_BATCH, evs)) if b not in table]  # as first met
-    table.update([(b, first[b]) for b in order])
-    if ev == "admit":
-        rids = dict(zip(map(_BATCH, rev), map(_RIDS, rev)))
-        admits.update((b, rids[b]) for b in order)
 
 
 def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | None) -> Result:

@@ -15,15 +15,15 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 import numpy as np
 
 from spec import Rule
 from spec.registry import Registry
 
-_SEQ = attrgetter("seq")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_SEQ, _BATCH, _THREAD, _RIDS = (attrgetter(f) for f in ("seq", "batch", "thread", "rids"))
+_SEQ_THREAD = attrgetter("seq", "thread")
 
 
 @dataclass
@@ -59,13 +59,58 @@ class Result:
         return self.truncated is None
 
 
-@dataclass
 class Ctx:
-    header: dict
-    page_size: int
-    idx: dict = field(default_factory=lambda: defaultdict(dict))  # ev -> batch -> (seq, thread)
-    admits: dict = field(default_factory=dict)  # batch -> rids of its (first) admit
-    _dense: object = None
+    """What the templates of one check share: the header, the page size, and the batch index.
+
+    The index is the first (seq, thread) of each batch of each batch-indexed kind, and the rids of
+    each batch's first admit. The checker hands it each chunk's events of those kinds (`add`),
+    which it only keeps (a reference to the chunk's list, no work per event while the trace
+    streams); it is built when first read: as dicts (`idx`, `admits`) for the loops that read a
+    few batches, as numpy columns (`dense()`) for the finish-time templates that read them all. A
+    passing check of batch ids dense enough for arrays builds only the columns."""
+
+    def __init__(self, header: dict, page_size: int):
+        self.header, self.page_size = header, page_size
+        self._idx: dict = defaultdict(dict)  # ev -> batch -> (seq, thread)
+        self._admits: dict = {}  # batch -> rids of its (first) admit
+        self._kept: dict = defaultdict(list)  # ev -> its event lists, a chunk each, in trace order
+        self._unindexed: dict = defaultdict(list)  # the same, not yet in _idx
+        self._flat: dict = {}  # ev -> all its events, in trace order (built on first use)
+        self._dense: object = None
+
+    def add(self, ev: str, evs: list) -> None:
+        """A chunk's events of a batch-indexed kind `ev` (trace order; not changed after)."""
+        self._kept[ev].append(evs)
+        self._unindexed[ev].append(evs)
+        self._flat.pop(ev, None)
+        self._dense = None
+
+    def events(self, ev: str) -> list:
+        """Every event of the batch-indexed kind `ev` so far, in trace order."""
+        got = self._flat.get(ev)
+        if got is None:
+            lists = self._kept.get(ev, ())
+            got = self._flat[ev] = lists[0] if len(lists) == 1 else [e for c in lists for e in c]
+        return got
+
+    @property
+    def idx(self) -> dict:
+        """ev -> batch -> (seq, thread) of the first `ev` of the batch."""
+        self._index()
+        return self._idx
+
+    @property
+    def admits(self) -> dict:
+        """batch -> rids of its first admit, in admission order."""
+        self._index()
+        return self._admits
+
+    def _index(self) -> None:
+        for ev, lists in self._unindexed.items():
+            if lists:
+                evs = lists[0] if len(lists) == 1 else [e for c in lists for e in c]
+                _index(self._idx[ev], evs, ev, self._admits)
+                lists.clear()
 
     def dense(self) -> Dense | None:
         """The batch index as arrays, for the finish-time templates (built once, at finish)."""
@@ -74,52 +119,71 @@ class Ctx:
         return self._dense or None
 
 
-class Dense:
-    """idx as numpy columns over the batch range [lo, lo + n): seq (0 = no such event) and a thread
-    code per event name, built on first use; `admits` the admitted batch ids in admission order.
-    The finish-time templates evaluate all batches at once on these; a trace whose batch ids are
-    too sparse for arrays (a foreign engine numbering batches by time, say) keeps the per-batch
-    loops."""
+def _index(table: dict, evs: list, ev: str, admits: dict) -> None:
+    """The first (seq, thread) of each batch among `evs` (one kind, trace order) into `table`, and
+    for admits the rids of each batch's first admit."""
+    rev = evs[::-1]  # later entries overwrite earlier ones: reversed, the first of a batch wins
+    first = dict(zip(map(_BATCH, rev), map(_SEQ_THREAD, rev)))
+    if all(map(table.__contains__, first)):
+        return
+    order = [b for b in dict.fromkeys(map(_BATCH, evs)) if b not in table]  # as first met
+    table.update([(b, first[b]) for b in order])
+    if ev == "admit":
+        rids = dict(zip(map(_BATCH, rev), map(_RIDS, rev)))
+        admits.update((b, rids[b]) for b in order)
 
-    def __init__(self, ctx, lo: int, n: int):
+
+class Dense:
+    """The batch index as numpy columns over the batch range [lo, lo + n): seq (0 = no such
+    event) and a thread code per event name, built on first use from the events themselves (the
+    first of each batch); `admits` the admitted batch ids in admission order. The finish-time
+    templates evaluate all batches at once on these; a trace whose batch ids are too sparse for
+    arrays (a foreign engine numbering batches by time, say) keeps the per-batch loops."""
+
+    def __init__(self, ctx, lo: int, n: int, admits: list, batches: dict):
         self.ctx, self.lo, self.n = ctx, lo, n
-        self.admits = np.fromiter(ctx.admits, dtype=np.int64, count=len(ctx.admits))
+        self.admits = np.array(admits, dtype=np.int64)
+        self._batches = batches  # ev -> the batch of each of its events (an array)
         self.threads: list[str] = []
         self._codes: dict[str, int] = {}
         self._cols: dict[str, tuple] = {}
 
     @classmethod
     def build(cls, ctx) -> Dense | None:
-        keys = [
-            k
-            for table in ctx.idx.values()
-            for k in (min(table, default=None), max(table, default=None))
-            if k is not None
-        ]
-        if not ctx.admits or not keys:
+        batches = {}  # ev -> the batch of each of its events
+        for ev in ctx._kept:
+            evs = ctx.events(ev)
+            try:
+                batches[ev] = np.fromiter(map(_BATCH, evs), dtype=np.int64, count=len(evs))
+            except (TypeError, ValueError, OverflowError):  # not ints of 64 bits: the loops
+                return None
+        keys = [f(b) for b in batches.values() if len(b) for f in (np.min, np.max)]
+        admitted = batches.get("admit")
+        if admitted is None or not len(admitted) or not keys:
             return None
-        lo, hi = min(keys), max(keys)
-        if not all(type(k) is int for k in keys) or hi - lo + 1 > 4 * len(ctx.admits) + 4096:
+        admits = list(dict.fromkeys(admitted.tolist()))
+        lo, hi = int(min(keys)), int(max(keys))
+        if hi - lo + 1 > 4 * len(admits) + 4096:
             return None
-        return cls(ctx, lo, hi - lo + 1)
+        return cls(ctx, lo, hi - lo + 1, admits, batches)
 
     def col(self, ev: str) -> tuple:
         """(seq, thread code) arrays of `ev` over the batch range."""
         got = self._cols.get(ev)
         if got is None:
-            table = self.ctx.idx.get(ev, {})
+            b = self._batches.get(ev)
             # one spare slot: out-of-range lookups land there
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
-            if table:  # in C: the columns of the index's (seq, thread) pairs
-                n = len(table)
-                k = np.fromiter(table, dtype=np.int64, count=n) - self.lo
-                seq[k] = np.fromiter(map(_FIRST, table.values()), dtype=np.int64, count=n)
-                threads = list(map(_SECOND, table.values()))
+            if b is not None and len(b):  # in C: each batch's first event (np.unique's index)
+                evs = self.ctx.events(ev)
+                k, first = np.unique(b - self.lo, return_index=True)
+                seq[k] = np.fromiter(map(_SEQ, evs), dtype=np.int64, count=len(evs))[first]
+                threads = list(map(_THREAD, map(evs.__getitem__, first.tolist())))
                 codes = self._codes
                 for t in dict.fromkeys(threads):  # a few distinct threads
                     codes.setdefault(t, len(codes))
-                thr[k] = np.fromiter(map(codes.__getitem__, threads), dtype=np.int64, count=n)
+                thr[k] = np.fromiter(map(codes.__getitem__, threads), dtype=np.int64, count=len(k))
                 self.threads = list(codes)
             got = self._cols[ev] = (seq, thr)
         return got

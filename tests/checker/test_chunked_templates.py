@@ -3,7 +3,7 @@ against plain statements of their rules, with the trace cut into chunks at rando
 recorded from a later event of the same chunk must never hide an earlier violation, and the
 violations come in trace order whatever the cuts."""
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from checker import linear
@@ -386,3 +386,171 @@ def test_page_rules_in_chunks(steps, cuts):
     assert [(v.message, v.seqs) for v in aligned.violations] == want_aligned
     assert count.checks == sum("tokens" in e for e in events)
     assert aligned.checks == sum("tokens" in e and "start" in e for e in events)
+
+
+_INDEXED = ["admit", "fwd_begin", "process_begin", "process_end"]
+
+
+def _first_of_each_batch(events: list) -> dict:
+    """The batch index read literally: ev -> batch -> (seq, thread) of its first event, in the
+    order batches are first met."""
+    index: dict = {}
+    for e in events:
+        index.setdefault(e["ev"], {}).setdefault(e["batch"], (e["seq"], e["thread"]))
+    return index
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(_INDEXED), st.integers(0, 6), st.sampled_from(["scheduler", "worker"])
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    _CUTS,
+    st.integers(0, 60),
+)
+def test_batch_index_in_chunks(steps, cuts, read_at):
+    """The batch index built from the kept chunks (Ctx.add) is the first event of each batch, as
+    dicts (also when read between chunks, then added to) and as Dense's columns."""
+    events = []
+    for kind, batch, thread in steps:
+        e = _filled(kind, len(events) + 1, thread) | {"batch": batch}
+        if kind == "admit":
+            e["rids"] = [f"r{len(events)}"]
+        events.append(e)
+    structs = as_events(HEADER, events)
+    bounds = sorted({c % (len(structs) + 1) for c in cuts} | {0, len(structs)})
+    chunks = [structs[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    stop = read_at % (len(chunks) + 1)
+    ctx = Ctx(HEADER, HEADER["page_size"])
+    linear._stream(chunks[:stop], [], ctx, set(_INDEXED))
+    ctx.idx  # noqa: B018 - read between chunks: built from the chunks so far, then added to
+    linear._stream(chunks[stop:], [], ctx, set(_INDEXED))
+    want = _first_of_each_batch(events)
+    assert {ev: list(t.items()) for ev, t in ctx.idx.items() if t} == {
+        ev: list(t.items()) for ev, t in want.items()
+    }
+    admits = {e["batch"]: e["rids"] for e in reversed(events) if e["ev"] == "admit"}
+    admits = {b: admits[b] for b in want.get("admit", {})}
+    assert list(ctx.admits.items()) == list(admits.items())
+    fresh = Ctx(HEADER, HEADER["page_size"])  # columns straight from the chunks
+    linear._stream(chunks, [], fresh, set(_INDEXED))
+    d = fresh.dense()
+    if not admits:
+        assert d is None
+        return
+    assert d.admits.tolist() == list(admits)
+    for ev in _INDEXED:
+        seq, thr = d.col(ev)
+        got = {b + d.lo: (int(seq[b]), d.threads[thr[b]]) for b in range(d.n) if seq[b] > 0}
+        assert got == want.get(ev, {})
+
+
+def _after_done_reference(events):
+    """P-release-after-done read literally: at each release of a rid, every batch that admitted
+    it so far was processed, its Req object has no middle chunk in flight, and some KV of it was
+    sent; no rid admitted after a release of it."""
+    sent, processed, count, holders, released, admitted, out = set(), set(), {}, {}, {}, {}, []
+    for e in events:
+        ev, seq = e["ev"], e["seq"]
+        if ev == "kv_send":
+            sent.add(e["rid"])
+        elif ev == "process_end":
+            processed.add(e["batch"])
+        elif ev in ("chunk_inc", "chunk_dec"):
+            count[e["obj"]] = count.get(e["obj"], 0) + (1 if ev == "chunk_inc" else -1)
+        elif ev == "admit":
+            b = e["batch"]
+            admitted.setdefault(b, seq)
+            for rid in e["rids"]:
+                holders.setdefault(rid, []).append(b)
+                if rid in released:
+                    what = f"{rid} admitted in batch {b} after it was released"
+                    out.append((what, [released[rid], seq]))
+        else:
+            rid, obj = e["rid"], e["obj"]
+            for b in holders.get(rid, []):
+                if b not in processed:
+                    what = f"{rid} released while batch {b} holding it was not yet processed"
+                    out.append((what, [admitted[b], seq]))
+            if count.get(obj, 0) > 0:
+                out.append((f"{rid} released with {count[obj]} middle chunk(s) in flight", [seq]))
+            if rid not in sent:
+                out.append((f"{rid} released before any of its KV was sent", [seq]))
+            released[rid] = seq
+    return out
+
+
+# Lifetimes (admitted, a middle chunk counted in and out, sent, processed, released; or kept, or
+# released before its batch is processed, or with its middle chunk in flight, or admitted again
+# after its release) among single steps of every kind: the order of two events in one chunk, or
+# across a cut, decides.
+_LIFE_STEP = st.one_of(
+    st.tuples(
+        st.just("life"), _RIDS, st.sampled_from(["whole", "kept", "early", "inflight", "again"])
+    ),
+    st.tuples(
+        st.sampled_from(["admit", "process_end", "kv_send", "chunk_inc", "chunk_dec", "release"]),
+        _RIDS,
+        st.booleans(),
+    ),
+)
+
+
+def _life_events(steps):
+    events, batch = [], -1
+
+    def add(kind, **fields):
+        events.append({"ev": kind, "seq": len(events) + 1, "t_ns": 0, "thread": "s", **fields})
+
+    for kind, rid, flag in steps:
+        req = {"rid": rid, "obj": f"o{rid}"}
+        if kind in ("life", "admit"):
+            batch += 1
+            add("admit", batch=batch, rids=[rid, "r9"] if flag is True else [rid])
+        if kind == "life":
+            add("chunk_inc", **req, value=1)
+            add("kv_send", **req, tokens=4, pages=1)
+            if flag != "early":
+                add("process_end", batch=batch)
+            if flag != "inflight":
+                add("chunk_dec", **req, value=0)
+            if flag != "kept":
+                add("release", **req, slot=0)
+            if flag == "early":
+                add("process_end", batch=batch)
+            if flag == "inflight":
+                add("chunk_dec", **req, value=0)
+            if flag == "again":
+                batch += 1
+                add("admit", batch=batch, rids=[rid])
+                add("process_end", batch=batch)
+        elif kind == "process_end":  # of the latest batch, or of the next (before its admit)
+            add(kind, batch=batch + flag)
+        elif kind == "kv_send":
+            add(kind, **req, tokens=4, pages=1)
+        elif kind in ("chunk_inc", "chunk_dec"):
+            add(kind, **req, value=0)
+        elif kind == "release":
+            add(kind, **req, slot=0)
+    return events
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_LIFE_STEP, max_size=25), _CUTS)
+# in one chunk: admitted again after a release (its batch processed before), sent after a release
+@example(
+    [("life", "r0", "kept"), ("process_end", "r0", True), ("release", "r0", 0), ("admit", "r0", 0)],
+    [],
+)
+@example(
+    [("admit", "r0", 0), ("process_end", "r0", 0), ("release", "r0", 0), ("kv_send", "r0", 0)], []
+)
+def test_release_after_done_in_chunks(steps, cuts):
+    events = _life_events(steps)
+    (t,) = run_chunked(events, ["P-release-after-done"], cuts)
+    assert [(v.message, v.seqs) for v in t.violations] == _after_done_reference(events)
+    assert t.checks == sum(e["ev"] == "release" for e in events)
