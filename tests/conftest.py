@@ -10,7 +10,8 @@ import pytest  # noqa: E402
 
 # The quick loop (README: `pytest -n auto -m "not heavy"`) leaves out what takes most of the suite's
 # time and is about the edges, not the engine's core: SGLang's releases, the schedule-fuzz
-# campaigns, the GPU script and the Triton compile, and the unbounded proofs.
+# campaigns, the GPU script and the Triton compile, and the z3 model's proofs (bounded and
+# unbounded).
 HEAVY = (
     "tests/engine/sglang/",
     "tests/checker/fuzz/",
@@ -18,6 +19,7 @@ HEAVY = (
     "tests/triton_kernels/test_triton_compile_sm90.py",
     "tests/spec/test_unbounded.py",
     "tests/spec/test_decode_unbounded.py",
+    "tests/spec/test_spec_model.py",
 )
 
 
