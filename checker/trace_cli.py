@@ -12,6 +12,7 @@ from spec.errors import BadInput
 from .perfetto import export
 from .plot import plot
 from .trace_io import iter_events
+from .trace_log import materialize
 
 # What `plot -o` writes, by its suffix (matplotlib's Agg backend): a path without one of these
 # would be written under another name (DIR -> DIR.png), so it is refused.
@@ -26,6 +27,7 @@ def _require_events(path: str, what: str) -> None:
 
 
 def cmd_export(a) -> int:
+    a.trace = materialize(a.trace)  # a killed run's binary log: its lines
     _require_events(a.trace, "export")
     counts = export(a.trace, a.perfetto)
     print(
@@ -44,6 +46,7 @@ def validate_plot(a, _argv) -> None:
 
 
 def cmd_plot(a) -> int:
+    a.trace = materialize(a.trace)
     _require_events(a.trace, "draw")
     info = plot(
         a.trace,

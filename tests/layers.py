@@ -8,14 +8,17 @@ from __future__ import annotations
 
 # layer: (packages, layers its modules may import besides their own). Each engine package is a layer of
 # its own: the order below is the order of docs/architecture.md, lowest first. The vocabulary (loop
-# modes, thread roles, event fields: spec/vocabulary.py) is the one part of spec/ the engine reads.
-LOW = ("errors", "vocabulary", "kernels")
+# modes, thread roles, event fields: spec/vocabulary.py) and the flight recorder's binary layout
+# (spec/tracelog.py: one source for its writer, the engine, and its readers) are the parts of spec/
+# the engine reads.
+LOW = ("errors", "vocabulary", "format", "kernels")
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "errors": (("spec.errors", "engine.errors"), ()),
     "vocabulary": (("spec.vocabulary",), ("errors",)),
+    "format": (("spec.tracelog",), ("errors",)),
     "kernels": (("triton_kernels",), ()),
-    "spec": (("spec",), ("vocabulary", "errors")),
-    "checker": (("checker",), ("spec", "vocabulary", "errors")),
+    "spec": (("spec",), ("vocabulary", "format", "errors")),
+    "checker": (("checker",), ("spec", "vocabulary", "format", "errors")),
     "sync": (("engine.sync",), LOW),
     "runtime": (("engine.runtime",), ("sync", *LOW)),
     "trace": (("engine.trace",), ("runtime", "sync", *LOW)),

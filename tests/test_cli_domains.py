@@ -100,7 +100,6 @@ BAD = [
     (["run", "--requests", "-5"], "--requests"),
     (["run", "--dtype", "bogus"], "--dtype"),
     (["run", "--num-pages", "0"], "--num-pages"),
-    (["run", "--trace-flush-ms", "-1"], "--trace-flush-ms"),
     (["run", "--watchdog-s", "0"], "--watchdog-s"),
     (["run", "--inject", "bogus"], "--inject"),
     (["run", "--prompt-len", "2000:2000"], "--prompt-len"),

@@ -1,5 +1,5 @@
-"""`pdo bench trace-overhead`: the engine with tracing on (Tracer, in memory, as `pdo run --trace`
-before the write) against off (NullTracer) in interleaved pairs, the tracing work timed where it
+"""`pdo bench trace-overhead`: the engine with tracing on (Tracer, its binary log in a file, as
+`pdo run --trace`) against off (NullTracer) in interleaved pairs, the tracing work timed where it
 happens inside traced runs, and the cost of one trace event in a tight loop."""
 
 from __future__ import annotations
@@ -57,14 +57,16 @@ def emit_cost_ns(n: int = 100_000) -> dict:
 
 
 class _Accounting:
-    """For one traced run: the time spent inside the tracer (emit, obj) and in the digests computed
-    only when tracing is on (DigestStamp: stamped, then hashed), summed over all threads. Installed
-    by patching for that run only; the pairs that measure wall time use the plain Tracer."""
+    """For one traced run: the time spent inside the tracer (emit, obj, the hand-off edges) and in
+    the digests computed only when tracing is on (DigestStamp: stamped, then hashed), summed over all
+    threads. Installed by patching for that run only; the pairs that measure wall time use the plain
+    Tracer."""
 
     def __init__(self):
-        self.ns = {"emit": 0, "obj": 0, "digest": 0}  # thread CPU time: the work itself
-        self.elapsed = {"emit": 0, "obj": 0, "digest": 0}  # elapsed inside (also waits for the GIL)
-        self.calls = {"emit": 0, "obj": 0, "digest": 0}
+        kinds = ("emit", "obj", "edge", "digest")
+        self.ns = dict.fromkeys(kinds, 0)  # thread CPU time: the work itself
+        self.elapsed = dict.fromkeys(kinds, 0)  # elapsed inside (also waits for the GIL)
+        self.calls = dict.fromkeys(kinds, 0)
         self.local = threading.local()
 
     def wrap(self, kind, fn):
@@ -107,8 +109,9 @@ def accounted_run(cfg, wc) -> dict:
     tr = Tracer()
     tr.emit = acc.wrap("emit", tr.emit)
     logger = tr._logger  # the engine's declared events (Tracer.events_for), each logger timed
-    tr._logger = lambda kind: acc.wrap("emit", logger(kind))
+    tr._logger = lambda ev, names: acc.wrap("emit", logger(ev, names))
     tr.obj = acc.wrap("obj", tr.obj)
+    tr.rec.edge = acc.wrap("edge", tr.rec.edge)  # the happens-before hand-offs (engine/sync/hb.py)
     stamp, resolve = digest.DigestStamp.__init__, digest.DigestStamp.resolve
     digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
@@ -372,7 +375,7 @@ def add_trace_overhead_arguments(t) -> None:
     t.add_argument(
         "--hb",
         action="store_true",
-        help="the traced side with the happens-before clocks on (pdo run --hb)",
+        help="the traced side with the happens-before hand-offs on (pdo run --hb)",
     )
     add_json_arguments(t)
     t.add_argument("--progress", action="store_true")

@@ -9,6 +9,7 @@ from checker import refine
 from checker.parallel import add_ray_args
 from checker.perfetto import export, violations_of
 from checker.report import json_report, text_report
+from checker.trace_log import materialize
 from checker.trace_sets import verdict
 from engine.cli import check_fleet, exits
 from spec import domains as d
@@ -67,6 +68,7 @@ def register(sub) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     if args.ray is not None:
         return check_fleet.cmd_check_ray(args)
+    args.traces = [materialize(p) for p in args.traces]  # a killed run's binary log: its lines
     if args.engine == "z3":  # the second checker: z3 constraints, unsat cores on a violation
         return _check_z3(args.traces, args.json)
     if args.perfetto and len(args.traces) != 1:

@@ -149,7 +149,6 @@ def build_spec(args: argparse.Namespace, *, max_new_tokens: int = 1) -> RunSpec:
         cfg,
         workload,
         trace_path=getattr(args, "trace", None),
-        flush_ms=args.trace_flush_ms,
         watchdog=watchdog,
         verify=not args.no_verify,
     )
@@ -194,13 +193,6 @@ def add_flight_args(p: argparse.ArgumentParser) -> None:
         choices=["continue", "stop"],
         default="continue",
         help="after a stall: go on, or end the trace (reason watchdog) and exit 1",
-    )
-    g.add_argument(
-        "--trace-flush-ms",
-        type=d.number(0, 60_000, above=True),
-        default=None,
-        metavar="MS",
-        help="write the streamed trace at least every MS ms (default 50): what a SIGKILL can lose",
     )
 
 

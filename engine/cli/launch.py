@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from checker.trace_log import materialize
 from engine.bootstrap import client as bootstrap_client
 from engine.cli.flags import add_engine_args, add_flight_args, exit_on_sigterm
 from engine.cli.pd import add_pd_args, pd_spec, print_summary
@@ -29,6 +30,7 @@ from engine.runs.child_process import Child, spawn, stop
 from engine.runs.spec import Kill, RunSpec
 from engine.runtime.config import check_dispatch
 from spec import domains as d
+from spec import tracelog
 from spec.errors import BadInput
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +74,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return print_summary(s, args.json, "pdo launch")
 
 
+def _traces(paths: list[Path]) -> list[str]:
+    """Each role's trace: a role killed before it closed its trace left only its binary log, whose
+    JSON Lines are made now (truncated, checker/trace_log.py)."""
+    logs = [p for p in paths if p.exists() or Path(str(p) + tracelog.SUFFIX).exists()]
+    return [materialize(str(p)) for p in logs]
+
+
 def launch(spec: RunSpec, *, out_dir: str) -> dict:
     """Run every role of `spec` as a process; returns the decode's summary extended like
     run_pd's, with `faults` (each process that died or failed)."""
@@ -93,11 +102,7 @@ def launch(spec: RunSpec, *, out_dir: str) -> dict:
         prefill_leaks=[p.get("leaks", {}) for p in pre],
         unclaimed_rooms=sorted(r for p in pre for r in p.get("unclaimed", [])),
         registration_errors=[e for p in pre for e in p.get("registration_errors", [])],
-        traces=[
-            str(p)
-            for p in [out / "decode.jsonl", *(out / f"prefill{i}.jsonl" for i in range(dp))]
-            if p.exists()
-        ],
+        traces=_traces([out / "decode.jsonl", *(out / f"prefill{i}.jsonl" for i in range(dp))]),
         faults=faults,
         decode_lost_by=[i for i, p in enumerate(pre) if p.get("decode_lost")],
     )

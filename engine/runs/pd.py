@@ -34,7 +34,7 @@ from engine.runs.role import die_after, frozen_gc, open_trace, role_header, watc
 from engine.runs.spec import Kill, RunSpec
 from engine.runs.workload import make_workload
 from engine.runtime.config import check_dispatch
-from engine.trace.writer import ends_trace
+from engine.trace.tracer import ends_trace
 
 STOP_GRACE_S = 5.0  # how long loops asked to stop after a timeout get to finish their batch
 

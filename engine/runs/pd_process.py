@@ -29,7 +29,7 @@ from engine.runs.pd import decode_requests, rank_info, registrar, route, summari
 from engine.runs.role import die_after, open_trace, role_header, role_loop
 from engine.runs.spec import RunSpec
 from engine.runs.workload import make_workload
-from engine.trace.writer import ends_trace
+from engine.trace.tracer import ends_trace
 
 
 def _load(path: str) -> RunSpec:

@@ -35,7 +35,7 @@ def run_prefill(spec: RunSpec, *, tracer=None, keep_error: bool = False) -> Pref
     exception that ends the run is raised, or with `keep_error` kept in the result. `tracer`: the
     one to log into (a caller that reads the events), else one made here. With a trace path the
     trace streams to its file as the run goes on and ends with `trace_end` whatever ends the run
-    (engine/trace/writer.py)."""
+    (engine/trace/recorder.py)."""
     cfg, wc, trace_path = spec.engine, spec.workload, spec.trace_path
     check_dispatch(cfg)
     torch.manual_seed(cfg.seed)

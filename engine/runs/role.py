@@ -39,8 +39,7 @@ def open_trace(
         tracer.header.update(header)
     if path:
         record = {"host": platform.node(), **spec.to_header(pd=pd, unrecorded=unrecorded)}
-        flush = {"flush_ms": spec.flush_ms} if spec.flush_ms else {}
-        tracer.stream(path, extra_header=record, **flush)
+        tracer.stream(path, extra_header=record)
     return tracer
 
 

@@ -69,7 +69,6 @@ class RunSpec:
     kill: Kill | None = None
     timeout_s: float = 120.0
     trace_path: str | None = None  # a prefill run's trace; a PD run's stem (pd_trace_paths)
-    flush_ms: float | None = None  # the streamed trace's flush interval (None: the writer's)
     watchdog: WatchdogSpec | None = None
     verify: bool = True  # judge the outputs against the reference
 

@@ -1,23 +1,26 @@
-"""Where the adapter's events go: one pdo-trace file per scheduler, written line by line as they happen.
+"""Where the adapter's events go: one pdo-trace per scheduler, logged by the flight recorder
+(engine/trace/recorder.py) as they happen.
 
-A real SGLang server can die at any moment (that is when its trace matters), so every event is written
-and flushed when it is logged, not at exit. The header needs the role, the loop mode and the page size,
-which are known only once a scheduler loop starts: events logged before `begin` are held and written
-after the header. `seq` is taken under the same lock as the write, so it is the logging order.
+A real SGLang server can die at any moment (that is when its trace matters): each event is one
+record of the recorder's memory-mapped log (`<trace>.pdolog`) as soon as it is logged, which a
+SIGKILL leaves whole; the JSON Lines are made from the log when the sink closes, or by `pdo check`
+from the log alone. The header needs the role, the loop mode and the page size, known only once a
+scheduler loop starts: the log is in memory until `begin`, which logs the header and moves the log
+to its file. SGLang's threads hand work over with its own primitives, not engine/sync/__init__.py's,
+so no happens-before edge is logged and the header has no `hb`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import sys
 import threading
-import time
 
-from engine import sync
+from engine.trace.recorder import Recorder
 from engine.trace.tracer import FORMAT
+from spec import tracelog
 from spec.errors import ControlFlow
 
 # Version 2: the adapter logs kv_delivered (a sender's poll() answering Success), and every trace
@@ -40,17 +43,15 @@ class TraceSink:
     def __init__(self, path: str):
         self.path = path
         self.header: dict | None = None
-        self._file = None
-        self._held: list[str] = []
-        self._seq = 0
+        self._rec = Recorder({"format": FORMAT}, thread_name=self._thread)
         self._lock = threading.Lock()
-        self._names: dict[int, tuple[object, str]] = {}  # id -> (object kept alive, o1, o2, ...)
         self._scheduler_ident: int | None = None
         self._loop_end: str | None = None  # how the traced scheduler loop ended, once it has
         self._ended = False
 
     def begin(self, role: str, mode: str, page_size: int, **extra) -> None:
-        """Write the header (once); the calling thread is the trace's `scheduler` thread."""
+        """Log the header (once) and keep the log in its file; the calling thread is the trace's
+        `scheduler` thread."""
         with self._lock:
             self._scheduler_ident = threading.get_ident()
             if self.header is not None:
@@ -64,12 +65,10 @@ class TraceSink:
                 **extra,
             }
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            self._file = open(self.path, "w", encoding="utf-8")
-            self._file.write(json.dumps(self.header) + "\n")
-            for line in self._held:
-                self._file.write(line)
-            self._held.clear()
-            self._file.flush()
+            with contextlib.suppress(FileNotFoundError):  # an earlier server's trace
+                os.remove(self.path)
+            self._rec.set_header(self.header)
+            self._rec.to_file(self.path + tracelog.SUFFIX)
         # A server process may exit without closing the sink: its trace still ends, with the
         # reason its loop gave (or `exit`, which reads as truncated: the loop never returned).
         atexit.register(self._at_exit)
@@ -102,40 +101,19 @@ class TraceSink:
 
     def obj(self, o: object) -> str:
         """The identity name of a Python object (the format's `obj`), stable for the trace's life."""
-        entry = self._names.get(id(o))
-        if entry is None or entry[0] is not o:
-            entry = self._names[id(o)] = (o, f"o{len(self._names) + 1}")
-        return entry[1]
+        return self._rec.obj(o)
 
     def emit(self, ev: str, **fields) -> None:
-        sync.point(ev)
-        self._write(ev, fields)
-
-    def _write(self, ev: str, fields: dict) -> None:
-        with self._lock:
-            self._seq += 1
-            line = (
-                json.dumps(
-                    {
-                        "seq": self._seq,
-                        "t_ns": time.monotonic_ns(),
-                        "thread": self._thread(),
-                        "ev": ev,
-                        **fields,
-                    }
-                )
-                + "\n"
-            )
-            if self._file is None:
-                self._held.append(line)
-                return
-            self._file.write(line)
-            self._file.flush()
+        self._rec.emit(ev, fields)  # a schedule point, as any event's log call
 
     def close(self, reason: str | None = None) -> None:
-        """Write `trace_end` (the loop's reason, else `reason`, else the exception on its way out)
-        and close the file."""
-        if self._file is not None and not self._ended and self.header["version"] >= 2:
+        """Log the end (the loop's reason, else `reason`, else the exception on its way out) and
+        write the trace's JSON Lines; a version 1 trace has no trace_end."""
+        with self._lock:
+            if self.header is None or self._ended:
+                return
+            self._ended = True
+        if self.header["version"] >= 2:
             exc = sys.exc_info()[1]
             fallback = (
                 "normal"
@@ -144,11 +122,7 @@ class TraceSink:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit))
                 else "exception"
             )
-            end = self._loop_end or reason or fallback
-            self._write("trace_end", {"events": self._seq, "reason": end})
-            self._ended = True
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            self._rec.end(self._loop_end or reason or fallback, {})
+        self._rec.write_jsonl(self.path)
+        self._rec.remove_file()
         atexit.unregister(self._at_exit)

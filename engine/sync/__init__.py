@@ -92,8 +92,7 @@ def q_get(q, label: str):
     """queue.get that parks under control (works for Queue and SimpleQueue)."""
     item = _q_get(q, label)
     if hb.ON:  # the item's put happened before; this get makes room for a later put
-        hb.recv(q)
-        hb.send(getattr(q, "not_full", None))
+        hb.recv_send(q, getattr(q, "not_full", None))
     return item
 
 
@@ -110,16 +109,14 @@ def q_get_timeout(q, timeout: float, label: str):
     if _managed() is None:
         item = q.get(timeout=timeout)
         if hb.ON:
-            hb.recv(q)
-            hb.send(getattr(q, "not_full", None))
+            hb.recv_send(q, getattr(q, "not_full", None))
         return item
     return q_get(q, label)
 
 
 def q_put(q, item, label: str) -> None:
     if hb.ON:
-        hb.recv(getattr(q, "not_full", None))
-        hb.send(q)
+        hb.recv_send(getattr(q, "not_full", None), q)
     c = _managed()
     if c is not None:
         full = getattr(q, "full", lambda: False)

@@ -177,6 +177,7 @@ class DigestStamp:
         "value",
         "changed",
         "bias_hash",
+        "on_value",
     )
 
     def __init__(
@@ -198,6 +199,16 @@ class DigestStamp:
         self.value: str | tuple | None = None
         self.changed = False
         self.bias_hash = None
+        self.on_value = None  # the trace's recorder, told the value once it is computed
+
+    def subscribe(self, on_value) -> str | None:
+        """The value if it is computed already; else None, and `on_value(value)` is called once it
+        is (engine/trace/recorder.py logs it as a record of its own)."""
+        with _RESOLVE:
+            if self.batch is None:
+                return self.trace_value()
+            self.on_value = on_value
+            return None
 
     def trace_value(self) -> str:
         """The digest (or marker), resolved now if it is not yet."""
@@ -247,7 +258,12 @@ class DigestStamp:
     def _resolved(self, value, bias_hash: int | None, changed: bool) -> None:
         if changed:
             value = f"{self.marker}:{self.batch.bid}"
+        if self.on_value is not None and type(value) is tuple:  # the trace waits for it: now
+            value = _shared_digest(value)
         self.value, self.bias_hash, self.changed = value, bias_hash, changed
+        if self.on_value is not None:
+            self.on_value(value)
+            self.on_value = None
         batch = self.batch
         # Keep nothing of the batch alive, nor the tracer: `name` is its bound method, and a trace
         # holding its stamps would be a cycle (freed only by the collector, not when dropped).

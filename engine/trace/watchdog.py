@@ -64,10 +64,10 @@ class Watchdog:
             self.thread.start()
 
     def _run(self) -> None:
-        seen, since = self.tr.count, time.monotonic()
+        seen, since = self.tr.logged, time.monotonic()
         tick = min(self.seconds / 4, 0.25)
         while not self._stop.wait(tick):
-            n, now = self.tr.count, time.monotonic()
+            n, now = self.tr.logged, time.monotonic()
             if n != seen:
                 seen, since = n, now
                 continue
@@ -81,7 +81,7 @@ class Watchdog:
                 pending=waiting,
                 stacks=stacks(self.frames),
             )
-            seen, since = self.tr.count, time.monotonic()
+            seen, since = self.tr.logged, time.monotonic()
             if self.on_stall == "stop":
                 print(
                     f"pdo: watchdog: no event for {self.seconds:g} s with {waiting} request(s) "

@@ -27,10 +27,8 @@ WL = WorkloadConfig(requests=8, prompt_len=(20, 150), hit=0.5, seed=1)
 
 
 @pytest.fixture
-def clocks():
-    hb.enable(True)
-    yield
-    hb.enable(False)
+def clocks(monkeypatch):
+    monkeypatch.setattr(hb, "ON", True)  # off by default (pdo run --hb); restored after
 
 
 def _trace(tmp_path, mode, inject=(), name="t"):
@@ -195,7 +193,7 @@ def test_a_clock_that_cannot_be_replayed_is_refused(second, why):
         Clocks("t.jsonl", {"hb": ""}, logged)
 
 
-def test_check_predict_exit_codes(tmp_path, clocks, capsys):
+def test_check_predict_exit_codes(tmp_path, clocks, capsys, monkeypatch):
     clean = _trace(tmp_path, "thread")
     assert pdo(["check", "--predict", clean]) == 0
     cut = _write(tmp_path / "cut.jsonl", _with_clocks(canonical("thread"), drop_collect_edge=True))
@@ -204,7 +202,7 @@ def test_check_predict_exit_codes(tmp_path, clocks, capsys):
     assert pdo(["check", "--predict", "--json", cut]) == 1
     report = json.loads(capsys.readouterr().out)[0]["predict"]
     assert not report["ok"] and "P-worker-copy" in {p["rule"] for p in report["predictions"]}
-    hb.enable(False)
+    monkeypatch.setattr(hb, "ON", False)
     bare = _trace(tmp_path, "thread", name="bare")
     with pytest.raises(NoClocks):
         predict_file(bare)

@@ -17,6 +17,7 @@ import pytest
 
 from checker.linear import check_files
 from engine.runs.child_process import children_of
+from spec import tracelog
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,9 +47,10 @@ def _until_torch_loads(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
 
 
 def _lines(path: Path) -> int:
+    """The events a role has logged so far: its binary log's while it runs."""
     try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
+        return len(tracelog.read_log(Path(str(path) + tracelog.SUFFIX).read_bytes()).events)
+    except (FileNotFoundError, tracelog.BadLog):
         return 0
 
 

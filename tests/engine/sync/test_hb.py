@@ -1,5 +1,6 @@
-"""engine/sync/hb.py's clocks as the trace writes them (format 4: what changed since the thread's
-previous event) and as `pdo check --predict` replays them (checker.predict.Clocks)."""
+"""Happens-before, as the recorder logs it (engine/sync/hb.py: hand-off edges) and as the reader builds
+the clocks from them after the run (spec/tracelog.py, format 4: what changed since the thread's
+previous event), replayed by `pdo check --predict` (checker.predict.Clocks)."""
 
 from __future__ import annotations
 
@@ -9,156 +10,142 @@ import pytest
 
 from checker.predict import Clocks
 from engine.sync import hb
+from engine.trace.tracer import Tracer
 
 
 @pytest.fixture
-def on():
-    hb.enable(True)
-    yield
-    hb.enable(False)
+def tr(monkeypatch):
+    monkeypatch.setattr(hb, "ON", True)  # off by default (pdo run --hb); restored after
+    t = Tracer({"role": "prefill"})
+    t.obj(t)  # the log, and its hand-offs, start now
+    yield t
+    hb.detach(t.rec)
 
 
-def _in_thread(fn):
+def _in_thread(name: str, fn):
     out = []
-    t = threading.Thread(target=lambda: out.append(fn()))
+    t = threading.Thread(target=lambda: out.append(fn()), name=name)
     t.start()
     t.join()
-    return out[0]
+    return out[0] if out else None
 
 
 class _Channel:
     pass
 
 
-def test_a_hand_off_adds_what_it_raised_and_the_replay_gives_whole_clocks(on):
-    tag = hb.new_tag()
+def _vcs(tr: Tracer, thread: str) -> list:
+    return [e["vc"] for e in tr.events if e["thread"] == thread]
+
+
+def test_a_hand_off_adds_what_it_raised_and_the_replay_gives_whole_clocks(tr):
     q = _Channel()
+    tag = tr.header["hb"]
     a, b = tag + "a", tag + "b"
 
     def sender():
-        hb._start()
-        vcs = [hb.tick(a) for _ in range(3)]
+        for _ in range(3):
+            tr.emit("x")
         hb.send(q)
-        return vcs
 
     def receiver():
-        hb._start()
-        first = hb.tick(b)
+        tr.emit("x")
         hb.recv(q)
-        return [first, hb.tick(b), hb.tick(b)]
+        tr.emit("x")
+        tr.emit("x")
 
-    sent = _in_thread(sender)
-    got = _in_thread(receiver)
-    assert sent == [{a: 1}, 2, 3]
-    assert got == [{b: 1}, {a: 3, b: 2}, 3]  # the join's delta, then the count alone
-    events = [
-        {"seq": i, "thread": th, "vc": vc}
-        for i, (th, vc) in enumerate([*(("a", v) for v in sent), *(("b", v) for v in got)], 1)
-    ]
-    clocks = Clocks("t.jsonl", {"hb": tag}, events)
+    _in_thread("a", sender)
+    _in_thread("b", receiver)
+    assert _vcs(tr, "a") == [{a: 1}, 2, 3]
+    assert _vcs(tr, "b") == [{b: 1}, {a: 3, b: 2}, 3]  # the join's delta, then the count alone
+    clocks = Clocks("t.jsonl", tr.header, tr.events)
     assert clocks.vcs[-1] == {a: 3, b: 3}
     assert clocks.before(2, 4) and not clocks.before(3, 2)  # a's third before b's second
 
 
-def test_a_copy_joined_once_is_skipped_and_a_new_one_joined(on):
-    tag = hb.new_tag()
-    q = _Channel()
+def test_a_receiver_joins_what_was_sent_before_it_received_and_nothing_later(tr):
+    q, r = _Channel(), _Channel()
+    tag = tr.header["hb"]
     a, b = tag + "a", tag + "b"
-    ticks = threading.Event()
-    sent = threading.Event()
-    out = []
+    sent, joined = threading.Event(), threading.Event()
 
     def sender():
-        hb._start()
-        hb.tick(a)
-        hb.send(q)
-        hb.send(q)  # the same copy: nothing changed between the sends
-        sent.set()
-        ticks.wait()
-        hb.tick(a)
+        tr.emit("x")
         hb.send(q)
         sent.set()
+        joined.wait()
+        tr.emit("x")  # after the receiver's join: not ordered before its events
+        hb.send(r)
 
     def receiver():
-        hb._start()
-        hb.tick(b)
         sent.wait()
         hb.recv(q)
-        hb.recv(q)
-        out.append(hb.tick(b))  # joined once
-        sent.clear()
-        ticks.set()
-        sent.wait()
-        hb.recv(q)
-        out.append(hb.tick(b))
+        tr.emit("x")
+        joined.set()
 
-    ts = [threading.Thread(target=f) for f in (sender, receiver)]
+    ts = [threading.Thread(target=f, name=n) for f, n in ((sender, "a"), (receiver, "b"))]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    assert out == [{a: 1, b: 2}, {a: 2, b: 3}]
+    assert _vcs(tr, "b") == [{a: 1, b: 1}]
+    clocks = Clocks("t.jsonl", tr.header, tr.events)
+    first_a, second_a, only_b = 0, 2, 1
+    assert [e["thread"] for e in tr.events] == ["a", "b", "a"]
+    assert clocks.before(first_a, only_b) and not clocks.before(only_b, second_a)
+    assert not clocks.before(second_a, only_b)
 
 
-def test_a_thread_counting_under_two_tracers_writes_whole_clocks_after_a_join(on):
-    t1 = hb.new_tag()
-    t2 = hb.new_tag()
-    q = _Channel()
-    x, y, s = t1 + "main", t2 + "main", t2 + "sched"
-
-    def main():
-        hb._start()
-        hb.tick(x)
-        hb.tick(y)  # now counting under both
-        _in_thread(lambda: (hb._start(), hb.tick(s), hb.send(q)))
-        hb.recv(q)
-        return hb.tick(x), hb.tick(y)
-
-    in_x, in_y = _in_thread(main)
-    # each trace's event knows the other trace's scheduler: a delta written into one trace only
-    # would leave the other without it
-    assert in_x == {x: 2, y: 1, s: 1} and in_y == {x: 2, y: 2, s: 1}
-
-
-def test_a_join_before_a_second_tracer_reaches_the_first_ones_trace(on):
-    """A join while the thread counts under one tracer, then two events under a second tracer:
-    the first tracer's next event must still carry the join."""
-    t1, t2 = hb.new_tag(), hb.new_tag()
-    q = _Channel()
-    x, y, w = t1 + "main", t2 + "main", t1 + "w"
-
-    def main():
-        hb._start()
-        hb.tick(x)
-        _in_thread(lambda: (hb._start(), hb.tick(w), hb.send(q)))
-        hb.recv(q)  # one key so far: a delta
-        hb.tick(y)  # the second tracer's first event: the whole clock
-        hb.tick(y)
-        return hb.tick(x)
-
-    assert _in_thread(main) == {x: 2, w: 1, y: 2}
-
-
-def test_a_relay_never_puts_an_older_clock_over_a_newer_one(on):
+def test_a_relay_never_puts_an_older_clock_over_a_newer_one(tr):
     """A stream that waits on an event takes the event's clocks; an event recorded on the stream
     after that must still carry the launches made after the first event (engine/runtime/device.py)."""
-    tag = hb.new_tag()
     stream, first, second = _Channel(), _Channel(), _Channel()
-    a = tag + "a"
+    a = tr.header["hb"] + "a"
 
     def launcher():
-        hb._start()
-        hb.tick(a)
+        tr.emit("x")
         hb.send(stream)
         hb.relay(stream, first)  # an event recorded after the first launch
-        hb.tick(a)
+        tr.emit("x")
         hb.send(stream)  # a second launch
 
     def waiter():
-        hb._start()
         hb.relay(first, stream)  # the stream waits on the first event
         hb.relay(stream, second)  # and an event is recorded on it
 
-    _in_thread(launcher)
-    _in_thread(waiter)
-    assert _in_thread(lambda: (hb._start(), hb.recv(second), hb.snapshot())[-1]) == {a: 2}
+    _in_thread("a", launcher)
+    _in_thread("w", waiter)
+    _in_thread("c", lambda: (hb.recv(second), tr.emit("x")))
+    assert _vcs(tr, "c")[0][a] == 2
+
+
+def test_a_thread_started_from_a_snapshot_starts_after_it(tr):
+    """sync's threads and pools start from their starter's clock (hb.carried)."""
+    a = tr.header["hb"] + "a"
+    done = _Channel()
+
+    def starter():
+        tr.emit("x")
+        t = threading.Thread(target=hb.carried(lambda: tr.emit("y"), hb.snapshot(), done), name="c")
+        t.start()
+        t.join()
+
+    _in_thread("a", starter)
+    assert _vcs(tr, "c") == [{a: 1, tr.header["hb"] + "c": 1}]
+
+
+def test_each_open_trace_logs_the_hand_offs_and_a_closed_one_no_more(tmp_path, monkeypatch):
+    monkeypatch.setattr(hb, "ON", True)
+    one, two = Tracer({"role": "prefill"}), Tracer({"role": "decode"})
+    q = _Channel()
+    for t in (one, two):
+        t.stream(str(tmp_path / f"{t.header['role']}.jsonl"))
+    _in_thread("w", lambda: (two.emit("x"), hb.send(q)))
+    _in_thread("m", lambda: (hb.recv(q), one.emit("x"), two.emit("x")))
+    w = two.header["hb"] + "w"
+    assert [e["vc"].get(w) for e in two.events if e["thread"] == "m"] == [1]
+    two.close()
+    n1, n2 = one.rec._peek(), two.rec._peek()
+    hb.send(q)
+    assert (one.rec._peek(), two.rec._peek()) == (n1 + 1, n2)
+    one.close()

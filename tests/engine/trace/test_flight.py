@@ -1,6 +1,7 @@
 """The flight recorder: a streamed trace survives the run's end, however it ends (engine/trace/tracer.py
-`stream`, engine/trace/writer.py, engine/trace/watchdog.py), and `pdo check` reads a cut trace as
-truncated, never as a pass (checker/trace_io.py `truncation`)."""
+`stream`, engine/trace/recorder.py, engine/trace/watchdog.py), a killed run's binary log reads as a truncated
+trace (checker/trace_log.py), and `pdo check` reads a cut trace as truncated, never as a pass
+(checker/trace_io.py `truncation`)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from engine.runs.spec import RunSpec, WatchdogSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.trace.tracer import Tracer
 from engine.trace.watchdog import Watchdog
-from spec import load_events
+from spec import load_events, tracelog
 
 # the loops' traces refine their models (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("refined")
@@ -51,15 +52,25 @@ def _run(tmp_path, name="t.jsonl", mode="thread", requests=8, **kw):
 def _slow_run(trace: Path) -> subprocess.Popen:
     """A `pdo run` of some seconds: requests arrive at 40/s."""
     cmd = [sys.executable, "-m", "engine.cli", "run", "--trace", str(trace), "--no-verify"]
-    cmd += ["--arrival", "poisson", "--rate", "40", "--requests", "400", "--trace-flush-ms", "20"]
+    cmd += ["--arrival", "poisson", "--rate", "40", "--requests", "400"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _logged(path: Path) -> int:
+    """Events in the binary log of the trace at `path` as a reader takes them (what a run has
+    logged so far, up to a digest it has not computed yet)."""
+    log = Path(str(path) + tracelog.SUFFIX)
+    try:
+        return len(tracelog.read_log(log.read_bytes()).finish(final=True))
+    except (OSError, tracelog.BadLog):  # not there yet, or its head not yet written
+        return 0
 
 
 def _wait_for_events(path: Path, n: int, proc, timeout=60.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if path.exists() and path.read_bytes().count(b"\n") > n:
+        if _logged(path) > n:
             return
         assert proc.poll() is None, proc.stderr.read().decode()
         time.sleep(0.05)
@@ -67,8 +78,8 @@ def _wait_for_events(path: Path, n: int, proc, timeout=60.0) -> None:
 
 
 def test_a_killed_run_leaves_a_truncated_prefix(tmp_path, capsys):
-    """SIGKILL: the file is a prefix of the run (up to the last flush) that `pdo check` calls
-    truncated, not a pass and not bad input."""
+    """SIGKILL: the binary log holds every event logged, which `pdo check` reads as a trace it
+    calls truncated, not a pass and not bad input."""
     trace = tmp_path / "kill.jsonl"
     proc = _slow_run(trace)
     try:
@@ -79,10 +90,14 @@ def test_a_killed_run_leaves_a_truncated_prefix(tmp_path, capsys):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
-    assert b'"trace_end"' not in trace.read_bytes()
+    assert not trace.exists()  # only the log: the JSON Lines are made at the end
+    logged = _logged(trace)
     assert pdo(["check", "--json", str(trace)]) == INCOMPLETE
-    report = json.loads(capsys.readouterr().out)[0]
+    out = capsys.readouterr()
+    report = json.loads(out.out)[0]
     assert report["truncated"] and "P-complete" in report["not_judged"] and report["ok"]
+    assert report["events"] == logged > 40 and "no trace_end: truncated" in out.err
+    assert b'"trace_end"' not in trace.read_bytes()  # made from the log by the check
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -94,7 +109,7 @@ def test_a_signalled_run_ends_its_trace_with_reason_signal(tmp_path, sig):
     exit_on_sigterm()
 
     def send():
-        while not path.exists() or path.read_bytes().count(b"\n") < 40:
+        while _logged(path) < 40:
             time.sleep(0.02)
         os.kill(os.getpid(), sig)
 
@@ -103,7 +118,7 @@ def test_a_signalled_run_ends_its_trace_with_reason_signal(tmp_path, sig):
     wc = WorkloadConfig(requests=400, arrival="poisson", rate=40.0)
     try:
         with pytest.raises((KeyboardInterrupt, SystemExit)):
-            run_prefill(RunSpec(cfg, wc, trace_path=str(path), flush_ms=20, verify=False))
+            run_prefill(RunSpec(cfg, wc, trace_path=str(path), verify=False))
     finally:
         signal.signal(signal.SIGTERM, previous)
     lines = _lines(path)
@@ -229,31 +244,67 @@ def test_a_version_1_trace_without_trace_end_is_whole(tmp_path):
 
 
 class _Stamp:
-    """A late digest, as engine.trace.digest.DigestStamp: pending while `batch` is set."""
+    """A late digest, as engine.trace.digest.DigestStamp: `resolve` computes it, and tells the recorder
+    that subscribed."""
 
-    batch = object()
+    def __init__(self):
+        self.on_value = None
+
+    def subscribe(self, on_value):
+        self.on_value = on_value
+
+    def resolve(self):
+        self.on_value("d1")
 
     def trace_value(self):
         return "d1"
 
 
-def test_the_writer_waits_for_a_late_digest_and_never_drops(tmp_path):
+def test_a_late_digest_is_a_record_of_its_own_and_a_log_without_it_stops_before_it(tmp_path):
     tr = Tracer({"role": "prefill"})
     path = tmp_path / "w.jsonl"
-    tr.stream(str(path), flush_ms=1000, flush_events=2, max_pending=4)
+    tr.stream(str(path))
     log = tr.events_for(snapshot=("batch", "digest"), stage=("batch",))
-    stamp = _Stamp()
+    stamp, later = _Stamp(), _Stamp()
     log.snapshot(0, stamp)
     log.stage(0)
-    assert tr._writer.drain(force=False) == 0  # the digest is not known yet: nothing written
-    stamp.batch = None  # resolved by its thread
-    assert tr._writer.drain(force=False) == 2
-    for b in range(1, 200):  # past max_pending many times over: the logger waits, none is lost
-        log.stage(b)
-    tr.close()
+    stamp.resolve()  # by its thread, after the events
+    log.snapshot(1, later)  # never computed before the "kill"
+    log.stage(1)
+    r = tracelog.read_log(Path(str(path) + tracelog.SUFFIX).read_bytes())
+    events = r.finish(final=True)
+    assert [(e["ev"], e.get("digest")) for e in events] == [("snapshot", "d1"), ("stage", None)]
+    assert r.damage.unresolved == 2 and r.end is None
+    tr.close()  # the end computes what is pending
     lines = _lines(path)
-    assert lines[1]["digest"] == "d1" and [e["seq"] for e in lines[1:]] == list(range(1, 203))
-    assert lines[-1] == {**lines[-1], "ev": "trace_end", "events": 201, "reason": "normal"}
+    assert [e.get("digest") for e in lines[1:-1]] == ["d1", None, "d1", None]
+    assert lines[-1] == {**lines[-1], "ev": "trace_end", "events": 4, "reason": "normal"}
+    assert not Path(str(path) + tracelog.SUFFIX).exists()  # the log goes once its lines are made
+
+
+def test_a_torn_last_record_and_an_unwritten_slot_are_detected(tmp_path, capsys):
+    """What SIGKILL can leave: a record cut mid-write (its check field not its slot's) and a slot
+    taken but never written; both dropped and said, the rest read, the trace truncated."""
+    tr = Tracer({"role": "prefill", "mode": "normal", "page_size": 16})
+    path = tmp_path / "t.jsonl"
+    tr.stream(str(path))
+    log = tr.events_for(stage=("batch",))
+    for b in range(5):
+        log.stage(b)
+    log_path = Path(str(path) + tracelog.SUFFIX)
+    data = bytearray(log_path.read_bytes())
+    slots = [i for i in range(1, len(data) // tracelog.SLOT) if any(data[i * 96 : i * 96 + 96])]
+    third, last = slots[-3], slots[-1]
+    data[third * 96 : third * 96 + 96] = bytes(96)  # taken, never written
+    data[last * 96 + 88 : last * 96 + 96] = bytes(8)  # cut before its check field
+    log_path.write_bytes(bytes(data))
+    r = tracelog.read_log(bytes(data))
+    assert (r.damage.torn, r.damage.holes) == (1, 1)
+    assert [e["batch"] for e in r.finish(final=True)] == [0, 1, 3]
+    assert pdo(["check", "--json", str(path)]) != OK  # these stages break rules: never a pass
+    out = capsys.readouterr()
+    assert json.loads(out.out)[0]["truncated"] == 5  # the line after the three events: no end
+    assert "1 torn record(s) dropped" in out.err and "1 slot(s) taken but never written" in out.err
 
 
 def test_an_event_after_trace_end_is_malformed(tmp_path, capsys):

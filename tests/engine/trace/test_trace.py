@@ -43,7 +43,7 @@ def test_tracer_object_ids_survive_id_reuse():
 def test_declared_events_read_back_as_emitted():
     """A declared event (Tracer.events_for, the engine's hot paths) reads back as `emit` would have
     logged it: the same fields, objects named, digest stamps resolved; the progress monitor's view
-    (names_and_fields) names its values too. A NullTracer's loggers keep nothing."""
+    (names_and_fields) names its objects too. A NullTracer's loggers keep nothing."""
     a = Req(rid="a", prompt=[1], bootstrap_room=0)
     kw, pos = Tracer(), Tracer()
     log = pos.events_for(kv_send=("rid", "obj", "tokens", "pages"), snapshot=("batch", "digest"))
@@ -65,7 +65,10 @@ def test_declared_events_read_back_as_emitted():
     ):
         send()
         snap(make_batch())
-    assert pos.names_and_fields()[0] == ("kv_send", {"rid": "a", "obj": a, "tokens": 3, "pages": 1})
+    assert pos.names_and_fields()[0] == (
+        "kv_send",
+        {"rid": "a", "obj": "o1", "tokens": 3, "pages": 1},
+    )
     strip = lambda evs: [{k: v for k, v in e.items() if k != "t_ns"} for e in evs]  # noqa: E731
     assert strip(pos.events) == strip(kw.events)
     assert pos.events[0]["obj"] == "o1" and len(pos.events[1]["digest"]) == 16
@@ -77,10 +80,11 @@ def test_declared_events_read_back_as_emitted():
 def test_a_declared_event_logged_with_the_wrong_values_fails_where_it_is_logged():
     for tr in (Tracer(), NullTracer()):
         alloc = tr.events_for(alloc=("rid", "obj", "slot")).alloc
-        wrong = r"event alloc: 2 values logged for the fields rid, obj, slot"
+        # the recorder's message is Python's for its generated call, which names the event
+        wrong = r"event alloc(: 2 values logged for the fields rid, obj, slot|.* argument: 'slot')"
         with pytest.raises(TypeError, match=wrong):
             alloc("a", "o1")
-        with pytest.raises(TypeError, match=r"event alloc: 4 values"):
+        with pytest.raises(TypeError, match=r"event alloc(: 4 values|.* but 4 were given)"):
             alloc("a", "o1", 0, 1)
         assert tr.count == 0
 
