@@ -19,13 +19,17 @@ class PrefillFacts:
         self.ranks_of: dict = defaultdict(set)
         self.sent: dict = defaultdict(lambda: [0, 0])  # (rank, rid) -> [tokens, pages]
         self.ranks_seen: set = set()
+        # ranks whose trace ends with a trace_end other than normal: the rank was stopped (a
+        # signal, an exception, the watchdog) before its run's end
+        self.stopped: set = set()
         self.dp_size = None
 
     def add(self, path: str, header: dict) -> None:
         rank = header["dp_rank"]
         self.ranks_seen.add(rank)
         self.dp_size = header.get("dp_size", self.dp_size)
-        for _, e in iter_events(path):
+        status: dict = {}
+        for _, e in iter_events(path, status=status):
             if e["ev"] == "admit":
                 for rid in e["rids"]:
                     self.ranks_of[rid].add(rank)
@@ -33,6 +37,9 @@ class PrefillFacts:
                 s = self.sent[(rank, e["rid"])]
                 s[0] += e.get("tokens", 0)
                 s[1] += e["pages"]
+        end = status.get("end")
+        if end is not None and end.get("reason") != "normal":
+            self.stopped.add(rank)
 
     @property
     def complete(self) -> bool:
@@ -66,9 +73,13 @@ class CrossRank(Template):
         if not ranks:
             # A rank the parallel info decided (as SGLang does) was not a route the bootstrap
             # server answered: a room no prefill serves then fails its transfer and must abort
-            # (D-request-ends).
+            # (D-request-ends). A rank stopped before its run's end (a signal: trace_end says
+            # so) may not have admitted a room the decode already initialised (the room was
+            # registered, its request still queued): not judged then. A rank that died leaves
+            # no trace_end and is excused only by the decode's `failed_rank`.
             if (
                 facts.complete
+                and not facts.stopped
                 and self.addr_of.get(e["room"]) not in self.local
                 and e["rank"] not in self.ctx.failed_ranks
             ):

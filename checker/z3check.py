@@ -140,15 +140,17 @@ def check_cross(
     _, prefills, decodes = cross_pairs(paths)
     if not prefills or not decodes:
         return []
-    remote = [_load(p) for p in prefills]
+    statuses = [{} for _ in prefills]
+    remote = [_load(p, status=st) for p, st in zip(prefills, statuses)]
     out = []
     for d in decodes:
         t0 = time.perf_counter()
         dh, events = _load(d)
         header = {**dh, "role": "cross", "prefill_traces": prefills}
         universe = TraceUniverse(header, events)
-        for h, evs in remote:
-            universe.add_remote(h, evs)
+        for (h, evs), st in zip(remote, statuses):
+            end = st.get("end")
+            universe.add_remote(h, evs, stopped=end is not None and end.get("reason") != "normal")
         mine = [
             r for r in (rules or load_rules()) if r.role == "cross" and r.applies(dh.get("mode"))
         ]

@@ -169,8 +169,8 @@ def _failed_ranks(universe) -> set:
 
 
 # cross_rank: a receiver_init's rank is the one prefill rank whose trace admitted the request; a
-# request no prefill trace admitted is an error only when every DP rank's trace is there (and its
-# rank did not fail).
+# request no prefill trace admitted is an error only when every DP rank's trace is there, none was
+# stopped before its run's end (linear: CrossRank), and its rank did not fail.
 @ENCODERS.register("cross_rank")
 def enc_cross_rank(rule, universe):
     served = defaultdict(set)
@@ -192,6 +192,7 @@ def enc_cross_rank(rule, universe):
             # a rank the parallel info decided is no route the server answered (linear: CrossRank)
             if (
                 universe.dp_complete
+                and not universe.dp_stopped
                 and addr_of.get(x.f["room"]) not in local
                 and not (isinstance(x.f["rank"], int) and x.f["rank"] in failed)
             ):

@@ -52,10 +52,12 @@ class TraceUniverse(Universe):
     def tid(self, name):
         return name
 
-    def add_remote(self, header: dict, events) -> None:
+    def add_remote(self, header: dict, events, *, stopped: bool = False) -> None:
         """The admit and send events of the prefill trace of DP rank header["dp_rank"], as facts for
-        the cross rules (never in `events`: their seqs are another file's)."""
+        the cross rules (never in `events`: their seqs are another file's). `stopped`: its
+        trace_end says the rank was stopped before its run's end (checker.cross_templates)."""
         rank = header["dp_rank"]
+        self.dp_stopped = self.dp_stopped or stopped
         self.dp_ranks = frozenset(self.dp_ranks | {rank})
         self._dp_size = header.get("dp_size", getattr(self, "_dp_size", None))
         self.dp_complete = self._dp_size is not None and self.dp_ranks >= set(range(self._dp_size))

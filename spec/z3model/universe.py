@@ -92,6 +92,7 @@ class Universe:
     # The prefill side of a cross check (TraceUniverse.add_remote): facts, not positions.
     dp_ranks: frozenset = frozenset()
     dp_complete = False
+    dp_stopped = False  # a prefill rank's trace_end says it was stopped before its run's end
 
     def remote(self, name) -> list[Ev]:
         return getattr(self, "_remote", {}).get(name, [])

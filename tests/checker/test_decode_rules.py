@@ -288,10 +288,11 @@ def test_prefetch_off_trace_must_not_call_the_prefetch(tmp_path):
 # ---- cross-process ----------------------------------------------------------------------------------
 
 
-def prefill_trace(path, rank, admitted, sent):
+def prefill_trace(path, rank, admitted, sent, end: str | None = None):
+    """A prefill rank's trace; with `end`, version 2 ending with a trace_end of that reason."""
     head = {
         "format": "pdo-trace",
-        "version": 1,
+        "version": 1 if end is None else 2,
         "role": "prefill",
         "mode": "normal",
         "page_size": 16,
@@ -307,6 +308,10 @@ def prefill_trace(path, rank, admitted, sent):
         f.write(json.dumps(head) + "\n")
         for i, e in enumerate(lines, 1):
             f.write(json.dumps({"seq": i, "t_ns": i, **e}) + "\n")
+        if end is not None:
+            n = len(lines)
+            last = dict(seq=n + 1, t_ns=n + 1, thread=S, ev="trace_end", events=n, reason=end)
+            f.write(json.dumps(last) + "\n")
     return str(path)
 
 
@@ -333,6 +338,23 @@ def test_cross_rules_pass_when_decode_and_prefill_agree(tmp_path):
 def test_cross_rank_served_fails_when_another_rank_admitted_the_request(tmp_path):
     r, _ = cross(tmp_path, (["r1", "r3", "r2"], [("r1", 20), ("r3", 16), ("r2", 17)]), ([], []))
     assert {v.rule.id for v in r.violations} >= {"X-rank-served"}
+
+
+@pytest.mark.parametrize("end, broken", [("signal", False), ("normal", True)])
+def test_cross_rank_served_leaves_a_room_to_a_rank_stopped_before_its_end(tmp_path, end, broken):
+    """r2's rank 1 admitted nothing: a fault when its trace ended normally, not judged when a
+    signal stopped it first (the room registered, its request still queued), in both checkers."""
+    from checker.z3check import check_cross as z3_cross
+
+    paths = [
+        write(tmp_path / "d.jsonl", base()),
+        prefill_trace(tmp_path / "p0.jsonl", 0, *GOOD[0], end=end),
+        prefill_trace(tmp_path / "p1.jsonl", 1, [], [], end=end),
+    ]
+    (linear,) = check_cross(paths, load_rules())
+    (z3,) = z3_cross(paths)
+    assert ("X-rank-served" in {v.rule.id for v in linear.violations}) == broken
+    assert ("X-rank-served" in z3.cores) == broken
 
 
 def test_cross_kv_pages_fails_when_decode_got_less_than_prefill_sent(tmp_path):
