@@ -15,9 +15,9 @@ the item it took, and an id() reused by a later object joins what the dead one c
 add orders, so a reordering predicted from these clocks is one the engine really allows (the
 analysis can miss some, never invent one).
 
-Off by default (`pdo run --hb`, or PDO_HB=1): when on, the edges cost the recorder about 15% of
-the run's wall time (docs/benchmarks.md), over the 3% budget; when off every hook is one
-attribute test.
+Off by default (`pdo run --hb`, or PDO_HB=1): with the edges, tracing costs about 13.5% of the
+run's wall time against 9% without (docs/benchmarks.md), far over the 3% budget; when off every
+hook is one attribute test.
 """
 
 from __future__ import annotations
