@@ -64,6 +64,8 @@ def kill_run(i: int, out: str, rng: random.Random, rate: float, requests: int) -
     p.wait()
     if p.returncode != -signal.SIGKILL:
         return {"kind": "run", "i": i, "skipped": f"ended before the kill ({p.returncode})"}
+    if not os.path.exists(log):  # killed after its trace closed (the log made into the lines)
+        return {"kind": "run", "i": i, "skipped": "killed after the trace closed"}
     return {"kind": "run", "i": i, "after_s": round(delay, 3), **_read(trace)}
 
 
