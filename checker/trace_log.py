@@ -28,15 +28,12 @@ def materialize(path: str) -> str:
     except (tracelog.BadLog, KeyError, ValueError) as err:
         raise tracelog.BadLog(f"{log}: not a readable binary log: {err}") from None
     lines, whole = tracelog.jsonl_lines(r, tracelog.default_dumps)
-    data = b"\n".join(lines) + b"\n"
     try:
-        with open(out + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(out + ".tmp", out)
+        tracelog.write_lines(out, lines)
     except OSError:  # a folder we may not write to: a file of our own
         fd, out = tempfile.mkstemp(suffix=".jsonl", prefix="pdo-trace-")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(b"\n".join(lines) + b"\n")
     d = r.damage
     print(
         f"note: {log}: the run left only its binary log; {len(lines) - 1} line(s) made from it"

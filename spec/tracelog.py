@@ -34,6 +34,7 @@ Records (the first field `code` says which):
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -349,12 +350,27 @@ def jsonl_lines(r: LogReader, dumps) -> tuple[list[bytes], bool]:
     return lines, whole
 
 
-def default_dumps(x) -> bytes:
-    """orjson's compact JSON where it is installed (what the engine writes), else the standard
-    library's with the same separators."""
-    try:
-        import orjson
+def _stdlib_dumps(x) -> bytes:
+    return json.dumps(x, separators=(",", ":")).encode()
 
-        return orjson.dumps(x)
-    except (ImportError, TypeError):  # a lone surrogate, an int over 64 bits: as the engine does
-        return json.dumps(x, separators=(",", ":")).encode()
+
+try:  # orjson's compact JSON where it is installed (what the engine writes), looked up once
+    import orjson
+
+    def default_dumps(x) -> bytes:
+        try:
+            return orjson.dumps(x)
+        except TypeError:  # a lone surrogate, an int over 64 bits: as the engine does
+            return _stdlib_dumps(x)
+
+except ImportError:
+    default_dumps = _stdlib_dumps
+
+
+def write_lines(path: str, lines: list[bytes]) -> None:
+    """A JSON Lines file written whole: under a temporary name, then renamed, so that a trace file
+    that exists is complete."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    os.replace(tmp, path)

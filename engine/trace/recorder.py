@@ -444,10 +444,7 @@ class Recorder:
         renamed: a JSON Lines file that exists is complete)."""
         r = self.read(final=True)
         lines, _ = tl.jsonl_lines(r, dumps)
-        tmp = out + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(b"\n".join(lines) + b"\n")
-        os.replace(tmp, out)
+        tl.write_lines(out, lines)
         return r
 
     def remove_file(self) -> None:
