@@ -64,10 +64,12 @@ class Ctx:
 
     The index is the first (seq, thread) of each batch of each batch-indexed kind, and the rids of
     each batch's first admit. The checker hands it each chunk's events of those kinds (`add`),
-    which it only keeps (a reference to the chunk's list, no work per event while the trace
-    streams); it is built when first read: as dicts (`idx`, `admits`) for the loops that read a
-    few batches, as numpy columns (`dense()`) for the finish-time templates that read them all. A
-    passing check of batch ids dense enough for arrays builds only the columns."""
+    which it keeps (a reference to the chunk's list), with their batch, seq and thread as columns
+    (read in C while the chunk is fresh in the cache: read at the end, from all over memory, the
+    same fields cost several times as much); it is built when first read: as dicts (`idx`,
+    `admits`) for the loops that read a few batches, as numpy arrays (`dense()`) from the columns
+    for the finish-time templates that read them all. A passing check of batch ids dense enough
+    for arrays builds only the arrays."""
 
     def __init__(self, header: dict, page_size: int):
         self.header, self.page_size = header, page_size
@@ -76,10 +78,17 @@ class Ctx:
         self._kept: dict = defaultdict(list)  # ev -> its event lists, a chunk each, in trace order
         self._unindexed: dict = defaultdict(list)  # the same, not yet in _idx
         self._flat: dict = {}  # ev -> all its events, in trace order (built on first use)
+        self._columns: dict = {}  # ev -> (batches, seqs, threads) of its events, in trace order
         self._dense: object = None
 
     def add(self, ev: str, evs: list) -> None:
         """A chunk's events of a batch-indexed kind `ev` (trace order; not changed after)."""
+        cols = self._columns.get(ev)
+        if cols is None:
+            cols = self._columns[ev] = ([], [], [])
+        cols[0].extend(map(_BATCH, evs))
+        cols[1].extend(map(_SEQ, evs))
+        cols[2].extend(map(_THREAD, evs))
         self._kept[ev].append(evs)
         self._unindexed[ev].append(evs)
         self._flat.pop(ev, None)
@@ -151,10 +160,9 @@ class Dense:
     @classmethod
     def build(cls, ctx) -> Dense | None:
         batches = {}  # ev -> the batch of each of its events
-        for ev in ctx._kept:
-            evs = ctx.events(ev)
+        for ev, cols in ctx._columns.items():
             try:
-                batches[ev] = np.fromiter(map(_BATCH, evs), dtype=np.int64, count=len(evs))
+                batches[ev] = np.array(cols[0], dtype=np.int64)
             except (TypeError, ValueError, OverflowError):  # not ints of 64 bits: the loops
                 return None
         keys = [f(b) for b in batches.values() if len(b) for f in (np.min, np.max)]
@@ -176,10 +184,10 @@ class Dense:
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
             if b is not None and len(b):  # in C: each batch's first event (np.unique's index)
-                evs = self.ctx.events(ev)
+                _, seqs, threads = self.ctx._columns[ev]
                 k, first = np.unique(b - self.lo, return_index=True)
-                seq[k] = np.fromiter(map(_SEQ, evs), dtype=np.int64, count=len(evs))[first]
-                threads = list(map(_THREAD, map(evs.__getitem__, first.tolist())))
+                seq[k] = np.array(seqs, dtype=np.int64)[first]
+                threads = list(map(threads.__getitem__, first.tolist()))
                 codes = self._codes
                 for t in dict.fromkeys(threads):  # a few distinct threads
                     codes.setdefault(t, len(codes))
