@@ -58,7 +58,6 @@ class Lifecycle(Template):
         self.mode = rule["check"]
         self.live = {}  # rid -> (obj, slot, seq)
         self.slots = {}  # slot -> (rid, seq)
-        self.released = {}  # rid -> seq
         if self.mode == "pairing":
             self.events = (self.acq, self.rel)
         else:
@@ -67,8 +66,11 @@ class Lifecycle(Template):
             self.processed = rule["processed"][0]
             self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
             self.count = defaultdict(int)  # Req object -> middle chunks in flight
-            self.sent_any = set()  # rids with some KV sent
-            self.rid_batches = defaultdict(list)
+            # rid -> [whether some of its KV was sent, the batches that admitted it, the seq of
+            # its latest release or None]: one entry per request, so that each event looks its
+            # request up once (three tables of every request each cost a lookup, mostly a cache
+            # miss, per event)
+            self.reqs: dict = {}
             self.admit_seq = {}  # batch -> seq of its admit
             self.done = set()  # batches whose `processed` event was seen
 
@@ -77,27 +79,34 @@ class Lifecycle(Template):
             self._pairing_chunk(evs)
             return
         inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
-        count, sent_any, rid_batches = self.count, self.sent_any, self.rid_batches
-        done, released = self.done, self.released
-        add_sent, checks = sent_any.add, 0
+        count, reqs, done = self.count, self.reqs, self.done
+        checks = 0
         for e in evs:
             ev = e.ev
             if ev == sent:
-                add_sent(e.rid)
+                req = reqs.get(e.rid)
+                if req is None:
+                    reqs[e.rid] = [True, [], None]
+                else:
+                    req[0] = True
             elif ev == rel:
                 checks += 1
                 rid, seq = e.rid, e.seq
-                released[rid] = seq
-                for b in rid_batches.get(rid, ()):
+                req = reqs.get(rid)
+                if req is None:
+                    req = reqs[rid] = [False, [], seq]
+                else:
+                    req[2] = seq
+                for b in req[1]:
                     if b not in done:
                         self.fail(
                             f"{rid} released while batch {b} holding it was not yet processed",
                             self.admit_seq[b],
                             seq,
                         )
-                if count.get(e.obj, 0) > 0:
+                if count and count.get(e.obj, 0) > 0:
                     self.fail(f"{rid} released with {count[e.obj]} middle chunk(s) in flight", seq)
-                if rid not in sent_any:
+                if not req[0]:
                     self.fail(f"{rid} released before any of its KV was sent", seq)
             elif ev == "admit":
                 self._admit(e)
@@ -110,14 +119,16 @@ class Lifecycle(Template):
         self.checks += checks
 
     def _admit(self, e):
-        b = e.batch
+        b, reqs = e.batch, self.reqs
         self.admit_seq.setdefault(b, e.seq)
         for rid in e.rids:
-            self.rid_batches[rid].append(b)
-            if rid in self.released:
-                self.fail(
-                    f"{rid} admitted in batch {b} after it was released", self.released[rid], e.seq
-                )
+            req = reqs.get(rid)
+            if req is None:
+                reqs[rid] = [False, [b], None]
+                continue
+            req[1].append(b)
+            if req[2] is not None:
+                self.fail(f"{rid} admitted in batch {b} after it was released", req[2], e.seq)
 
     def _pairing_chunk(self, evs):
         acq, live, slots = self.acq, self.live, self.slots
