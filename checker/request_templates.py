@@ -197,7 +197,9 @@ class PageAligned(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
-        self.previous: dict = {}  # rid -> its latest send with `start`
+        # rid -> (ev, tokens, seq) of its latest send with `start` if that covers a partial page,
+        # else None
+        self.previous: dict = {}
         self.typed: dict = {}  # struct type -> whether it has start and tokens
 
     def on_chunk(self, evs):
@@ -221,14 +223,17 @@ class PageAligned(Template):
                     e.seq,
                 )
             before = previous.get(rid)
-            if before is not None and before.tokens % ps:
+            if before is not None:
+                ev, covers, seq = before
                 self.fail(
-                    f"{before.ev} for {rid} covers {before.tokens} tokens, not whole "
+                    f"{ev} for {rid} covers {covers} tokens, not whole "
                     f"pages (page_size {ps}), and is not the request's last send",
-                    before.seq,
+                    seq,
                     e.seq,
                 )
-            previous[rid] = e
+            # what the message needs of a send that covers a partial page, not the event (kept
+            # past its chunk, an event costs its memory's reuse)
+            previous[rid] = (e.ev, tokens, e.seq) if tokens % ps else None
         self.checks += checks
 
 

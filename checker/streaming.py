@@ -23,7 +23,6 @@ from spec import Rule
 from spec.registry import Registry
 
 _SEQ, _BATCH, _THREAD, _RIDS = (attrgetter(f) for f in ("seq", "batch", "thread", "rids"))
-_SEQ_THREAD = attrgetter("seq", "thread")
 
 
 @dataclass
@@ -63,44 +62,36 @@ class Ctx:
     """What the templates of one check share: the header, the page size, and the batch index.
 
     The index is the first (seq, thread) of each batch of each batch-indexed kind, and the rids of
-    each batch's first admit. The checker hands it each chunk's events of those kinds (`add`),
-    which it keeps (a reference to the chunk's list), with their batch, seq and thread as columns
-    (read in C while the chunk is fresh in the cache: read at the end, from all over memory, the
-    same fields cost several times as much); it is built when first read: as dicts (`idx`,
-    `admits`) for the loops that read a few batches, as numpy arrays (`dense()`) from the columns
-    for the finish-time templates that read them all. A passing check of batch ids dense enough
-    for arrays builds only the arrays."""
+    each batch's first admit. The checker hands it each chunk's events of those kinds (`add`), of
+    which it keeps the batch, seq and thread (and an admit's rids) as columns, read in C while the
+    chunk is fresh in the cache, and not the events: an event kept past its chunk costs its
+    memory's reuse, and read again at the end, from all over memory, its fields cost several
+    times as much. The index is built from the columns when first read: as dicts (`idx`,
+    `admits`) for the loops that read a few batches, as numpy arrays (`dense()`) for the
+    finish-time templates that read them all. A passing check of batch ids dense enough for
+    arrays builds only the arrays."""
 
     def __init__(self, header: dict, page_size: int):
         self.header, self.page_size = header, page_size
         self._idx: dict = defaultdict(dict)  # ev -> batch -> (seq, thread)
         self._admits: dict = {}  # batch -> rids of its (first) admit
-        self._kept: dict = defaultdict(list)  # ev -> its event lists, a chunk each, in trace order
-        self._unindexed: dict = defaultdict(list)  # the same, not yet in _idx
-        self._flat: dict = {}  # ev -> all its events, in trace order (built on first use)
-        self._columns: dict = {}  # ev -> (batches, seqs, threads) of its events, in trace order
+        # ev -> (batches, seqs, threads, rids (admits only, else empty)) of its events, in trace
+        # order
+        self._columns: dict = {}
+        self._indexed: dict = {}  # ev -> how many of its events _idx holds
         self._dense: object = None
 
     def add(self, ev: str, evs: list) -> None:
-        """A chunk's events of a batch-indexed kind `ev` (trace order; not changed after)."""
+        """A chunk's events of a batch-indexed kind `ev` (trace order)."""
         cols = self._columns.get(ev)
         if cols is None:
-            cols = self._columns[ev] = ([], [], [])
+            cols = self._columns[ev] = ([], [], [], [])
         cols[0].extend(map(_BATCH, evs))
         cols[1].extend(map(_SEQ, evs))
         cols[2].extend(map(_THREAD, evs))
-        self._kept[ev].append(evs)
-        self._unindexed[ev].append(evs)
-        self._flat.pop(ev, None)
+        if ev == "admit":
+            cols[3].extend(map(_RIDS, evs))
         self._dense = None
-
-    def events(self, ev: str) -> list:
-        """Every event of the batch-indexed kind `ev` so far, in trace order."""
-        got = self._flat.get(ev)
-        if got is None:
-            lists = self._kept.get(ev, ())
-            got = self._flat[ev] = lists[0] if len(lists) == 1 else [e for c in lists for e in c]
-        return got
 
     @property
     def idx(self) -> dict:
@@ -115,11 +106,17 @@ class Ctx:
         return self._admits
 
     def _index(self) -> None:
-        for ev, lists in self._unindexed.items():
-            if lists:
-                evs = lists[0] if len(lists) == 1 else [e for c in lists for e in c]
-                _index(self._idx[ev], evs, ev, self._admits)
-                lists.clear()
+        for ev, (batches, seqs, threads, rids) in self._columns.items():
+            done = self._indexed.get(ev, 0)
+            if done < len(batches):
+                self._indexed[ev] = len(batches)
+                _index(
+                    self._idx[ev],
+                    batches[done:],
+                    list(zip(seqs[done:], threads[done:])),
+                    rids[done:] if ev == "admit" else None,
+                    self._admits,
+                )
 
     def dense(self) -> Dense | None:
         """The batch index as arrays, for the finish-time templates (built once, at finish)."""
@@ -128,24 +125,24 @@ class Ctx:
         return self._dense or None
 
 
-def _index(table: dict, evs: list, ev: str, admits: dict) -> None:
-    """The first (seq, thread) of each batch among `evs` (one kind, trace order) into `table`, and
-    for admits the rids of each batch's first admit."""
-    rev = evs[::-1]  # later entries overwrite earlier ones: reversed, the first of a batch wins
-    first = dict(zip(map(_BATCH, rev), map(_SEQ_THREAD, rev)))
+def _index(table: dict, batches: list, facts: list, rids: list | None, admits: dict) -> None:
+    """The first (seq, thread) of each batch (`facts`, one per entry of `batches`, trace order)
+    into `table`, and with `rids` (an admit's, per entry) the rids of each batch's first admit."""
+    # later entries overwrite earlier ones: reversed, the first of a batch wins
+    first = dict(zip(reversed(batches), reversed(facts)))
     if all(map(table.__contains__, first)):
         return
-    order = [b for b in dict.fromkeys(map(_BATCH, evs)) if b not in table]  # as first met
+    order = [b for b in dict.fromkeys(batches) if b not in table]  # as first met
     table.update([(b, first[b]) for b in order])
-    if ev == "admit":
-        rids = dict(zip(map(_BATCH, rev), map(_RIDS, rev)))
-        admits.update((b, rids[b]) for b in order)
+    if rids is not None:
+        first_rids = dict(zip(reversed(batches), reversed(rids)))
+        admits.update((b, first_rids[b]) for b in order)
 
 
 class Dense:
     """The batch index as numpy columns over the batch range [lo, lo + n): seq (0 = no such
-    event) and a thread code per event name, built on first use from the events themselves (the
-    first of each batch); `admits` the admitted batch ids in admission order. The finish-time
+    event) and a thread code per event name, built on first use from Ctx's columns (the first
+    event of each batch); `admits` the admitted batch ids in admission order. The finish-time
     templates evaluate all batches at once on these; a trace whose batch ids are too sparse for
     arrays (a foreign engine numbering batches by time, say) keeps the per-batch loops."""
 
@@ -184,7 +181,7 @@ class Dense:
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
             if b is not None and len(b):  # in C: each batch's first event (np.unique's index)
-                _, seqs, threads = self.ctx._columns[ev]
+                _, seqs, threads, _ = self.ctx._columns[ev]
                 k, first = np.unique(b - self.lo, return_index=True)
                 seq[k] = np.array(seqs, dtype=np.int64)[first]
                 threads = list(map(threads.__getitem__, first.tolist()))
