@@ -13,6 +13,7 @@ CROSS_TEMPLATES (checker/cross_templates.py).
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -75,9 +76,12 @@ class Ctx:
         self.header, self.page_size = header, page_size
         self._idx: dict = defaultdict(dict)  # ev -> batch -> (seq, thread)
         self._admits: dict = {}  # batch -> rids of its (first) admit
-        # ev -> (batches, seqs, threads, rids (admits only, else empty)) of its events, in trace
-        # order
+        # ev -> (batches, seqs, thread codes, rids (admits only, else empty)) of its events, in
+        # trace order: machine ints (array 'q'), so that no int or str object of an event is kept
         self._columns: dict = {}
+        # thread name -> code (a new name gets the next code, in C); `threads` the names by code
+        self._thread_codes: defaultdict = defaultdict()
+        self._thread_codes.default_factory = self._thread_codes.__len__
         self._indexed: dict = {}  # ev -> how many of its events _idx holds
         self._dense: object = None
 
@@ -85,10 +89,11 @@ class Ctx:
         """A chunk's events of a batch-indexed kind `ev` (trace order)."""
         cols = self._columns.get(ev)
         if cols is None:
-            cols = self._columns[ev] = ([], [], [], [])
+            cols = self._columns[ev] = (array("q"), array("q"), array("q"), [])
+        # (batch is a validated int of 64 bits for every kind indexed: spec's `batch = "int"`)
         cols[0].extend(map(_BATCH, evs))
         cols[1].extend(map(_SEQ, evs))
-        cols[2].extend(map(_THREAD, evs))
+        cols[2].extend(map(self._thread_codes.__getitem__, map(_THREAD, evs)))
         if ev == "admit":
             cols[3].extend(map(_RIDS, evs))
         self._dense = None
@@ -105,15 +110,21 @@ class Ctx:
         self._index()
         return self._admits
 
+    @property
+    def threads(self) -> list[str]:
+        """The thread names, by code."""
+        return list(self._thread_codes)
+
     def _index(self) -> None:
-        for ev, (batches, seqs, threads, rids) in self._columns.items():
+        names = self.threads
+        for ev, (batches, seqs, codes, rids) in self._columns.items():
             done = self._indexed.get(ev, 0)
             if done < len(batches):
                 self._indexed[ev] = len(batches)
                 _index(
                     self._idx[ev],
-                    batches[done:],
-                    list(zip(seqs[done:], threads[done:])),
+                    batches[done:].tolist(),
+                    list(zip(seqs[done:], map(names.__getitem__, codes[done:]))),
                     rids[done:] if ev == "admit" else None,
                     self._admits,
                 )
@@ -150,18 +161,14 @@ class Dense:
         self.ctx, self.lo, self.n = ctx, lo, n
         self.admits = np.array(admits, dtype=np.int64)
         self._batches = batches  # ev -> the batch of each of its events (an array)
-        self.threads: list[str] = []
-        self._codes: dict[str, int] = {}
+        self.threads: list[str] = ctx.threads  # thread names by code
         self._cols: dict[str, tuple] = {}
 
     @classmethod
     def build(cls, ctx) -> Dense | None:
         batches = {}  # ev -> the batch of each of its events
         for ev, cols in ctx._columns.items():
-            try:
-                batches[ev] = np.array(cols[0], dtype=np.int64)
-            except (TypeError, ValueError, OverflowError):  # not ints of 64 bits: the loops
-                return None
+            batches[ev] = np.frombuffer(cols[0], dtype=np.int64).copy()
         keys = [f(b) for b in batches.values() if len(b) for f in (np.min, np.max)]
         admitted = batches.get("admit")
         if admitted is None or not len(admitted) or not keys:
@@ -181,15 +188,10 @@ class Dense:
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
             if b is not None and len(b):  # in C: each batch's first event (np.unique's index)
-                _, seqs, threads, _ = self.ctx._columns[ev]
+                _, seqs, codes, _ = self.ctx._columns[ev]
                 k, first = np.unique(b - self.lo, return_index=True)
-                seq[k] = np.array(seqs, dtype=np.int64)[first]
-                threads = list(map(threads.__getitem__, first.tolist()))
-                codes = self._codes
-                for t in dict.fromkeys(threads):  # a few distinct threads
-                    codes.setdefault(t, len(codes))
-                thr[k] = np.fromiter(map(codes.__getitem__, threads), dtype=np.int64, count=len(k))
-                self.threads = list(codes)
+                seq[k] = np.frombuffer(seqs, dtype=np.int64)[first]
+                thr[k] = np.frombuffer(codes, dtype=np.int64)[first]
             got = self._cols[ev] = (seq, thr)
         return got
 
