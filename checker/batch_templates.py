@@ -7,6 +7,7 @@ The finish-time templates (complete, order, within) read the shared batch index 
 
 from __future__ import annotations
 
+from array import array
 from operator import attrgetter
 
 import numpy as np
@@ -233,12 +234,15 @@ class Within(Template):
         super().__init__(rule, ctx)
         self.ev = rule["ev"]
         self.events = (self.ev,)
-        self.seqs, self.threads, self.batches, self.rids = [], [], [], []
+        # columns, in C: machine ints (no int or str of an event kept past its chunk), the thread
+        # as Ctx's code; the rids for the messages
+        self.seqs, self.threads, self.batches = array("q"), array("q"), array("q")
+        self.rids: list = []
 
-    def on_chunk(self, evs):  # columns, in C
-        self.seqs += map(_SEQ, evs)
-        self.threads += map(_THREAD, evs)
-        self.batches += map(_BATCH, evs)
+    def on_chunk(self, evs):
+        self.seqs.extend(map(_SEQ, evs))
+        self.threads.extend(map(self.ctx.thread_code, map(_THREAD, evs)))
+        self.batches.extend(map(_BATCH, evs))
         try:
             rids = list(map(_RID, evs))
         except AttributeError:  # a kind without `rid`
@@ -252,26 +256,22 @@ class Within(Template):
             suspects = range(len(self.seqs))
         else:  # on arrays: which events might fail; the loop below words the messages for those
             r = self.rule
-            seq = np.array(self.seqs, dtype=np.int64)
-            k = np.array(self.batches, dtype=np.int64) - dense.lo
+            seq = np.frombuffer(self.seqs, dtype=np.int64)
+            threads = np.frombuffer(self.threads, dtype=np.int64)
+            k = np.frombuffer(self.batches, dtype=np.int64) - dense.lo
             k[(k < 0) | (k >= dense.n)] = dense.n
             lo, hi = dense.col(r["after"])[0][k], dense.col(r["before"])[0][k]
             bad = (lo == 0) | (hi == 0) | (lo >= seq) | (seq >= hi)
             if r.get("thread"):
-                bad |= np.array([t != r["thread"] for t in self.threads], dtype=bool)
+                bad |= threads != self.ctx.thread_code(r["thread"])
             elif r.get("same_thread_as"):
-                codes = dense.col(r["same_thread_as"])[1][k]
-                names = dense.threads
-                bad |= np.array(
-                    [
-                        c < 0 or names[c] != t
-                        for c, t in zip(codes.tolist(), self.threads, strict=False)
-                    ],
-                    dtype=bool,
-                )
+                codes = dense.col(r["same_thread_as"])[1][k]  # -1: no such event
+                bad |= (codes < 0) | (codes != threads)
             suspects = np.nonzero(bad)[0].tolist()
+            del seq, threads  # views of the columns
+        names = self.ctx.threads
         for i in suspects:
-            self._check(self.seqs[i], self.threads[i], self.batches[i], self.rids[i])
+            self._check(self.seqs[i], names[self.threads[i]], self.batches[i], self.rids[i])
 
     def _check(self, seq, thread, b, rid):
         idx, r = self.ctx.idx, self.rule

@@ -82,6 +82,7 @@ class Ctx:
         # thread name -> code (a new name gets the next code, in C); `threads` the names by code
         self._thread_codes: defaultdict = defaultdict()
         self._thread_codes.default_factory = self._thread_codes.__len__
+        self.thread_code = self._thread_codes.__getitem__  # name -> code (a new name: the next)
         self._indexed: dict = {}  # ev -> how many of its events _idx holds
         self._dense: object = None
 
@@ -93,7 +94,7 @@ class Ctx:
         # (batch is a validated int of 64 bits for every kind indexed: spec's `batch = "int"`)
         cols[0].extend(map(_BATCH, evs))
         cols[1].extend(map(_SEQ, evs))
-        cols[2].extend(map(self._thread_codes.__getitem__, map(_THREAD, evs)))
+        cols[2].extend(map(self.thread_code, map(_THREAD, evs)))
         if ev == "admit":
             cols[3].extend(map(_RIDS, evs))
         self._dense = None
