@@ -16,18 +16,22 @@ class Counter(Template):
         super().__init__(rule, ctx)
         self.inc, self.dec, self.owner = rule["inc"], rule["dec"], rule["owner"]
         self.events = (self.inc, self.dec, self.owner)
-        self.owned = set()  # (rid, obj) allocated
+        # the objects allocated: rid -> its first, and (rid, obj) for any other (rare), so that
+        # no pair is built per allocation
+        self.owned: dict = {}
+        self.also: set = set()
         self.value = {}  # obj -> (value, last seq, rid)
 
     def on_chunk(self, evs):
-        owner, inc, owned, value = self.owner, self.inc, self.owned, self.value
+        owner, inc, owned, also, value = self.owner, self.inc, self.owned, self.also, self.value
         for e in evs:
             ev, rid, obj = e.ev, e.rid, e.obj
             if ev == owner:
-                owned.add((rid, obj))
+                if owned.setdefault(rid, obj) != obj:
+                    also.add((rid, obj))
                 continue
             self.checks += 1
-            if (rid, obj) not in owned:
+            if owned.get(rid) != obj and (rid, obj) not in also:
                 self.fail(
                     f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
                     f"for {rid}",

@@ -91,10 +91,15 @@ class Ctx:
         cols = self._columns.get(ev)
         if cols is None:
             cols = self._columns[ev] = (array("q"), array("q"), array("q"), [])
-        # (batch is a validated int of 64 bits for every kind indexed: spec's `batch = "int"`)
-        cols[0].extend(map(_BATCH, evs))
-        cols[1].extend(map(_SEQ, evs))
-        cols[2].extend(map(self.thread_code, map(_THREAD, evs)))
+        # (batch is a validated int of 64 bits for every kind indexed: spec's `batch = "int"`;
+        # fromlist of a list: about half the time of extend from an iterator)
+        cols[0].fromlist(list(map(_BATCH, evs)))
+        cols[1].fromlist(list(map(_SEQ, evs)))
+        threads = list(map(_THREAD, evs))
+        if len(set(threads)) == 1:  # the usual case: one thread runs every event of a kind
+            cols[2].extend(array("q", [self.thread_code(threads[0])]) * len(threads))
+        else:
+            cols[2].fromlist(list(map(self.thread_code, threads)))
         if ev == "admit":
             cols[3].extend(map(_RIDS, evs))
         self._dense = None
