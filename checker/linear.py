@@ -26,7 +26,7 @@ from . import (  # noqa: F401 - each registers its template kinds
 )
 from .cross_templates import check_cross
 from .streaming import CROSS_TEMPLATES, TEMPLATES, Ctx, Dense, Result, Template, Violation
-from .trace_io import as_events, iter_chunks, truncation
+from .trace_io import as_events, check_consecutive, iter_chunks, truncation
 
 __all__ = [
     "CROSS_TEMPLATES",
@@ -146,13 +146,16 @@ def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | Non
     header: dict = {}
     ignored: dict = {}
     status: dict = {}
-    chunks = iter_chunks(path, header_out=header, ignored=ignored, status=status, structs=True)
+    chunks = iter_chunks(
+        path, header_out=header, ignored=ignored, status=status, structs=True, consecutive=False
+    )
     first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
     ctx = Ctx(header, header.get("page_size", 1))
     active = _instantiate(rules, ctx, extra_templates)
     n = _stream(itertools.chain((first,), chunks), active, ctx, _batched_events(role))
+    check_consecutive(path, ctx.admitted())  # (the reader leaves it to the batch index)
     cut = truncation(status)
     if cut is not None:  # a prefix of the run: the rules that need its end say nothing
         skipped = [t.rule.id for t in active if t.rule.needs_end]

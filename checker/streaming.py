@@ -116,6 +116,11 @@ class Ctx:
         self._index()
         return self._admits
 
+    def admitted(self) -> set:
+        """The batch ids admitted so far."""
+        cols = self._columns.get("admit")
+        return set(cols[0]) if cols is not None else set()
+
     @property
     def threads(self) -> list[str]:
         """The thread names, by code."""

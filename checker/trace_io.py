@@ -219,10 +219,26 @@ _EV_ATTR, _SEQ_ATTR, _BATCH_ATTR = attrgetter("ev"), attrgetter("seq"), attrgett
 _TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, tables)
 
 
-def _role_tables(role: str, version: int) -> tuple[dict, dict, dict, object]:
-    """(required fields, optional fields, fast validator) per event kind of `role` in `version` of
-    the format (an event is in every version from its `since`, 1 when absent), and the typed
-    decoder of those kinds (checker/typed_decode.py; None without msgspec)."""
+def _validators(fields_of: dict, optional_of: dict):
+    """A function that returns the fast validator of each kind, compiled on its first call: only
+    a chunk the typed decoder cannot vouch for needs them (most checks compile none)."""
+    compiled: dict = {}
+
+    def table() -> dict:
+        if not compiled:
+            compiled.update(
+                (ev, _compile_validator(fields_of[ev], optional_of[ev])) for ev in fields_of
+            )
+        return compiled
+
+    return table
+
+
+def _role_tables(role: str, version: int) -> tuple[dict, dict, object, object]:
+    """(required fields, optional fields) per event kind of `role` in `version` of the format (an
+    event is in every version from its `since`, 1 when absent), the fast validators of those
+    kinds (a function that returns them, compiled on first use), and their typed decoder
+    (checker/typed_decode.py; None without msgspec)."""
     vocab = load_events()
     hit = _TABLES.get((role, version))
     if hit is None or hit[0] is not vocab:
@@ -233,12 +249,7 @@ def _role_tables(role: str, version: int) -> tuple[dict, dict, dict, object]:
         optional_of = {ev: spec.get("optional", {}) for ev, spec in kinds.items()}
         hit = _TABLES[(role, version)] = (
             vocab,
-            (
-                fields_of,
-                optional_of,
-                {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds},
-                make_kinds(kinds),
-            ),
+            (fields_of, optional_of, _validators(fields_of, optional_of), make_kinds(kinds)),
         )
     return hit[1]
 
@@ -251,18 +262,21 @@ def _chunks(
     status: dict | None = None,
     own: bool = False,
     structs: bool = False,
+    consecutive: bool = True,
 ):
     """Yield (line numbers or None, events) per chunk of the file, every event validated; events of
     an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`) unless `own`, and so
     are the markers (MARKERS), which `status` gets instead (`end_status`). The events are dicts, or
-    with `structs` the vocabulary's structs (checker/typed_decode.py; not with `own`)."""
+    with `structs` the vocabulary's structs (checker/typed_decode.py; not with `own`). Without
+    `consecutive`, the admitted batch ids are the caller's to check (check_consecutive, once
+    every chunk was read)."""
     status = {} if status is None else status
     with open(path, "rb") as f:
         header = read_header(path, f)
         if header_out is not None:
             header_out.update(header)
         tables = _role_tables(header["role"], header["version"])
-        valid = tables[2]
+        known = tables[0]  # the kinds of the vocabulary
         structs = structs and tables[3] is not None
         # seq increases; from version 2 on it counts the events (checker/trace_seq.py)
         last_seq = -1
@@ -274,7 +288,8 @@ def _chunks(
             block = f.read(_CHUNK_BYTES)
             if not block:
                 _check_count(path, status)
-                _check_consecutive(path, admitted)  # both roles relate batch N to N±1 by id
+                if consecutive:  # both roles relate batch N to N±1 by id
+                    check_consecutive(path, admitted)
                 return
             if not block.endswith(b"\n"):
                 block += f.readline()  # whole lines: up to the next newline (or the file's end)
@@ -308,9 +323,9 @@ def _chunks(
                     events, nums = _take_markers(path, events, nums, status, line_no, block)
             line_no += lines
             if events and not own:
-                if not kinds <= valid.keys():
-                    events, nums = _drop_unknown(events, nums, valid, ignored)
-                if "admit" in kinds:
+                if not kinds <= known.keys():
+                    events, nums = _drop_unknown(events, nums, known, ignored)
+                if consecutive and "admit" in kinds:
                     admits = [e for e in events if ev_of(e) == "admit"]
                     admitted.update(map(_BATCH_ATTR if typed else _BATCH, admits))
             if events and structs and not typed:  # the general path's dicts
@@ -347,7 +362,7 @@ def _decode(
     if events is None or not seqs_ok(list(map(seq_of, events)), last_seq, dense):
         raw = _lines(block)
         events = None if suspect(raw) else _decode_fast(raw)
-        if events is not None and not _validate_fast(events, tables[2], last_seq, dense):
+        if events is not None and not _validate_fast(events, tables[2](), last_seq, dense):
             events = None
     if events is None:
         pairs = list(_chunk_slow(path, line_no, raw, last_seq, tables, header))
@@ -430,7 +445,7 @@ def truncation(status: dict) -> int | None:
     return None if end.get("reason") == "normal" else status["end_line"]
 
 
-def _check_consecutive(path: str, admitted: set) -> None:
+def check_consecutive(path: str, admitted: set) -> None:
     """The rules relate batch N to N-1 and N+1 by id, so admitted batch ids must be consecutive
     integers (in any order: admitting them out of order is a rule's to report, P-fifo). A gap would
     leave those rules nothing to compare: it is a malformed trace, reported at the admit after it."""
@@ -468,14 +483,20 @@ def iter_chunks(
     status: dict | None = None,
     own: bool = False,
     structs: bool = False,
+    consecutive: bool = True,
 ):
     """Yield lists of validated events, in file order (the checker's fast path: no per-event
     generator step). Memory is one chunk, whatever the file size. An engine's own events
     (`x.<name>`) are skipped, counted by kind in `ignored`, unless `own`; the markers (trace_end,
     stall) go to `status` (`truncation(status)` once read). The events are dicts, or with `structs`
     the vocabulary's structs (attributes; absent optional fields None): the linear checker's
-    input."""
-    for _, events in _chunks(path, header_out, False, ignored, status, own, structs and not own):
+    input. Without `consecutive`, the caller checks the admitted batch ids (check_consecutive)
+    once every chunk was read: the linear checker keeps them anyway (no pass over each chunk for
+    its admits)."""
+    chunks = _chunks(
+        path, header_out, False, ignored, status, own, structs and not own, consecutive
+    )
+    for _, events in chunks:
         yield events
 
 
