@@ -60,8 +60,8 @@ class Lifecycle(Template):
         super().__init__(rule, ctx)
         self.acq, self.rel = rule["acquire"], rule["release"]
         self.mode = rule["check"]
-        self.live = {}  # rid -> (obj, slot, seq)
-        self.slots = {}  # slot -> (rid, seq)
+        self.live = {}  # rid -> its acquiring event (obj, slot, seq)
+        self.slots = {}  # slot -> the acquiring event that holds it
         if self.mode == "pairing":
             self.events = (self.acq, self.rel)
         else:
@@ -135,37 +135,44 @@ class Lifecycle(Template):
                 self.fail(f"{rid} admitted in batch {b} after it was released", req[2], e.seq)
 
     def _pairing_chunk(self, evs):
+        # live and slots hold the acquiring event itself (no tuple built per event): it is
+        # released soon after, with its request
         acq, live, slots = self.acq, self.live, self.slots
         self.checks += len(evs)
         for e in evs:
-            rid, obj, slot, seq = e.rid, e.obj, e.slot, e.seq
+            rid, slot = e.rid, e.slot
             if e.ev == acq:
                 if slot in slots:
-                    other, s = slots[slot]
-                    self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
+                    other = slots[slot]
+                    self.fail(
+                        f"slot {slot} allocated to {rid} while still held by {other.rid}",
+                        other.seq,
+                        e.seq,
+                    )
                 if rid in live:
-                    self.fail(f"{rid} allocated twice", live[rid][2], seq)
-                live[rid] = (obj, slot, seq)
-                slots[slot] = (rid, seq)
+                    self.fail(f"{rid} allocated twice", live[rid].seq, e.seq)
+                live[rid] = slots[slot] = e
                 continue
             held = live.pop(rid, None)
             if held is None:
-                self.fail(f"{rid} released but not allocated (or released twice)", seq)
+                self.fail(f"{rid} released but not allocated (or released twice)", e.seq)
                 continue
-            slots.pop(held[1], None)
-            if held[0] != obj or held[1] != slot:
+            slots.pop(held.slot, None)
+            if held.obj != e.obj or held.slot != slot:
                 self.fail(
-                    f"{rid} released as object {obj} slot {slot}, allocated as object "
-                    f"{held[0]} slot {held[1]}",
-                    held[2],
-                    seq,
+                    f"{rid} released as object {e.obj} slot {slot}, allocated as object "
+                    f"{held.obj} slot {held.slot}",
+                    held.seq,
+                    e.seq,
                 )
 
     def finish(self):
         if self.mode == "pairing":
-            for rid, (_, slot, seq) in self.live.items():
+            for rid, e in self.live.items():
                 self.checks += 1
-                self.fail(f"{rid} (slot {slot}) is never released: a leaked req_to_token slot", seq)
+                self.fail(
+                    f"{rid} (slot {e.slot}) is never released: a leaked req_to_token slot", e.seq
+                )
 
 
 @TEMPLATES.register("page_count")
@@ -236,8 +243,12 @@ class PageAligned(Template):
                     e.seq,
                 )
             # what the message needs of a send that covers a partial page, not the event (kept
-            # past its chunk, an event costs its memory's reuse)
-            previous[rid] = (e.ev, tokens, e.seq) if tokens % ps else None
+            # past its chunk, an event costs its memory's reuse); nothing for a whole-page send
+            # after nothing to report
+            if tokens % ps:
+                previous[rid] = (e.ev, tokens, e.seq)
+            elif before is not None:
+                previous[rid] = None
         self.checks += checks
 
 
