@@ -31,8 +31,8 @@ class ChunkSent(Template):
         )
         self.events = ("admit", self.done, self.started, self.release, *self.sends)
         # rid -> its chunks not yet released, each [batch, remaining [lo, hi) intervals, admit
-        # seq, lo, hi, (lo, hi)]: `remaining` is [(lo, hi)] with that very tuple until a send
-        # takes some of it
+        # seq, lo, hi]: `remaining` is None (all of [lo, hi)) until a send takes some of it (no
+        # interval built per chunk for the usual send of the whole chunk at once)
         self.chunks: dict = {}
         self.tangled: set = set()  # rids some of whose admitted ranges overlap
         self.done_b, self.started_b = set(), set()
@@ -58,7 +58,7 @@ class ChunkSent(Template):
                     checks += len(held)
                     tangled.discard(rid)
                     for chunk in held:
-                        if chunk[1]:
+                        if chunk[1] is None or chunk[1]:
                             self._unsent(rid, chunk, e.seq)
             else:
                 held = chunks.get(e.rid)
@@ -73,12 +73,11 @@ class ChunkSent(Template):
                 if e.rid not in tangled:  # exactly one chunk's tokens, no other chunk holds any
                     for chunk in held:
                         if chunk[3] == lo:
-                            left = chunk[1]
-                            if chunk[4] == lo + tokens and len(left) == 1 and left[0] is chunk[5]:
+                            if chunk[4] == lo + tokens and chunk[1] is None:
                                 checks += 1
                                 if chunk[0] not in done_b:
-                                    self._early(e, chunk[0], left)
-                                chunk[1] = []
+                                    self._early(e, chunk[0], _left(chunk))
+                                chunk[1] = ()
                                 break
                             self._send(e, held, lo, lo + tokens)
                             break
@@ -92,8 +91,8 @@ class ChunkSent(Template):
         chunks, b, seq = self.chunks, e.batch, e.seq
         for rid, rng in (getattr(e, "chunks", None) or _EMPTY).items():
             if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
-                lo, hi = span = tuple(rng)
-                chunk = [b, [span], seq, lo, hi, span]
+                lo, hi = rng
+                chunk = [b, None, seq, lo, hi]
                 held = chunks.get(rid)
                 if held is None:
                     chunks[rid] = [chunk]
@@ -107,7 +106,7 @@ class ChunkSent(Template):
     def _send(self, e, held, lo, hi):
         """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
         for chunk in held:
-            left = chunk[1]
+            left = _left(chunk)
             if not left or left[0][0] >= hi or left[-1][1] <= lo:  # nothing of it in [lo, hi)
                 continue
             hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
@@ -140,7 +139,7 @@ class ChunkSent(Template):
 
     def _unsent(self, rid, chunk, seq):
         """A chunk with tokens left unsent at the release of its rid (`seq`; None: at the end)."""
-        batch, left, admit_seq = chunk[0], chunk[1], chunk[2]
+        batch, left, admit_seq = chunk[0], _left(chunk), chunk[2]
         self.fail(
             f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} were never sent",
             admit_seq,
@@ -151,8 +150,13 @@ class ChunkSent(Template):
         for rid, held in self.chunks.items():
             self.checks += len(held)
             for chunk in held:
-                if chunk[1]:
+                if chunk[1] is None or chunk[1]:
                     self._unsent(rid, chunk, None)
+
+
+def _left(chunk: list):
+    """The [lo, hi) intervals of an admitted chunk not sent yet."""
+    return [(chunk[3], chunk[4])] if chunk[1] is None else chunk[1]
 
 
 @TEMPLATES.register("delivered")
