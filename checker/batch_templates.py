@@ -7,7 +7,10 @@ The finish-time templates (complete, order, within) read the shared batch index 
 
 from __future__ import annotations
 
-from operator import attrgetter
+from array import array
+from collections import deque
+from itertools import islice
+from operator import attrgetter, lt
 
 import numpy as np
 
@@ -18,26 +21,59 @@ _SEQ, _THREAD, _BATCH, _RID = (attrgetter(f) for f in ("seq", "thread", "batch",
 
 @TEMPLATES.register("fifo")
 class Fifo(Template):
+    """Each listed event at most once per batch, only for a batch admitted before it, in batch
+    order. `on_kinds` judges a chunk a kind at a time, in C (batches increasing along each kind's
+    list; each batch's admit, by seq, before the event); a chunk where that fails is walked again
+    event by event in trace order (`on_chunk`), which words the violations."""
+
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
-        self.last = {}
-        self.admitted = set()
+        self.last = {}  # ev -> (batch, seq) of its latest event
+        self.admitted = {}  # batch -> seq of its first admit
+
+    def on_kinds(self, by):
+        admitted, n = self.admitted, 0
+        admits = by.get("admit")
+        if admits and "admit" in self.events:  # the first admit of each batch: setdefault, in C
+            deque(map(admitted.setdefault, map(_BATCH, admits), map(_SEQ, admits)), maxlen=0)
+        columns = []
+        for ev in self.events:
+            evs = by.get(ev)
+            if not evs:
+                continue
+            n += len(evs)
+            batches, seqs = list(map(_BATCH, evs)), list(map(_SEQ, evs))
+            prev = self.last.get(ev)
+            if (prev is not None and batches[0] <= prev[0]) or not all(
+                map(lt, batches, islice(batches, 1, None))
+            ):
+                break
+            # admitted before it: the first admit's seq is smaller (default: its own, not smaller)
+            if ev != "admit" and not all(map(lt, map(admitted.get, batches, seqs), seqs)):
+                break
+            columns.append((ev, batches[-1], seqs[-1]))
+        else:
+            self.checks += n
+            for ev, b, seq in columns:
+                self.last[ev] = (b, seq)
+            return
+        self.on_chunk(in_order(by, self.events))
 
     def on_chunk(self, evs):
         self.checks += len(evs)
         last, admitted = self.last, self.admitted
         for e in evs:
-            ev, b = e.ev, e.batch
+            ev, b, seq = e.ev, e.batch, e.seq
             if ev == "admit":
-                admitted.add(b)
-            elif b not in admitted:
-                self.fail(f"{ev} of batch {b}, which was never admitted before it", e.seq)
+                admitted.setdefault(b, seq)
+            elif not admitted.get(b, seq) < seq:
+                self.fail(f"{ev} of batch {b}, which was never admitted before it", seq)
             prev = last.get(ev)
             if prev is not None and b <= prev[0]:
                 what = "twice" if b == prev[0] else f"after batch {prev[0]}"
-                self.fail(f"{ev} of batch {b} {what}", prev[1], e.seq)
-            last[ev] = (b, e.seq)
+                self.fail(f"{ev} of batch {b} {what}", prev[1], seq)
+            last[ev] = (b, seq)
 
 
 @TEMPLATES.register("complete")
@@ -233,12 +269,15 @@ class Within(Template):
         super().__init__(rule, ctx)
         self.ev = rule["ev"]
         self.events = (self.ev,)
-        self.seqs, self.threads, self.batches, self.rids = [], [], [], []
+        # columns, in C: machine ints (no int or str of an event kept past its chunk), the thread
+        # as Ctx's code; the rids for the messages
+        self.seqs, self.threads, self.batches = array("q"), array("q"), array("q")
+        self.rids: list = []
 
-    def on_chunk(self, evs):  # columns, in C
-        self.seqs += map(_SEQ, evs)
-        self.threads += map(_THREAD, evs)
-        self.batches += map(_BATCH, evs)
+    def on_chunk(self, evs):
+        self.seqs.extend(map(_SEQ, evs))
+        self.threads.extend(map(self.ctx.thread_code, map(_THREAD, evs)))
+        self.batches.extend(map(_BATCH, evs))
         try:
             rids = list(map(_RID, evs))
         except AttributeError:  # a kind without `rid`
@@ -252,26 +291,22 @@ class Within(Template):
             suspects = range(len(self.seqs))
         else:  # on arrays: which events might fail; the loop below words the messages for those
             r = self.rule
-            seq = np.array(self.seqs, dtype=np.int64)
-            k = np.array(self.batches, dtype=np.int64) - dense.lo
+            seq = np.frombuffer(self.seqs, dtype=np.int64)
+            threads = np.frombuffer(self.threads, dtype=np.int64)
+            k = np.frombuffer(self.batches, dtype=np.int64) - dense.lo
             k[(k < 0) | (k >= dense.n)] = dense.n
             lo, hi = dense.col(r["after"])[0][k], dense.col(r["before"])[0][k]
             bad = (lo == 0) | (hi == 0) | (lo >= seq) | (seq >= hi)
             if r.get("thread"):
-                bad |= np.array([t != r["thread"] for t in self.threads], dtype=bool)
+                bad |= threads != self.ctx.thread_code(r["thread"])
             elif r.get("same_thread_as"):
-                codes = dense.col(r["same_thread_as"])[1][k]
-                names = dense.threads
-                bad |= np.array(
-                    [
-                        c < 0 or names[c] != t
-                        for c, t in zip(codes.tolist(), self.threads, strict=False)
-                    ],
-                    dtype=bool,
-                )
+                codes = dense.col(r["same_thread_as"])[1][k]  # -1: no such event
+                bad |= (codes < 0) | (codes != threads)
             suspects = np.nonzero(bad)[0].tolist()
+            del seq, threads  # views of the columns
+        names = self.ctx.threads
         for i in suspects:
-            self._check(self.seqs[i], self.threads[i], self.batches[i], self.rids[i])
+            self._check(self.seqs[i], names[self.threads[i]], self.batches[i], self.rids[i])
 
     def _check(self, seq, thread, b, rid):
         idx, r = self.ctx.idx, self.rule

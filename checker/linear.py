@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import itertools
 from collections import defaultdict
-from operator import attrgetter
 
 from spec import Rule, load_events, load_rules
 
@@ -27,7 +26,7 @@ from . import (  # noqa: F401 - each registers its template kinds
 )
 from .cross_templates import check_cross
 from .streaming import CROSS_TEMPLATES, TEMPLATES, Ctx, Dense, Result, Template, Violation
-from .trace_io import as_events, iter_chunks, truncation
+from .trace_io import as_events, check_consecutive, iter_chunks, truncation
 
 __all__ = [
     "CROSS_TEMPLATES",
@@ -40,9 +39,6 @@ __all__ = [
     "check_file",
     "check_files",
 ]
-
-
-_SEQ = attrgetter("seq")
 
 
 def check_file(
@@ -82,11 +78,11 @@ def _batched_events(role: str) -> set[str]:
 def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     """Feed every chunk to the templates and the batch index; returns the number of events.
 
-    Per chunk, the events are split by kind in one pass; each distinct set of kinds that templates
-    listen to gets its events back in trace order (one kind: its list as it is; several: their
-    lists merged by seq, in C), once for every template listening to exactly that set; a template
-    with `on_kinds` gets the split itself. The batch index keeps the lists of the batch-indexed
-    kinds (Ctx.add), and is built from them when read."""
+    Per chunk, one pass splits the events by kind and, for each distinct set of several kinds
+    that templates listen to, gathers that set's events in trace order (`_split`); a template gets
+    its set's list (one kind: the kind's list as it is), shared with every template listening to
+    exactly that set; a template with `on_kinds` gets the split itself. The batch index keeps the
+    lists of the batch-indexed kinds (Ctx.add), and is built from them when read."""
     listeners: dict[frozenset | None, list] = defaultdict(list)  # kinds (None: all) -> templates
     columnar = [t.on_kinds for t in active if t.on_kinds is not None]
     for t in active:
@@ -94,52 +90,72 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
             kinds = frozenset(t.handlers())
             listeners[None if "*" in kinds else kinds].append(t)
     sets = [(kinds, tuple(ts)) for kinds, ts in listeners.items() if kinds is None or kinds]
+    several = [kinds for kinds, _ in sets if kinds is not None and len(kinds) > 1]
+    # each set: the chunk (None), a kind's list (a str) or a gathered list (its index in `several`)
+    feeds = [
+        (None if k is None else several.index(k) if len(k) > 1 else next(iter(k)), ts)
+        for k, ts in sets
+    ]
     indexed = sorted(batched)
     n = 0
     for chunk in chunks:
         n += len(chunk)
-        by: dict[str, list] = {}
-        for e in chunk:
-            got = by.get(e.ev)
-            if got is None:
-                by[e.ev] = [e]
-            else:
-                got.append(e)
+        by, gathered = _split(chunk, several)
         for ev in indexed:  # first: a template may read the chunk's own entries
             if ev in by:
                 ctx.add(ev, by[ev])
         for on_kinds in columnar:
             on_kinds(by)
-        for want, ts in sets:
-            feed = chunk if want is None else _merged(chunk, by, want)
+        for which, ts in feeds:
+            feed = (
+                chunk
+                if which is None
+                else by.get(which, ())
+                if type(which) is str
+                else gathered[which]
+            )
             if feed:
                 for t in ts:
                     t.on_chunk(feed)
     return n
 
 
-def _merged(chunk: list, by: dict, kinds: frozenset) -> list:
-    """The events of `kinds` in trace order: the chunk's list of the one kind, or the lists of
-    several merged by seq (filtering the whole chunk instead where they are most of it)."""
-    lists = [by[k] for k in kinds if k in by]
-    if len(lists) <= 1:
-        return lists[0] if lists else []
-    if 3 * sum(map(len, lists)) > len(chunk):
-        return [e for e in chunk if e.ev in kinds]
-    return sorted(itertools.chain.from_iterable(lists), key=_SEQ)
+def _split(chunk: list, several: list) -> tuple[dict, list]:
+    """The chunk's events by kind (ev -> its events in trace order, the kinds of the chunk only),
+    and for each set of kinds in `several` its events in trace order: one pass, in which each
+    event is appended to its kind's list and to the list of every set that holds its kind (cheaper
+    than merging the kinds' lists again by seq for every set)."""
+    by: dict = {}
+    gathered: list = [[] for _ in several]
+    targets: dict = {}  # ev -> the append of each list it goes to
+    for e in chunk:
+        to = targets.get(e.ev)
+        if to is None:
+            ev = e.ev
+            by[ev] = []
+            to = targets[ev] = (
+                by[ev].append,
+                *[g.append for kinds, g in zip(several, gathered, strict=True) if ev in kinds],
+            )
+        for add in to:
+            add(e)
+    return by, gathered
 
 
 def _check_file(path: str, rules: list[Rule] | None, extra_templates: dict | None) -> Result:
     header: dict = {}
     ignored: dict = {}
     status: dict = {}
-    chunks = iter_chunks(path, header_out=header, ignored=ignored, status=status, structs=True)
+    chunks = iter_chunks(
+        path, header_out=header, ignored=ignored, status=status, structs=True, consecutive=False
+    )
     first = next(chunks, [])  # reads (and validates) the header
     role, mode = header["role"], header.get("mode")
     rules = [r for r in (rules or load_rules()) if r.role == role and r.applies(mode, header)]
     ctx = Ctx(header, header.get("page_size", 1))
     active = _instantiate(rules, ctx, extra_templates)
     n = _stream(itertools.chain((first,), chunks), active, ctx, _batched_events(role))
+    check_consecutive(path, ctx.admitted())  # (the reader leaves it to the batch index)
     cut = truncation(status)
     if cut is not None:  # a prefix of the run: the rules that need its end say nothing
         skipped = [t.rule.id for t in active if t.rule.needs_end]

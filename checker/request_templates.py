@@ -16,18 +16,22 @@ class Counter(Template):
         super().__init__(rule, ctx)
         self.inc, self.dec, self.owner = rule["inc"], rule["dec"], rule["owner"]
         self.events = (self.inc, self.dec, self.owner)
-        self.owned = set()  # (rid, obj) allocated
+        # the objects allocated: rid -> its first, and (rid, obj) for any other (rare), so that
+        # no pair is built per allocation
+        self.owned: dict = {}
+        self.also: set = set()
         self.value = {}  # obj -> (value, last seq, rid)
 
     def on_chunk(self, evs):
-        owner, inc, owned, value = self.owner, self.inc, self.owned, self.value
+        owner, inc, owned, also, value = self.owner, self.inc, self.owned, self.also, self.value
         for e in evs:
             ev, rid, obj = e.ev, e.rid, e.obj
             if ev == owner:
-                owned.add((rid, obj))
+                if owned.setdefault(rid, obj) != obj:
+                    also.add((rid, obj))
                 continue
             self.checks += 1
-            if (rid, obj) not in owned:
+            if owned.get(rid) != obj and (rid, obj) not in also:
                 self.fail(
                     f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
                     f"for {rid}",
@@ -56,9 +60,8 @@ class Lifecycle(Template):
         super().__init__(rule, ctx)
         self.acq, self.rel = rule["acquire"], rule["release"]
         self.mode = rule["check"]
-        self.live = {}  # rid -> (obj, slot, seq)
-        self.slots = {}  # slot -> (rid, seq)
-        self.released = {}  # rid -> seq
+        self.live = {}  # rid -> its acquiring event (obj, slot, seq)
+        self.slots = {}  # slot -> the acquiring event that holds it
         if self.mode == "pairing":
             self.events = (self.acq, self.rel)
         else:
@@ -67,8 +70,11 @@ class Lifecycle(Template):
             self.processed = rule["processed"][0]
             self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
             self.count = defaultdict(int)  # Req object -> middle chunks in flight
-            self.sent_any = set()  # rids with some KV sent
-            self.rid_batches = defaultdict(list)
+            # rid -> [whether some of its KV was sent, the batches that admitted it, the seq of
+            # its latest release or None]: one entry per request, so that each event looks its
+            # request up once (three tables of every request each cost a lookup, mostly a cache
+            # miss, per event)
+            self.reqs: dict = {}
             self.admit_seq = {}  # batch -> seq of its admit
             self.done = set()  # batches whose `processed` event was seen
 
@@ -77,27 +83,34 @@ class Lifecycle(Template):
             self._pairing_chunk(evs)
             return
         inc, dec, sent, rel, processed = self.inc, self.dec, self.sent, self.rel, self.processed
-        count, sent_any, rid_batches = self.count, self.sent_any, self.rid_batches
-        done, released = self.done, self.released
-        add_sent, checks = sent_any.add, 0
+        count, reqs, done = self.count, self.reqs, self.done
+        checks = 0
         for e in evs:
             ev = e.ev
             if ev == sent:
-                add_sent(e.rid)
+                req = reqs.get(e.rid)
+                if req is None:
+                    reqs[e.rid] = [True, [], None]
+                else:
+                    req[0] = True
             elif ev == rel:
                 checks += 1
                 rid, seq = e.rid, e.seq
-                released[rid] = seq
-                for b in rid_batches.get(rid, ()):
+                req = reqs.get(rid)
+                if req is None:
+                    req = reqs[rid] = [False, [], seq]
+                else:
+                    req[2] = seq
+                for b in req[1]:
                     if b not in done:
                         self.fail(
                             f"{rid} released while batch {b} holding it was not yet processed",
                             self.admit_seq[b],
                             seq,
                         )
-                if count.get(e.obj, 0) > 0:
+                if count and count.get(e.obj, 0) > 0:
                     self.fail(f"{rid} released with {count[e.obj]} middle chunk(s) in flight", seq)
-                if rid not in sent_any:
+                if not req[0]:
                     self.fail(f"{rid} released before any of its KV was sent", seq)
             elif ev == "admit":
                 self._admit(e)
@@ -110,47 +123,56 @@ class Lifecycle(Template):
         self.checks += checks
 
     def _admit(self, e):
-        b = e.batch
+        b, reqs = e.batch, self.reqs
         self.admit_seq.setdefault(b, e.seq)
         for rid in e.rids:
-            self.rid_batches[rid].append(b)
-            if rid in self.released:
-                self.fail(
-                    f"{rid} admitted in batch {b} after it was released", self.released[rid], e.seq
-                )
+            req = reqs.get(rid)
+            if req is None:
+                reqs[rid] = [False, [b], None]
+                continue
+            req[1].append(b)
+            if req[2] is not None:
+                self.fail(f"{rid} admitted in batch {b} after it was released", req[2], e.seq)
 
     def _pairing_chunk(self, evs):
+        # live and slots hold the acquiring event itself (no tuple built per event): it is
+        # released soon after, with its request
         acq, live, slots = self.acq, self.live, self.slots
         self.checks += len(evs)
         for e in evs:
-            rid, obj, slot, seq = e.rid, e.obj, e.slot, e.seq
+            rid, slot = e.rid, e.slot
             if e.ev == acq:
                 if slot in slots:
-                    other, s = slots[slot]
-                    self.fail(f"slot {slot} allocated to {rid} while still held by {other}", s, seq)
+                    other = slots[slot]
+                    self.fail(
+                        f"slot {slot} allocated to {rid} while still held by {other.rid}",
+                        other.seq,
+                        e.seq,
+                    )
                 if rid in live:
-                    self.fail(f"{rid} allocated twice", live[rid][2], seq)
-                live[rid] = (obj, slot, seq)
-                slots[slot] = (rid, seq)
+                    self.fail(f"{rid} allocated twice", live[rid].seq, e.seq)
+                live[rid] = slots[slot] = e
                 continue
             held = live.pop(rid, None)
             if held is None:
-                self.fail(f"{rid} released but not allocated (or released twice)", seq)
+                self.fail(f"{rid} released but not allocated (or released twice)", e.seq)
                 continue
-            slots.pop(held[1], None)
-            if held[0] != obj or held[1] != slot:
+            slots.pop(held.slot, None)
+            if held.obj != e.obj or held.slot != slot:
                 self.fail(
-                    f"{rid} released as object {obj} slot {slot}, allocated as object "
-                    f"{held[0]} slot {held[1]}",
-                    held[2],
-                    seq,
+                    f"{rid} released as object {e.obj} slot {slot}, allocated as object "
+                    f"{held.obj} slot {held.slot}",
+                    held.seq,
+                    e.seq,
                 )
 
     def finish(self):
         if self.mode == "pairing":
-            for rid, (_, slot, seq) in self.live.items():
+            for rid, e in self.live.items():
                 self.checks += 1
-                self.fail(f"{rid} (slot {slot}) is never released: a leaked req_to_token slot", seq)
+                self.fail(
+                    f"{rid} (slot {e.slot}) is never released: a leaked req_to_token slot", e.seq
+                )
 
 
 @TEMPLATES.register("page_count")
@@ -186,7 +208,9 @@ class PageAligned(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
-        self.previous: dict = {}  # rid -> its latest send with `start`
+        # rid -> (ev, tokens, seq) of its latest send with `start` if that covers a partial page,
+        # else None
+        self.previous: dict = {}
         self.typed: dict = {}  # struct type -> whether it has start and tokens
 
     def on_chunk(self, evs):
@@ -210,14 +234,21 @@ class PageAligned(Template):
                     e.seq,
                 )
             before = previous.get(rid)
-            if before is not None and before.tokens % ps:
+            if before is not None:
+                ev, covers, seq = before
                 self.fail(
-                    f"{before.ev} for {rid} covers {before.tokens} tokens, not whole "
+                    f"{ev} for {rid} covers {covers} tokens, not whole "
                     f"pages (page_size {ps}), and is not the request's last send",
-                    before.seq,
+                    seq,
                     e.seq,
                 )
-            previous[rid] = e
+            # what the message needs of a send that covers a partial page, not the event (kept
+            # past its chunk, an event costs its memory's reuse); nothing for a whole-page send
+            # after nothing to report
+            if tokens % ps:
+                previous[rid] = (e.ev, tokens, e.seq)
+            elif before is not None:
+                previous[rid] = None
         self.checks += checks
 
 

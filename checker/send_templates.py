@@ -4,9 +4,12 @@ own tokens (`chunk_sent`), and what a request holds released only after its send
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from .streaming import TEMPLATES, Template, event_label, has_fields, in_order
 
 _EMPTY: dict = {}
+_SECOND = itemgetter(1)
 
 
 @TEMPLATES.register("chunk_sent")
@@ -28,8 +31,8 @@ class ChunkSent(Template):
         )
         self.events = ("admit", self.done, self.started, self.release, *self.sends)
         # rid -> its chunks not yet released, each [batch, remaining [lo, hi) intervals, admit
-        # seq, lo, hi, (lo, hi)]: `remaining` is [(lo, hi)] with that very tuple until a send
-        # takes some of it
+        # seq, lo, hi]: `remaining` is None (all of [lo, hi)) until a send takes some of it (no
+        # interval built per chunk for the usual send of the whole chunk at once)
         self.chunks: dict = {}
         self.tangled: set = set()  # rids some of whose admitted ranges overlap
         self.done_b, self.started_b = set(), set()
@@ -55,7 +58,7 @@ class ChunkSent(Template):
                     checks += len(held)
                     tangled.discard(rid)
                     for chunk in held:
-                        if chunk[1]:
+                        if chunk[1] is None or chunk[1]:
                             self._unsent(rid, chunk, e.seq)
             else:
                 held = chunks.get(e.rid)
@@ -70,12 +73,11 @@ class ChunkSent(Template):
                 if e.rid not in tangled:  # exactly one chunk's tokens, no other chunk holds any
                     for chunk in held:
                         if chunk[3] == lo:
-                            left = chunk[1]
-                            if chunk[4] == lo + tokens and len(left) == 1 and left[0] is chunk[5]:
+                            if chunk[4] == lo + tokens and chunk[1] is None:
                                 checks += 1
                                 if chunk[0] not in done_b:
-                                    self._early(e, chunk[0], left)
-                                chunk[1] = []
+                                    self._early(e, chunk[0], _left(chunk))
+                                chunk[1] = ()
                                 break
                             self._send(e, held, lo, lo + tokens)
                             break
@@ -89,8 +91,8 @@ class ChunkSent(Template):
         chunks, b, seq = self.chunks, e.batch, e.seq
         for rid, rng in (getattr(e, "chunks", None) or _EMPTY).items():
             if isinstance(rng, list) and len(rng) == 2 and rng[0] < rng[1]:
-                lo, hi = span = tuple(rng)
-                chunk = [b, [span], seq, lo, hi, span]
+                lo, hi = rng
+                chunk = [b, None, seq, lo, hi]
                 held = chunks.get(rid)
                 if held is None:
                     chunks[rid] = [chunk]
@@ -104,7 +106,7 @@ class ChunkSent(Template):
     def _send(self, e, held, lo, hi):
         """A send of tokens [lo, hi) of e.rid: each admitted chunk it covers in part is judged."""
         for chunk in held:
-            left = chunk[1]
+            left = _left(chunk)
             if not left or left[0][0] >= hi or left[-1][1] <= lo:  # nothing of it in [lo, hi)
                 continue
             hit = [(max(a, lo), min(b, hi)) for a, b in left if max(a, lo) < min(b, hi)]
@@ -137,7 +139,7 @@ class ChunkSent(Template):
 
     def _unsent(self, rid, chunk, seq):
         """A chunk with tokens left unsent at the release of its rid (`seq`; None: at the end)."""
-        batch, left, admit_seq = chunk[0], chunk[1], chunk[2]
+        batch, left, admit_seq = chunk[0], _left(chunk), chunk[2]
         self.fail(
             f"{rid}'s tokens {left[0][0]}..{left[-1][1]} computed by batch {batch} were never sent",
             admit_seq,
@@ -148,8 +150,13 @@ class ChunkSent(Template):
         for rid, held in self.chunks.items():
             self.checks += len(held)
             for chunk in held:
-                if chunk[1]:
+                if chunk[1] is None or chunk[1]:
                     self._unsent(rid, chunk, None)
+
+
+def _left(chunk: list):
+    """The [lo, hi) intervals of an admitted chunk not sent yet."""
+    return [(chunk[3], chunk[4])] if chunk[1] is None else chunk[1]
 
 
 @TEMPLATES.register("delivered")
@@ -165,7 +172,9 @@ class Delivered(Template):
     not depend on the order they are recorded in, so `on_kinds` records a chunk a kind at a time
     (no merge, no dispatch per event), then judges it; only a chunk in which some judgement fails
     is walked again event by event (`_walk`, which words the violations in trace order), and so is
-    every chunk once a `failed` or a send without an int `start` was seen."""
+    every chunk once a `failed` or a send without an int `start` was seen. The messages name sends
+    in the order they were first made (sorted by seq: recording a kind at a time does not keep
+    it)."""
 
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
@@ -178,9 +187,16 @@ class Delivered(Template):
             *self.sends,
             *([self.failed] if self.failed else []),
         )
-        self.sent: dict = {}  # rid -> {start (None: a send without one): seq of its first send}
-        self.closed: dict = {}  # rid -> {start: seq of its first completion}
-        self.first_done: dict = {}  # rid -> seq of its first completion (or failed)
+        # with `sends`: rid -> [{start (None: a send without one): seq of its first send},
+        # {start: seq of its first completion} or None, seq of its first completion (or failed)
+        # or None]: one entry per request, so that an event looks its request up once (a table
+        # per fact costs a lookup, mostly a cache miss, per fact). Without: rid -> seq of its
+        # first completion.
+        self.reqs: dict = {}
+        # with `sends`: the rids some of whose sends may not be completed (a send was recorded
+        # since the last consumer that found them all completed): the only ones finish reads
+        self.pending: set = set()
+        self.sent_keys = 0  # with `sends`: the (rid, start) sent, each counted once
         self.walking = False  # from the first `failed` or send without an int start on
 
     def on_kinds(self, by):
@@ -189,7 +205,7 @@ class Delivered(Template):
             self._walk(in_order(by, self.events))
             return
         try:
-            ok = self._record(by)
+            ok = self._record(by) if self.sends else self._record_done(by)
         except AttributeError:  # a kind without `start`: the walk reads it with a default
             ok, self.walking = False, True
         if ok:
@@ -199,43 +215,9 @@ class Delivered(Template):
         else:  # word the violations, in trace order (recording again changes nothing)
             self._walk(in_order(by, self.events))
 
-    def _record(self, by) -> bool:
-        """Record the chunk's sends and completions; whether no judgement of it fails (False also
-        where a send has no int start: the walk then takes over for good)."""
-        sent, closed, first_done = self.sent, self.closed, self.first_done
-        for e in in_order(by, self.sends):  # in trace order: the walk words in send order
-            rid, start, seq = e.rid, e.start, e.seq
-            if type(start) is not int:
-                self.walking = True
-                return False
-            got = sent.get(rid)
-            if got is None:
-                sent[rid] = {start: seq}
-            elif start not in got:
-                got[start] = seq
-        ok = True
-        if self.sends:
-            for e in by.get(self.done, ()):
-                rid, start, seq = e.rid, e.start, e.seq
-                got = closed.get(rid)
-                if got is None:
-                    closed[rid] = {start: seq}
-                    if rid not in first_done:
-                        first_done[rid] = seq
-                elif start not in got:
-                    got[start] = seq
-                if not sent.get(rid, _EMPTY).get(start, seq) < seq:  # completes no earlier send
-                    ok = False
-            for e in by.get(self.consumer, ()):
-                # every send of the rid so far (some may come after it) closed before it
-                rid, seq = e.rid, e.seq
-                got = sent.get(rid)
-                if got:
-                    done = closed.get(rid, _EMPTY)
-                    for start in got:
-                        if not done.get(start, seq) < seq:
-                            ok = False
-            return ok
+    def _record_done(self, by) -> bool:
+        """Without sends: record the chunk's completions; whether every consumer follows one."""
+        first_done, ok = self.reqs, True
         for e in by.get(self.done, ()):
             if e.rid not in first_done:
                 first_done[e.rid] = e.seq
@@ -244,57 +226,140 @@ class Delivered(Template):
                 ok = False
         return ok
 
+    def _record(self, by) -> bool:
+        """Record the chunk's sends and completions; whether no judgement of it fails (False also
+        where a send has no int start: the walk then takes over for good)."""
+        reqs, pending, new = self.reqs, self.pending, 0
+        for kind in self.sends:  # a kind at a time: keep the earliest seq of each (rid, start)
+            for e in by.get(kind, ()):
+                rid, start, seq = e.rid, e.start, e.seq
+                if type(start) is not int:
+                    self.walking, self.sent_keys = True, self.sent_keys + new
+                    return False
+                req = reqs.get(rid)
+                if req is None:
+                    reqs[rid] = [{start: seq}, None, None]
+                    pending.add(rid)
+                    new += 1
+                else:
+                    got = req[0]
+                    first = got.setdefault(start, seq)
+                    if first == seq:
+                        pending.add(rid)
+                        new += 1
+                    elif first > seq:  # also sent by a kind recorded before, later
+                        got[start] = seq
+        self.sent_keys += new
+        ok = True
+        for e in by.get(self.done, ()):
+            rid, start, seq = e.rid, e.start, e.seq
+            req = reqs.get(rid)
+            if req is None:  # completes no send
+                reqs[rid] = [{}, {start: seq}, seq]
+                ok = False
+                continue
+            closed = req[1]
+            if closed is None:
+                req[1] = {start: seq}
+                if req[2] is None:
+                    req[2] = seq
+            elif start not in closed:
+                closed[start] = seq
+            if not req[0].get(start, seq) < seq:  # completes no earlier send
+                ok = False
+        for e in by.get(self.consumer, ()):
+            # every send of the rid so far (some may come after it) closed before it
+            rid, seq = e.rid, e.seq
+            req = reqs.get(rid)
+            if req is not None and req[0]:
+                closed = req[1] or _EMPTY
+                for start in req[0]:
+                    if not closed.get(start, seq) < seq:
+                        ok = False
+                        break
+                else:
+                    pending.discard(rid)
+        return ok
+
     def on_chunk(self, evs):
         self._walk(evs)
+
+    def _req(self, rid) -> list:
+        req = self.reqs.get(rid)
+        if req is None:
+            req = self.reqs[rid] = [{}, None, None]
+        return req
 
     def _walk(self, evs):
         """Record and judge `evs` (in trace order) one by one."""
         done, failed, consumer = self.done, self.failed, self.consumer
-        sent, closed, first_done = self.sent, self.closed, self.first_done
+        if not self.sends:
+            first_done = self.reqs
+            for e in evs:
+                rid, seq = e.rid, e.seq
+                if e.ev == done or e.ev == failed:  # a failed transfer is over too
+                    first_done.setdefault(rid, seq)
+                else:
+                    self.checks += 1
+                    if not first_done.get(rid, seq) < seq:
+                        self.fail(f"{event_label(e)} for {rid} before any {done} of {rid}", seq)
+            return
         for e in evs:
             ev, rid, seq = e.ev, e.rid, e.seq
             if ev == done:
                 start = getattr(e, "start", None)
-                closed.setdefault(rid, {}).setdefault(start, seq)
-                first_done.setdefault(rid, seq)
-                if self.sends:
-                    self.checks += 1
-                    got = sent.get(rid, _EMPTY)
-                    if not (got.get(start, seq) < seq or got.get(None, seq) < seq):
-                        self.fail(
-                            f"{event_label(e)} completes a send of {rid} at token {start} "
-                            "that was never made",
-                            seq,
-                        )
+                req = self._req(rid)
+                if req[1] is None:
+                    req[1] = {}
+                req[1].setdefault(start, seq)
+                if req[2] is None:
+                    req[2] = seq
+                self.checks += 1
+                got = req[0]
+                if not (got.get(start, seq) < seq or got.get(None, seq) < seq):
+                    self.fail(
+                        f"{event_label(e)} completes a send of {rid} at token {start} "
+                        "that was never made",
+                        seq,
+                    )
             elif ev == consumer:
                 self.checks += 1
                 self._consumer(e, rid, seq)
             elif ev == failed:  # every send of the rid so far is over: completed, undelivered
-                first_done.setdefault(rid, seq)
-                got = closed.setdefault(rid, {})
-                for start, at in sent.get(rid, _EMPTY).items():
+                req = self._req(rid)
+                if req[2] is None:
+                    req[2] = seq
+                if req[1] is None:
+                    req[1] = {}
+                for start, at in req[0].items():
                     if at < seq:
-                        got.setdefault(start, seq)
+                        req[1].setdefault(start, seq)
             else:  # a send
                 start = getattr(e, "start", None)
                 if type(start) is not int:
                     start, self.walking = None, True
-                sent.setdefault(rid, {}).setdefault(start, seq)
+                got = self._req(rid)[0]
+                if start not in got:
+                    got[start] = seq
+                    self.sent_keys += 1
+                elif got[start] > seq:  # recorded from a later send, a kind at a time
+                    got[start] = seq
+                self.pending.add(rid)
 
-    def _closed_by(self, rid, start, seq) -> bool:
-        """Whether the rid's send at `start` (None: a send without one) has a completion before
-        `seq`."""
+    @staticmethod
+    def _closed_by(req, start, seq) -> bool:
+        """Whether the request's send at `start` (None: a send without one) has a completion
+        before `seq`."""
         if start is None:
-            return self.first_done.get(rid, seq) < seq
-        return self.closed.get(rid, _EMPTY).get(start, seq) < seq
+            return req[2] is not None and req[2] < seq
+        return (req[1] or _EMPTY).get(start, seq) < seq
 
     def _consumer(self, e, rid, seq):
-        if not self.sends:
-            if not self.first_done.get(rid, seq) < seq:
-                self.fail(f"{event_label(e)} for {rid} before any {self.done} of {rid}", seq)
+        req = self.reqs.get(rid)
+        if req is None:
             return
-        for start, at in self.sent.get(rid, _EMPTY).items():
-            if at < seq and not self._closed_by(rid, start, seq):
+        for start, at in sorted(req[0].items(), key=_SECOND):  # in send order
+            if at < seq and not self._closed_by(req, start, seq):
                 where = f" at token {start}" if start is not None else ""
                 self.fail(
                     f"{event_label(e)} for {rid} while its send{where} was not yet delivered "
@@ -304,13 +369,19 @@ class Delivered(Template):
                 )
 
     def finish(self):
-        self.checks += sum(map(len, self.sent.values()))
-        closed, end = self.closed, float("inf")
-        for rid, sent in self.sent.items():  # in send order
-            done = closed.get(rid)
-            if done is not None and sent.keys() <= done.keys():  # every start completed
+        if not self.sends:
+            return
+        reqs, end = self.reqs, float("inf")
+        self.checks += self.sent_keys
+        late = []  # (rid, its sends) with some send never completed
+        for rid in self.pending:
+            req = reqs[rid]
+            closed = req[1]
+            if closed is not None and req[0].keys() <= closed.keys():  # every start completed
                 continue
-            for start, seq in sent.items():
-                if not self._closed_by(rid, start, end):
+            late.append((min(req[0].values()), rid, req))
+        for _, rid, req in sorted(late):  # in the order of their first sends
+            for start, seq in sorted(req[0].items(), key=_SECOND):
+                if not self._closed_by(req, start, end):
                     where = f" at token {start}" if start is not None else ""
                     self.fail(f"{rid}'s send{where} was never delivered ({self.done})", seq)

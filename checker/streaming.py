@@ -13,6 +13,7 @@ CROSS_TEMPLATES (checker/cross_templates.py).
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -23,7 +24,6 @@ from spec import Rule
 from spec.registry import Registry
 
 _SEQ, _BATCH, _THREAD, _RIDS = (attrgetter(f) for f in ("seq", "batch", "thread", "rids"))
-_SEQ_THREAD = attrgetter("seq", "thread")
 
 
 @dataclass
@@ -63,35 +63,46 @@ class Ctx:
     """What the templates of one check share: the header, the page size, and the batch index.
 
     The index is the first (seq, thread) of each batch of each batch-indexed kind, and the rids of
-    each batch's first admit. The checker hands it each chunk's events of those kinds (`add`),
-    which it only keeps (a reference to the chunk's list, no work per event while the trace
-    streams); it is built when first read: as dicts (`idx`, `admits`) for the loops that read a
-    few batches, as numpy columns (`dense()`) for the finish-time templates that read them all. A
-    passing check of batch ids dense enough for arrays builds only the columns."""
+    each batch's first admit. The checker hands it each chunk's events of those kinds (`add`), of
+    which it keeps the batch, seq and thread (and an admit's rids) as columns, read in C while the
+    chunk is fresh in the cache, and not the events: an event kept past its chunk costs its
+    memory's reuse, and read again at the end, from all over memory, its fields cost several
+    times as much. The index is built from the columns when first read: as dicts (`idx`,
+    `admits`) for the loops that read a few batches, as numpy arrays (`dense()`) for the
+    finish-time templates that read them all. A passing check of batch ids dense enough for
+    arrays builds only the arrays."""
 
     def __init__(self, header: dict, page_size: int):
         self.header, self.page_size = header, page_size
         self._idx: dict = defaultdict(dict)  # ev -> batch -> (seq, thread)
         self._admits: dict = {}  # batch -> rids of its (first) admit
-        self._kept: dict = defaultdict(list)  # ev -> its event lists, a chunk each, in trace order
-        self._unindexed: dict = defaultdict(list)  # the same, not yet in _idx
-        self._flat: dict = {}  # ev -> all its events, in trace order (built on first use)
+        # ev -> (batches, seqs, thread codes, rids (admits only, else empty)) of its events, in
+        # trace order: machine ints (array 'q'), so that no int or str object of an event is kept
+        self._columns: dict = {}
+        # thread name -> code (a new name gets the next code, in C); `threads` the names by code
+        self._thread_codes: defaultdict = defaultdict()
+        self._thread_codes.default_factory = self._thread_codes.__len__
+        self.thread_code = self._thread_codes.__getitem__  # name -> code (a new name: the next)
+        self._indexed: dict = {}  # ev -> how many of its events _idx holds
         self._dense: object = None
 
     def add(self, ev: str, evs: list) -> None:
-        """A chunk's events of a batch-indexed kind `ev` (trace order; not changed after)."""
-        self._kept[ev].append(evs)
-        self._unindexed[ev].append(evs)
-        self._flat.pop(ev, None)
+        """A chunk's events of a batch-indexed kind `ev` (trace order)."""
+        cols = self._columns.get(ev)
+        if cols is None:
+            cols = self._columns[ev] = (array("q"), array("q"), array("q"), [])
+        # (batch is a validated int of 64 bits for every kind indexed: spec's `batch = "int"`;
+        # fromlist of a list: about half the time of extend from an iterator)
+        cols[0].fromlist(list(map(_BATCH, evs)))
+        cols[1].fromlist(list(map(_SEQ, evs)))
+        threads = list(map(_THREAD, evs))
+        if len(set(threads)) == 1:  # the usual case: one thread runs every event of a kind
+            cols[2].extend(array("q", [self.thread_code(threads[0])]) * len(threads))
+        else:
+            cols[2].fromlist(list(map(self.thread_code, threads)))
+        if ev == "admit":
+            cols[3].extend(map(_RIDS, evs))
         self._dense = None
-
-    def events(self, ev: str) -> list:
-        """Every event of the batch-indexed kind `ev` so far, in trace order."""
-        got = self._flat.get(ev)
-        if got is None:
-            lists = self._kept.get(ev, ())
-            got = self._flat[ev] = lists[0] if len(lists) == 1 else [e for c in lists for e in c]
-        return got
 
     @property
     def idx(self) -> dict:
@@ -105,12 +116,29 @@ class Ctx:
         self._index()
         return self._admits
 
+    def admitted(self) -> set:
+        """The batch ids admitted so far."""
+        cols = self._columns.get("admit")
+        return set(cols[0]) if cols is not None else set()
+
+    @property
+    def threads(self) -> list[str]:
+        """The thread names, by code."""
+        return list(self._thread_codes)
+
     def _index(self) -> None:
-        for ev, lists in self._unindexed.items():
-            if lists:
-                evs = lists[0] if len(lists) == 1 else [e for c in lists for e in c]
-                _index(self._idx[ev], evs, ev, self._admits)
-                lists.clear()
+        names = self.threads
+        for ev, (batches, seqs, codes, rids) in self._columns.items():
+            done = self._indexed.get(ev, 0)
+            if done < len(batches):
+                self._indexed[ev] = len(batches)
+                _index(
+                    self._idx[ev],
+                    batches[done:].tolist(),
+                    list(zip(seqs[done:], map(names.__getitem__, codes[done:]))),
+                    rids[done:] if ev == "admit" else None,
+                    self._admits,
+                )
 
     def dense(self) -> Dense | None:
         """The batch index as arrays, for the finish-time templates (built once, at finish)."""
@@ -119,24 +147,24 @@ class Ctx:
         return self._dense or None
 
 
-def _index(table: dict, evs: list, ev: str, admits: dict) -> None:
-    """The first (seq, thread) of each batch among `evs` (one kind, trace order) into `table`, and
-    for admits the rids of each batch's first admit."""
-    rev = evs[::-1]  # later entries overwrite earlier ones: reversed, the first of a batch wins
-    first = dict(zip(map(_BATCH, rev), map(_SEQ_THREAD, rev)))
+def _index(table: dict, batches: list, facts: list, rids: list | None, admits: dict) -> None:
+    """The first (seq, thread) of each batch (`facts`, one per entry of `batches`, trace order)
+    into `table`, and with `rids` (an admit's, per entry) the rids of each batch's first admit."""
+    # later entries overwrite earlier ones: reversed, the first of a batch wins
+    first = dict(zip(reversed(batches), reversed(facts)))
     if all(map(table.__contains__, first)):
         return
-    order = [b for b in dict.fromkeys(map(_BATCH, evs)) if b not in table]  # as first met
+    order = [b for b in dict.fromkeys(batches) if b not in table]  # as first met
     table.update([(b, first[b]) for b in order])
-    if ev == "admit":
-        rids = dict(zip(map(_BATCH, rev), map(_RIDS, rev)))
-        admits.update((b, rids[b]) for b in order)
+    if rids is not None:
+        first_rids = dict(zip(reversed(batches), reversed(rids)))
+        admits.update((b, first_rids[b]) for b in order)
 
 
 class Dense:
     """The batch index as numpy columns over the batch range [lo, lo + n): seq (0 = no such
-    event) and a thread code per event name, built on first use from the events themselves (the
-    first of each batch); `admits` the admitted batch ids in admission order. The finish-time
+    event) and a thread code per event name, built on first use from Ctx's columns (the first
+    event of each batch); `admits` the admitted batch ids in admission order. The finish-time
     templates evaluate all batches at once on these; a trace whose batch ids are too sparse for
     arrays (a foreign engine numbering batches by time, say) keeps the per-batch loops."""
 
@@ -144,19 +172,14 @@ class Dense:
         self.ctx, self.lo, self.n = ctx, lo, n
         self.admits = np.array(admits, dtype=np.int64)
         self._batches = batches  # ev -> the batch of each of its events (an array)
-        self.threads: list[str] = []
-        self._codes: dict[str, int] = {}
+        self.threads: list[str] = ctx.threads  # thread names by code
         self._cols: dict[str, tuple] = {}
 
     @classmethod
     def build(cls, ctx) -> Dense | None:
         batches = {}  # ev -> the batch of each of its events
-        for ev in ctx._kept:
-            evs = ctx.events(ev)
-            try:
-                batches[ev] = np.fromiter(map(_BATCH, evs), dtype=np.int64, count=len(evs))
-            except (TypeError, ValueError, OverflowError):  # not ints of 64 bits: the loops
-                return None
+        for ev, cols in ctx._columns.items():
+            batches[ev] = np.frombuffer(cols[0], dtype=np.int64).copy()
         keys = [f(b) for b in batches.values() if len(b) for f in (np.min, np.max)]
         admitted = batches.get("admit")
         if admitted is None or not len(admitted) or not keys:
@@ -176,15 +199,10 @@ class Dense:
             seq = np.zeros(self.n + 1, dtype=np.int64)
             thr = np.full(self.n + 1, -1, dtype=np.int64)
             if b is not None and len(b):  # in C: each batch's first event (np.unique's index)
-                evs = self.ctx.events(ev)
+                _, seqs, codes, _ = self.ctx._columns[ev]
                 k, first = np.unique(b - self.lo, return_index=True)
-                seq[k] = np.fromiter(map(_SEQ, evs), dtype=np.int64, count=len(evs))[first]
-                threads = list(map(_THREAD, map(evs.__getitem__, first.tolist())))
-                codes = self._codes
-                for t in dict.fromkeys(threads):  # a few distinct threads
-                    codes.setdefault(t, len(codes))
-                thr[k] = np.fromiter(map(codes.__getitem__, threads), dtype=np.int64, count=len(k))
-                self.threads = list(codes)
+                seq[k] = np.frombuffer(seqs, dtype=np.int64)[first]
+                thr[k] = np.frombuffer(codes, dtype=np.int64)[first]
             got = self._cols[ev] = (seq, thr)
         return got
 

@@ -6,6 +6,7 @@ and exits 2.
 
 from __future__ import annotations
 
+import io
 import json
 from operator import attrgetter, itemgetter
 
@@ -14,7 +15,7 @@ from spec import load_events
 from .json_values import strict_loads, suspect
 from .trace_header import SUPPORTED_VERSIONS, TraceFormatError, read_header  # noqa: F401
 from .trace_seq import DENSE_SINCE, gap_reason, seqs_ok
-from .typed_decode import as_dict, as_structs, decode_chunk, make_kinds
+from .typed_decode import as_dict, as_structs, decode_block, make_kinds
 
 # Events named with this prefix are an engine's own (docs/trace-format.md): skipped, and counted.
 # Any other name outside the vocabulary is an error, so that a misspelt event never passes unseen.
@@ -218,10 +219,26 @@ _EV_ATTR, _SEQ_ATTR, _BATCH_ATTR = attrgetter("ev"), attrgetter("seq"), attrgett
 _TABLES: dict = {}  # (role, version) -> (the vocabulary they were built from, tables)
 
 
-def _role_tables(role: str, version: int) -> tuple[dict, dict, dict, object]:
-    """(required fields, optional fields, fast validator) per event kind of `role` in `version` of
-    the format (an event is in every version from its `since`, 1 when absent), and the typed
-    decoder of those kinds (checker/typed_decode.py; None without msgspec)."""
+def _validators(fields_of: dict, optional_of: dict):
+    """A function that returns the fast validator of each kind, compiled on its first call: only
+    a chunk the typed decoder cannot vouch for needs them (most checks compile none)."""
+    compiled: dict = {}
+
+    def table() -> dict:
+        if not compiled:
+            compiled.update(
+                (ev, _compile_validator(fields_of[ev], optional_of[ev])) for ev in fields_of
+            )
+        return compiled
+
+    return table
+
+
+def _role_tables(role: str, version: int) -> tuple[dict, dict, object, object]:
+    """(required fields, optional fields) per event kind of `role` in `version` of the format (an
+    event is in every version from its `since`, 1 when absent), the fast validators of those
+    kinds (a function that returns them, compiled on first use), and their typed decoder
+    (checker/typed_decode.py; None without msgspec)."""
     vocab = load_events()
     hit = _TABLES.get((role, version))
     if hit is None or hit[0] is not vocab:
@@ -232,12 +249,7 @@ def _role_tables(role: str, version: int) -> tuple[dict, dict, dict, object]:
         optional_of = {ev: spec.get("optional", {}) for ev, spec in kinds.items()}
         hit = _TABLES[(role, version)] = (
             vocab,
-            (
-                fields_of,
-                optional_of,
-                {ev: _compile_validator(fields_of[ev], optional_of[ev]) for ev in kinds},
-                make_kinds(kinds),
-            ),
+            (fields_of, optional_of, _validators(fields_of, optional_of), make_kinds(kinds)),
         )
     return hit[1]
 
@@ -250,18 +262,21 @@ def _chunks(
     status: dict | None = None,
     own: bool = False,
     structs: bool = False,
+    consecutive: bool = True,
 ):
     """Yield (line numbers or None, events) per chunk of the file, every event validated; events of
     an engine's own (`x.<name>`) are dropped (and counted by kind in `ignored`) unless `own`, and so
     are the markers (MARKERS), which `status` gets instead (`end_status`). The events are dicts, or
-    with `structs` the vocabulary's structs (checker/typed_decode.py; not with `own`)."""
+    with `structs` the vocabulary's structs (checker/typed_decode.py; not with `own`). Without
+    `consecutive`, the admitted batch ids are the caller's to check (check_consecutive, once
+    every chunk was read)."""
     status = {} if status is None else status
     with open(path, "rb") as f:
         header = read_header(path, f)
         if header_out is not None:
             header_out.update(header)
         tables = _role_tables(header["role"], header["version"])
-        valid = tables[2]
+        known = tables[0]  # the kinds of the vocabulary
         structs = structs and tables[3] is not None
         # seq increases; from version 2 on it counts the events (checker/trace_seq.py)
         last_seq = -1
@@ -270,25 +285,33 @@ def _chunks(
         version = header["version"]
         status.update(version=version, end=None, cut_line=None, last_line=1, stalls=0, count=0)
         while True:
-            raw = f.readlines(_CHUNK_BYTES)
-            if not raw:
+            block = f.read(_CHUNK_BYTES)
+            if not block:
                 _check_count(path, status)
-                _check_consecutive(path, admitted)  # both roles relate batch N to N±1 by id
+                if consecutive:  # both roles relate batch N to N±1 by id
+                    check_consecutive(path, admitted)
                 return
-            if version >= 2 and not raw[-1].endswith(b"\n") and _cut(raw[-1]):
-                # the file's last line, cut mid-line (a killed writer): truncation, not bad JSON
-                status["cut_line"] = line_no + len(raw) - 1
-                raw = raw[:-1]
-                if not raw:
-                    continue
+            if not block.endswith(b"\n"):
+                block += f.readline()  # whole lines: up to the next newline (or the file's end)
+            lines = block.count(b"\n")
+            if not block.endswith(b"\n"):  # the file's last line, without its newline
+                last = block[block.rfind(b"\n") + 1 :]
+                if version >= 2 and _cut(last):
+                    # cut mid-line (a killed writer): truncation, not bad JSON
+                    status["cut_line"] = line_no + lines
+                    block = block[: len(block) - len(last)]
+                    if not block:
+                        continue
+                else:
+                    lines += 1
             if status["end"] is not None:
                 raise TraceFormatError(
                     path, status["end_line"], "field 'ev': trace_end is not the last event"
                 )
             nums, events = _decode(
-                path, line_no, raw, last_seq, tables, header, with_lines, structs
+                path, line_no, block, last_seq, tables, header, with_lines, structs
             )
-            status["last_line"] = line_no + len(raw) - 1
+            status["last_line"] = line_no + lines - 1
             typed = bool(events) and type(events[0]) is not dict
             ev_of = _EV_ATTR if typed else _EV
             # the chunk's kinds, in C: most chunks have no marker and no engine's own event
@@ -297,12 +320,12 @@ def _chunks(
                 status["count"] += len(events)
                 last_seq = events[-1]["seq"]
                 if version >= 2 and not kinds.isdisjoint(MARKERS):
-                    events, nums = _take_markers(path, events, nums, status, line_no, raw)
-            line_no += len(raw)
+                    events, nums = _take_markers(path, events, nums, status, line_no, block)
+            line_no += lines
             if events and not own:
-                if not kinds <= valid.keys():
-                    events, nums = _drop_unknown(events, nums, valid, ignored)
-                if "admit" in kinds:
+                if not kinds <= known.keys():
+                    events, nums = _drop_unknown(events, nums, known, ignored)
+                if consecutive and "admit" in kinds:
                     admits = [e for e in events if ev_of(e) == "admit"]
                     admitted.update(map(_BATCH_ATTR if typed else _BATCH, admits))
             if events and structs and not typed:  # the general path's dicts
@@ -311,33 +334,43 @@ def _chunks(
                 yield nums, events
 
 
+def _lines(block: bytes) -> list:
+    """A chunk's lines, each with its newline (the last may lack it), as readlines splits them:
+    only for the paths that go line by line."""
+    return io.BytesIO(block).readlines()
+
+
 def _decode(
     path: str,
     line_no: int,
-    raw: list,
+    block: bytes,
     last_seq: int,
     tables: tuple,
     header: dict,
     with_lines: bool,
     structs: bool = False,
 ):
-    """(line numbers or None, events) of one chunk, every event validated. Three ways, each taken
-    only when the one before cannot vouch for the chunk: the typed decoder (checker/typed_decode.py:
-    the vocabulary's own fields, checked in C; structs when `structs`), orjson with a compiled
-    predicate per event kind (any extra field, an engine's own events), and the exact path, which
-    words the error. The last two give dicts."""
+    """(line numbers or None, events) of one chunk (`block`: whole lines), every event validated.
+    Three ways, each taken only when the one before cannot vouch for the chunk: the typed decoder
+    (checker/typed_decode.py: the vocabulary's own fields, checked in C; structs when `structs`),
+    orjson with a compiled predicate per event kind (any extra field, an engine's own events), and
+    the exact path, which words the error. The last two give dicts."""
     dense = header["version"] >= DENSE_SINCE
-    events = decode_chunk(tables[3], raw, structs) if tables[3] is not None else None
+    events = decode_block(tables[3], block, structs) if tables[3] is not None else None
     seq_of = _SEQ_ATTR if structs else _SEQ
+    raw = None
     if events is None or not seqs_ok(list(map(seq_of, events)), last_seq, dense):
+        raw = _lines(block)
         events = None if suspect(raw) else _decode_fast(raw)
-        if events is not None and not _validate_fast(events, tables[2], last_seq, dense):
+        if events is not None and not _validate_fast(events, tables[2](), last_seq, dense):
             events = None
     if events is None:
         pairs = list(_chunk_slow(path, line_no, raw, last_seq, tables, header))
         return [n for n, _ in pairs], [e for _, e in pairs]
-    nums = [n for n, line in enumerate(raw, line_no) if not line.isspace()] if with_lines else None
-    return nums, events
+    if not with_lines:
+        return None, events
+    raw = raw or _lines(block)
+    return [n for n, line in enumerate(raw, line_no) if not line.isspace()], events
 
 
 def _check_count(path: str, status: dict) -> None:
@@ -366,7 +399,7 @@ def _cut(line: bytes) -> bool:
     return False
 
 
-def _take_markers(path: str, events: list, nums: list | None, status: dict, first: int, raw):
+def _take_markers(path: str, events: list, nums: list | None, status: dict, first: int, block):
     """The chunk's events without the markers, which go to `status`: `end` (the trace_end event)
     and its line, `stalls` (how many)."""
     marks = [i for i, e in enumerate(events) if e["ev"] in MARKERS]
@@ -380,7 +413,7 @@ def _take_markers(path: str, events: list, nums: list | None, status: dict, firs
             )
         if e["ev"] == "trace_end":
             status["end"] = as_dict(e)
-            line = nums[i] if nums is not None else _line_of(raw, first, e["seq"])
+            line = nums[i] if nums is not None else _line_of(block, first, e["seq"])
             status["end_line"] = line
             if i != len(events) - 1:
                 raise TraceFormatError(path, line, "field 'ev': trace_end is not the last event")
@@ -390,9 +423,9 @@ def _take_markers(path: str, events: list, nums: list | None, status: dict, firs
     return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
 
 
-def _line_of(raw: list, first: int, seq: int) -> int:
+def _line_of(block: bytes, first: int, seq: int) -> int:
     """The line number of the event with `seq` in a chunk (only on the rare marker path)."""
-    for n, line in enumerate(raw, first):
+    for n, line in enumerate(_lines(block), first):
         if line.strip() and json.loads(line).get("seq") == seq:
             return n
     return first
@@ -412,7 +445,7 @@ def truncation(status: dict) -> int | None:
     return None if end.get("reason") == "normal" else status["end_line"]
 
 
-def _check_consecutive(path: str, admitted: set) -> None:
+def check_consecutive(path: str, admitted: set) -> None:
     """The rules relate batch N to N-1 and N+1 by id, so admitted batch ids must be consecutive
     integers (in any order: admitting them out of order is a rule's to report, P-fifo). A gap would
     leave those rules nothing to compare: it is a malformed trace, reported at the admit after it."""
@@ -450,14 +483,20 @@ def iter_chunks(
     status: dict | None = None,
     own: bool = False,
     structs: bool = False,
+    consecutive: bool = True,
 ):
     """Yield lists of validated events, in file order (the checker's fast path: no per-event
     generator step). Memory is one chunk, whatever the file size. An engine's own events
     (`x.<name>`) are skipped, counted by kind in `ignored`, unless `own`; the markers (trace_end,
     stall) go to `status` (`truncation(status)` once read). The events are dicts, or with `structs`
     the vocabulary's structs (attributes; absent optional fields None): the linear checker's
-    input."""
-    for _, events in _chunks(path, header_out, False, ignored, status, own, structs and not own):
+    input. Without `consecutive`, the caller checks the admitted batch ids (check_consecutive)
+    once every chunk was read: the linear checker keeps them anyway (no pass over each chunk for
+    its admits)."""
+    chunks = _chunks(
+        path, header_out, False, ignored, status, own, structs and not own, consecutive
+    )
+    for _, events in chunks:
         yield events
 
 

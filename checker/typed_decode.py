@@ -111,10 +111,15 @@ def decode_chunk(kinds: Kinds, raw: list, structs: bool = False) -> list | None:
     """The events of `raw` (lines of bytes; blank ones skipped) as structs, or as dicts unless
     `structs`; None when any line is not valid for the strict schema (the caller then takes its
     general path)."""
+    return decode_block(kinds, b"".join(raw), structs)
+
+
+def decode_block(kinds: Kinds, block: bytes, structs: bool = False) -> list | None:
+    """decode_chunk on the lines' bytes as read (one buffer: no list of lines to build)."""
     try:
         if structs:
-            return kinds.structs.decode_lines(b"".join(raw))
-        return msgspec.to_builtins(kinds.dicts.decode_lines(b"".join(raw)))
+            return kinds.structs.decode_lines(block)
+        return msgspec.to_builtins(kinds.dicts.decode_lines(block))
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: too
         return None
 
