@@ -14,9 +14,11 @@ arms: the time inside the outermost hooked call (a hooked method calls others) a
 hooked calls, nested ones included. The loops are timed apart: their time holds SGLang's unhooked
 work and the trace's header too. `added` is (arm - off) / events, paired within a round; the events
 are those the hooks logged, read back from the trace (header and trace_end aside), the same in both
-logging arms or the script stops. A trace's begin (its header, its file) and close (the JSON Lines)
-happen once per trace: reported per trace. By default one sink takes all of an arm's runs in a
-round, as one sink takes a server process's events (--sink-per run: one per run, as `pdo conform`).
+logging arms or the script stops. The sink's emit is timed too, in the three arms with a sink (its
+timer in each: the sink's share of `added` is an arm's less the hooks arm's). A trace's begin (its
+header, its file) and close (the JSON Lines) happen once per trace: reported per trace. By default
+one sink takes all of an arm's runs in a round, as one sink takes a server process's events
+(--sink-per run: one sink per run, as `pdo conform` makes).
 
     PYTHONPATH=. .venv/bin/python scripts/sglang_hook_cost.py [--rounds 9] [--reps 3] \
         [--scenario NAME ...] [--before 87a74b3] [--sink-per process|run] [--clock cpu|wall] \
@@ -149,6 +151,7 @@ class Spent:
     loop_ns: int = 0  # inside the scheduler loops
     begin_ns: int = 0
     close_ns: int = 0
+    emit_ns: int = 0  # inside the sink's emit
     logger_ns: int = 0  # the recorder's generation of an event kind's log call (today's sink)
     traces: int = 0
     events: int = 0  # logged by the hooks (header and trace_end aside)
@@ -156,8 +159,9 @@ class Spent:
 
 
 def timed_sink(module: types.ModuleType, spent_of):
-    """The module's TraceSink with begin and close timed into the current arm's Spent; a `held`
-    sink ignores the close of each run."""
+    """The module's TraceSink with begin, emit and close timed into the current arm's Spent (emit's
+    timer in every arm with a sink: the sink's share is an arm's added cost less the hooks arm's);
+    a `held` sink ignores the close of each run."""
     base = module.TraceSink
 
     class Timed(base):
@@ -171,6 +175,13 @@ def timed_sink(module: types.ModuleType, spent_of):
                 return base.begin(self, *args, **kwargs)
             finally:
                 spent_of().begin_ns += CLOCK[0]() - t0
+
+        def emit(self, ev: str, **fields) -> None:
+            t0 = CLOCK[0]()
+            try:
+                base.emit(self, ev, **fields)
+            finally:
+                spent_of().emit_ns += CLOCK[0]() - t0
 
         def close(self, *args, **kwargs):
             if self.held:
@@ -446,10 +457,18 @@ def figures(rounds, arms, a, names, targets, trace_dir) -> dict:
             row["loop_added_ns_per_event"] = spread(
                 [(s.loop_ns - o.loop_ns) / events for s, o in zip(per, off)]
             )
+            row["emit_ns_per_event"] = spread([s.emit_ns / events for s in per])
         if arm.logs and arm.sink is not None:
             row["begin_ns_per_trace"] = spread([s.begin_ns / s.traces for s in per])
             row["close_ns_per_trace"] = spread([s.close_ns / s.traces for s in per])
         if arm.sink is trace_sink:
+            before = [r[arms[-1].name] for r in rounds]
+            row["minus_before_ns_per_event"] = spread(
+                [(s.hooked_ns - b.hooked_ns) / events for s, b in zip(per, before)]
+            )
+            row["emit_steady_ns_per_event"] = spread(
+                [(s.emit_ns - s.logger_ns) / events for s in per]
+            )
             row["logger_ns_per_trace"] = spread([s.logger_ns / s.traces for s in per])
             # the added cost with the loggers' generation (once per kind and trace) taken out
             row["added_steady_ns_per_event"] = spread(
@@ -476,10 +495,15 @@ def print_report(r: dict) -> None:
                 f"; added per event {text(row['added_ns_per_event'])} "
                 f"(whole loop: {text(row['loop_added_ns_per_event'])})"
             )
+        if "emit_ns_per_event" in row:
+            line += f"; inside emit per event {text(row['emit_ns_per_event'])}"
         if "logger_ns_per_trace" in row:
             line += (
-                f"; without its loggers' generation ({text(row['logger_ns_per_trace'], 1e3)} us "
-                f"per trace) {text(row['added_steady_ns_per_event'])}"
+                f"; without the recorder's generation of its loggers "
+                f"({text(row['logger_ns_per_trace'], 1e3)} us per trace): added "
+                f"{text(row['added_steady_ns_per_event'])}, inside emit "
+                f"{text(row['emit_steady_ns_per_event'])}; added less the last arm's "
+                f"{text(row['minus_before_ns_per_event'])}"
             )
         if "begin_ns_per_trace" in row:
             line += (
