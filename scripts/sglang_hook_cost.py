@@ -77,8 +77,8 @@ class CommitEngine(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             capture_output=True,
             text=True,
         )
-        if out.returncode != 0:
-            raise SystemExit(f"sglang_hook_cost.py: --before {commit}: {out.stderr.strip()}")
+        if out.returncode != 0 or not out.stdout:
+            raise ValueError(out.stderr.strip() or "no engine package in that commit")
         self.files = set(out.stdout.split())
 
     def find_spec(self, fullname, path=None, target=None):
@@ -375,6 +375,10 @@ def main() -> int:
     a = ap.parse_args()
     if a.rounds < 1 or a.reps < 1:
         ap.error("--rounds and --reps must be at least 1")
+    try:
+        before = CommitEngine(a.before)
+    except ValueError as exc:
+        ap.error(f"--before {a.before}: {exc}")
     logging.disable(logging.WARNING)  # SGLang's notes at every scheduler build
     warnings.simplefilter("ignore")  # SGLang's import-time "only CUDA supports ..." warnings
     available = dict(prefill_scenarios.scenarios())
@@ -392,7 +396,7 @@ def main() -> int:
         Arm("off", None),
         Arm("hooks", HOOKS_ONLY, logs=False),
         Arm("now", trace_sink),
-        Arm(a.before, CommitEngine(a.before).sink_module()),
+        Arm(a.before, before.sink_module()),
     ]
     per_process = a.sink_per == "process"
     for arm in arms:  # warm-up: imports, first-call caches, the sender class
