@@ -562,6 +562,7 @@ LABELS = {
     "events_per_round": "events",
     "ns_per_call": "per hooked call",
     "ns_per_event": "per event",
+    "loop_ns_per_event": "whole loop per event",
     "added_ns_per_event": "added per event",
     "loop_added_ns_per_event": "whole loop added per event",
     "emit_ns_per_event": "inside emit per event",

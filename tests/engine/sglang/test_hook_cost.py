@@ -4,6 +4,7 @@ it counted (read back here): for the prefill runs (one schedule), the same in to
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -67,7 +68,7 @@ def _events(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("role", "sink_per"), [("prefill", "process"), ("prefill", "run"), ("decode", "process")]
 )
-def test_every_arm_timed_and_the_events_logged(runnable, tmp_path, role, sink_per):
+def test_every_arm_timed_and_the_events_logged(runnable, tmp_path, capsys, role, sink_per):
     cmd = [sys.executable, str(REPO / "scripts" / "sglang_hook_cost.py"), "--role", role]
     cmd += ["--rounds", "2", "--reps", "1", "--sink-per", sink_per, "--json"]
     cmd += ["--trace-dir", str(tmp_path)]
@@ -100,5 +101,16 @@ def test_every_arm_timed_and_the_events_logged(runnable, tmp_path, role, sink_pe
     if role == "prefill":  # one schedule: the same events in both sinks, none logged twice
         assert logged["now"] == logged[BEFORE]
         assert "x.war_barrier_again" not in logged["now"]
+    # the text output: one line per arm, every figure of its row named
+    spec = importlib.util.spec_from_file_location(
+        "hook_cost", REPO / "scripts" / "sglang_hook_cost.py"
+    )
+    script = sys.modules["hook_cost"] = importlib.util.module_from_spec(spec)  # for its dataclasses
+    spec.loader.exec_module(script)
+    script.print_report(report)
+    text = capsys.readouterr().out
+    for name, row in report["arms"].items():
+        line = next(x for x in text.splitlines() if x.lstrip().startswith(f"{name}:"))
+        assert all(script.LABELS[k] in line for k in row), name
     # the arms without a logging sink wrote no trace
     assert not list(tmp_path.glob("hooks*.jsonl")) and not list(tmp_path.glob("off*.jsonl"))
