@@ -15,50 +15,55 @@ the item it took, and an id() reused by a later object joins what the dead one c
 add orders, so a reordering predicted from these clocks is one the engine really allows (the
 analysis can miss some, never invent one).
 
-Off by default (`pdo run --hb`, or PDO_HB=1): with the edges, tracing costs about 13.5% of the
-run's wall time against 9% without (docs/benchmarks.md), far over the 3% budget; when off every
-hook is one attribute test.
+On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
+only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. The
+edge goes straight to the recorder's log call (`_log`: one recorder's own, or a fan-out to several).
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 
 from spec.tracelog import RECV, RECV_SEND, RELAY, SEND
 
-ON = os.environ.get("PDO_HB", "").strip().lower() in ("1", "true", "yes", "on")
+ENABLED = os.environ.get("PDO_HB", "").strip().lower() not in ("0", "false", "no", "off")
+ON = False  # ENABLED, and a recorder attached: the hooks log edges
 TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
-_logs: tuple = ()  # weak references to the recorders that log the edges
+_sinks: tuple = ()  # the attached recorders' edge log calls, Recorder.edge_logger
+
+
+def _nothing(op: int, a: int, b: int = 0) -> None:
+    pass
+
+
+_log = _nothing
 
 
 def enable(on: bool = True) -> None:
-    global ON
-    ON = on
+    """Whether tracers made from now on log the hand-offs (those attached stay as they are)."""
+    global ENABLED
+    ENABLED = on
 
 
-def attach(rec) -> None:
-    """Log the hand-offs into `rec` too (a tracer's recorder, while its trace is open, or until it
-    is dropped)."""
-    global _logs
-    _logs = (*_logs, weakref.ref(rec, _forget))
+def attach(log) -> None:
+    """Log the hand-offs through `log(op, a, b)` too (a recorder's, while its trace is open, or
+    until the recorder is dropped: engine/trace/recorder.py detaches it then)."""
+    _set((*_sinks, log))
 
 
-def _forget(ref) -> None:
-    global _logs
-    _logs = tuple(r for r in _logs if r is not ref)
+def detach(log) -> None:
+    _set(tuple(s for s in _sinks if s is not log))
 
 
-def detach(rec) -> None:
-    global _logs
-    _logs = tuple(r for r in _logs if r() is not None and r() is not rec)
-
-
-def _log(op: int, a: int, b: int = 0) -> None:
-    for r in _logs:
-        rec = r()
-        if rec is not None:
-            rec.edge(op, a, b)
+def _set(sinks: tuple) -> None:
+    global _sinks, _log, ON
+    _sinks, ON = sinks, bool(sinks)
+    if len(sinks) == 1:
+        _log = sinks[0]
+    elif sinks:
+        _log = lambda op, a, b=0: [s(op, a, b) for s in sinks]  # noqa: E731 - several traces
+    else:
+        _log = _nothing
 
 
 def send(obj) -> None:
@@ -76,9 +81,11 @@ def recv(obj) -> None:
 def recv_send(a, b) -> None:
     """`recv(a)`, then `send(b)`, in one record (a queue's get and the room it makes, a put and
     the room it took)."""
-    if a is None or b is None:
-        recv(a)
-        send(b)
+    if b is None:
+        if a is not None:
+            _log(RECV, id(a))
+    elif a is None:
+        _log(SEND, id(b))
     else:
         _log(RECV_SEND, id(a), id(b))
 

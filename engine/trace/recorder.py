@@ -22,6 +22,7 @@ waited for. There is no reader to lag: the log is read once, at the end.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import json
@@ -40,6 +41,7 @@ from spec.errors import InternalError
 
 _SEG_BYTES = tl.SEGMENT_SLOTS * tl.SLOT
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's, absent from Python 3.11
 
 
 class NotJSON(InternalError, TypeError):
@@ -104,6 +106,7 @@ class Recorder:
         self._consts: dict = {}  # (class, value) -> definition id: None, bools, numbers
         self._emitters: dict = {}  # (ev, field names) -> the logger of an event not declared
         self.ended = False
+        self.edge = self._edge_logger()
         self.set_header(header)
 
     def set_header(self, header: dict) -> None:
@@ -114,14 +117,20 @@ class Recorder:
     # -- the log's memory
 
     def _segment(self, k: int):
-        # populated now: a first write to each page would fault, which costs more per record than
-        # the write itself on a virtual machine (docs/benchmarks.md)
+        # Populated for writing now: a first write to each page would fault, which costs more per
+        # record than the write itself on a virtual machine; a file's pages also need their blocks
+        # (fallocate), else that fault reserves them one page at a time.
         if self._fd >= 0:
-            os.ftruncate(self._fd, (k + 1) * _SEG_BYTES)
+            try:
+                os.posix_fallocate(self._fd, k * _SEG_BYTES, _SEG_BYTES)
+            except (AttributeError, OSError):  # not Linux, or a file system without it
+                os.ftruncate(self._fd, (k + 1) * _SEG_BYTES)
             flags = mmap.MAP_SHARED | _POPULATE
             buf = mmap.mmap(self._fd, _SEG_BYTES, flags=flags, offset=k * _SEG_BYTES)
         else:
             buf = mmap.mmap(-1, _SEG_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+        with contextlib.suppress(OSError):  # Linux 5.14 on; before it, the pages fault once
+            buf.madvise(_POPULATE_WRITE)
         self._maps.append(buf)
         view = memoryview(buf)  # pack_into takes a memoryview's buffer faster than the mmap's
         self._segs.append(view)
@@ -375,16 +384,24 @@ class Recorder:
                 log = self._emitters[key] = self.logger(ev, names)
         log(*fields.values())
 
-    def edge(self, op: int, a: int, b: int = 0) -> None:
-        """A happens-before hand-off of the calling thread (engine/sync/hb.py)."""
-        tid = self._tno()
-        seg = self.cur[0]
-        i = next(self._slots)
-        if i >= seg[1]:
-            seg = self._grow(i)
-        tl.EDGE.pack_into(
-            seg[0], (i - seg[2]) * tl.SLOT, tl.R_EDGE, op, tid, monotonic_ns(), a, b, i
-        )
+    def _edge_logger(self):
+        """The log call of a happens-before hand-off of the calling thread (engine/sync/hb.py
+        calls it): as lean as an event's, with no time (the reader orders edges by slot)."""
+        local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
+        code, slot, me = tl.R_EDGE, tl.SLOT, weakref.proxy(self)
+
+        def edge(op: int, a: int, b: int = 0) -> None:
+            try:
+                tno = local.tno
+            except AttributeError:
+                tno = me._tno()
+            seg = cur[0]
+            i = nxt()
+            if i >= seg[1]:
+                seg = me._grow(i)
+            pack(seg[0], (i - seg[2]) * slot, code, op, tno, 0, a, b, i)
+
+        return edge
 
     def end(self, reason: str, fields: dict) -> None:
         """The END record: the late digests still pending are computed first."""

@@ -32,6 +32,7 @@ import contextlib
 import os
 import threading
 import types
+import weakref
 
 from engine import sync
 from engine.sync import hb
@@ -47,7 +48,7 @@ class Tracer:
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        if hb.ON:  # the events' `vc`, built from the log's hand-offs (engine/sync/hb.py)
+        if hb.ENABLED:  # the events' `vc`, built from the log's hand-offs (engine/sync/hb.py)
             self.header["hb"] = hb.TAG
         self._rec: Recorder | None = None  # made at the first record, or by `stream`
         self.declared: dict[
@@ -62,9 +63,10 @@ class Tracer:
     def rec(self) -> Recorder:
         """The log, started at its first use: the header is its first record."""
         if self._rec is None:
-            self._rec = Recorder(self.header)
-            if hb.ON:
-                hb.attach(self._rec)
+            rec = self._rec = Recorder(self.header)
+            if "hb" in self.header:  # until the trace is closed, or the recorder dropped
+                hb.attach(rec.edge)
+                weakref.finalize(rec, hb.detach, rec.edge)
         return self._rec
 
     def emit(self, ev: str, **fields) -> None:
@@ -170,7 +172,7 @@ class Tracer:
             self.end_reason = reason
         atexit.unregister(self.close)
         rec = self.rec
-        hb.detach(rec)
+        hb.detach(rec.edge)
         if end:
             rec.end(reason, self.end_fields)
         rec.write_jsonl(self._path)
