@@ -93,7 +93,7 @@ def main() -> int:
             med = statistics.median(f)
             print(
                 f"  {c:>12s} ({sha}): median {_fmt(med)}  [{_fmt(min(f))} .. {_fmt(max(f))}]  "
-                f"x{med / ref:.2f}  rounds: {', '.join(_fmt(x) for x in f)}"
+                f"{f'x{med / ref:.2f}' if ref else ''}  rounds: {', '.join(_fmt(x) for x in f)}"
             )
     return 0
 
