@@ -19,7 +19,7 @@ import sys
 import threading
 
 from engine.trace.recorder import Recorder
-from engine.trace.tracer import FORMAT
+from engine.trace.tracer import FORMAT, end_reason
 from spec import tracelog
 from spec.errors import ControlFlow
 
@@ -71,28 +71,18 @@ class TraceSink:
             self._rec.to_file(self.path + tracelog.SUFFIX)
         # A server process may exit without closing the sink: its trace still ends, with the
         # reason its loop gave (or `exit`, which reads as truncated: the loop never returned).
-        atexit.register(self._at_exit)
+        atexit.register(self.close, "exit")
 
     @contextlib.contextmanager
     def ends_with_loop(self):
-        """Around the traced scheduler loop: how it ends (returns: `normal`; raises: `exception`, or
-        `signal` for KeyboardInterrupt and SystemExit; a harness's LoopExit: `normal`) is the
-        reason trace_end gives."""
+        """Around the traced scheduler loop: how it ends (returns, or a harness's LoopExit:
+        `normal`; raises: `end_reason`) is the reason trace_end gives."""
         try:
             yield
-        except LoopExit:
-            self._loop_end = "normal"
-            raise
-        except (KeyboardInterrupt, SystemExit):
-            self._loop_end = "signal"
-            raise
-        except BaseException:
-            self._loop_end = "exception"
+        except BaseException as exc:
+            self._loop_end = "normal" if isinstance(exc, LoopExit) else end_reason(exc)
             raise
         self._loop_end = "normal"
-
-    def _at_exit(self) -> None:
-        self.close("exit")
 
     def _thread(self) -> str:
         if threading.get_ident() == self._scheduler_ident:
@@ -114,15 +104,7 @@ class TraceSink:
                 return
             self._ended = True
         if self.header["version"] >= 2:
-            exc = sys.exc_info()[1]
-            fallback = (
-                "normal"
-                if exc is None
-                else "signal"
-                if isinstance(exc, (KeyboardInterrupt, SystemExit))
-                else "exception"
-            )
-            self._rec.end(self._loop_end or reason or fallback, {})
+            self._rec.end(self._loop_end or reason or end_reason(sys.exc_info()[1]), {})
         self._rec.write_jsonl(self.path)
         self._rec.remove_file()
-        atexit.unregister(self._at_exit)
+        atexit.unregister(self.close)
