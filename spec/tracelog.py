@@ -13,11 +13,8 @@ not its index was cut mid-write (SIGKILL): a torn record, detected and dropped. 
 zeros was never written: past the last record, the log's free space; before it, a slot a thread had
 taken but not yet filled when the process died.
 
-A record's first field, `code`, says what it is: an event (its layout, a definition of its ev and
-field names), a definition (a string, a JSON value, a late digest, a layout, a thread's name, the
-header) that comes before the records that use it, a happens-before hand-off (EDGE: the reader
-builds the vector clocks `vc` from them, in log order), a late digest's value (DIGEST), the run's
-END, or a slot given up (VOID). Each struct below names its fields.
+A record's first field, `code`, says what it is (R_*, or an event's layout: a definition, which
+comes before the records that use it, as every definition does); each struct below names its fields.
 """
 
 from __future__ import annotations
@@ -41,14 +38,6 @@ MAX_FIELDS = WORDS  # more fields than this: one JSON value holds them all (layo
 HEAD = struct.Struct("<8sII")  # slot 0: magic, version, slot size
 
 
-def event_struct(n: int) -> struct.Struct:
-    """An event record of n values: head, t_ns, values..., check. The head is the 64-bit word
-    code | mask << 16 | thread << 32, as WORD0 reads it: mask bit j set when value j is a
-    definition's id, not the integer itself; thread, the thread's number in the log (a D_THREAD
-    definition, logged at its first event, names it)."""
-    return struct.Struct(f"<qq{n}q{8 * (WORDS - n)}xq")
-
-
 # The fields whose values are integers in every event that has them (spec/events.toml; a test
 # checks): the writer stores their values as they are; any other field's value as a definition's
 # id (a string, an identity, a JSON value). A field's kind is fixed by its name, so a record's mask
@@ -61,8 +50,11 @@ INT_FIELDS = frozenset(
 # each value is a JSON definition, made without first looking it up as a string.
 JSON_FIELDS = frozenset("chunks covered pending result rids rooms stacks".split())
 
-
-EVENT = [event_struct(n) for n in range(WORDS + 1)]
+# An event record of n values: head, t_ns, values..., check. The head is the 64-bit word
+# code | mask << 16 | thread << 32, as WORD0 reads it: mask bit j set when value j is a definition's
+# id, not the integer itself; thread, the thread's number in the log (a D_THREAD definition, logged
+# at its first event, names it).
+EVENT = [struct.Struct(f"<qq{n}q{8 * (WORDS - n)}xq") for n in range(WORDS + 1)]
 DEF = struct.Struct("<HHIqq64sq")  # code, kind, 0, id, total length, first bytes, check
 # the rest of a definition that does not fit in one slot, in slots its thread takes in order
 DEF_MORE = struct.Struct("<HHIq72sq")  # code, 0, 0, id, next bytes, check
@@ -106,7 +98,7 @@ class Damage:
 
 @dataclass
 class LateDigest:
-    """A late digest in an event: its value once a DIGEST record (or `resolve`) gives it."""
+    """A late digest in an event: its value once a DIGEST record (or its stamp) gives it."""
 
     sid: int
 
@@ -119,6 +111,7 @@ class LogReader:
 
     stamps: dict = field(default_factory=dict)  # stamp id -> its stamp
     header: dict | None = None
+    _hb: str | None = None  # the header's `hb` tag: the events get clocks
     events: list = field(default_factory=list)  # dicts; late digests as LateDigest until resolved
     end: dict | None = None  # the END record: t_ns, thread, reason, fields
     damage: Damage = field(default_factory=Damage)
@@ -205,6 +198,7 @@ class LogReader:
             self._layouts[did] = (ev, tuple(names))
         elif kind == D_HEADER:
             self.header = json.loads(data)
+            self._hb = self.header.get("hb")
         elif kind == D_THREAD:
             self._threads[did] = data.decode("utf-8", "surrogatepass")
         else:
@@ -227,22 +221,18 @@ class LogReader:
                 e[name] = v
         else:
             e.update(zip(names, rec[2 : 2 + n]))
-        if self._tag is not None:
+        if self._hb is not None:
             e["vc"] = self._tick(tid, thread)
         self.events.append(e)
 
     # -- happens-before, offline (engine/sync/hb.py logs the edges)
-
-    @property
-    def _tag(self) -> str | None:
-        return None if self.header is None else self.header.get("hb")
 
     def _tick(self, tid: int, thread: str):
         """The event's `vc` as engine/sync/hb.py's format 4 writes it: the whole clock at the thread's
         first event, else its own count alone, or with the components a join raised since its
         previous event."""
         c = self._clock.setdefault(tid, {})
-        k = self._tag + thread
+        k = self._hb + thread
         n = c[k] = c.get(k, 0) + 1
         self._snap.pop(tid, None)
         raised = self._raised.pop(tid, None)

@@ -46,7 +46,7 @@ def enable(on: bool = True) -> None:
 
 def attach(log) -> None:
     """Log the hand-offs through `log(op, a, b)` too (a recorder's, while its trace is open, or
-    until the recorder is dropped: engine/trace/recorder.py detaches it then)."""
+    until the recorder is dropped: engine/trace/tracer.py detaches it then)."""
     _set((*_sinks, log))
 
 

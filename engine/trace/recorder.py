@@ -41,12 +41,11 @@ _JSON_TYPES = (int, float, str, list, tuple, dict, enum.Enum)
 
 class Recorder:
     def __init__(self, header: dict, thread_name=None):
-        # a thread's name in the trace, read at its first event (the SGLang adapter's: by ident)
+        # a thread's name in the trace, read at its first event (the SGLang sink's: by ident)
         self._thread_name = thread_name or (lambda: threading.current_thread().name)
         self.path: str | None = None
         self._fd = -1
-        self._maps: list = []  # the segments' mmaps
-        self._segs: list = []  # their memoryviews
+        self._segs: list = []  # memoryviews of the segments' mmaps
         self._lock = threading.Lock()  # naming an object, mapping a segment
         self._slots = itertools.count(1)
         self.cur: list = [None]  # the last segment: (buffer, first slot past it, its first slot)
@@ -91,7 +90,6 @@ class Recorder:
             buf = mmap.mmap(-1, _SEG_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
         with contextlib.suppress(OSError):  # Linux 5.14 on; before it, the pages fault once
             buf.madvise(_POPULATE_WRITE)
-        self._maps.append(buf)
         view = memoryview(buf)  # pack_into takes a memoryview's buffer faster than the mmap's
         self._segs.append(view)
         self.cur[0] = (view, (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS)
@@ -113,16 +111,19 @@ class Recorder:
             seg = self._grow(i)
         record.pack_into(seg[0], (i - seg[2]) * tl.SLOT, *fields, i)
 
-    def to_file(self, path: str) -> None:
-        """Keep the log in `path` (created anew) from now on: what is logged so far is copied.
-        Called before the run's threads start logging."""
+    def to_file(self, trace: str) -> None:
+        """Keep the log beside `trace` (`<trace>.pdolog`, created anew) from now on: what is logged
+        so far is copied, and an earlier run's `trace` removed. Called before the run's threads
+        start logging."""
+        with contextlib.suppress(FileNotFoundError):  # not this run's trace
+            os.remove(trace)
+        path = trace + tl.SUFFIX
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        old, maps = self._segs, self._maps
-        self._segs, self._maps, self._fd, self.path = [], [], fd, path
+        old, self._segs, self._fd, self.path = self._segs, [], fd, path
         for k, view in enumerate(old):
             self._segment(k)[:] = view
+            buf = view.obj
             view.release()
-        for buf in maps:
             buf.close()
 
     # -- definitions
@@ -156,11 +157,8 @@ class Recorder:
         did = self._strs.get(s)
         if did is None:
             b = s.encode("utf-8", "surrogatepass")
-            did = (
-                tl.INLINE | int.from_bytes(b, "little")
-                if len(b) <= 7 and b"\0" not in b
-                else self._define(tl.D_STR, b)
-            )
+            short = len(b) <= 7 and b"\0" not in b
+            did = tl.INLINE | int.from_bytes(b, "little") if short else self._define(tl.D_STR, b)
             self._strs[s] = did
         return did
 
@@ -338,19 +336,6 @@ class Recorder:
 
         return edge
 
-    def end(self, reason: str, fields: dict) -> None:
-        """The END record: the late digests still pending are computed first."""
-        for sid, stamp in list(self._stamps.items()):
-            self._digest(sid, stamp.trace_value())
-        did = self._define(tl.D_JSON, dumps(fields)) if fields else 0
-        why = self.string(reason)
-        # the thread's name as a definition even when it is short: END's field is 32 bits, too
-        # narrow for an inline string (a role closed by its thread "decode" under the controller)
-        name = threading.current_thread().name.encode("utf-8", "surrogatepass")
-        tid = self._define(tl.D_STR, name)
-        self._put(tl.END, tl.R_END, 0, tid, monotonic_ns(), why, did)  # after what it names
-        self.ended = True
-
     # -- reading back
 
     def read(self, *, final: bool = False) -> tl.LogReader:
@@ -368,8 +353,22 @@ class Recorder:
         """The next slot index the counter will give, without taking it."""
         return self._slots.__reduce__()[1][0]
 
-    def write_jsonl(self, out: str) -> None:
-        """The trace's JSON Lines, made from the log, written to `out` whole (tl.write_jsonl)."""
+    def write_jsonl(self, out: str, reason: str | None, fields: dict) -> None:
+        """The trace's JSON Lines, made from the log, written to `out` whole (tl.write_jsonl), after
+        the END record (`reason`, `fields`; the late digests still pending computed first) unless
+        the log has one or `reason` is None (a log cut short, as a killed process leaves it)."""
+        if reason is not None and not self.ended:
+            for sid, stamp in list(self._stamps.items()):
+                self._digest(sid, stamp.trace_value())
+            did = self._define(tl.D_JSON, dumps(fields)) if fields else 0
+            why = self.string(reason)
+            # the thread's name as a definition even when it is short: END's field is 32 bits,
+            # too narrow for an inline string (a role closed by its thread "decode" under the
+            # controller)
+            name = threading.current_thread().name.encode("utf-8", "surrogatepass")
+            tid = self._define(tl.D_STR, name)
+            self._put(tl.END, tl.R_END, 0, tid, monotonic_ns(), why, did)  # after what it names
+            self.ended = True
         tl.write_jsonl(self.read(final=True), out)
 
     def remove_file(self) -> None:

@@ -7,13 +7,9 @@ recorder). An event's position in the log is its `seq`, the global order in whic
 logged. `t_ns` is read just before the record is written, so across threads it may trail the
 previous event's by a thread switch; timelines use it, the checker orders by `seq`.
 
-- Hot paths log through declared events (`events_for`): the event's field names are given once,
-  and a call passes the values positionally: cheaper than `emit`, which builds a keyword dict per
-  call, and the engine logs an event at every ordering point (docs/benchmarks.md has the costs).
-- A `digest` field may be a value computed late (an object with `trace_value()`:
-  engine.trace.digest.DigestStamp), logged as a record of its own once computed.
-- Happens-before hand-offs (engine/sync/hb.py) are records of the same log: the reader builds the
-  events' vector clocks (`vc`) from them, after the run.
+Hot paths log through declared events (`events_for`): the event's field names are given once, and
+a call passes the values positionally: cheaper than `emit`, which builds a keyword dict per call,
+and the engine logs an event at every ordering point (docs/benchmarks.md has the costs).
 
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
 (checker/fuzz/) may block the calling thread there to choose which thread runs next.
@@ -23,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import threading
 import types
 import weakref
@@ -39,6 +34,7 @@ VERSION = 4
 
 class Tracer:
     enabled = True
+    _thread_name = None  # a thread's name in the trace, read at its first event (None: its own)
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
@@ -55,14 +51,14 @@ class Tracer:
     def rec(self) -> Recorder:
         """The log, started at its first use: the header is its first record."""
         if self._rec is None:
-            rec = self._rec = Recorder(self.header)
+            rec = self._rec = Recorder(self.header, self._thread_name)
             if "hb" in self.header:  # until the trace is closed, or the recorder dropped
                 hb.attach(rec.edge)
                 weakref.finalize(rec, hb.detach, rec.edge)
         return self._rec
 
     def emit(self, ev: str, **fields) -> None:
-        self.rec.emit(ev, fields)  # a schedule point, as any event's log call
+        (self._rec or self.rec).emit(ev, fields)  # a schedule point, as any event's log call
 
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
         """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
@@ -120,9 +116,7 @@ class Tracer:
         if extra_header:
             self.header.update(extra_header)
             rec.set_header(self.header)
-        if not rec.ended:
-            rec.end(reason, self.end_fields)
-        rec.write_jsonl(path)
+        rec.write_jsonl(path, reason, self.end_fields)
 
     def stream(self, path: str, *, extra_header: dict | None = None) -> None:
         """Log to a file beside `path` (`<path>.pdolog`) as the run goes on; `close` writes the
@@ -134,22 +128,12 @@ class Tracer:
         self._path = path
         if sync.CONTROLLER is not None:
             return
-        with contextlib.suppress(FileNotFoundError):  # an earlier run's: not this run's trace
-            os.remove(path)
-        self.rec.to_file(path + tracelog.SUFFIX)
+        self.rec.to_file(path)
         atexit.register(self.close, "exit")
 
-    def close(self, reason: str = "normal") -> None:
+    def close(self, reason: str = "normal", *, end: bool = True) -> None:
         """End a streamed trace: `trace_end` with `reason` (normal, exception, signal, watchdog,
-        exit), then the JSON Lines from the log. Once: a later call does nothing."""
-        self._finish(reason, end=True)
-
-    def cut(self) -> None:
-        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
-        that dies inside an embedded PD run): every event logged so far, read as truncated."""
-        self._finish("cut", end=False)
-
-    def _finish(self, reason: str, *, end: bool) -> None:
+        exit) unless not `end`, then the JSON Lines from the log. Once: a later call does nothing."""
         with self._lock:  # the watchdog's thread and the run's end may both close
             if self.end_reason is not None or self._path is None:
                 return
@@ -157,10 +141,13 @@ class Tracer:
         atexit.unregister(self.close)
         rec = self.rec
         hb.detach(rec.edge)
-        if end:
-            rec.end(reason, self.end_fields)
-        rec.write_jsonl(self._path)
+        rec.write_jsonl(self._path, reason if end else None, self.end_fields)
         rec.remove_file()
+
+    def cut(self) -> None:
+        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
+        that dies inside an embedded PD run): every event logged so far, read as truncated."""
+        self.close("cut", end=False)
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
@@ -168,7 +155,7 @@ class Tracer:
         order is the schedule's, so a replay names alike. Emitting the object itself as the `obj`
         field names it the same way. The tracer keeps the object alive, so its id() is never
         another object's and identity is exact."""
-        return self.rec.obj(x)
+        return (self._rec or self.rec).obj(x)
 
 
 class NullTracer(Tracer):
