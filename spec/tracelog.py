@@ -340,11 +340,9 @@ def _plain(x):
         return x.value
     if isinstance(x, str):
         return str.__str__(x)
-    for base in (int, float, dict):
+    for base in (int, float, dict, list, tuple):
         if isinstance(x, base):
             return base(x)
-    if isinstance(x, (list, tuple)):
-        return list(x)
     raise NotJSON(f"a value that is not JSON: {type(x).__name__}")
 
 

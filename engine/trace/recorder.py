@@ -36,7 +36,6 @@ from spec.tracelog import dumps
 _SEG_BYTES = tl.SEGMENT_SLOTS * tl.SLOT
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's, absent from Python 3.11
-_JSON_TYPES = (int, float, str, list, tuple, dict, enum.Enum)
 
 
 class Recorder:
@@ -175,7 +174,7 @@ class Recorder:
             if did is None:
                 did = self._consts[(c, v)] = self._define(tl.D_JSON, dumps(v))
             return did
-        if issubclass(c, _JSON_TYPES):
+        if issubclass(c, (int, float, str, list, tuple, dict, enum.Enum)):
             return self._define(tl.D_JSON, dumps(v))
         return self._obj(v)
 

@@ -153,8 +153,7 @@ class Tracer:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
         a run, so a copy of a request shows up as a new identity; under a schedule controller the
         order is the schedule's, so a replay names alike. Emitting the object itself as the `obj`
-        field names it the same way. The tracer keeps the object alive, so its id() is never
-        another object's and identity is exact."""
+        field names it the same way. The tracer keeps the object alive: identity is exact."""
         return (self._rec or self.rec).obj(x)
 
 
