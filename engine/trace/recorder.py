@@ -10,10 +10,8 @@ else as the id of a definition, logged once (a string, an object's identity o1, 
 order first seen; a late digest; a JSON value), flagged in the record's mask.
 
 Without a file (a tracer that does not stream: tests, the fuzz harness) the log is anonymous
-memory; `to_file` moves it to a file before the run starts. It grows by segments (96 bytes a
-record), mapped as they are needed and kept until the recorder is dropped. The trace's JSON Lines
-are made from the log when the trace is closed (`write_jsonl`), or by `pdo check` and `pdo trace`
-from a log a killed process left (checker/trace_log.py).
+memory (`to_file`). It grows by segments, mapped as they are needed and kept until the recorder is
+dropped. A killed process's log is read by `pdo check` and `pdo trace` (checker/trace_log.py).
 """
 
 from __future__ import annotations
