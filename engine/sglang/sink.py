@@ -2,10 +2,11 @@
 (engine/trace/recorder.py) as they happen.
 
 A real SGLang server can die at any moment (that is when its trace matters): a SIGKILL leaves the
-recorder's log (`<trace>.pdolog`) whole, which `pdo check` reads. The header needs the role, the loop mode and the page size, known only once a
-scheduler loop starts: the log is in memory until `begin`, which logs the header and moves the log
-to its file. SGLang's threads hand work over with its own primitives, not engine/sync/__init__.py's,
-so no happens-before edge is logged and the header has no `hb`.
+recorder's log (`<trace>.pdolog`) whole, which `pdo check` reads. The header needs the role, the
+loop mode and the page size, known only once a scheduler loop starts: the log is in memory until
+`begin`, which logs the header and moves the log to its file. SGLang's threads hand work over with
+its own primitives, not engine/sync/__init__.py's, so no happens-before edge is logged and the
+header has no `hb`.
 """
 
 from __future__ import annotations

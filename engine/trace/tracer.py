@@ -133,7 +133,8 @@ class Tracer:
 
     def close(self, reason: str = "normal", *, end: bool = True) -> None:
         """End a streamed trace: `trace_end` with `reason` (normal, exception, signal, watchdog,
-        exit) unless not `end`, then the JSON Lines from the log. Once: a later call does nothing."""
+        exit; none if not `end`), then the JSON Lines from the log. Once: a later call does
+        nothing."""
         with self._lock:  # the watchdog's thread and the run's end may both close
             if self.end_reason is not None or self._path is None:
                 return
