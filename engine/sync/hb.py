@@ -8,12 +8,11 @@ engine/sync/__init__.py (queue put/get, event set/wait, thread start/join, futur
 streams' event record/wait/query in engine/runtime/device.py.
 
 Nothing of a clock is computed in the run: each hand-off is one EDGE record in the log of every
-tracer that records (engine/trace/recorder.py) — SEND on a channel, RECV from it, RELAY from one
-channel into another — and the reader replays them in log order (spec/tracelog.py `LogReader`). A channel
-is an object's id(): a receiver joins every clock sent through it so far, also what was sent after
-the item it took, and an id() reused by a later object joins what the dead one carried: both only
-add orders, so a reordering predicted from these clocks is one the engine really allows (the
-analysis can miss some, never invent one).
+tracer that records (engine/trace/recorder.py), and the reader replays them in log order
+(spec/tracelog.py `LogReader`). A channel is an object's id(): a receiver joins every clock sent
+through it so far, also what was sent after the item it took, and an id() reused by a later object
+joins what the dead one carried: both only add orders, so a reordering predicted from these clocks
+is one the engine really allows (the analysis can miss some, never invent one).
 
 On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
 only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. The
@@ -29,7 +28,7 @@ from spec.tracelog import RECV, RECV_SEND, RELAY, SEND
 ENABLED = os.environ.get("PDO_HB", "").strip().lower() not in ("0", "false", "no", "off")
 ON = False  # ENABLED, and a recorder attached: the hooks log edges
 TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
-_sinks: tuple = ()  # the attached recorders' edge log calls, Recorder.edge_logger
+_sinks: tuple = ()  # the attached recorders' edge log calls (Recorder.edge)
 
 
 def _nothing(op: int, a: int, b: int = 0) -> None:
@@ -47,7 +46,7 @@ def enable(on: bool = True) -> None:
 
 def attach(log) -> None:
     """Log the hand-offs through `log(op, a, b)` too (a recorder's, while its trace is open, or
-    until the recorder is dropped: engine/trace/recorder.py detaches it then)."""
+    until the recorder is dropped: engine/trace/tracer.py detaches it then)."""
     _set((*_sinks, log))
 
 
@@ -98,23 +97,19 @@ def relay(src, dst) -> None:
 
 
 def snapshot() -> object:
-    """The calling thread's clock now, for a thread it starts (`carried`, `adopt`): sent to a
-    fresh object, which the starter keeps until the thread has adopted it."""
+    """The calling thread's clock now, for a thread it starts (`carried`): sent to a fresh object,
+    which the starter keeps until the thread has received it."""
     s = object()
     send(s)
     return s
 
 
-def adopt(start) -> None:
-    """The calling thread starts from `start` (a thread started by the one that took it)."""
-    recv(start)
-
-
 def carried(fn, start, out):
-    """`fn` run on another thread (a pool's): it starts from `start` and sends its end to `out`."""
+    """`fn` run on another thread (a pool's): it starts from `start` (a `snapshot` of the thread
+    that started it) and sends its end to `out`."""
 
     def run(*args, **kwargs):
-        adopt(start)
+        recv(start)
         try:
             return fn(*args, **kwargs)
         finally:

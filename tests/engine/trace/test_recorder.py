@@ -89,3 +89,18 @@ def test_a_trace_closed_by_a_thread_with_a_short_name_ends_whole(tmp_path):
     t.join()
     end = json.loads(path.read_text().splitlines()[-1])
     assert end["ev"] == "trace_end" and end["reason"] == "normal" and end["thread"] == "decode"
+
+
+def test_field_names_no_parameter_may_have_are_logged_as_one_value():
+    """Field names a generated log call cannot take as parameters (a leading underscore, a keyword,
+    not an identifier), or more than an event record holds, are logged as one JSON value (layout
+    "*") and read back as given; `emit("x", _a=1)` used to recurse between emit and logger."""
+    tr = Tracer({"role": "prefill"})
+    many = {f"f{i}": i for i in range(tracelog.MAX_FIELDS + 1)}
+    given = [{"_a": 1}, {"class": "x"}, {"a-b": [1, 2]}, many]
+    for fields in given:
+        tr.emit("x.odd", **fields)
+    assert [fields for ev, fields in tr.names_and_fields()] == given
+    log = tr.events_for(odd=("_a", "b"))
+    log.odd(1, None)
+    assert tr.names_and_fields(len(given)) == [("odd", {"_a": 1, "b": None})]
