@@ -2,7 +2,7 @@
 logs it into a memory-mapped log (layout: spec/tracelog.py, docs/trace-format.md "Binary log").
 
 Logging an event is the only work the run does for its trace: no writer thread, no helper process,
-no reader to lag behind; nothing is ever dropped or waited for. A declared event's log call
+no reader to lag behind; nothing is waited for. A declared event's log call
 (`logger`, generated per event kind) takes a slot index from one `itertools.count` (atomic under
 the GIL: no lock, which a thread could stall on while its holder waits for the GIL) and fills the
 slot with one `struct.pack_into`. Its values go in as 64-bit integers: an int as itself, anything
@@ -11,17 +11,20 @@ order first seen; a late digest; a JSON value), flagged in the record's mask.
 
 Without a file (a tracer that does not stream: tests, the fuzz harness) the log is anonymous
 memory (`to_file`). It grows by segments, mapped as they are needed and kept until the recorder is
-dropped. A killed process's log is read by `pdo check` and `pdo trace` (checker/trace_log.py).
+dropped, up to a bound (PDO_TRACE_MAX_MB): past it nothing more is logged and the trace reads as
+truncated (`_full`). A killed process's log is read by `pdo check` and `pdo trace` (checker/trace_log.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import itertools
 import mmap
 import os
 import struct
+import sys
 import threading
 import weakref
 from keyword import iskeyword
@@ -29,6 +32,7 @@ from time import monotonic_ns
 
 from engine import sync
 from spec import tracelog as tl
+from spec.errors import BadInput
 from spec.tracelog import dumps
 
 _SEG_BYTES = tl.SEGMENT_SLOTS * tl.SLOT
@@ -36,8 +40,16 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's, absent from Python 3.11
 
 
+def max_bytes() -> int:
+    """The bound on a log's size (PDO_TRACE_MAX_MB, default 4096 MiB: ~44 million records)."""
+    raw = os.environ.get("PDO_TRACE_MAX_MB", "").strip() or "4096"
+    if not raw.isdigit() or not 1 <= int(raw) <= 1 << 30:
+        raise BadInput(f"PDO_TRACE_MAX_MB: {raw!r} is not a whole number of MiB from 1 to 2^30")
+    return int(raw) << 20
+
+
 class Recorder:
-    def __init__(self, header: dict, thread_name=None):
+    def __init__(self, header: dict, thread_name=None, limit: int | None = None):
         # a thread's name in the trace, read at its first event (the SGLang sink's: by ident)
         self._thread_name = thread_name or (lambda: threading.current_thread().name)
         self.path: str | None = None
@@ -45,6 +57,9 @@ class Recorder:
         self._segs: list = []  # memoryviews of the segments' mmaps
         self._lock = threading.Lock()  # naming an object, mapping a segment
         self._slots = itertools.count(1)
+        # the log's bound, in whole segments: past it nothing more is logged (`_full`)
+        self._max_segs = max(1, (max_bytes() if limit is None else limit) // _SEG_BYTES)
+        self.full = 0  # records not logged, the bound reached
         self.cur: list = [None]  # the last segment: (buffer, first slot past it, its first slot)
         tl.HEAD.pack_into(self._segment(0), 0, tl.MAGIC, tl.VERSION, tl.SLOT)
         # .tno: the thread's number in this log, given at its first record; .t32: tno << 32, set
@@ -95,10 +110,26 @@ class Recorder:
     def _grow(self, i: int):
         """The segment of slot i, mapped now if it is new (the log call that crossed into it)."""
         k = i // tl.SEGMENT_SLOTS
+        if k >= self._max_segs:
+            return self._full(i)
         with self._lock:
             while len(self._segs) <= k:
                 self._segment(len(self._segs))
         return self._segs[k], (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS
+
+    def _full(self, i: int):
+        """Slot i is past the log's bound: its record goes to a scratch slot, never read. The END
+        record goes the same way, so the trace reads as truncated: what `pdo check` says of a run
+        whose end it did not see (a verdict of its own, never a pass)."""
+        if not self.full:
+            print(
+                f"pdo: the trace log is full ({self._max_segs * _SEG_BYTES >> 10:,} KiB, "
+                "PDO_TRACE_MAX_MB): the rest of this run is not traced, and its trace reads as "
+                "truncated",
+                file=sys.stderr,
+            )
+        self.full += 1
+        return memoryview(bytearray(tl.SLOT)), i + 1, i
 
     def _put(self, record: struct.Struct, *fields) -> None:
         """One record in a free slot: its fields, then its check (the slot's index)."""
@@ -284,7 +315,7 @@ class Recorder:
             "_void": tl.VOID.pack_into,
             "_general": lambda head, values: me._general(head, values),
         }
-        exec(compile(src, f"<trace event {ev}>", "exec"), scope)  # noqa: S102 - code made above
+        exec(_compiled(src, ev), scope)  # noqa: S102 - code made above
         log = scope["log"]
         log.__qualname__ = log.__name__ = f"event {ev}({params})"
         return log
@@ -375,6 +406,15 @@ class Recorder:
             os.close(self._fd)
             os.unlink(self.path)
             self._fd = -1
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(src: str, ev: str):
+    """A log call's code, compiled once per process: a recorder per short trace (the SGLang
+    adapter's per run, the fuzz harness's per schedule) would otherwise spend more compiling its
+    events' calls than logging them. The same declarations give the same source (layout ids are
+    numbered in declaration order)."""
+    return compile(src, f"<trace event {ev}>", "exec")
 
 
 def arity_error(ev: str, names: tuple[str, ...], values: tuple) -> TypeError:

@@ -10,6 +10,8 @@ import json
 import threading
 import weakref
 
+import pytest
+
 from engine.sync import hb
 from engine.trace.tracer import Tracer
 from spec import load_events, tracelog
@@ -104,3 +106,28 @@ def test_field_names_no_parameter_may_have_are_logged_as_one_value():
     log = tr.events_for(odd=("_a", "b"))
     log.odd(1, None)
     assert tr.names_and_fields(len(given)) == [("odd", {"_a": 1, "b": None})]
+
+
+def test_a_log_past_its_bound_logs_nothing_more_and_its_trace_reads_truncated(
+    tmp_path, monkeypatch, capsys
+):
+    """Memory and disk are bounded (PDO_TRACE_MAX_MB): past the bound nothing more is logged, not
+    even the END record, so the trace is not whole and `pdo check` never passes it (exit 3)."""
+    from engine.cli import main as pdo
+
+    monkeypatch.setenv("PDO_TRACE_MAX_MB", "1")  # 768 KiB: two segments, 8,191 records
+    path = tmp_path / "t.jsonl"
+    assert pdo(["run", "--requests", "400", "--no-verify", "--trace", str(path)]) == 0
+    assert "the trace log is full (768 KiB" in capsys.readouterr().err
+    lines = path.read_text().splitlines()
+    assert 2000 < len(lines) < 2 * tracelog.SEGMENT_SLOTS and '"trace_end"' not in lines[-1]
+    assert pdo(["check", str(path)]) == 3
+    assert "truncated" in capsys.readouterr().out
+
+
+def test_a_bad_bound_is_bad_input(monkeypatch):
+    from spec.errors import BadInput
+
+    monkeypatch.setenv("PDO_TRACE_MAX_MB", "0")
+    with pytest.raises(BadInput, match="PDO_TRACE_MAX_MB"):
+        Tracer({"role": "prefill"}).obj(1)
