@@ -31,11 +31,7 @@ TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
 _sinks: tuple = ()  # the attached recorders' edge log calls (Recorder.edge)
 
 
-def _nothing(op: int, a: int, b: int = 0) -> None:
-    pass
-
-
-_log = _nothing
+_log = _nothing = lambda op, a, b=0: None  # noqa: E731 - no recorder attached
 
 
 def enable(on: bool = True) -> None:

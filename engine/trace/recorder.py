@@ -36,6 +36,9 @@ from spec.errors import BadInput
 from spec.tracelog import dumps
 
 _SEG_BYTES = tl.SEGMENT_SLOTS * tl.SLOT
+# A log call's code, compiled once per process: a recorder per short trace (the SGLang adapter's
+# per run) spent more compiling its calls than logging. Layout ids, in the source, go by declaration.
+_compile = functools.lru_cache(maxsize=4096)(compile)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's, absent from Python 3.11
 
@@ -122,12 +125,8 @@ class Recorder:
         record goes the same way, so the trace reads as truncated: what `pdo check` says of a run
         whose end it did not see (a verdict of its own, never a pass)."""
         if not self.full:
-            print(
-                f"pdo: the trace log is full ({self._max_segs * _SEG_BYTES >> 10:,} KiB, "
-                "PDO_TRACE_MAX_MB): the rest of this run is not traced, and its trace reads as "
-                "truncated",
-                file=sys.stderr,
-            )
+            size = f"{self._max_segs * _SEG_BYTES >> 10:,} KiB, PDO_TRACE_MAX_MB"
+            print(f"pdo: the trace log is full ({size}): the rest is not traced", file=sys.stderr)
         self.full += 1
         return memoryview(bytearray(tl.SLOT)), i + 1, i
 
@@ -315,7 +314,7 @@ class Recorder:
             "_void": tl.VOID.pack_into,
             "_general": lambda head, values: me._general(head, values),
         }
-        exec(_compiled(src, ev), scope)  # noqa: S102 - code made above
+        exec(_compile(src, f"<trace event {ev}>", "exec"), scope)  # noqa: S102 - code made above
         log = scope["log"]
         log.__qualname__ = log.__name__ = f"event {ev}({params})"
         return log
@@ -406,15 +405,6 @@ class Recorder:
             os.close(self._fd)
             os.unlink(self.path)
             self._fd = -1
-
-
-@functools.lru_cache(maxsize=4096)
-def _compiled(src: str, ev: str):
-    """A log call's code, compiled once per process: a recorder per short trace (the SGLang
-    adapter's per run, the fuzz harness's per schedule) would otherwise spend more compiling its
-    events' calls than logging them. The same declarations give the same source (layout ids are
-    numbered in declaration order)."""
-    return compile(src, f"<trace event {ev}>", "exec")
 
 
 def arity_error(ev: str, names: tuple[str, ...], values: tuple) -> TypeError:

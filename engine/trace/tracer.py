@@ -133,8 +133,8 @@ class Tracer:
 
     def close(self, reason: str = "normal", *, end: bool = True) -> None:
         """End a streamed trace: `trace_end` with `reason` (normal, exception, signal, watchdog,
-        exit; none if not `end`), then the JSON Lines from the log. Once: a later call does
-        nothing."""
+        exit; none if not `end`: as a killed process leaves its file, read as truncated), then the
+        JSON Lines from the log. Once: a later call does nothing."""
         with self._lock:  # the watchdog's thread and the run's end may both close
             if self.end_reason is not None or self._path is None:
                 return
@@ -144,11 +144,6 @@ class Tracer:
         hb.detach(rec.edge)
         rec.write_jsonl(self._path, reason if end else None, self.end_fields)
         rec.remove_file()
-
-    def cut(self) -> None:
-        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
-        that dies inside an embedded PD run): every event logged so far, read as truncated."""
-        self.close("cut", end=False)
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
