@@ -27,16 +27,15 @@ def materialize(path: str) -> str:
             r = tracelog.read_log(f.read())
     except (tracelog.BadLog, KeyError, ValueError) as err:
         raise tracelog.BadLog(f"{log}: not a readable binary log: {err}") from None
-    lines, whole = tracelog.jsonl_lines(r, tracelog.default_dumps)
     try:
-        tracelog.write_lines(out, lines)
+        lines, whole = tracelog.write_jsonl(r, out)
     except OSError:  # a folder we may not write to: a file of our own
         fd, out = tempfile.mkstemp(suffix=".jsonl", prefix="pdo-trace-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"\n".join(lines) + b"\n")
+        os.close(fd)
+        lines, whole = tracelog.write_jsonl(r, out)
     d = r.damage
     print(
-        f"note: {log}: the run left only its binary log; {len(lines) - 1} line(s) made from it"
+        f"note: {log}: the run left only its binary log; {lines - 1} line(s) made from it"
         + ("" if whole else " (no trace_end: truncated)")
         + (f"; {d.torn} torn record(s) dropped" if d.torn else "")
         + (f"; {d.holes} slot(s) taken but never written" if d.holes else "")

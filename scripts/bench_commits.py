@@ -77,7 +77,7 @@ def main() -> int:
         for r in range(a.rounds):
             for c in a.commits:
                 figures[c].append(_run(trees[c], command, metrics))
-                got = ", ".join(f"{x:,.0f}" for x in figures[c][-1])
+                got = ", ".join(_fmt(x) for x in figures[c][-1])
                 print(f"round {r + 1}/{a.rounds} {c}: {got}", flush=True)
     finally:
         for t in set(trees.values()):
@@ -92,10 +92,15 @@ def main() -> int:
             f = [x[k] for x in figures[c]]
             med = statistics.median(f)
             print(
-                f"  {c:>12s} ({sha}): median {med:,.0f}  [{min(f):,.0f} .. {max(f):,.0f}]  "
-                f"x{med / ref:.2f}  rounds: {', '.join(f'{x:,.0f}' for x in f)}"
+                f"  {c:>12s} ({sha}): median {_fmt(med)}  [{_fmt(min(f))} .. {_fmt(max(f))}]  "
+                f"{f'x{med / ref:.2f}' if ref else ''}  rounds: {', '.join(_fmt(x) for x in f)}"
             )
     return 0
+
+
+def _fmt(x: float) -> str:
+    """A figure as it reads: thousands grouped, a small one (a percentage, a ratio) to 3 digits."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
 if __name__ == "__main__":

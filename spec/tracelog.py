@@ -1,44 +1,31 @@
 """The flight recorder's binary log: its layout, and its reading back into pdo-trace events.
 
 One source of truth for the writer (engine/trace/recorder.py) and the readers (the engine at the
-run's end, `pdo check` and `pdo trace` when only the log is left): docs/trace-format.md, "Binary log",
-describes the same layout. Standard library only, so both sides may import it.
+run's end, `pdo check` and `pdo trace` when only the log is left): docs/trace-format.md, "Binary
+log", describes the same layout, record by record. Standard library only (orjson where it is
+installed), so both sides may import it.
 
 The log is a file of fixed-size slots (`SLOT` bytes), mapped into memory segment by segment
-(`SEGMENT_SLOTS` slots, 384 KiB, each; the file grows by whole segments). Slot 0 is the file head; slot i >= 1
-holds one record, written with one `struct.pack_into` by the thread that logged it, whose last
-field, `check`, is i itself. pack_into writes the fields in order, so a slot whose check is not its
-index was cut mid-write (SIGKILL): a torn record, detected and dropped. A slot that is all zeros
-was never written: past the last record, the log's free space; before it, a slot a thread had taken
-but not yet filled when the process died.
+(`SEGMENT_SLOTS` slots each; the file grows by whole segments). Slot 0 is the file head; slot
+i >= 1 holds one record, written with one `struct.pack_into` by the thread that logged it, whose
+last field, `check`, is i itself. pack_into writes the fields in order, so a slot whose check is
+not its index was cut mid-write (SIGKILL): a torn record, detected and dropped. A slot that is all
+zeros was never written: past the last record, the log's free space; before it, a slot a thread had
+taken but not yet filled when the process died.
 
-Records (the first field `code` says which):
-- an event: `code` >= FIRST_LAYOUT names its layout (ev and field names, a DEF record), `mask` has
-  bit j set when value j is a definition's id rather than the integer itself; `thread` is the
-  thread's number in the log (records of every kind but definitions carry it), named by a
-  D_THREAD definition at its first event;
-- DEF, DEF_MORE: a definition (a string, a JSON value, a late digest, a layout, a thread's name,
-  the header) under an id > 0 (a value -N flagged by the mask is no definition's: the object
-  identity oN, numbered in the order first logged; nor is one >= INLINE: a string of up to 7
-  bytes, UTF-8, in its low bytes); one that does not fit in one slot continues in DEF_MORE slots, which
-  the same thread takes in order;
-- EDGE: a happens-before hand-off of the logging thread (engine/sync/hb.py): SEND on a channel, RECV
-  from one, RELAY from one channel into another, RECV_SEND (a receive, then a send); the reader builds the vector clocks (`vc`) from
-  them, in log order;
-- DIGEST: a late digest's value, logged when it is computed;
-- END: the run's end: its reason and the fields of `trace_end`;
-- VOID: a slot given up: an event whose value needed a definition after its slot was taken (an
-  int over 64 bits) is logged in a later slot.
+A record's first field, `code`, says what it is (R_*, or an event's layout: a definition, which
+comes before the records that use it, as every definition does); each struct below names its fields.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import struct
 from dataclasses import dataclass, field
 
-from spec.errors import BadInput
+from spec.errors import BadInput, InternalError
 
 MAGIC = b"PDOLOG\x00\x01"
 VERSION = 1
@@ -49,12 +36,6 @@ WORDS = 9  # value words of an event record
 MAX_FIELDS = WORDS  # more fields than this: one JSON value holds them all (layout names "*")
 
 HEAD = struct.Struct("<8sII")  # slot 0: magic, version, slot size
-
-
-def event_struct(n: int) -> struct.Struct:
-    """An event record of n values: head, t_ns, values..., check. The head is the 64-bit word
-    code | mask << 16 | thread << 32 (thread: the id of its name), as WORD0 reads it."""
-    return struct.Struct(f"<qq{n}q{8 * (WORDS - n)}xq")
 
 
 # The fields whose values are integers in every event that has them (spec/events.toml; a test
@@ -69,14 +50,20 @@ INT_FIELDS = frozenset(
 # each value is a JSON definition, made without first looking it up as a string.
 JSON_FIELDS = frozenset("chunks covered pending result rids rooms stacks".split())
 
-
-EVENT = [event_struct(n) for n in range(WORDS + 1)]
-DEF = struct.Struct("<HHIqq64sq")  # code, kind, thread, id, total length, first bytes, check
-DEF_MORE = struct.Struct("<HHIq72sq")  # code, 0, thread, id, next bytes, check
-EDGE = struct.Struct("<HHIqqq56xq")  # code, op, thread, t_ns, channel, second channel, check
-DIGEST = struct.Struct("<HHIqqq56xq")  # code, 0, thread, t_ns, stamp id, string id, check
+# An event record of n values: head, t_ns, values..., check. The head is the 64-bit word
+# code | mask << 16 | thread << 32, as WORD0 reads it: mask bit j set when value j is a definition's
+# id, not the integer itself; thread, the thread's number in the log (a D_THREAD definition, logged
+# at its first event, names it).
+EVENT = [struct.Struct(f"<qq{n}q{8 * (WORDS - n)}xq") for n in range(WORDS + 1)]
+DEF = struct.Struct("<HHIqq64sq")  # code, kind, 0, id, total length, first bytes, check
+# the rest of a definition that does not fit in one slot, in slots its thread takes in order
+DEF_MORE = struct.Struct("<HHIq72sq")  # code, 0, 0, id, next bytes, check
+EDGE = struct.Struct("<HHIqqq56xq")  # code, op, thread, 0, channel, second channel, check
+DIGEST = struct.Struct("<HHIqqq56xq")  # code, 0, 0, t_ns, stamp id, string id, check
 END = struct.Struct("<HHIqqq56xq")  # code, 0, thread name (D_STR id), t_ns, reason, fields (JSON)
-VOID = struct.Struct("<HHI80xq")  # code, 0, thread, check: a slot given up (its event went later)
+# a slot given up: an event whose value needed a definition after it took its slot (an int over 64
+# bits) goes in a later one
+VOID = struct.Struct("<HHI80xq")  # code, 0, 0, check
 WORD0 = struct.Struct("<HHI")
 CHECK = struct.Struct("<q")
 for _s in (HEAD, DEF, DEF_MORE, EDGE, DIGEST, END, VOID, *EVENT):
@@ -85,7 +72,10 @@ for _s in (HEAD, DEF, DEF_MORE, EDGE, DIGEST, END, VOID, *EVENT):
 # record codes
 R_DEF, R_DEF_MORE, R_EDGE, R_DIGEST, R_END, R_VOID = 1, 2, 3, 4, 5, 6
 FIRST_LAYOUT = 16
-INLINE = 1 << 62  # a flagged value >= INLINE is a string of up to 7 bytes, its bytes the low ones
+# A value flagged by the mask is a definition's id when positive and below INLINE; -N is the object
+# identity oN (numbered in the order first logged: no definition); >= INLINE, a string of up to 7
+# UTF-8 bytes, held in the low bytes (no definition).
+INLINE = 1 << 62
 # definition kinds
 D_STR, D_JSON, D_STAMP, D_LAYOUT, D_HEADER, D_THREAD = 1, 2, 4, 5, 6, 7
 # edge ops
@@ -108,7 +98,7 @@ class Damage:
 
 @dataclass
 class LateDigest:
-    """A late digest in an event: its value once a DIGEST record (or `resolve`) gives it."""
+    """A late digest in an event: its value once a DIGEST record (or its stamp) gives it."""
 
     sid: int
 
@@ -116,11 +106,12 @@ class LateDigest:
 @dataclass
 class LogReader:
     """Reads a log's slots in order into events (`feed`), building each event's vector clock from
-    the hand-off edges when the header has an `hb` tag. `resolve(sid)`: a late digest's value when
-    the log has none yet (the engine's own reader asks the stamp), else None."""
+    the hand-off edges when the header has an `hb` tag. `stamps`: the late digests the log has no
+    value for yet (the engine's own reader: its recorder's, which `trace_value()` computes)."""
 
-    resolve: object = None
+    stamps: dict = field(default_factory=dict)  # stamp id -> its stamp
     header: dict | None = None
+    _hb: str | None = None  # the header's `hb` tag: the events get clocks
     events: list = field(default_factory=list)  # dicts; late digests as LateDigest until resolved
     end: dict | None = None  # the END record: t_ns, thread, reason, fields
     damage: Damage = field(default_factory=Damage)
@@ -131,18 +122,17 @@ class LogReader:
     _threads: dict = field(default_factory=dict)  # thread number -> its name
     _digests: dict = field(default_factory=dict)  # stamp id -> value
     _clock: dict = field(default_factory=dict)  # thread id -> {component: count}
-    _raised: dict = field(
-        default_factory=dict
-    )  # thread -> components a join raised since its event
+    _raised: dict = field(default_factory=dict)  # thread -> what a join raised since its event
     _started: set = field(default_factory=set)  # the threads with an event so far
     _snap: dict = field(default_factory=dict)  # thread -> the copy of its clock its sends share
     _chan: dict = field(default_factory=dict)  # channel -> {sender key: clock}
     _tail_zero: int = 0  # zero slots seen since the last record
 
-    def feed(self, buf, end: int, *, live: bool = False, base: int = 0) -> None:
+    def feed(self, buf, end: int, *, live: bool = False, base: int = 0) -> bool:
         """Read slots [self.slots, end) of `buf`, which holds slot `base` at offset 0. Zero slots
         followed by a record are holes; zero slots at the end are free space. `live`: the log is
-        being written (the engine reads its own): stop at the first slot not complete yet."""
+        being written (the engine reads its own): stop at the first slot not complete yet, and
+        return False."""
         unpack_w0, unpack_check = WORD0.unpack_from, CHECK.unpack_from
         for i in range(self.slots, end):
             off = (i - base) * SLOT
@@ -150,7 +140,7 @@ class LogReader:
             (check,) = unpack_check(buf, off + SLOT - 8)
             if live and check != i:
                 self.slots = i
-                return
+                return False
             if code == 0 and check == 0:
                 self._tail_zero += 1
                 continue
@@ -161,6 +151,7 @@ class LogReader:
             self._tail_zero = 0
             self._record(code, buf, off)
         self.slots = max(self.slots, end)
+        return True
 
     def _record(self, code: int, buf, off: int) -> None:
         if code >= FIRST_LAYOUT:
@@ -187,9 +178,8 @@ class LogReader:
             self._digests[sid] = self._str(value)
         elif code == R_END:
             _, _, tid, t, reason, fields, _ = END.unpack_from(buf, off)
-            extra = self._defs.get(fields) if fields else {}
             self.end = {"t_ns": t, "thread": self._str(tid), "reason": self._str(reason)}
-            self.end["fields"] = extra or {}
+            self.end["fields"] = self._defs.get(fields) or {}  # 0: none, no definition's id
         elif code != R_VOID:
             raise BadLog(f"record code {code} unknown at offset {off}")
 
@@ -208,6 +198,7 @@ class LogReader:
             self._layouts[did] = (ev, tuple(names))
         elif kind == D_HEADER:
             self.header = json.loads(data)
+            self._hb = self.header.get("hb")
         elif kind == D_THREAD:
             self._threads[did] = data.decode("utf-8", "surrogatepass")
         else:
@@ -230,22 +221,18 @@ class LogReader:
                 e[name] = v
         else:
             e.update(zip(names, rec[2 : 2 + n]))
-        if self._tag is not None:
+        if self._hb is not None:
             e["vc"] = self._tick(tid, thread)
         self.events.append(e)
 
     # -- happens-before, offline (engine/sync/hb.py logs the edges)
-
-    @property
-    def _tag(self) -> str | None:
-        return None if self.header is None else self.header.get("hb")
 
     def _tick(self, tid: int, thread: str):
         """The event's `vc` as engine/sync/hb.py's format 4 writes it: the whole clock at the thread's
         first event, else its own count alone, or with the components a join raised since its
         previous event."""
         c = self._clock.setdefault(tid, {})
-        k = self._tag + thread
+        k = self._hb + thread
         n = c[k] = c.get(k, 0) + 1
         self._snap.pop(tid, None)
         raised = self._raised.pop(tid, None)
@@ -292,8 +279,8 @@ class LogReader:
             d = e.get("digest")
             if d.__class__ is LateDigest:
                 value = self._digests.get(d.sid)
-                if value is None and self.resolve is not None:
-                    value = self.resolve(d.sid)
+                if value is None and (stamp := self.stamps.get(d.sid)) is not None:
+                    value = stamp.trace_value()
                 if value is None:
                     if final:
                         self.damage.unresolved = len(self.events) - i
@@ -302,6 +289,12 @@ class LogReader:
                 e["digest"] = value
             out.append(e)
         return out
+
+    def late(self, d):
+        """A digest field as read: its value once logged, else its stamp (not computed)."""
+        if d.__class__ is not LateDigest:
+            return d
+        return self._digests.get(d.sid) or self.stamps.get(d.sid)
 
 
 def _inline(v: int) -> str:
@@ -336,41 +329,56 @@ def read_log(data) -> LogReader:
     return r
 
 
-def jsonl_lines(r: LogReader, dumps) -> tuple[list[bytes], bool]:
-    """The pdo-trace lines of a read log (header, events, and trace_end when the run ended), and
-    whether the run ended (an END record, nothing torn or missing)."""
-    events = r.finish(final=True)
-    lines = [dumps(r.header)]
-    lines += [dumps(e) for e in events]
-    whole = r.end is not None and not (r.damage.torn or r.damage.holes or r.damage.unresolved)
-    if r.end is not None and whole:
-        end = {"seq": len(events) + 1, "t_ns": r.end["t_ns"], "thread": r.end["thread"]}
-        end |= {"ev": "trace_end", "events": len(events), "reason": r.end["reason"]}
-        lines.append(dumps(end | r.end["fields"]))
-    return lines, whole
+class NotJSON(InternalError, TypeError):
+    """An event value the trace format cannot hold: the engine logged something it should not."""
+
+
+def _plain(x):
+    """The JSON of what orjson passes through (and the standard library's encoder does not take):
+    subclasses as their base, an enum as its value."""
+    if isinstance(x, enum.Enum):
+        return x.value
+    if isinstance(x, str):
+        return str.__str__(x)
+    for base in (int, float, dict, list, tuple):
+        if isinstance(x, base):
+            return base(x)
+    raise NotJSON(f"a value that is not JSON: {type(x).__name__}")
 
 
 def _stdlib_dumps(x) -> bytes:
-    return json.dumps(x, separators=(",", ":")).encode()
+    return json.dumps(x, separators=(",", ":"), default=_plain).encode()
 
 
-try:  # orjson's compact JSON where it is installed (what the engine writes), looked up once
+try:  # orjson's compact JSON where it is installed (the engine's), looked up once
     import orjson
 
-    def default_dumps(x) -> bytes:
+    def dumps(x) -> bytes:
         try:
-            return orjson.dumps(x)
-        except TypeError:  # a lone surrogate, an int over 64 bits: as the engine does
-            return _stdlib_dumps(x)
+            return orjson.dumps(x, default=_plain, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+        except TypeError as err:
+            if isinstance(err.__cause__, NotJSON):
+                raise err.__cause__ from None
+            return _stdlib_dumps(x)  # what orjson refuses: a lone surrogate, an int over 64 bits
 
 except ImportError:
-    default_dumps = _stdlib_dumps
+    dumps = _stdlib_dumps
 
 
-def write_lines(path: str, lines: list[bytes]) -> None:
-    """A JSON Lines file written whole: under a temporary name, then renamed, so that a trace file
-    that exists is complete."""
+def write_jsonl(r: LogReader, path: str) -> tuple[int, bool]:
+    """The pdo-trace of a read log (header, events, and trace_end when the run ended) written to
+    `path` whole: under a temporary name, then renamed, so that a trace file that exists is
+    complete. Its number of lines, and whether the run ended (an END record, nothing torn or
+    missing)."""
+    events = r.finish(final=True)
+    lines = [dumps(r.header), *map(dumps, events)]
+    whole = r.end is not None and not (r.damage.torn or r.damage.holes or r.damage.unresolved)
+    if whole:
+        end = {"seq": len(events) + 1, "t_ns": r.end["t_ns"], "thread": r.end["thread"]}
+        end |= {"ev": "trace_end", "events": len(events), "reason": r.end["reason"]}
+        lines.append(dumps(end | r.end["fields"]))
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(b"\n".join(lines) + b"\n")
     os.replace(tmp, path)
+    return len(lines), whole

@@ -4,6 +4,7 @@ happens inside traced runs, and the cost of one trace event in a tight loop."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import threading
@@ -98,7 +99,7 @@ def _timer_self_cost() -> tuple[float, float]:
     return probe.ns["emit"] / 20000, probe.elapsed["emit"] / 20000
 
 
-def accounted_run(cfg, wc) -> dict:
+def accounted_run(cfg, wc, clocks: bool = True) -> dict:
     """One traced run with the tracing work timed where it happens, and its share of wall time."""
     # lazy: both import torch, slow for every pdo start
     from engine.runs.prefill_run import run_prefill
@@ -106,12 +107,18 @@ def accounted_run(cfg, wc) -> dict:
 
     self_cpu, self_elapsed = _timer_self_cost()
     acc = _Accounting()
+    was = hb.ENABLED
+    hb.enable(clocks)
     tr = Tracer()
+    hb.enable(was)
     tr.emit = acc.wrap("emit", tr.emit)
     logger = tr._logger  # the engine's declared events (Tracer.events_for), each logger timed
     tr._logger = lambda ev, names: acc.wrap("emit", logger(ev, names))
     tr.obj = acc.wrap("obj", tr.obj)
-    tr.rec.edge = acc.wrap("edge", tr.rec.edge)  # the happens-before hand-offs (engine/sync/hb.py)
+    if "hb" in tr.header:  # the happens-before hand-offs (engine/sync/hb.py), timed
+        hb.detach(tr.rec.edge)
+        tr.rec.edge = acc.wrap("edge", tr.rec.edge)
+        hb.attach(tr.rec.edge)
     stamp, resolve = digest.DigestStamp.__init__, digest.DigestStamp.resolve
     digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
@@ -119,6 +126,7 @@ def accounted_run(cfg, wc) -> dict:
         s = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tr).summary
     finally:
         digest.DigestStamp.__init__, digest.DigestStamp.resolve = stamp, resolve
+        hb.detach(tr.rec.edge)
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
     # which is the write's cost (reported per event by emit_cost_ns), not the run's.
     ns, elapsed, calls = dict(acc.ns), dict(acc.elapsed), dict(acc.calls)
@@ -142,10 +150,10 @@ def accounted_run(cfg, wc) -> dict:
     }
 
 
-def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) -> list[dict]:
+def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = True) -> list[dict]:
     """`reps` pairs of runs with tracing on and off in ABBA order (off on, on off, ...: drift of the
     machine hits both sides alike); per pair each side's wall and CPU time, and the wall ratio.
-    `clocks`: the traced side also keeps the happens-before clocks (`pdo run --hb`)."""
+    `clocks`: the traced side logs the happens-before hand-offs (as `pdo run` does by default)."""
     from engine.runs.prefill_run import run_prefill  # lazy: imports torch, slow for every pdo start
 
     pairs = []
@@ -155,14 +163,13 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = False) 
         row = {}
         order = ("off", "on") if rep % 2 == 0 else ("on", "off")  # alternate who goes first
         for which in order:
-            hb.enable(clocks and which == "on")  # before the tracer: it reads whether they are on
+            was = hb.ENABLED
+            hb.enable(clocks)  # before the tracer: it reads whether they are on
             tr = Tracer() if which == "on" else NullTracer()
+            hb.enable(was)
             path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
-            try:
-                s = run_prefill(RunSpec(cfg, wc, trace_path=path, verify=False), tracer=tr).summary
-            finally:
-                hb.enable(False)
+            s = run_prefill(RunSpec(cfg, wc, trace_path=path, verify=False), tracer=tr).summary
             row[which] = {
                 "wall_s": s["wall_s"],
                 "cpu_s": time.process_time() - c0,
@@ -228,7 +235,7 @@ def bench_trace_overhead(
     progress: Progress | None = None,
     target_pct: float = 3.0,
     gil_free_device_ms: float | None = None,
-    clocks: bool = False,
+    clocks: bool = True,
 ) -> dict:
     """Interleaved runs with tracing on and off in ABBA order: wall-time ratio per pair, its median
     (bootstrap CI) and geometric mean (t-interval), a verdict against the target, the tracing work
@@ -262,7 +269,7 @@ def bench_trace_overhead(
     pairs = _on_off_pairs(cfg, wc, reps, progress, clocks)
     wall = _wall_summary(pairs, target_pct)
     micro = emit_cost_ns()
-    acc = [accounted_run(cfg, wc) for _ in range(3)]
+    acc = [accounted_run(cfg, wc, clocks) for _ in range(3)]
     cpu_ratios = [p["on"]["cpu_s"] / p["off"]["cpu_s"] for p in pairs]
     cgeo, clo, chi = geo_ci95(cpu_ratios)
     return {
@@ -374,8 +381,9 @@ def add_trace_overhead_arguments(t) -> None:
     )
     t.add_argument(
         "--hb",
-        action="store_true",
-        help="the traced side with the happens-before hand-offs on (pdo run --hb)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the traced side with the happens-before hand-offs (default: on, as pdo run)",
     )
     add_json_arguments(t)
     t.add_argument("--progress", action="store_true")

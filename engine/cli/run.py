@@ -26,8 +26,10 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
         "--hb",
-        action="store_true",
-        help="write each event's happens-before vector clock (`vc`), for `pdo check --predict`",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write each event's happens-before vector clock (`vc`), for `pdo check --predict` "
+        "(default: on; --no-hb, or PDO_HB=0, leaves them out)",
     )
     add_no_verify(p)
     add_flight_args(p)
@@ -41,9 +43,9 @@ def validate_run(run_parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.hb:
-        os.environ["PDO_HB"] = "1"  # role processes of `pdo run --pd` inherit it
-        hb.enable()
+    if args.hb is not None:  # else PDO_HB's, on unless it says 0
+        os.environ["PDO_HB"] = "1" if args.hb else "0"  # role processes of --pd inherit it
+        hb.enable(args.hb)
     if args.pd:
         return cmd_run_pd(args)
     from engine.runs.prefill_run import run_prefill  # lazy: start-up time (torch)

@@ -210,7 +210,7 @@ def _run(spec: RunSpec, result: PDResult, url, hooks, extra, unrecorded) -> None
                 dog.stop()
     for i, s in enumerate(roles.prefills):
         if i == killed:  # cut where it stopped, as a killed process leaves its file
-            s.tr.cut()
+            s.tr.close("cut", end=False)
         else:
             s.tr.close("normal")
     # the header went out at the start: the count known at the end goes in trace_end

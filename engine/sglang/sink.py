@@ -1,13 +1,12 @@
 """Where the adapter's events go: one pdo-trace per scheduler, logged by the flight recorder
 (engine/trace/recorder.py) as they happen.
 
-A real SGLang server can die at any moment (that is when its trace matters): each event is one
-record of the recorder's memory-mapped log (`<trace>.pdolog`) as soon as it is logged, which a
-SIGKILL leaves whole; the JSON Lines are made from the log when the sink closes, or by `pdo check`
-from the log alone. The header needs the role, the loop mode and the page size, known only once a
-scheduler loop starts: the log is in memory until `begin`, which logs the header and moves the log
-to its file. SGLang's threads hand work over with its own primitives, not engine/sync/__init__.py's,
-so no happens-before edge is logged and the header has no `hb`.
+A real SGLang server can die at any moment (that is when its trace matters): a SIGKILL leaves the
+recorder's log (`<trace>.pdolog`) whole, which `pdo check` reads. The header needs the role, the
+loop mode and the page size, known only once a scheduler loop starts: the log is in memory until
+`begin`, which logs the header and moves the log to its file. SGLang's threads hand work over with
+its own primitives, not engine/sync/__init__.py's, so no happens-before edge is logged and the
+header has no `hb`.
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ import os
 import sys
 import threading
 
-from engine.trace.recorder import Recorder
-from engine.trace.tracer import FORMAT
-from spec import tracelog
+from engine.trace.tracer import FORMAT, Tracer, end_reason
 from spec.errors import ControlFlow
 
 # Version 2: the adapter logs kv_delivered (a sender's poll() answering Success), and every trace
@@ -39,22 +36,20 @@ class LoopExit(ControlFlow):
     ends where a later release's would return, so its trace ends `normal`, as that release's does."""
 
 
-class TraceSink:
+class TraceSink(Tracer):
     def __init__(self, path: str):
+        super().__init__()
+        self.header = {"format": FORMAT}  # until `begin`; no `hb`: no hand-off is logged
         self.path = path
-        self.header: dict | None = None
-        self._rec = Recorder({"format": FORMAT}, thread_name=self._thread)
-        self._lock = threading.Lock()
         self._scheduler_ident: int | None = None
         self._loop_end: str | None = None  # how the traced scheduler loop ended, once it has
-        self._ended = False
 
     def begin(self, role: str, mode: str, page_size: int, **extra) -> None:
         """Log the header (once) and keep the log in its file; the calling thread is the trace's
         `scheduler` thread."""
         with self._lock:
             self._scheduler_ident = threading.get_ident()
-            if self.header is not None:
+            if self._path is not None:
                 return
             self.header = {
                 "format": FORMAT,
@@ -65,64 +60,31 @@ class TraceSink:
                 **extra,
             }
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):  # an earlier server's trace
-                os.remove(self.path)
-            self._rec.set_header(self.header)
-            self._rec.to_file(self.path + tracelog.SUFFIX)
+            self.rec.set_header(self.header)
+            self.rec.to_file(self.path)
+            self._path = self.path
         # A server process may exit without closing the sink: its trace still ends, with the
         # reason its loop gave (or `exit`, which reads as truncated: the loop never returned).
-        atexit.register(self._at_exit)
+        atexit.register(self.close, "exit")
 
     @contextlib.contextmanager
     def ends_with_loop(self):
-        """Around the traced scheduler loop: how it ends (returns: `normal`; raises: `exception`, or
-        `signal` for KeyboardInterrupt and SystemExit; a harness's LoopExit: `normal`) is the
-        reason trace_end gives."""
+        """Around the traced scheduler loop: how it ends (returns, or a harness's LoopExit:
+        `normal`; raises: `end_reason`) is the reason trace_end gives."""
         try:
             yield
-        except LoopExit:
-            self._loop_end = "normal"
-            raise
-        except (KeyboardInterrupt, SystemExit):
-            self._loop_end = "signal"
-            raise
-        except BaseException:
-            self._loop_end = "exception"
+        except BaseException as exc:
+            self._loop_end = "normal" if isinstance(exc, LoopExit) else end_reason(exc)
             raise
         self._loop_end = "normal"
 
-    def _at_exit(self) -> None:
-        self.close("exit")
-
-    def _thread(self) -> str:
+    def _thread_name(self) -> str:
         if threading.get_ident() == self._scheduler_ident:
             return "scheduler"
         return threading.current_thread().name
 
-    def obj(self, o: object) -> str:
-        """The identity name of a Python object (the format's `obj`), stable for the trace's life."""
-        return self._rec.obj(o)
-
-    def emit(self, ev: str, **fields) -> None:
-        self._rec.emit(ev, fields)  # a schedule point, as any event's log call
-
-    def close(self, reason: str | None = None) -> None:
+    def close(self, reason: str | None = None, *, end: bool = True) -> None:
         """Log the end (the loop's reason, else `reason`, else the exception on its way out) and
         write the trace's JSON Lines; a version 1 trace has no trace_end."""
-        with self._lock:
-            if self.header is None or self._ended:
-                return
-            self._ended = True
-        if self.header["version"] >= 2:
-            exc = sys.exc_info()[1]
-            fallback = (
-                "normal"
-                if exc is None
-                else "signal"
-                if isinstance(exc, (KeyboardInterrupt, SystemExit))
-                else "exception"
-            )
-            self._rec.end(self._loop_end or reason or fallback, {})
-        self._rec.write_jsonl(self.path)
-        self._rec.remove_file()
-        atexit.unregister(self._at_exit)
+        reason = self._loop_end or reason or end_reason(sys.exc_info()[1])
+        super().close(reason, end=end and self.header.get("version", 1) >= 2)

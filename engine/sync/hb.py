@@ -8,57 +8,57 @@ engine/sync/__init__.py (queue put/get, event set/wait, thread start/join, futur
 streams' event record/wait/query in engine/runtime/device.py.
 
 Nothing of a clock is computed in the run: each hand-off is one EDGE record in the log of every
-tracer that records (engine/trace/recorder.py) — SEND on a channel, RECV from it, RELAY from one
-channel into another — and the reader replays them in log order (spec/tracelog.py `LogReader`). A channel
-is an object's id(): a receiver joins every clock sent through it so far, also what was sent after
-the item it took, and an id() reused by a later object joins what the dead one carried: both only
-add orders, so a reordering predicted from these clocks is one the engine really allows (the
-analysis can miss some, never invent one).
+tracer that records (engine/trace/recorder.py), and the reader replays them in log order
+(spec/tracelog.py `LogReader`). A channel is an object's id(): a receiver joins every clock sent
+through it so far, also what was sent after the item it took, and an id() reused by a later object
+joins what the dead one carried: both only add orders, so a reordering predicted from these clocks
+is one the engine really allows (the analysis can miss some, never invent one).
 
-Off by default (`pdo run --hb`, or PDO_HB=1): with the edges, tracing costs about 13.5% of the
-run's wall time against 9% without (docs/benchmarks.md), far over the 3% budget; when off every
-hook is one attribute test.
+On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
+only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. The
+edge goes straight to the recorder's log call (`_log`: one recorder's own, or a fan-out to several).
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 
 from spec.tracelog import RECV, RECV_SEND, RELAY, SEND
 
-ON = os.environ.get("PDO_HB", "").strip().lower() in ("1", "true", "yes", "on")
+ENABLED = os.environ.get("PDO_HB", "").strip().lower() not in ("0", "false", "no", "off")
+ON = False  # ENABLED, and a recorder attached: the hooks log edges
 TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
-_logs: tuple = ()  # weak references to the recorders that log the edges
+_sinks: tuple = ()  # the attached recorders' edge log calls (Recorder.edge)
+
+
+_log = _nothing = lambda op, a, b=0: None  # noqa: E731 - no recorder attached
 
 
 def enable(on: bool = True) -> None:
-    global ON
-    ON = on
+    """Whether tracers made from now on log the hand-offs (those attached stay as they are)."""
+    global ENABLED
+    ENABLED = on
 
 
-def attach(rec) -> None:
-    """Log the hand-offs into `rec` too (a tracer's recorder, while its trace is open, or until it
-    is dropped)."""
-    global _logs
-    _logs = (*_logs, weakref.ref(rec, _forget))
+def attach(log) -> None:
+    """Log the hand-offs through `log(op, a, b)` too (a recorder's, while its trace is open, or
+    until the recorder is dropped: engine/trace/tracer.py detaches it then)."""
+    _set((*_sinks, log))
 
 
-def _forget(ref) -> None:
-    global _logs
-    _logs = tuple(r for r in _logs if r is not ref)
+def detach(log) -> None:
+    _set(tuple(s for s in _sinks if s is not log))
 
 
-def detach(rec) -> None:
-    global _logs
-    _logs = tuple(r for r in _logs if r() is not None and r() is not rec)
-
-
-def _log(op: int, a: int, b: int = 0) -> None:
-    for r in _logs:
-        rec = r()
-        if rec is not None:
-            rec.edge(op, a, b)
+def _set(sinks: tuple) -> None:
+    global _sinks, _log, ON
+    _sinks, ON = sinks, bool(sinks)
+    if len(sinks) == 1:
+        _log = sinks[0]
+    elif sinks:
+        _log = lambda op, a, b=0: [s(op, a, b) for s in sinks]  # noqa: E731 - several traces
+    else:
+        _log = _nothing
 
 
 def send(obj) -> None:
@@ -76,9 +76,11 @@ def recv(obj) -> None:
 def recv_send(a, b) -> None:
     """`recv(a)`, then `send(b)`, in one record (a queue's get and the room it makes, a put and
     the room it took)."""
-    if a is None or b is None:
-        recv(a)
-        send(b)
+    if b is None:
+        if a is not None:
+            _log(RECV, id(a))
+    elif a is None:
+        _log(SEND, id(b))
     else:
         _log(RECV_SEND, id(a), id(b))
 
@@ -91,23 +93,19 @@ def relay(src, dst) -> None:
 
 
 def snapshot() -> object:
-    """The calling thread's clock now, for a thread it starts (`carried`, `adopt`): sent to a
-    fresh object, which the starter keeps until the thread has adopted it."""
+    """The calling thread's clock now, for a thread it starts (`carried`): sent to a fresh object,
+    which the starter keeps until the thread has received it."""
     s = object()
     send(s)
     return s
 
 
-def adopt(start) -> None:
-    """The calling thread starts from `start` (a thread started by the one that took it)."""
-    recv(start)
-
-
 def carried(fn, start, out):
-    """`fn` run on another thread (a pool's): it starts from `start` and sends its end to `out`."""
+    """`fn` run on another thread (a pool's): it starts from `start` (a `snapshot` of the thread
+    that started it) and sends its end to `out`."""
 
     def run(*args, **kwargs):
-        adopt(start)
+        recv(start)
         try:
             return fn(*args, **kwargs)
         finally:

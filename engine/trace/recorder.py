@@ -1,93 +1,70 @@
 """The flight recorder: each trace event one fixed-size binary record, written by the thread that
 logs it into a memory-mapped log (layout: spec/tracelog.py, docs/trace-format.md "Binary log").
 
-Logging an event is the only work the run does for its trace: no writer thread, no helper process.
-A declared event's log call (`logger`, generated per event kind) takes a slot index from one
-`itertools.count` (atomic under the GIL: no lock, which a thread could stall on while its holder
-waits for the GIL) and fills the slot with one `struct.pack_into`. Its values go in as 64-bit
-integers: an int as itself, anything else as the id of a definition, logged once (a string, an
-object's identity o1, o2, ...: in the order first seen; a late digest; a JSON value), flagged in
-the record's mask. The log's pages are the kernel's: after SIGKILL the file holds every record
-whose write had ended, and a record cut mid-write is detected by its check field.
+Logging an event is the only work the run does for its trace: no writer thread, no helper process,
+no reader to lag behind; nothing is waited for. A declared event's log call
+(`logger`, generated per event kind) takes a slot index from one `itertools.count` (atomic under
+the GIL: no lock, which a thread could stall on while its holder waits for the GIL) and fills the
+slot with one `struct.pack_into`. Its values go in as 64-bit integers: an int as itself, anything
+else as the id of a definition, logged once (a string, an object's identity o1, o2, ...: in the
+order first seen; a late digest; a JSON value), flagged in the record's mask.
 
 Without a file (a tracer that does not stream: tests, the fuzz harness) the log is anonymous
-memory; `to_file` moves it to a file before the run starts. The trace's JSON Lines are made from
-the log when the trace is closed (`write_jsonl`), or by `pdo check` and `pdo trace` from a log a
-killed process left (checker/trace_log.py).
-
-Memory and disk: the log grows by segments of SEGMENT_SLOTS slots (384 KiB), mapped as they are
-needed and kept until the trace is closed: 96 bytes per record, and nothing is ever dropped or
-waited for. There is no reader to lag: the log is read once, at the end.
+memory (`to_file`). It grows by segments, mapped as they are needed and kept until the recorder is
+dropped, up to a bound (PDO_TRACE_MAX_MB): past it nothing more is logged and the trace reads as
+truncated (`_full`). A killed process's log is read by `pdo check` and `pdo trace` (checker/trace_log.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 import itertools
-import json
 import mmap
 import os
 import struct
+import sys
 import threading
 import weakref
+from keyword import iskeyword
 from time import monotonic_ns
-
-import orjson
 
 from engine import sync
 from spec import tracelog as tl
-from spec.errors import InternalError
+from spec.errors import BadInput
+from spec.tracelog import dumps
 
 _SEG_BYTES = tl.SEGMENT_SLOTS * tl.SLOT
+# A log call's code, compiled once per process: a recorder per short trace (the SGLang adapter's
+# per run) spent more compiling its calls than logging. Layout ids, in the source, go by declaration.
+_compile = functools.lru_cache(maxsize=4096)(compile)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's, absent from Python 3.11
 
 
-class NotJSON(InternalError, TypeError):
-    """An event value the trace format cannot hold: the engine logged something it should not."""
-
-
-def _plain(x):
-    """orjson's fallback for what it passes through: subclasses as their base, an enum as its
-    value."""
-    if isinstance(x, enum.Enum):
-        return x.value
-    if isinstance(x, str):
-        return str.__str__(x)
-    for base in (int, float, dict):
-        if isinstance(x, base):
-            return base(x)
-    if isinstance(x, (list, tuple)):
-        return list(x)
-    raise NotJSON(f"a value that is not JSON: {type(x).__name__}")
-
-
-def dumps(e) -> bytes:
-    try:
-        return orjson.dumps(e, default=_plain, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
-    except TypeError as err:
-        if isinstance(err.__cause__, NotJSON):
-            raise err.__cause__ from None
-        # a value orjson does not take (an int over 64 bits): the standard library's encoder
-        return json.dumps(e, separators=(",", ":"), default=_plain).encode()
-
-
-_JSON_TYPES = (int, float, str, list, tuple, dict, enum.Enum)
+def max_bytes() -> int:
+    """The bound on a log's size (PDO_TRACE_MAX_MB, default 4096 MiB: ~44 million records)."""
+    raw = os.environ.get("PDO_TRACE_MAX_MB", "").strip() or "4096"
+    if not raw.isdigit() or not 1 <= int(raw) <= 1 << 30:
+        raise BadInput(f"PDO_TRACE_MAX_MB: {raw!r} is not a whole number of MiB from 1 to 2^30")
+    return int(raw) << 20
 
 
 class Recorder:
-    def __init__(self, header: dict, thread_name=None):
-        self.header = header
-        # a thread's name in the trace, read at its first event (the SGLang adapter's: by ident)
+    def __init__(self, header: dict, thread_name=None, limit: int | None = None):
+        # a thread's name in the trace, read at its first event (the SGLang sink's: by ident)
         self._thread_name = thread_name or (lambda: threading.current_thread().name)
         self.path: str | None = None
         self._fd = -1
-        self._maps: list = []  # the segments' mmaps
-        self._segs: list = []  # their memoryviews
-        self._lock = threading.Lock()  # naming an object
-        self._seg_lock = threading.Lock()  # mapping a segment
+        self._segs: list = []  # memoryviews of the segments' mmaps
+        self._lock = threading.Lock()  # naming an object, mapping a segment
         self._slots = itertools.count(1)
-        self.cur = [self._segment(0)]  # (buffer, first slot past it, its first slot)
-        tl.HEAD.pack_into(self._segs[0], 0, tl.MAGIC, tl.VERSION, tl.SLOT)
+        # the log's bound, in whole segments: past it nothing more is logged (`_full`)
+        self._max_segs = max(1, (max_bytes() if limit is None else limit) // _SEG_BYTES)
+        self.full = 0  # records not logged, the bound reached
+        self.cur: list = [None]  # the last segment: (buffer, first slot past it, its first slot)
+        tl.HEAD.pack_into(self._segment(0), 0, tl.MAGIC, tl.VERSION, tl.SLOT)
         # .tno: the thread's number in this log, given at its first record; .t32: tno << 32, set
         # once its name is logged, at its first event (a thread renamed before it, the run's
         # main thread becoming "scheduler", is named as it is then)
@@ -97,80 +74,94 @@ class Recorder:
         self._layouts = itertools.count(tl.FIRST_LAYOUT)
         self._strs: dict[str, int] = {}
         self._objs: dict[int, int] = {}  # id(object) -> -N, N its number (name oN)
-        self._kept: list = []  # the objects named, kept alive
+        self._kept: list = []  # the objects named, in order, kept alive
         self._stamps: dict[int, object] = {}  # late digests not logged yet: id -> stamp
-        self._obj_count = 0
-        self._reader: tl.LogReader | None = None
+        self._reader = tl.LogReader(stamps=self._stamps)
         self._consts: dict = {}  # (class, value) -> definition id: None, bools, numbers
         self._emitters: dict = {}  # (ev, field names) -> the logger of an event not declared
         self.ended = False
+        self.edge = self._edge_logger()
         self.set_header(header)
 
     def set_header(self, header: dict) -> None:
         """Log the trace's header (again: the reader keeps the last one)."""
-        self.header = header
         self._define(tl.D_HEADER, dumps(header))
 
     # -- the log's memory
 
-    def _segment(self, k: int):
-        # populated now: a first write to each page would fault, which costs more per record than
-        # the write itself on a virtual machine (docs/benchmarks.md)
+    def _segment(self, k: int) -> memoryview:
+        """Segment k, mapped now: the last one (`cur`)."""
+        # Populated for writing now: a first write to each page would fault, which costs more per
+        # record than the write itself on a virtual machine; a file's pages also need their blocks
+        # (fallocate), else that fault reserves them one page at a time.
         if self._fd >= 0:
-            os.ftruncate(self._fd, (k + 1) * _SEG_BYTES)
+            try:
+                os.posix_fallocate(self._fd, k * _SEG_BYTES, _SEG_BYTES)
+            except (AttributeError, OSError):  # not Linux, or a file system without it
+                os.ftruncate(self._fd, (k + 1) * _SEG_BYTES)
             flags = mmap.MAP_SHARED | _POPULATE
             buf = mmap.mmap(self._fd, _SEG_BYTES, flags=flags, offset=k * _SEG_BYTES)
         else:
             buf = mmap.mmap(-1, _SEG_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
-        self._maps.append(buf)
+        with contextlib.suppress(OSError):  # Linux 5.14 on; before it, the pages fault once
+            buf.madvise(_POPULATE_WRITE)
         view = memoryview(buf)  # pack_into takes a memoryview's buffer faster than the mmap's
         self._segs.append(view)
-        return view, (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS
+        self.cur[0] = (view, (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS)
+        return view
 
     def _grow(self, i: int):
         """The segment of slot i, mapped now if it is new (the log call that crossed into it)."""
-        with self._seg_lock:
-            while len(self._segs) <= i // tl.SEGMENT_SLOTS:
-                self.cur[0] = self._segment(len(self._segs))
-            k = i // tl.SEGMENT_SLOTS
-            return self._segs[k], (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS
+        k = i // tl.SEGMENT_SLOTS
+        if k >= self._max_segs:
+            return self._full(i)
+        with self._lock:
+            while len(self._segs) <= k:
+                self._segment(len(self._segs))
+        return self._segs[k], (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS
 
-    def _slot(self):
-        """A free slot: (its index, its segment)."""
+    def _full(self, i: int):
+        """Slot i is past the log's bound: its record goes to a scratch slot, never read. The END
+        record goes the same way, so the trace reads as truncated: what `pdo check` says of a run
+        whose end it did not see (a verdict of its own, never a pass)."""
+        if not self.full:
+            size = f"{self._max_segs * _SEG_BYTES >> 10:,} KiB, PDO_TRACE_MAX_MB"
+            print(f"pdo: the trace log is full ({size}): the rest is not traced", file=sys.stderr)
+        self.full += 1
+        return memoryview(bytearray(tl.SLOT)), i + 1, i
+
+    def _put(self, record: struct.Struct, *fields) -> None:
+        """One record in a free slot: its fields, then its check (the slot's index)."""
         seg = self.cur[0]
         i = next(self._slots)
-        return i, seg if i < seg[1] else self._grow(i)
+        if i >= seg[1]:
+            seg = self._grow(i)
+        record.pack_into(seg[0], (i - seg[2]) * tl.SLOT, *fields, i)
 
-    def to_file(self, path: str) -> None:
-        """Keep the log in `path` (created anew) from now on: what is logged so far is copied.
-        Called before the run's threads start logging."""
+    def to_file(self, trace: str) -> None:
+        """Keep the log beside `trace` (`<trace>.pdolog`, created anew) from now on: what is logged
+        so far is copied, and an earlier run's `trace` removed. Called before the run's threads
+        start logging."""
+        with contextlib.suppress(FileNotFoundError):  # not this run's trace
+            os.remove(trace)
+        path = trace + tl.SUFFIX
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        old, maps = self._segs, self._maps
-        self._segs, self._maps, self._fd, self.path = [], [], fd, path
+        old, self._segs, self._fd, self.path = self._segs, [], fd, path
         for k, view in enumerate(old):
-            self._segment(k)[0][:] = view
+            self._segment(k)[:] = view
+            buf = view.obj
             view.release()
-        for buf in maps:
             buf.close()
-        k = len(self._segs) - 1
-        self.cur[0] = (self._segs[k], (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS)
 
     # -- definitions
 
     def _define(self, kind: int, data: bytes, did: int | None = None) -> int:
-        """Log a definition (DEF, then DEF_MORE slots for the rest) and return its id. Its users
-        learn the id after this returns, so their records come after it in the log."""
+        """Log a definition (DEF, then DEF_MORE slots for the rest; it belongs to no thread) and
+        return its id. Its users learn the id after this returns, so their records come after it."""
         did = next(self._ids) if did is None else did
-        tid = 0  # a definition belongs to no thread
-        i, seg = self._slot()
-        tl.DEF.pack_into(
-            seg[0], (i - seg[2]) * tl.SLOT, tl.R_DEF, kind, tid, did, len(data), data[:64], i
-        )
+        self._put(tl.DEF, tl.R_DEF, kind, 0, did, len(data), data[:64])
         for at in range(64, len(data), 72):
-            i, seg = self._slot()
-            tl.DEF_MORE.pack_into(
-                seg[0], (i - seg[2]) * tl.SLOT, tl.R_DEF_MORE, 0, tid, did, data[at : at + 72], i
-            )
+            self._put(tl.DEF_MORE, tl.R_DEF_MORE, 0, 0, did, data[at : at + 72])
         return did
 
     def _tno(self) -> int:
@@ -193,11 +184,8 @@ class Recorder:
         did = self._strs.get(s)
         if did is None:
             b = s.encode("utf-8", "surrogatepass")
-            did = (
-                tl.INLINE | int.from_bytes(b, "little")
-                if len(b) <= 7 and b"\0" not in b
-                else self._define(tl.D_STR, b)
-            )
+            short = len(b) <= 7 and b"\0" not in b
+            did = tl.INLINE | int.from_bytes(b, "little") if short else self._define(tl.D_STR, b)
             self._strs[s] = did
         return did
 
@@ -206,15 +194,15 @@ class Recorder:
         bits): a string, a late digest, a JSON value, else an object's identity."""
         c = v.__class__
         if c is str:
-            return self._strs.get(v) or self.string(v)
+            return self.string(v)
         if hasattr(c, "trace_value"):
             return self._stamp(v)
-        if v is None or issubclass(c, _JSON_TYPES):
-            if c in (int, float, bool) or v is None:  # scalars: one definition per value
-                did = self._consts.get((c, v))
-                if did is None:
-                    did = self._consts[(c, v)] = self._define(tl.D_JSON, dumps(v))
-                return did
+        if v is None or c in (int, float, bool):  # scalars: one definition per value
+            did = self._consts.get((c, v))
+            if did is None:
+                did = self._consts[(c, v)] = self._define(tl.D_JSON, dumps(v))
+            return did
+        if issubclass(c, (int, float, str, list, tuple, dict, enum.Enum)):
             return self._define(tl.D_JSON, dumps(v))
         return self._obj(v)
 
@@ -226,10 +214,8 @@ class Recorder:
             with self._lock:
                 ref = self._objs.get(id(x))
                 if ref is None:
-                    self._obj_count += 1
-                    ref = -self._obj_count
                     self._kept.append(x)
-                    self._objs[id(x)] = ref
+                    ref = self._objs[id(x)] = -len(self._kept)
         return ref
 
     def obj(self, x) -> str:
@@ -247,27 +233,29 @@ class Recorder:
         return sid
 
     def _digest(self, sid: int, value: str) -> None:
-        did = self.string(value)
-        i, seg = self._slot()
-        tl.DIGEST.pack_into(
-            seg[0], (i - seg[2]) * tl.SLOT, tl.R_DIGEST, 0, 0, monotonic_ns(), sid, did, i
-        )
+        self._put(tl.DIGEST, tl.R_DIGEST, 0, 0, monotonic_ns(), sid, self.string(value))
         self._stamps.pop(sid, None)
 
     # -- records
 
     def logger(self, ev: str, names: tuple[str, ...]):
-        """The log call of a declared event, one value per name, in order. Generated for its
-        fields, which are its parameters: a value of an int field (tl.INT_FIELDS) is stored as it
-        is (pack_into refuses anything else: the event then takes the general way, `_general`),
-        any other's as a definition's id, looked up inline for a string or an object already
-        defined. A call with too many or too few values raises Python's TypeError, named after the
-        event: "event alloc(rid, obj, slot)() missing 1 required positional argument: 'slot'"."""
-        n = len(names)
-        if n > tl.MAX_FIELDS or not all(x.isidentifier() and x[0] != "_" for x in names):
-            return lambda *v: (
-                self.emit(ev, dict(zip(names, v))) if len(v) == n else _raise_arity(ev, names, v)
-            )
+        """The log call of an event, one value per name, in order. Generated for its fields, which
+        are its parameters: a value of an int field (tl.INT_FIELDS) is stored as it is (pack_into
+        refuses anything else: the event then takes the general way, `_general`), any other's as a
+        definition's id, looked up inline for a string or an object already defined. A call with
+        too many or too few values raises Python's TypeError, named after the event: "event
+        alloc(rid, obj, slot)() missing 1 required positional argument: 'slot'"."""
+        n, me = len(names), weakref.proxy(self)  # the log call keeps no recorder alive: no cycle
+        plain = all(x.isidentifier() and x[0] != "_" and not iskeyword(x) for x in names)
+        if n > tl.MAX_FIELDS or not plain:  # not parameters: one JSON value holds them all
+            star = self._layout(ev, ("*",))
+
+            def log(*values):
+                if len(values) != n:
+                    raise arity_error(ev, names, values)
+                me._general(star, (dict(zip(names, values)),))
+
+            return log
         mask = sum(1 << j for j, name in enumerate(names) if name not in tl.INT_FIELDS)
         head = self._layout(ev, names) | mask << 16
         conv = "".join(  # an object seen before, a string seen before, else a definition made
@@ -304,11 +292,10 @@ class Recorder:
             f"        _pack(_seg[0], (_i - _seg[2]) * {tl.SLOT}, {head} | _t32, _now(), "
             + "".join(x + ", " for x in words)
             + "_i)\n"
-            "    except _struct.error:  # not an int, or one over 64 bits\n"
-            "        _void(_seg, _i)\n"
+            "    except _struct.error:  # not an int, or one over 64 bits: the slot given up\n"
+            f"        _void(_seg[0], (_i - _seg[2]) * {tl.SLOT}, {tl.R_VOID}, 0, 0, _i)\n"
             f"        _general({head}, {values})\n"
         )
-        me = weakref.proxy(self)  # the log call keeps no recorder alive: no cycle through it
         scope = {
             "_local": self._local,
             "_thread": lambda: me.thread(),
@@ -324,20 +311,16 @@ class Recorder:
             "_pack": tl.EVENT[n].pack_into,
             "_now": monotonic_ns,
             "_struct": struct,
-            "_void": lambda seg, i: me._void(seg, i),
+            "_void": tl.VOID.pack_into,
             "_general": lambda head, values: me._general(head, values),
         }
-        exec(compile(src, f"<trace event {ev}>", "exec"), scope)  # noqa: S102 - code made above
+        exec(_compile(src, f"<trace event {ev}>", "exec"), scope)  # noqa: S102 - code made above
         log = scope["log"]
         log.__qualname__ = log.__name__ = f"event {ev}({params})"
         return log
 
     def _layout(self, ev: str, names: tuple[str, ...]) -> int:
         return self._define(tl.D_LAYOUT, dumps([ev, list(names)]), next(self._layouts))
-
-    def _void(self, seg, i: int) -> None:
-        """Give up slot i, taken by an event that needs a definition first (`_general`)."""
-        tl.VOID.pack_into(seg[0], (i - seg[2]) * tl.SLOT, tl.R_VOID, 0, 0, i)
 
     def _general(self, head: int, values: tuple) -> None:
         """An event whose values do not all fit its fields' kinds (an int field that holds None,
@@ -350,102 +333,70 @@ class Recorder:
             else:
                 m |= 1 << j
                 words.append(self.value(v))
-        i, seg = self._slot()
-        code = head & 0xFFFF
-        tl.EVENT[len(values)].pack_into(
-            seg[0],
-            (i - seg[2]) * tl.SLOT,
-            code | m << 16 | self.thread() << 32,
-            monotonic_ns(),
-            *words,
-            i,
-        )
+        head = head & 0xFFFF | m << 16 | self.thread() << 32
+        self._put(tl.EVENT[len(values)], head, monotonic_ns(), *words)
 
     def emit(self, ev: str, fields: dict) -> None:
-        """An event not declared: its layout found (or logged) by its event name and field names."""
-        names = tuple(fields)
-        key = (ev, names)
+        """An event not declared: its log call found (or made) by its event name and field names."""
+        key = (ev, tuple(fields))
         log = self._emitters.get(key)
         if log is None:
-            if len(names) > tl.MAX_FIELDS:
-                head = self._layout(ev, ("*",))
-                me = weakref.proxy(self)
-                log = self._emitters[key] = lambda *v: me._general(head, (dict(zip(names, v)),))
-            else:
-                log = self._emitters[key] = self.logger(ev, names)
+            log = self._emitters[key] = self.logger(*key)
         log(*fields.values())
 
-    def edge(self, op: int, a: int, b: int = 0) -> None:
-        """A happens-before hand-off of the calling thread (engine/sync/hb.py)."""
-        tid = self._tno()
-        seg = self.cur[0]
-        i = next(self._slots)
-        if i >= seg[1]:
-            seg = self._grow(i)
-        tl.EDGE.pack_into(
-            seg[0], (i - seg[2]) * tl.SLOT, tl.R_EDGE, op, tid, monotonic_ns(), a, b, i
-        )
+    def _edge_logger(self):
+        """The log call of a happens-before hand-off of the calling thread (engine/sync/hb.py
+        calls it): as lean as an event's, with no time (the reader orders edges by slot)."""
+        local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
+        code, slot, me = tl.R_EDGE, tl.SLOT, weakref.proxy(self)
 
-    def end(self, reason: str, fields: dict) -> None:
-        """The END record: the late digests still pending are computed first."""
-        for sid, stamp in list(self._stamps.items()):
-            self._digest(sid, stamp.trace_value())
-        did = self._define(tl.D_JSON, dumps(fields)) if fields else 0
-        why = self.string(reason)
-        # the thread's name as a definition even when it is short: END's field is 32 bits, too
-        # narrow for an inline string (a role closed by its thread "decode" under the controller)
-        name = threading.current_thread().name.encode("utf-8", "surrogatepass")
-        tid = self._define(tl.D_STR, name)
-        i, seg = self._slot()  # last: the definitions it names come before it
-        tl.END.pack_into(
-            seg[0], (i - seg[2]) * tl.SLOT, tl.R_END, 0, tid, monotonic_ns(), why, did, i
-        )
-        self.ended = True
+        def edge(op: int, a: int, b: int = 0) -> None:
+            try:
+                tno = local.tno
+            except AttributeError:
+                tno = me._tno()
+            seg = cur[0]
+            i = nxt()
+            if i >= seg[1]:
+                seg = me._grow(i)
+            pack(seg[0], (i - seg[2]) * slot, code, op, tno, 0, a, b, i)
+
+        return edge
 
     # -- reading back
 
     def read(self, *, final: bool = False) -> tl.LogReader:
         """The events logged so far (read incrementally: each call reads what was added since).
         Not `final`: a slot still being written stops the read there."""
-        if self._reader is None:
-            me = weakref.ref(self)  # no cycle through the reader
-            self._reader = tl.LogReader(resolve=lambda sid: me()._resolve(sid))
-        r = self._reader
-        upto = min(self._peek(), len(self._segs) * tl.SEGMENT_SLOTS)
+        r, size = self._reader, tl.SEGMENT_SLOTS
+        upto = min(self._peek(), len(self._segs) * size)
         while r.slots < upto:
-            k = r.slots // tl.SEGMENT_SLOTS
-            first = r.slots
-            r.feed(
-                self._segs[k],
-                min(upto, (k + 1) * tl.SEGMENT_SLOTS),
-                live=not final,
-                base=k * tl.SEGMENT_SLOTS,
-            )
-            if r.slots == first:  # a slot still being written
-                break
+            k = r.slots // size
+            if not r.feed(self._segs[k], min(upto, (k + 1) * size), live=not final, base=k * size):
+                break  # a slot still being written
         return r
 
     def _peek(self) -> int:
         """The next slot index the counter will give, without taking it."""
         return self._slots.__reduce__()[1][0]
 
-    def late(self, d):
-        """A digest field as read: its value once logged, else the stamp itself (not computed)."""
-        if d.__class__ is not tl.LateDigest:
-            return d
-        return self._reader._digests.get(d.sid) or self._stamps.get(d.sid)
-
-    def _resolve(self, sid: int) -> str | None:
-        stamp = self._stamps.get(sid)
-        return None if stamp is None else stamp.trace_value()
-
-    def write_jsonl(self, out: str) -> tl.LogReader:
-        """The trace's JSON Lines, made from the log, written to `out` whole (a temporary name, then
-        renamed: a JSON Lines file that exists is complete)."""
-        r = self.read(final=True)
-        lines, _ = tl.jsonl_lines(r, dumps)
-        tl.write_lines(out, lines)
-        return r
+    def write_jsonl(self, out: str, reason: str | None, fields: dict) -> None:
+        """The trace's JSON Lines, made from the log, written to `out` whole (tl.write_jsonl), after
+        the END record (`reason`, `fields`; the late digests still pending computed first) unless
+        the log has one or `reason` is None (a log cut short, as a killed process leaves it)."""
+        if reason is not None and not self.ended:
+            for sid, stamp in list(self._stamps.items()):
+                self._digest(sid, stamp.trace_value())
+            did = self._define(tl.D_JSON, dumps(fields)) if fields else 0
+            why = self.string(reason)
+            # the thread's name as a definition even when it is short: END's field is 32 bits,
+            # too narrow for an inline string (a role closed by its thread "decode" under the
+            # controller)
+            name = threading.current_thread().name.encode("utf-8", "surrogatepass")
+            tid = self._define(tl.D_STR, name)
+            self._put(tl.END, tl.R_END, 0, tid, monotonic_ns(), why, did)  # after what it names
+            self.ended = True
+        tl.write_jsonl(self.read(final=True), out)
 
     def remove_file(self) -> None:
         """The log's file is removed (its JSON Lines are written); the log stays readable here, in
@@ -458,7 +409,3 @@ class Recorder:
 
 def arity_error(ev: str, names: tuple[str, ...], values: tuple) -> TypeError:
     return TypeError(f"event {ev}: {len(values)} values logged for the fields {', '.join(names)}")
-
-
-def _raise_arity(ev: str, names: tuple[str, ...], values: tuple):
-    raise arity_error(ev, names, values)

@@ -3,23 +3,13 @@
 Tracing on must not distort the overlap it measures, so logging an event does as little as it can
 on the engine's threads (a disabled tracer is a no-op method): one fixed-size binary record, filled
 by the logging thread itself in a memory-mapped log (engine/trace/recorder.py, the flight
-recorder). An event's position in the log is its `seq`, the global order in which events were logged. `t_ns` is
-read just before the record is written, so across threads it may trail the previous event's by a
-thread switch; timelines use it, the checker orders by `seq`.
+recorder). An event's position in the log is its `seq`, the global order in which events were
+logged. `t_ns` is read just before the record is written, so across threads it may trail the
+previous event's by a thread switch; timelines use it, the checker orders by `seq`.
 
-- Hot paths log through declared events (`events_for`): the event's field names are given once,
-  and a call passes the values positionally: cheaper than `emit`, which builds a keyword dict per
-  call, and the engine logs an event at every ordering point (docs/benchmarks.md has the costs).
-- Object identities (the `obj` field) are named at their first record (o1, o2, ...) and kept alive
-  by the tracer, so an object's id() cannot be reused by another and identity is exact. A `digest`
-  field may be a value computed late (an object with `trace_value()`:
-  engine.trace.digest.DigestStamp), logged as a record of its own once computed.
-- Happens-before hand-offs (engine/sync/hb.py) are records of the same log: the reader builds the
-  events' vector clocks (`vc`) from them, after the run.
-
-With a file to stream to (`stream`), the log is a file beside the trace (`<trace>.pdolog`): a
-SIGKILL leaves every record written; the JSON Lines trace is made from the log when the trace is
-closed, or by `pdo check` / `pdo trace` from the log alone.
+Hot paths log through declared events (`events_for`): the event's field names are given once, and
+a call passes the values positionally: cheaper than `emit`, which builds a keyword dict per call,
+and the engine logs an event at every ordering point (docs/benchmarks.md has the costs).
 
 Every event logged (by `emit` or a declared event) is also a schedule point: a controller
 (checker/fuzz/) may block the calling thread there to choose which thread runs next.
@@ -29,9 +19,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import threading
 import types
+import weakref
 
 from engine import sync
 from engine.sync import hb
@@ -44,15 +34,14 @@ VERSION = 4
 
 class Tracer:
     enabled = True
+    _thread_name = None  # a thread's name in the trace, read at its first event (None: its own)
 
     def __init__(self, header: dict | None = None):
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        if hb.ON:  # the events' `vc`, built from the log's hand-offs (engine/sync/hb.py)
+        if hb.ENABLED:  # the events' `vc`, built from the log's hand-offs (engine/sync/hb.py)
             self.header["hb"] = hb.TAG
         self._rec: Recorder | None = None  # made at the first record, or by `stream`
-        self.declared: dict[
-            str, tuple[str, ...]
-        ] = {}  # ev -> field names, of the events declared by events_for
+        self.declared: dict[str, tuple[str, ...]] = {}  # events_for's: ev -> field names
         self._path: str | None = None
         self._lock = threading.Lock()
         self.end_reason: str | None = None  # set once the trace is closed (trace_end written)
@@ -62,13 +51,14 @@ class Tracer:
     def rec(self) -> Recorder:
         """The log, started at its first use: the header is its first record."""
         if self._rec is None:
-            self._rec = Recorder(self.header)
-            if hb.ON:
-                hb.attach(self._rec)
+            rec = self._rec = Recorder(self.header, self._thread_name)
+            if "hb" in self.header:  # until the trace is closed, or the recorder dropped
+                hb.attach(rec.edge)
+                weakref.finalize(rec, hb.detach, rec.edge)
         return self._rec
 
     def emit(self, ev: str, **fields) -> None:
-        self.rec.emit(ev, fields)  # a schedule point, as any event's log call
+        (self._rec or self.rec).emit(ev, fields)  # a schedule point, as any event's log call
 
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
         """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
@@ -82,17 +72,17 @@ class Tracer:
         """One declared event's log call (engine/trace/recorder.py makes it)."""
         return self.rec.logger(ev, names)
 
-    def _read(self) -> list[dict]:
-        """The events read from the log so far (late digests as they are)."""
+    def _read(self) -> tracelog.LogReader:
+        """The log read so far, late digests as they are (nothing before its first record)."""
         if self._rec is None:
-            return []
+            return tracelog.LogReader()
         with self._lock:  # two readers must not both read the same tail
-            return self._rec.read().events
+            return self._rec.read()
 
     @property
     def count(self) -> int:
         """How many events were logged."""
-        return len(self._read())
+        return len(self._read().events)
 
     @property
     def logged(self) -> int:
@@ -104,11 +94,10 @@ class Tracer:
         """(ev, fields) of the events from index `start` on, as logged: late digests not
         computed (a progress monitor reads these while the run goes on: computing a pending
         digest early would hash it before the forward's stamp can be checked after its launch)."""
-        skip = ("seq", "t_ns", "thread", "ev", "vc")
-        late = self._rec.late if self._rec is not None else None
+        skip, r = ("seq", "t_ns", "thread", "ev", "vc"), self._read()
         return [
-            (e["ev"], {k: late(v) if k == "digest" else v for k, v in e.items() if k not in skip})
-            for e in self._read()[start:]
+            (e["ev"], {k: r.late(v) if k == "digest" else v for k, v in e.items() if k not in skip})
+            for e in r.events[start:]
         ]
 
     @property
@@ -120,23 +109,14 @@ class Tracer:
         with self._lock:
             return self._rec.read().finish(final=False)
 
-    def write(
-        self,
-        path: str,
-        *,
-        extra_header: dict | None = None,
-        reason: str = "normal",
-        end: bool = True,
-    ) -> None:
-        """The whole trace at once, ended by `trace_end` unless not `end` (a tracer that streams
-        has its file already: `close`)."""
+    def write(self, path: str, *, extra_header: dict | None = None, reason: str = "normal") -> None:
+        """The whole trace at once, ended by `trace_end` (a tracer that streams has its file
+        already: `close`)."""
         rec = self.rec
         if extra_header:
             self.header.update(extra_header)
             rec.set_header(self.header)
-        if end and not rec.ended:
-            rec.end(reason, self.end_fields)
-        rec.write_jsonl(path)
+        rec.write_jsonl(path, reason, self.end_fields)
 
     def stream(self, path: str, *, extra_header: dict | None = None) -> None:
         """Log to a file beside `path` (`<path>.pdolog`) as the run goes on; `close` writes the
@@ -148,51 +128,33 @@ class Tracer:
         self._path = path
         if sync.CONTROLLER is not None:
             return
-        with contextlib.suppress(FileNotFoundError):  # an earlier run's: not this run's trace
-            os.remove(path)
-        self.rec.to_file(path + tracelog.SUFFIX)
+        self.rec.to_file(path)
         atexit.register(self.close, "exit")
 
-    def close(self, reason: str = "normal") -> None:
+    def close(self, reason: str = "normal", *, end: bool = True) -> None:
         """End a streamed trace: `trace_end` with `reason` (normal, exception, signal, watchdog,
-        exit), then the JSON Lines from the log. Once: a later call does nothing."""
-        self._finish(reason, end=True)
-
-    def cut(self) -> None:
-        """End a streamed trace without `trace_end`, as a killed process leaves its file (a role
-        that dies inside an embedded PD run): every event logged so far, read as truncated."""
-        self._finish("cut", end=False)
-
-    def _finish(self, reason: str, *, end: bool) -> None:
+        exit; none if not `end`: as a killed process leaves its file, read as truncated), then the
+        JSON Lines from the log. Once: a later call does nothing."""
         with self._lock:  # the watchdog's thread and the run's end may both close
             if self.end_reason is not None or self._path is None:
                 return
             self.end_reason = reason
         atexit.unregister(self.close)
         rec = self.rec
-        hb.detach(rec)
-        if end:
-            rec.end(reason, self.end_fields)
-        rec.write_jsonl(self._path)
+        hb.detach(rec.edge)
+        rec.write_jsonl(self._path, reason if end else None, self.end_fields)
         rec.remove_file()
 
     def obj(self, x) -> str:
         """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
         a run, so a copy of a request shows up as a new identity; under a schedule controller the
         order is the schedule's, so a replay names alike. Emitting the object itself as the `obj`
-        field names it the same way. The tracer keeps the object alive, so its id() is never
-        another object's."""
-        return self.rec.obj(x)
-
-    def of(self, ev: str) -> list[dict]:
-        return [e for e in self.events if e["ev"] == ev]
+        field names it the same way. The tracer keeps the object alive: identity is exact."""
+        return (self._rec or self.rec).obj(x)
 
 
 class NullTracer(Tracer):
     enabled = False
-
-    def __init__(self, header: dict | None = None, **_):
-        super().__init__(header)
 
     def emit(self, ev: str, **fields) -> None:  # noqa: D401 - deliberately nothing
         sync.point(ev)
@@ -215,15 +177,20 @@ class NullTracer(Tracer):
         pass
 
 
+def end_reason(exc: BaseException | None) -> str:
+    """The `trace_end` reason for an exception on its way out: signal for SIGINT or a signal
+    handler's SystemExit, exception for anything else; normal for none."""
+    if exc is None:
+        return "normal"
+    return "signal" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "exception"
+
+
 @contextlib.contextmanager
 def ends_trace(tracer):
-    """A streamed trace's `trace_end` on the way out of an exception: reason signal for SIGINT or
-    a signal handler's SystemExit, exception for anything else (a normal end closes it itself)."""
+    """A streamed trace's `trace_end` on the way out of an exception (a normal end closes it
+    itself)."""
     try:
         yield
-    except (KeyboardInterrupt, SystemExit):
-        tracer.close("signal")
-        raise
-    except BaseException:
-        tracer.close("exception")
+    except BaseException as exc:
+        tracer.close(end_reason(exc))
         raise

@@ -28,7 +28,7 @@ WL = WorkloadConfig(requests=8, prompt_len=(20, 150), hit=0.5, seed=1)
 
 @pytest.fixture
 def clocks(monkeypatch):
-    monkeypatch.setattr(hb, "ON", True)  # off by default (pdo run --hb); restored after
+    monkeypatch.setattr(hb, "ENABLED", True)  # the default, whatever PDO_HB says
 
 
 def _trace(tmp_path, mode, inject=(), name="t"):
@@ -202,7 +202,7 @@ def test_check_predict_exit_codes(tmp_path, clocks, capsys, monkeypatch):
     assert pdo(["check", "--predict", "--json", cut]) == 1
     report = json.loads(capsys.readouterr().out)[0]["predict"]
     assert not report["ok"] and "P-worker-copy" in {p["rule"] for p in report["predictions"]}
-    monkeypatch.setattr(hb, "ON", False)
+    monkeypatch.setattr(hb, "ENABLED", False)
     bare = _trace(tmp_path, "thread", name="bare")
     with pytest.raises(NoClocks):
         predict_file(bare)

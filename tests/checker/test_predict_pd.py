@@ -26,7 +26,7 @@ WC = WorkloadConfig(requests=6, prompt_len=(20, 80), hit=0.5, seed=2, max_new_to
 
 @pytest.fixture
 def clocks(monkeypatch):
-    monkeypatch.setattr(hb, "ON", True)  # off by default (pdo run --hb); restored after
+    monkeypatch.setattr(hb, "ENABLED", True)  # the default, whatever PDO_HB says
 
 
 def _pd(tmp_path, name, *, inject=(), dp=2, prefetch=True, **kw):

@@ -73,8 +73,8 @@ def test_a_process_that_exits_inside_the_loop_reads_as_truncated(tmp_path):
     path = tmp_path / "t.jsonl"
     sink = TraceSink(str(path))
     sink.begin("prefill", "normal", 16)
-    sink._at_exit()  # what atexit runs when the process ends with the loop still running
-    sink._at_exit()  # a second close writes nothing more
+    sink.close("exit")  # what atexit runs when the process ends with the loop still running
+    sink.close("exit")  # a second close writes nothing more
     lines = _lines(path)
     assert [e["ev"] for e in lines[1:]] == ["trace_end"] and lines[-1]["reason"] == "exit"
     assert not check_file(str(path)).complete

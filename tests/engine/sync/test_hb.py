@@ -15,7 +15,7 @@ from engine.trace.tracer import Tracer
 
 @pytest.fixture
 def tr(monkeypatch):
-    monkeypatch.setattr(hb, "ON", True)  # off by default (pdo run --hb); restored after
+    monkeypatch.setattr(hb, "ENABLED", True)  # the default, whatever PDO_HB says
     t = Tracer({"role": "prefill"})
     t.obj(t)  # the log, and its hand-offs, start now
     yield t
@@ -135,7 +135,7 @@ def test_a_thread_started_from_a_snapshot_starts_after_it(tr):
 
 
 def test_each_open_trace_logs_the_hand_offs_and_a_closed_one_no_more(tmp_path, monkeypatch):
-    monkeypatch.setattr(hb, "ON", True)
+    monkeypatch.setattr(hb, "ENABLED", True)
     one, two = Tracer({"role": "prefill"}), Tracer({"role": "decode"})
     q = _Channel()
     for t in (one, two):

@@ -10,6 +10,8 @@ import json
 import threading
 import weakref
 
+import pytest
+
 from engine.sync import hb
 from engine.trace.tracer import Tracer
 from spec import load_events, tracelog
@@ -68,10 +70,11 @@ def test_a_dropped_tracer_frees_its_log_and_logs_no_more_hand_offs():
         log.admit(0, ["r1"])
         log.alloc("r1", object(), 0)
         tr.emit("x.note", stacks={"a": [1]})
-        gone = weakref.ref(tr.rec)
+        gone, edge = weakref.ref(tr.rec), tr.rec.edge
+        assert edge in hb._sinks
         del tr, log
         assert gone() is None
-        assert all(r() is not None for r in hb._logs)
+        assert edge not in hb._sinks
     finally:
         gc.enable()
 
@@ -88,3 +91,43 @@ def test_a_trace_closed_by_a_thread_with_a_short_name_ends_whole(tmp_path):
     t.join()
     end = json.loads(path.read_text().splitlines()[-1])
     assert end["ev"] == "trace_end" and end["reason"] == "normal" and end["thread"] == "decode"
+
+
+def test_field_names_no_parameter_may_have_are_logged_as_one_value():
+    """Field names a generated log call cannot take as parameters (a leading underscore, a keyword,
+    not an identifier), or more than an event record holds, are logged as one JSON value (layout
+    "*") and read back as given; `emit("x", _a=1)` used to recurse between emit and logger."""
+    tr = Tracer({"role": "prefill"})
+    many = {f"f{i}": i for i in range(tracelog.MAX_FIELDS + 1)}
+    given = [{"_a": 1}, {"class": "x"}, {"a-b": [1, 2]}, many]
+    for fields in given:
+        tr.emit("x.odd", **fields)
+    assert [fields for ev, fields in tr.names_and_fields()] == given
+    log = tr.events_for(odd=("_a", "b"))
+    log.odd(1, None)
+    assert tr.names_and_fields(len(given)) == [("odd", {"_a": 1, "b": None})]
+
+
+def test_a_log_past_its_bound_logs_nothing_more_and_its_trace_reads_truncated(
+    tmp_path, monkeypatch, capsys
+):
+    """Memory and disk are bounded (PDO_TRACE_MAX_MB): past the bound nothing more is logged, not
+    even the END record, so the trace is not whole and `pdo check` never passes it (exit 3)."""
+    from engine.cli import main as pdo
+
+    monkeypatch.setenv("PDO_TRACE_MAX_MB", "1")  # 768 KiB: two segments, 8,191 records
+    path = tmp_path / "t.jsonl"
+    assert pdo(["run", "--requests", "400", "--no-verify", "--trace", str(path)]) == 0
+    assert "the trace log is full (768 KiB" in capsys.readouterr().err
+    lines = path.read_text().splitlines()
+    assert 2000 < len(lines) < 2 * tracelog.SEGMENT_SLOTS and '"trace_end"' not in lines[-1]
+    assert pdo(["check", str(path)]) == 3
+    assert "truncated" in capsys.readouterr().out
+
+
+def test_a_bad_bound_is_bad_input(monkeypatch):
+    from spec.errors import BadInput
+
+    monkeypatch.setenv("PDO_TRACE_MAX_MB", "0")
+    with pytest.raises(BadInput, match="PDO_TRACE_MAX_MB"):
+        Tracer({"role": "prefill"}).obj(1)
