@@ -29,9 +29,9 @@ ENABLED = os.environ.get("PDO_HB", "").strip().lower() not in ("0", "false", "no
 ON = False  # ENABLED, and a recorder attached: the hooks log edges
 TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
 _sinks: tuple = ()  # the attached recorders' edge log calls (Recorder.edge)
-
-
-_log = _nothing = lambda op, a, b=0: None  # noqa: E731 - no recorder attached
+_nothing = lambda op, a, b=0: None  # noqa: E731 - no recorder attached
+_fan_out = lambda op, a, b=0: [s(op, a, b) for s in _sinks]  # noqa: E731 - several traces
+_log = _nothing  # what the hooks call: one of these, or the one recorder's own
 
 
 def enable(on: bool = True) -> None:
@@ -53,12 +53,7 @@ def detach(log) -> None:
 def _set(sinks: tuple) -> None:
     global _sinks, _log, ON
     _sinks, ON = sinks, bool(sinks)
-    if len(sinks) == 1:
-        _log = sinks[0]
-    elif sinks:
-        _log = lambda op, a, b=0: [s(op, a, b) for s in sinks]  # noqa: E731 - several traces
-    else:
-        _log = _nothing
+    _log = sinks[0] if len(sinks) == 1 else _fan_out if sinks else _nothing
 
 
 def send(obj) -> None:

@@ -121,9 +121,8 @@ class Recorder:
         return self._segs[k], (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS
 
     def _full(self, i: int):
-        """Slot i is past the log's bound: its record goes to a scratch slot, never read. The END
-        record goes the same way, so the trace reads as truncated: what `pdo check` says of a run
-        whose end it did not see (a verdict of its own, never a pass)."""
+        """Slot i is past the log's bound: its record, END's too, goes to a scratch slot never read,
+        so the trace reads as truncated (`pdo check`: a verdict of its own, never a pass)."""
         if not self.full:
             size = f"{self._max_segs * _SEG_BYTES >> 10:,} KiB, PDO_TRACE_MAX_MB"
             print(f"pdo: the trace log is full ({size}): the rest is not traced", file=sys.stderr)
@@ -389,9 +388,8 @@ class Recorder:
                 self._digest(sid, stamp.trace_value())
             did = self._define(tl.D_JSON, dumps(fields)) if fields else 0
             why = self.string(reason)
-            # the thread's name as a definition even when it is short: END's field is 32 bits,
-            # too narrow for an inline string (a role closed by its thread "decode" under the
-            # controller)
+            # the thread's name a definition even when short: END's field (32 bits) cannot hold
+            # an inline string (a role closed by its thread "decode" under the controller)
             name = threading.current_thread().name.encode("utf-8", "surrogatepass")
             tid = self._define(tl.D_STR, name)
             self._put(tl.END, tl.R_END, 0, tid, monotonic_ns(), why, did)  # after what it names

@@ -81,7 +81,6 @@ class Tracer:
 
     @property
     def count(self) -> int:
-        """How many events were logged."""
         return len(self._read().events)
 
     @property
