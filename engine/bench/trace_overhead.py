@@ -116,9 +116,9 @@ def accounted_run(cfg, wc, clocks: bool = True) -> dict:
     tr._logger = lambda ev, names: acc.wrap("emit", logger(ev, names))
     tr.obj = acc.wrap("obj", tr.obj)
     if "hb" in tr.header:  # the happens-before hand-offs (engine/sync/hb.py), timed
-        hb.detach(tr.rec.edge)
-        tr.rec.edge = acc.wrap("edge", tr.rec.edge)
-        hb.attach(tr.rec.edge)
+        hb.detach(tr.rec.hand_offs)
+        tr.rec.hand_offs = hb.HandOffs(*(acc.wrap("edge", f) for f in tr.rec.hand_offs))
+        hb.attach(tr.rec.hand_offs)
     stamp, resolve = digest.DigestStamp.__init__, digest.DigestStamp.resolve
     digest.DigestStamp.__init__ = acc.wrap("digest", stamp)  # a stamp taken (calling thread)
     digest.DigestStamp.resolve = acc.wrap("digest", resolve)  # and hashed (by the worker)
@@ -126,7 +126,7 @@ def accounted_run(cfg, wc, clocks: bool = True) -> dict:
         s = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tr).summary
     finally:
         digest.DigestStamp.__init__, digest.DigestStamp.resolve = stamp, resolve
-        hb.detach(tr.rec.edge)
+        hb.detach(tr.rec.hand_offs)
     # The run's work only: reading the events afterwards names objects and returns resolved digests,
     # which is the write's cost (reported per event by emit_cost_ns), not the run's.
     ns, elapsed, calls = dict(acc.ns), dict(acc.elapsed), dict(acc.calls)

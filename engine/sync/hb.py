@@ -16,22 +16,33 @@ is one the engine really allows (the analysis can miss some, never invent one).
 
 On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
 only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. The
-edge goes straight to the recorder's log call (`_log`: one recorder's own, or a fan-out to several).
+edge goes straight to the recorder's log calls (`_send`, `_recv`, ...: one recorder's own, or a fan-out).
 """
 
 from __future__ import annotations
 
 import os
-
-from spec.tracelog import RECV, RECV_SEND, RELAY, SEND
+from collections.abc import Callable
+from typing import NamedTuple
 
 ENABLED = os.environ.get("PDO_HB", "").strip().lower() not in ("0", "false", "no", "off")
 ON = False  # ENABLED, and a recorder attached: the hooks log edges
 TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
-_sinks: tuple = ()  # the attached recorders' edge log calls (Recorder.edge)
-_nothing = lambda op, a, b=0: None  # noqa: E731 - no recorder attached
-_fan_out = lambda op, a, b=0: [s(op, a, b) for s in _sinks]  # noqa: E731 - several traces
-_log = _nothing  # what the hooks call: one of these, or the one recorder's own
+
+
+class HandOffs(NamedTuple):
+    """A recorder's log calls of the hand-offs, each on channel ids (Recorder.hand_offs)."""
+
+    send: Callable[[int], None]
+    recv: Callable[[int], None]
+    relay: Callable[[int, int], None]
+
+
+_sinks: tuple = ()  # the attached recorders' HandOffs
+_none = HandOffs(*[lambda *_: None] * 3)  # no recorder attached
+_all = HandOffs(*(lambda *x, k=k: [s[k](*x) for s in _sinks] for k in range(3)))  # several traces
+# what the hooks call: _none's, _all's, or the one recorder's own (globals: the cheapest lookup)
+_send, _recv, _relay = _none
 
 
 def enable(on: bool = True) -> None:
@@ -40,51 +51,47 @@ def enable(on: bool = True) -> None:
     ENABLED = on
 
 
-def attach(log) -> None:
-    """Log the hand-offs through `log(op, a, b)` too (a recorder's, while its trace is open, or
-    until the recorder is dropped: engine/trace/tracer.py detaches it then)."""
+def attach(log: HandOffs) -> None:
+    """Log the hand-offs through `log` too (a recorder's, while its trace is open, or until the
+    recorder is dropped: engine/trace/tracer.py detaches it then)."""
     _set((*_sinks, log))
 
 
-def detach(log) -> None:
+def detach(log: HandOffs) -> None:
     _set(tuple(s for s in _sinks if s is not log))
 
 
 def _set(sinks: tuple) -> None:
-    global _sinks, _log, ON
+    global _sinks, ON, _send, _recv, _relay
     _sinks, ON = sinks, bool(sinks)
-    _log = sinks[0] if len(sinks) == 1 else _fan_out if sinks else _nothing
+    _send, _recv, _relay = sinks[0] if len(sinks) == 1 else _all if sinks else _none
 
 
 def send(obj) -> None:
     """What the calling thread did so far happens before whatever a `recv` on `obj` does next."""
     if obj is not None:
-        _log(SEND, id(obj))
+        _send(id(obj))
 
 
 def recv(obj) -> None:
     """Join every clock sent to `obj` so far."""
     if obj is not None:
-        _log(RECV, id(obj))
+        _recv(id(obj))
 
 
 def recv_send(a, b) -> None:
-    """`recv(a)`, then `send(b)`, in one record (a queue's get and the room it makes, a put and
-    the room it took)."""
-    if b is None:
-        if a is not None:
-            _log(RECV, id(a))
-    elif a is None:
-        _log(SEND, id(b))
-    else:
-        _log(RECV_SEND, id(a), id(b))
+    """`recv(a)`, then `send(b)` (a queue's get and the room it makes, a put and the room it took)."""
+    if a is not None:
+        _recv(id(a))
+    if b is not None:
+        _send(id(b))
 
 
 def relay(src, dst) -> None:
     """Whatever a `recv` on `dst` does next happens after everything sent to `src` so far: a CUDA
     event recorded on a stream (`src`) completes after all that was launched there before."""
     if src is not None and dst is not None:
-        _log(RELAY, id(src), id(dst))
+        _relay(id(src), id(dst))
 
 
 def snapshot() -> object:

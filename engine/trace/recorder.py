@@ -31,6 +31,7 @@ from keyword import iskeyword
 from time import monotonic_ns
 
 from engine import sync
+from engine.sync import hb
 from spec import tracelog as tl
 from spec.errors import BadInput
 from spec.tracelog import dumps
@@ -80,7 +81,7 @@ class Recorder:
         self._consts: dict = {}  # (class, value) -> definition id: None, bools, numbers
         self._emitters: dict = {}  # (ev, field names) -> the logger of an event not declared
         self.ended = False
-        self.edge = self._edge_logger()
+        self.hand_offs = self._hand_offs()
         self.set_header(header)
 
     def set_header(self, header: dict) -> None:
@@ -129,13 +130,14 @@ class Recorder:
         self.full += 1
         return memoryview(bytearray(tl.SLOT)), i + 1, i
 
-    def _put(self, record: struct.Struct, *fields) -> None:
+    def _put(self, record: struct.Struct, *fields) -> int:
         """One record in a free slot: its fields, then its check (the slot's index)."""
         seg = self.cur[0]
         i = next(self._slots)
         if i >= seg[1]:
             seg = self._grow(i)
         record.pack_into(seg[0], (i - seg[2]) * tl.SLOT, *fields, i)
+        return i
 
     def to_file(self, trace: str) -> None:
         """Keep the log beside `trace` (`<trace>.pdolog`, created anew) from now on: what is logged
@@ -343,13 +345,18 @@ class Recorder:
             log = self._emitters[key] = self.logger(*key)
         log(*fields.values())
 
-    def _edge_logger(self):
-        """The log call of a happens-before hand-off of the calling thread (engine/sync/hb.py
-        calls it): as lean as an event's, with no time (the reader orders edges by slot)."""
+    def _hand_offs(self) -> hb.HandOffs:
+        """The log calls of the calling thread's happens-before hand-offs (engine/sync/hb.py calls
+        them): as lean as an event's, with no time (the reader orders edges by slot). A receive
+        that can raise no clock is not logged (a third of a run's hand-offs: a queue's consumer
+        that takes two items joined both senders' clocks at the first): nothing was sent on its
+        channel since this thread last received there (`sent`: a channel's last send, by slot;
+        `seen`: what the thread last received), or ever."""
         local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
-        code, slot, me = tl.R_EDGE, tl.SLOT, weakref.proxy(self)
+        code, slot, me, sent = tl.R_EDGE, tl.SLOT, weakref.proxy(self), {}
+        SEND, RECV = tl.SEND, tl.RECV  # noqa: N806 - constants, as locals
 
-        def edge(op: int, a: int, b: int = 0) -> None:
+        def send(a: int) -> None:
             try:
                 tno = local.tno
             except AttributeError:
@@ -358,9 +365,30 @@ class Recorder:
             i = nxt()
             if i >= seg[1]:
                 seg = me._grow(i)
-            pack(seg[0], (i - seg[2]) * slot, code, op, tno, 0, a, b, i)
+            pack(seg[0], (i - seg[2]) * slot, code, SEND, tno, 0, a, 0, i)
+            sent[a] = i
 
-        return edge
+        def recv(a: int) -> None:
+            v = sent.get(a)
+            if v is None:
+                return
+            try:
+                tno, seen = local.tno, local.seen
+            except AttributeError:
+                tno, seen = me._tno(), local.__dict__.setdefault("seen", {})
+            if seen.get(a) == v:
+                return
+            seen[a] = v
+            seg = cur[0]
+            i = nxt()
+            if i >= seg[1]:
+                seg = me._grow(i)
+            pack(seg[0], (i - seg[2]) * slot, code, RECV, tno, 0, a, 0, i)
+
+        def relay(a: int, b: int) -> None:
+            sent[b] = me._put(tl.EDGE, code, tl.RELAY, me._tno(), 0, a, b)
+
+        return hb.HandOffs(send, recv, relay)  # RECV_SEND: read, no longer written
 
     # -- reading back
 

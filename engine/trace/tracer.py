@@ -53,8 +53,8 @@ class Tracer:
         if self._rec is None:
             rec = self._rec = Recorder(self.header, self._thread_name)
             if "hb" in self.header:  # until the trace is closed, or the recorder dropped
-                hb.attach(rec.edge)
-                weakref.finalize(rec, hb.detach, rec.edge)
+                hb.attach(rec.hand_offs)
+                weakref.finalize(rec, hb.detach, rec.hand_offs)
         return self._rec
 
     def emit(self, ev: str, **fields) -> None:
@@ -140,7 +140,7 @@ class Tracer:
             self.end_reason = reason
         atexit.unregister(self.close)
         rec = self.rec
-        hb.detach(rec.edge)
+        hb.detach(rec.hand_offs)
         rec.write_jsonl(self._path, reason if end else None, self.end_fields)
         rec.remove_file()
 

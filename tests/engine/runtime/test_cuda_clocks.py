@@ -49,7 +49,7 @@ def cuda(monkeypatch):
     tr = Tracer({"role": "prefill"})
     tr.obj(tr)  # the log starts now: the hand-offs go into it
     yield tr
-    hb.detach(tr.rec.edge)
+    hb.detach(tr.rec.hand_offs)
 
 
 def _on_thread(tr: Tracer, name: str, fn):
@@ -86,7 +86,7 @@ def test_a_completed_event_orders_the_observer_after_every_launch_before_its_rec
 
 def test_without_clocks_the_events_carry_nothing(cuda):
     tr = cuda
-    hb.detach(tr.rec.edge)  # as a trace made with PDO_HB=0: no hand-off logged
+    hb.detach(tr.rec.hand_offs)  # as a trace made with PDO_HB=0: no hand-off logged
     s = device.CudaStream("fwd", "cuda:0")
     _on_thread(tr, "A", lambda: s.launch(lambda: None))
     ev, _ = _on_thread(tr, "C", s.record_event)

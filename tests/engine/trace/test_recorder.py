@@ -70,7 +70,7 @@ def test_a_dropped_tracer_frees_its_log_and_logs_no_more_hand_offs():
         log.admit(0, ["r1"])
         log.alloc("r1", object(), 0)
         tr.emit("x.note", stacks={"a": [1]})
-        gone, edge = weakref.ref(tr.rec), tr.rec.edge
+        gone, edge = weakref.ref(tr.rec), tr.rec.hand_offs
         assert edge in hb._sinks
         del tr, log
         assert gone() is None
@@ -117,7 +117,7 @@ def test_a_log_past_its_bound_logs_nothing_more_and_its_trace_reads_truncated(
 
     monkeypatch.setenv("PDO_TRACE_MAX_MB", "1")  # 768 KiB: two segments, 8,191 records
     path = tmp_path / "t.jsonl"
-    assert pdo(["run", "--requests", "400", "--no-verify", "--trace", str(path)]) == 0
+    assert pdo(["run", "--requests", "800", "--no-verify", "--trace", str(path)]) == 0
     assert "the trace log is full (768 KiB" in capsys.readouterr().err
     lines = path.read_text().splitlines()
     assert 2000 < len(lines) < 2 * tracelog.SEGMENT_SLOTS and '"trace_end"' not in lines[-1]
