@@ -424,10 +424,14 @@ def _take_markers(path: str, events: list, nums: list | None, status: dict, firs
 
 
 def _line_of(block: bytes, first: int, seq: int) -> int:
-    """The line number of the event with `seq` in a chunk (only on the rare marker path)."""
-    for n, line in enumerate(_lines(block), first):
+    """The line number of the event with `seq` in a chunk (only on the marker path). From the
+    chunk's end: the marker of every whole trace, trace_end, is its last line (the seqs of a chunk
+    that got here increase, so no other line has the same)."""
+    lines = _lines(block)
+    for n in range(len(lines) - 1, -1, -1):
+        line = lines[n]
         if line.strip() and json.loads(line).get("seq") == seq:
-            return n
+            return first + n
     return first
 
 

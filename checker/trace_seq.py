@@ -62,7 +62,7 @@ def _threads_that_lost(path: str, line: int, lost: int, hb: str) -> str:
                 continue
             try:
                 e = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deep for json
                 break
             if type(e) is not dict or type(e.get("thread")) is not str:
                 break

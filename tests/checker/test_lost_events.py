@@ -95,6 +95,23 @@ def test_the_clocks_name_the_thread_that_lost_events(engine_traces, tmp_path):
     assert "thread 'forward' lost 1 before line" in err
 
 
+def test_a_line_too_deep_for_json_after_a_gap_is_still_bad_input(engine_traces, tmp_path):
+    """Naming the thread that lost events reads the file again with json, which a line nested
+    thousands deep overflows (a fuzz case: exit 70, an internal error): the clocks say nothing
+    past it, and the gap is bad input as any other."""
+    lines = _lines(engine_traces["hb"])
+    i = next(
+        i
+        for i, x in enumerate(lines)
+        if i > 20 and '"thread":"forward"' in x and '"thread":"forward"' not in lines[i + 1]
+    )
+    kept = lines[:i] + lines[i + 1 :]  # the clocks see the loss at the next forward event
+    deep = '{"x": ' + "[" * 5000 + "]" * 5000 + "}\n"
+    path = _write(tmp_path / "t.jsonl", kept[: i + 1] + [deep] + kept[i + 1 :])
+    rc, err = check_set([path])
+    assert rc == exits.BAD_INPUT and f"{path}:{i + 1}: field 'seq'" in err
+
+
 def test_deleting_any_event_of_an_engine_trace_never_passes(engine_traces, tmp_path):
     """Every event kind of every prefill mode and of a PD run (decode and prefill traces checked
     together), three lines of each kind, and the header: never exit 0."""
