@@ -15,8 +15,8 @@ joins what the dead one carried: both only add orders, so a reordering predicted
 is one the engine really allows (the analysis can miss some, never invent one).
 
 On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
-only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. The
-edge goes straight to the recorder's log calls (`_send`, `_recv`, ...: one recorder's own, or a fan-out).
+only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. A
+hand-off goes straight to the recorder's log call of its kind (`_send`, `_recv`, `_relay`).
 """
 
 from __future__ import annotations
