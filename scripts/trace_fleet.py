@@ -1,5 +1,6 @@
 """Write a fleet of trace sets: N runs of `pdo run` (even i) and `pdo run --pd` (odd i), every fifth
-under a mutant (a prefill one, which breaks P-war-device; a decode one, whose bug is race-dependent),
+under a mutant (a prefill one that breaks P-collect-before-sample in every run: its scheduler's own
+order; a decode one, whose bug is race-dependent),
 for `pdo check --ray DIR` (docs/scale.md, tests/checker/fuzz/test_ray.py).
 
     PYTHONPATH=. .venv/bin/python scripts/trace_fleet.py /tmp/fleet 200 [--requests 4]"""
@@ -25,7 +26,7 @@ def argv_of(out: str, i: int, requests: int = 4) -> list[str]:
     else:
         argv = ["run", *size, "--trace", f"{out}/run{i:03d}.jsonl"]
     if i % 5 == 4:
-        argv[1:1] = ["--inject", "double-prefetch" if i % 2 else "no-war-barrier"]
+        argv[1:1] = ["--inject", "double-prefetch" if i % 2 else "sample-before-collect"]
     return argv
 
 
