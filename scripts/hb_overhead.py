@@ -44,10 +44,8 @@ def main() -> None:
     for r in range(a.rounds + 1):  # round 0 warms up
         row = {}
         for k in arms[r % 3 :] + arms[: r % 3]:
-            hb.enable(k == "trace+hb")
-            tr = NullTracer() if k == "off" else Tracer()
+            tr = NullTracer() if k == "off" else Tracer(clocks=k == "trace+hb")
             row[k] = run_prefill(RunSpec(cfg, wc, verify=False), tracer=tr).summary["wall_s"]
-        hb.enable(False)
         if r == 0:
             continue
         for k in arms:

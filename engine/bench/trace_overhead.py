@@ -107,10 +107,7 @@ def accounted_run(cfg, wc, clocks: bool = True) -> dict:
 
     self_cpu, self_elapsed = _timer_self_cost()
     acc = _Accounting()
-    was = hb.ENABLED
-    hb.enable(clocks)
-    tr = Tracer()
-    hb.enable(was)
+    tr = Tracer(clocks=clocks)
     tr.emit = acc.wrap("emit", tr.emit)
     logger = tr._logger  # the engine's declared events (Tracer.events_for), each logger timed
     tr._logger = lambda ev, names: acc.wrap("emit", logger(ev, names))
@@ -163,10 +160,7 @@ def _on_off_pairs(cfg, wc, reps: int, progress: Progress, clocks: bool = True) -
         row = {}
         order = ("off", "on") if rep % 2 == 0 else ("on", "off")  # alternate who goes first
         for which in order:
-            was = hb.ENABLED
-            hb.enable(clocks)  # before the tracer: it reads whether they are on
-            tr = Tracer() if which == "on" else NullTracer()
-            hb.enable(was)
+            tr = Tracer(clocks=clocks) if which == "on" else NullTracer()
             path = os.path.join(out, "on.jsonl") if which == "on" else None
             c0 = time.process_time()
             s = run_prefill(RunSpec(cfg, wc, trace_path=path, verify=False), tracer=tr).summary

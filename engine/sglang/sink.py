@@ -38,8 +38,8 @@ class LoopExit(ControlFlow):
 
 class TraceSink(Tracer):
     def __init__(self, path: str):
-        super().__init__()
-        self.header = {"format": FORMAT}  # until `begin`; no `hb`: no hand-off is logged
+        super().__init__(clocks=False)  # SGLang hands work over with its own primitives
+        self.header = {"format": FORMAT}  # until `begin`
         self.path = path
         self._scheduler_ident: int | None = None
         self._loop_end: str | None = None  # how the traced scheduler loop ended, once it has

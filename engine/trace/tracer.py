@@ -36,9 +36,11 @@ class Tracer:
     enabled = True
     _thread_name = None  # a thread's name in the trace, read at its first event (None: its own)
 
-    def __init__(self, header: dict | None = None):
+    def __init__(self, header: dict | None = None, *, clocks: bool | None = None):
+        """`clocks`: whether the events get their `vc` from the hand-offs logged (engine/sync/hb.py);
+        None: as hb.ENABLED says (PDO_HB, `pdo run --no-hb`)."""
         self.header = {"format": FORMAT, "version": VERSION, **(header or {})}
-        if hb.ENABLED:  # the events' `vc`, built from the log's hand-offs (engine/sync/hb.py)
+        if hb.ENABLED if clocks is None else clocks:
             self.header["hb"] = hb.TAG
         self._rec: Recorder | None = None  # made at the first record, or by `stream`
         self.declared: dict[str, tuple[str, ...]] = {}  # events_for's: ev -> field names
