@@ -117,6 +117,7 @@ class Tracer:
         if extra_header:
             self.header.update(extra_header)
             rec.set_header(self.header)
+        hb.detach(rec.hand_offs)  # ended: later runs' hand-offs are not its own
         rec.write_jsonl(path, reason, self.end_fields)
 
     def stream(self, path: str, *, extra_header: dict | None = None) -> None:
