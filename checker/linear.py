@@ -127,13 +127,13 @@ def _split(chunk: list, several: list) -> tuple[dict, list]:
     than merging the kinds' lists again by seq for every set)."""
     by: dict = {}
     gathered: list = [[] for _ in several]
-    targets: dict = {}  # ev -> the append of each list it goes to
+    targets: dict = {}  # the struct type of a kind -> the append of each list it goes to
     for e in chunk:
-        to = targets.get(e.ev)
+        to = targets.get(type(e))
         if to is None:
             ev = e.ev
             by[ev] = []
-            to = targets[ev] = (
+            to = targets[type(e)] = (
                 by[ev].append,
                 *[g.append for kinds, g in zip(several, gathered, strict=True) if ev in kinds],
             )

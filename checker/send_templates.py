@@ -4,12 +4,13 @@ own tokens (`chunk_sent`), and what a request holds released only after its send
 
 from __future__ import annotations
 
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from .streaming import TEMPLATES, Template, event_label, has_fields, in_order
 
 _EMPTY: dict = {}
 _SECOND = itemgetter(1)
+_BATCH = attrgetter("batch")
 
 
 @TEMPLATES.register("chunk_sent")
@@ -37,6 +38,16 @@ class ChunkSent(Template):
         self.tangled: set = set()  # rids some of whose admitted ranges overlap
         self.done_b, self.started_b = set(), set()
         self.ranged: dict = {}  # the struct types of the sends -> whether they have start, tokens
+
+    def on_kinds(self, by):
+        """A chunk in trace order, unless no chunk is held and none of its admits has chunks (a
+        trace without them): then a send or a release has nothing to judge, and only the batches
+        done and started are kept."""
+        if self.chunks or any(getattr(e, "chunks", None) for e in by.get("admit", ())):
+            self.on_chunk(in_order(by, self.events))
+            return
+        self.done_b.update(map(_BATCH, by.get(self.done, ())))
+        self.started_b.update(map(_BATCH, by.get(self.started, ())))
 
     def on_chunk(self, evs):
         done, started, release = self.done, self.started, self.release

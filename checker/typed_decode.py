@@ -17,7 +17,8 @@ it, as on the other paths).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, Union
+from operator import attrgetter
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -40,8 +41,16 @@ _TYPES = {
     "int|str": _I64 | str,
 }
 _BASE = {"seq": _I64, "t_ns": _I64, "thread": str}
+# A trace names few threads, on every event: decoded against the names seen so far (a Literal), a
+# `thread` is that name's one string, not a string allocated per event. An unknown name fails that
+# decoder; the chunk is decoded again with `thread` as any string, and its names are learnt, up to
+# this many (past it every chunk takes the plain decoder). The first chunk is the first lesson.
+_NAMED_THREADS = 64
 # the happens-before clock (docs/trace-format.md): own count, or changed components
 _VC_TYPE = _I64 | dict[str, _I64]
+
+
+_THREAD = attrgetter("thread")
 
 
 class Event(msgspec.Struct, tag_field="ev", gc=False):
@@ -63,9 +72,36 @@ class Kinds:
         self._kinds = kinds
         self.names = frozenset(kinds)
         self.structs = msgspec.json.Decoder(self._union(True, None))
+        self.threads: frozenset = frozenset()  # the names learnt: none until a first decode
+        self.named = None  # the decoder of `structs` with `thread` one of `threads`
 
-    def _union(self, strict: bool, absent):
-        return Union[tuple(_struct(ev, spec, strict, absent) for ev, spec in self._kinds.items())]  # noqa: UP007
+    def _union(self, strict: bool, absent, thread=str):
+        return Union[  # noqa: UP007
+            tuple(_struct(ev, spec, strict, absent, thread) for ev, spec in self._kinds.items())
+        ]
+
+    def learn(self, threads) -> None:
+        """Decode `thread` against these names too (none once there are too many)."""
+        names = self.threads | frozenset(threads)
+        if names == self.threads:
+            return
+        self.threads = names
+        self.named = (
+            msgspec.json.Decoder(self._union(True, None, Literal[tuple(sorted(names))]))
+            if len(names) <= _NAMED_THREADS
+            else None
+        )
+
+    def decode_structs(self, block: bytes) -> list:
+        """`block`'s event lines as structs (raises msgspec's errors as `structs` does)."""
+        if self.named is not None:
+            try:
+                return self.named.decode_lines(block)
+            except msgspec.ValidationError:
+                pass  # an unknown thread name, or an invalid line: the plain decoder tells
+        events = self.structs.decode_lines(block)
+        self.learn(set(map(_THREAD, events)))
+        return events
 
     @cached_property
     def dicts(self):
@@ -76,7 +112,7 @@ class Kinds:
         return list[self._union(False, None)]
 
 
-def _struct(ev: str, spec: dict, strict: bool, absent):
+def _struct(ev: str, spec: dict, strict: bool, absent, thread=str):
     """The struct of one event kind: base keys, required fields, optional ones (`absent` when
     absent: None, or UNSET, which to_builtins leaves out), and `vc`. A lenient struct types
     nothing: it holds events another path validated."""
@@ -86,7 +122,7 @@ def _struct(ev: str, spec: dict, strict: bool, absent):
             return Any
         return t | msgspec.UnsetType if absent is msgspec.UNSET else t
 
-    fields = [(name, t if strict else Any) for name, t in _BASE.items()]
+    fields = [(name, t if strict else Any) for name, t in (_BASE | {"thread": thread}).items()]
     fields += [(n, _TYPES[t] if strict else Any) for n, t in spec.get("fields", {}).items()]
     fields += [(n, typ(_TYPES[t]), absent) for n, t in spec.get("optional", {}).items()]
     fields.append(("vc", typ(_VC_TYPE), absent))
@@ -118,7 +154,7 @@ def decode_block(kinds: Kinds, block: bytes, structs: bool = False) -> list | No
     """decode_chunk on the lines' bytes as read (one buffer: no list of lines to build)."""
     try:
         if structs:
-            return kinds.structs.decode_lines(block)
+            return kinds.decode_structs(block)
         return msgspec.to_builtins(kinds.dicts.decode_lines(block))
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: too
         return None

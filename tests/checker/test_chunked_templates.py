@@ -554,3 +554,34 @@ def test_release_after_done_in_chunks(steps, cuts):
     (t,) = run_chunked(events, ["P-release-after-done"], cuts)
     assert [(v.message, v.seqs) for v in t.violations] == _after_done_reference(events)
     assert t.checks == sum(e["ev"] == "release" for e in events)
+
+
+# canonical("ahead") has three admits (batches 0, 1, 2); what is dropped, and the batch whose
+# chunk it leaves unjudged or judged early: the send of c's chunk of batch 2, the send of a's chunk
+# of batch 1, and process_begin(1), before which the sends of batch 1 then come
+_DROPS = {"kv_send c": ("kv_send", "c", 2), "kv_send a": ("kv_send", "a", 1)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3), st.sampled_from([None, "kv_send c", "kv_send a", "process_begin"]), _CUTS)
+def test_chunk_sent_skips_only_chunks_with_nothing_to_judge(plain, drop, cuts):
+    """P-chunk-sent passes over a chunk with no chunk held and no admit with `chunks` (a trace
+    without them), keeping only the batches done and started. Here the first `plain` admits carry
+    no chunks and one event is dropped: a violation is found exactly when the batch it concerns
+    has chunks, and every cut of the trace gives the violations of the unchunked check."""
+    from tests.trace_fixtures import canonical, find
+
+    events = canonical("ahead")
+    for e in [e for e in events if e["ev"] == "admit"][:plain]:
+        del e["chunks"]
+    if drop == "process_begin":
+        i, batch = find(events, "process_begin", batch=1), 1
+    elif drop is not None:
+        ev, rid, batch = _DROPS[drop]
+        i = find(events, ev, rid=rid, nth=-1)
+    if drop is not None:
+        events = events[:i] + events[i + 1 :]
+    events = [dict(e, seq=k, t_ns=k) for k, e in enumerate(events, 1)]
+    whole = check_chunked(events, ["P-chunk-sent"], [])
+    assert bool(whole) == (drop is not None and batch >= plain)
+    assert check_chunked(events, ["P-chunk-sent"], cuts) == whole

@@ -199,3 +199,26 @@ def test_a_chunk_on_the_general_path_is_judged_as_the_typed_one(tmp_path):
     assert a.violations and [(v.rule.id, v.message, v.seqs) for v in a.violations] == [
         (v.rule.id, v.message, v.seqs) for v in b.violations
     ]
+
+
+def test_thread_names_are_learnt_and_read_as_one_string_each():
+    """The typed path reads `thread` against the names seen so far (one string per name); a name
+    it has not seen decodes as any string would, and is learnt; a line that is not valid is still
+    refused."""
+    from msgspec import to_builtins
+
+    from checker.typed_decode import make_kinds
+    from spec import load_events
+
+    kinds = make_kinds(load_events()["prefill"])
+    events = [dict(e, thread="my:own") if i % 2 else e for i, e in enumerate(EVENTS)]
+    raw = [json.dumps(e).encode() + b"\n" for e in events]
+    assert "my:own" not in kinds.threads
+    first = decode_chunk(kinds, raw, structs=True)
+    assert "my:own" in kinds.threads and kinds.named is not None
+    again = decode_chunk(kinds, raw, structs=True)
+    plain = kinds.structs.decode_lines(b"".join(raw))
+    assert to_builtins(first) == to_builtins(again) == to_builtins(plain)
+    assert [e.thread for e in again] == [e["thread"] for e in events]
+    assert again[1].thread is again[3].thread  # the learnt name's one string
+    assert decode_chunk(kinds, raw[:3] + [raw[3].replace(b'"seq"', b'"zz"')]) is None
