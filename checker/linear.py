@@ -81,8 +81,9 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     Per chunk, one pass splits the events by kind and, for each distinct set of several kinds
     that templates listen to, gathers that set's events in trace order (`_split`); a template gets
     its set's list (one kind: the kind's list as it is), shared with every template listening to
-    exactly that set; a template with `on_kinds` gets the split itself. The batch index keeps the
-    lists of the batch-indexed kinds (Ctx.add), and is built from them when read."""
+    exactly that set, unless its `idle` says the chunk has nothing for it; a template with
+    `on_kinds` gets the split itself. The batch index keeps the lists of the batch-indexed kinds
+    (Ctx.add), and is built from them when read."""
     listeners: dict[frozenset | None, list] = defaultdict(list)  # kinds (None: all) -> templates
     columnar = [t.on_kinds for t in active if t.on_kinds is not None]
     for t in active:
@@ -116,7 +117,8 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
             )
             if feed:
                 for t in ts:
-                    t.on_chunk(feed)
+                    if t.idle is None or not t.idle(by):
+                        t.on_chunk(feed)
     return n
 
 

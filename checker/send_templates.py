@@ -39,15 +39,14 @@ class ChunkSent(Template):
         self.done_b, self.started_b = set(), set()
         self.ranged: dict = {}  # the struct types of the sends -> whether they have start, tokens
 
-    def on_kinds(self, by):
-        """A chunk in trace order, unless no chunk is held and none of its admits has chunks (a
-        trace without them): then a send or a release has nothing to judge, and only the batches
-        done and started are kept."""
+    def idle(self, by) -> bool:
+        """With no chunk held and no admit of the chunk carrying chunks (a trace without them), a
+        send or a release has nothing to judge: only the batches done and started are kept."""
         if self.chunks or any(getattr(e, "chunks", None) for e in by.get("admit", ())):
-            self.on_chunk(in_order(by, self.events))
-            return
+            return False
         self.done_b.update(map(_BATCH, by.get(self.done, ())))
         self.started_b.update(map(_BATCH, by.get(self.started, ())))
+        return True
 
     def on_chunk(self, evs):
         done, started, release = self.done, self.started, self.release

@@ -243,6 +243,9 @@ class Template:
     # the other templates, not to be changed), for rules judged on whole columns of a chunk (the
     # order between kinds read from `seq`). None: the checker calls on_chunk.
     on_kinds = None
+    # A template fed its events in order may also skip a chunk: `idle(by)` (the split, as above)
+    # records what it must of the chunk and returns True when walking it would judge nothing.
+    idle = None
 
     def on_chunk(self, evs: list) -> None:
         h = self.handlers()

@@ -585,3 +585,60 @@ def test_chunk_sent_skips_only_chunks_with_nothing_to_judge(plain, drop, cuts):
     whole = check_chunked(events, ["P-chunk-sent"], [])
     assert bool(whole) == (drop is not None and batch >= plain)
     assert check_chunked(events, ["P-chunk-sent"], cuts) == whole
+
+
+def _counter_reference(events):
+    """P-chunk-counter read literally: each change of a request's counter is on an object
+    allocated for that request before it, reports the previous value plus or minus one, never
+    below zero; every counter ends at zero."""
+    allocated, value, out = set(), {}, []
+    for e in events:
+        ev, rid, obj, seq = e["ev"], e["rid"], e["obj"], e["seq"]
+        if ev == "alloc":
+            allocated.add((rid, obj))
+            continue
+        if (rid, obj) not in allocated:
+            out.append(
+                (
+                    f"{ev} for {rid} on object {obj}, which is not the Req object allocated for {rid}",
+                    [seq],
+                )
+            )
+        want = value.get(obj, (0,))[0] + (1 if ev == "chunk_inc" else -1)
+        if e["value"] != want:
+            out.append(
+                (f"{ev} for {rid} reports {e['value']}, expected {want} on object {obj}", [seq])
+            )
+        if e["value"] < 0:
+            out.append((f"{ev} for {rid} drove the counter below zero ({e['value']})", [seq]))
+        value[obj] = (e["value"], seq, rid)
+    for obj, (v, seq, rid) in value.items():
+        if v != 0:
+            out.append(
+                (f"inflight_middle_chunks of {rid} (object {obj}) ends at {v}, not 0", [seq])
+            )
+    return out
+
+
+_COUNTER_STEP = st.tuples(
+    st.sampled_from(["alloc", "chunk_inc", "chunk_dec"]),
+    _RIDS,
+    st.sampled_from(["", "x"]),
+    st.integers(-1, 2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_COUNTER_STEP, max_size=25), _CUTS)
+# a change before its request's allocation, in the chunk that allocates it
+@example([("chunk_inc", "r0", "", 1), ("alloc", "r0", "", 0), ("chunk_dec", "r0", "", 0)], [])
+# an allocation of a request allocated in an earlier chunk, as another object
+@example([("alloc", "r0", "", 0), ("alloc", "r0", "x", 0), ("chunk_inc", "r0", "x", 1)], [1])
+def test_chunk_counter_in_chunks(steps, cuts):
+    events = [
+        {"ev": ev, "seq": i, "t_ns": 0, "thread": "s", "rid": rid, "obj": f"o{rid}{o}"}
+        | ({"slot": 0} if ev == "alloc" else {"value": v})
+        for i, (ev, rid, o, v) in enumerate(steps, 1)
+    ]
+    got = check_chunked(events, ["P-chunk-counter"], cuts)
+    assert got == _counter_reference(events)
