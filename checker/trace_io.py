@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from operator import attrgetter, itemgetter
 
 from spec import load_events
@@ -280,38 +281,35 @@ def _chunks(
         structs = structs and tables[3] is not None
         # seq increases; from version 2 on it counts the events (checker/trace_seq.py)
         last_seq = -1
-        line_no = 2
+        lines = _LineCount(f, f.tell(), eager=with_lines)
         admitted: set = set()
         version = header["version"]
         status.update(version=version, end=None, cut_line=None, last_line=1, stalls=0, count=0)
         while True:
+            at = f.tell()
             block = f.read(_CHUNK_BYTES)
             if not block:
                 _check_count(path, status)
+                if version >= 2 and status["end"] is None and status["cut_line"] is None:
+                    status["last_line"] = lines.last()  # truncation's line: counted only then
                 if consecutive:  # both roles relate batch N to N±1 by id
                     check_consecutive(path, admitted)
                 return
             if not block.endswith(b"\n"):
                 block += f.readline()  # whole lines: up to the next newline (or the file's end)
-            lines = block.count(b"\n")
             if not block.endswith(b"\n"):  # the file's last line, without its newline
                 last = block[block.rfind(b"\n") + 1 :]
                 if version >= 2 and _cut(last):
                     # cut mid-line (a killed writer): truncation, not bad JSON
-                    status["cut_line"] = line_no + lines
+                    status["cut_line"] = lines.at(at + len(block) - len(last))
                     block = block[: len(block) - len(last)]
                     if not block:
                         continue
-                else:
-                    lines += 1
             if status["end"] is not None:
                 raise TraceFormatError(
-                    path, status["end_line"], "field 'ev': trace_end is not the last event"
+                    path, _end_line(status), "field 'ev': trace_end is not the last event"
                 )
-            nums, events = _decode(
-                path, line_no, block, last_seq, tables, header, with_lines, structs
-            )
-            status["last_line"] = line_no + lines - 1
+            nums, events = _decode(path, lines, at, block, last_seq, tables, header, structs)
             typed = bool(events) and type(events[0]) is not dict
             ev_of = _EV_ATTR if typed else _EV
             # the chunk's kinds, in C: most chunks have no marker and no engine's own event
@@ -320,8 +318,8 @@ def _chunks(
                 status["count"] += len(events)
                 last_seq = events[-1]["seq"]
                 if version >= 2 and not kinds.isdisjoint(MARKERS):
-                    events, nums = _take_markers(path, events, nums, status, line_no, block)
-            line_no += lines
+                    events, nums = _take_markers(path, events, nums, status, lines, at, block)
+            lines.passed(at + len(block), block)
             if events and not own:
                 if not kinds <= known.keys():
                     events, nums = _drop_unknown(events, nums, known, ignored)
@@ -334,6 +332,41 @@ def _chunks(
                 yield nums, events
 
 
+class _LineCount:
+    """The line number at a byte offset of the file, counted only when asked: a whole trace read
+    without errors needs none; an error, a cut line or a truncated trace's end does. Counted from where the last count stopped, reading the file again
+    (the offsets asked for only grow); `eager` (a reader that numbers every line) counts each
+    chunk as it passes instead."""
+
+    def __init__(self, f, start: int, eager: bool):
+        self._fd, self.eager, self._start = f.fileno(), eager, start
+        self._off, self._line = start, 2  # line 1 is the header
+
+    def at(self, offset: int) -> int:
+        """The number of the line that starts at `offset` (a line's first byte)."""
+        if offset < self._off:  # not met by the readers here: count again from the start
+            self._off, self._line = self._start, 2
+        while self._off < offset:
+            data = os.pread(self._fd, min(offset - self._off, 1 << 22), self._off)
+            if not data:
+                break
+            self._line += data.count(b"\n")
+            self._off += len(data)
+        return self._line
+
+    def passed(self, offset: int, block: bytes) -> None:
+        """The chunk `block`, which ends at `offset`, was read: counted now when eager."""
+        if self.eager and self._off == offset - len(block):
+            self._line += block.count(b"\n")
+            self._off = offset
+
+    def last(self) -> int:
+        """The number of the file's last line."""
+        size = os.fstat(self._fd).st_size
+        n = self.at(size)
+        return n - 1 if size and os.pread(self._fd, 1, size - 1) == b"\n" else n
+
+
 def _lines(block: bytes) -> list:
     """A chunk's lines, each with its newline (the last may lack it), as readlines splits them:
     only for the paths that go line by line."""
@@ -342,19 +375,20 @@ def _lines(block: bytes) -> list:
 
 def _decode(
     path: str,
-    line_no: int,
+    lines: _LineCount,
+    at: int,
     block: bytes,
     last_seq: int,
     tables: tuple,
     header: dict,
-    with_lines: bool,
     structs: bool = False,
 ):
-    """(line numbers or None, events) of one chunk (`block`: whole lines), every event validated.
-    Three ways, each taken only when the one before cannot vouch for the chunk: the typed decoder
-    (checker/typed_decode.py: the vocabulary's own fields, checked in C; structs when `structs`),
-    orjson with a compiled predicate per event kind (any extra field, an engine's own events), and
-    the exact path, which words the error. The last two give dicts."""
+    """(line numbers or None, events) of one chunk (`block`: whole lines, from byte `at`), every
+    event validated; the line numbers when `lines` is eager. Three ways, each taken only when the
+    one before cannot vouch for the chunk: the typed decoder (checker/typed_decode.py: the
+    vocabulary's own fields, checked in C; structs when `structs`), orjson with a compiled
+    predicate per event kind (any extra field, an engine's own events), and the exact path, which
+    words the error. The last two give dicts."""
     dense = header["version"] >= DENSE_SINCE
     events = decode_block(tables[3], block, structs) if tables[3] is not None else None
     seq_of = _SEQ_ATTR if structs else _SEQ
@@ -365,12 +399,12 @@ def _decode(
         if events is not None and not _validate_fast(events, tables[2](), last_seq, dense):
             events = None
     if events is None:
-        pairs = list(_chunk_slow(path, line_no, raw, last_seq, tables, header))
+        pairs = list(_chunk_slow(path, lines.at(at), raw, last_seq, tables, header))
         return [n for n, _ in pairs], [e for _, e in pairs]
-    if not with_lines:
+    if not lines.eager:
         return None, events
     raw = raw or _lines(block)
-    return [n for n, line in enumerate(raw, line_no) if not line.isspace()], events
+    return [n for n, line in enumerate(raw, lines.at(at)) if not line.isspace()], events
 
 
 def _check_count(path: str, status: dict) -> None:
@@ -380,7 +414,7 @@ def _check_count(path: str, status: dict) -> None:
         return
     raise TraceFormatError(
         path,
-        status["end_line"],
+        _end_line(status),
         f"field 'events': trace_end says {end['events']} events, but {status['count'] - 1} "
         f"precede it; lost events: the trace is not whole",
     )
@@ -399,9 +433,11 @@ def _cut(line: bytes) -> bool:
     return False
 
 
-def _take_markers(path: str, events: list, nums: list | None, status: dict, first: int, block):
+def _take_markers(
+    path: str, events: list, nums: list | None, status: dict, lines: _LineCount, at: int, block
+):
     """The chunk's events without the markers, which go to `status`: `end` (the trace_end event)
-    and its line, `stalls` (how many)."""
+    and how to find its line (`_end_line`), `stalls` (how many)."""
     marks = [i for i, e in enumerate(events) if e["ev"] in MARKERS]
     if not marks:
         return events, nums
@@ -409,18 +445,32 @@ def _take_markers(path: str, events: list, nums: list | None, status: dict, firs
         e = events[i]
         if status["end"] is not None:  # a marker after trace_end
             raise TraceFormatError(
-                path, status["end_line"], "field 'ev': trace_end is not the last event"
+                path, _end_line(status), "field 'ev': trace_end is not the last event"
             )
         if e["ev"] == "trace_end":
-            status["end"] = as_dict(e)
-            line = nums[i] if nums is not None else _line_of(block, first, e["seq"])
-            status["end_line"] = line
+            end = status["end"] = as_dict(e)
+            if nums is not None:
+                status["end_line"] = nums[i]
+            else:  # found when asked, while the file is open; at once for a run cut short
+                status.pop("end_line", None)
+                status["end_line_of"] = lambda s=e["seq"]: _line_of(block, lines.at(at), s)
+                if end.get("reason") != "normal":
+                    _end_line(status)
             if i != len(events) - 1:
-                raise TraceFormatError(path, line, "field 'ev': trace_end is not the last event")
+                raise TraceFormatError(
+                    path, _end_line(status), "field 'ev': trace_end is not the last event"
+                )
         else:
             status["stalls"] += 1
     keep = [i for i, e in enumerate(events) if e["ev"] not in MARKERS]
     return [events[i] for i in keep], ([nums[i] for i in keep] if nums is not None else None)
+
+
+def _end_line(status: dict) -> int:
+    """The line of the trace's trace_end (found now if it was not yet)."""
+    if "end_line" not in status:
+        status["end_line"] = status.pop("end_line_of")()
+    return status["end_line"]
 
 
 def _line_of(block: bytes, first: int, seq: int) -> int:
@@ -446,7 +496,7 @@ def truncation(status: dict) -> int | None:
     end = status.get("end")
     if end is None:
         return status.get("last_line", 1) + 1
-    return None if end.get("reason") == "normal" else status["end_line"]
+    return None if end.get("reason") == "normal" else _end_line(status)
 
 
 def check_consecutive(path: str, admitted: set) -> None:
