@@ -1,8 +1,8 @@
 """Predictive analysis: the rule violations a passing trace was one thread switch away from.
 
 A trace shows one interleaving. With each event's vector clock (`vc`, docs/trace-format.md, written
-by `pdo run --hb`; each event holds what changed since its thread's previous one, replayed here into
-whole clocks) the trace also says which orders were forced: e happened before f exactly when
+by `pdo run` unless `--no-hb`; each event holds what changed since its thread's previous one,
+replayed here into whole clocks) the trace also says which orders were forced: e happened before f exactly when
 `e.vc[own(e)] <= f.vc[own(e)]`, and any two events not ordered so could have run the other way.
 
 For every rule of the trace's mode, the ordering pairs the rule constrains (a chain's consecutive
@@ -84,7 +84,8 @@ class Clocks:
         tag = header.get("hb")
         if not isinstance(tag, str):
             raise NoClocks(
-                f"{path}: header has no 'hb' field: no happens-before clocks (write it with pdo run --hb)"
+                f"{path}: header has no 'hb' field: no happens-before clocks (pdo run writes "
+                "them unless run with --no-hb; the SGLang adapter cannot)"
             )
         self.events: list[dict] = []
         self.keys, self.own, self.vcs = [], [], []
