@@ -9,7 +9,9 @@ interpreter, so every commit runs with the same packages. The rounds go commit a
 A B C, ...), so that a load that comes and goes on the machine falls on all of them alike. The
 figure is the first match of --metric (default: the events/s that `pdo bench checker` prints first)
 in the command's output; printed per commit: every round's figure, the median and the spread, and
-each commit's median relative to the first commit's. Several --metric give several figures per run:
+each commit's median relative to the first commit's, and the ratio to the first commit round by
+round (a load that comes and goes moves both runs of a round alike, so the paired ratio drifts
+less than the ratio of medians). Several --metric give several figures per run:
 
     ... --metric '([\\d,]+) events/s \\(' --metric 'alone ([\\d,]+) events/s' -- python -m engine.cli \
         bench checker --trace big.jsonl --reps 2 --no-memory   # whole check, and parsing alone
@@ -88,6 +90,7 @@ def main() -> int:
     for k, metric in enumerate(metrics):
         print(f"  {metric.pattern}:")
         ref = statistics.median(f[k] for f in figures[a.commits[0]])
+        first = [x[k] for x in figures[a.commits[0]]]
         for c, sha in zip(a.commits, shas):
             f = [x[k] for x in figures[c]]
             med = statistics.median(f)
@@ -95,6 +98,12 @@ def main() -> int:
                 f"  {c:>12s} ({sha}): median {_fmt(med)}  [{_fmt(min(f))} .. {_fmt(max(f))}]  "
                 f"{f'x{med / ref:.2f}' if ref else ''}  rounds: {', '.join(_fmt(x) for x in f)}"
             )
+            if c != a.commits[0] and all(first):
+                paired = [x / y for x, y in zip(f, first, strict=True)]
+                print(
+                    f"  {'':>12s} paired with {a.commits[0]}, round by round: median "
+                    f"x{statistics.median(paired):.2f}  [x{min(paired):.2f} .. x{max(paired):.2f}]"
+                )
     return 0
 
 

@@ -1,5 +1,6 @@
 """scripts/bench_commits.py runs a command in a worktree per commit, interleaved, and prints each
-commit's figures; the worktrees are gone afterwards."""
+commit's figures, and its ratio to the first commit round by round; the worktrees are gone
+afterwards."""
 
 from __future__ import annotations
 
@@ -38,4 +39,8 @@ def test_two_commits_side_by_side():
         "round 2/2 HEAD",
     ]
     assert sum("median" in x and "x1.00" in x for x in lines) >= 1
+    # the worktrees' paths have one length, so each round's ratio is 1
+    assert any(
+        "paired with HEAD~1, round by round: median x1.00  [x1.00 .. x1.00]" in x for x in lines
+    )
     assert not _worktrees() - before  # none left behind
