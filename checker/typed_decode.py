@@ -100,7 +100,8 @@ class Kinds:
             except msgspec.ValidationError:
                 pass  # an unknown thread name, or an invalid line: the plain decoder tells
         events = self.structs.decode_lines(block)
-        self.learn(set(map(_THREAD, events)))
+        if len(self.threads) <= _NAMED_THREADS:  # past it, nothing more is learnt
+            self.learn(set(map(_THREAD, events)))
         return events
 
     @cached_property

@@ -222,3 +222,11 @@ def test_thread_names_are_learnt_and_read_as_one_string_each():
     assert [e.thread for e in again] == [e["thread"] for e in events]
     assert again[1].thread is again[3].thread  # the learnt name's one string
     assert decode_chunk(kinds, raw[:3] + [raw[3].replace(b'"seq"', b'"zz"')]) is None
+    many = [json.dumps(dict(EVENTS[0], thread=f"t{i}")).encode() + b"\n" for i in range(70)]
+    assert [e.thread for e in decode_chunk(kinds, many, structs=True)] == [
+        f"t{i}" for i in range(70)
+    ]
+    assert kinds.named is None and len(kinds.threads) > 64  # too many: read as any string
+    assert [e.thread for e in decode_chunk(kinds, raw, structs=True)] == [
+        e["thread"] for e in events
+    ]
