@@ -334,9 +334,9 @@ def _chunks(
 
 class _LineCount:
     """The line number at a byte offset of the file, counted only when asked: a whole trace read
-    without errors needs none; an error, a cut line or a truncated trace's end does. Counted from where the last count stopped, reading the file again
-    (the offsets asked for only grow); `eager` (a reader that numbers every line) counts each
-    chunk as it passes instead."""
+    without errors needs none; an error, a cut line or a truncated trace's end does. Counted from
+    where the last count stopped, reading the file again (the offsets asked for only grow);
+    `eager` (a reader that numbers every line) counts each chunk as it passes instead."""
 
     def __init__(self, f, start: int, eager: bool):
         self._fd, self.eager, self._start = f.fileno(), eager, start
@@ -361,8 +361,10 @@ class _LineCount:
             self._off = offset
 
     def last(self) -> int:
-        """The number of the file's last line."""
+        """The number of the file's last line (the header's when no line follows it)."""
         size = os.fstat(self._fd).st_size
+        if size <= self._start:
+            return 1
         n = self.at(size)
         return n - 1 if size and os.pread(self._fd, 1, size - 1) == b"\n" else n
 

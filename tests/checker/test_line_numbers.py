@@ -82,3 +82,17 @@ def test_an_event_after_trace_end_names_the_end_s_line(big, tmp_path):
     after = json.loads(big[i]) | {"seq": i + 1}
     lines = [*big[:i], json.dumps(end) + "\n", json.dumps(after) + "\n"]
     assert _error_line(_save(tmp_path, lines)) == i + 1
+
+
+@pytest.mark.parametrize("newline", ["\n", ""])
+def test_a_header_alone_stops_after_line_one(tmp_path, newline):
+    header = {
+        "format": "pdo-trace",
+        "version": 4,
+        "role": "prefill",
+        "mode": "ahead",
+        "page_size": 16,
+    }
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(header) + newline)
+    assert check_file(str(path)).truncated == 2
