@@ -236,12 +236,14 @@ class LogReader:
         n = c[k] = c.get(k, 0) + 1
         self._snap.pop(tid, None)
         raised = self._raised.pop(tid, None)
+        # components in name order: the order joins made them in can differ between two runs of
+        # one schedule (a thread the schedule does not order), their values cannot
         if tid not in self._started:
             self._started.add(tid)
-            return dict(c)
+            return dict(sorted(c.items()))
         if raised:
             raised[k] = n
-            return raised
+            return dict(sorted(raised.items()))
         return n
 
     def _edge(self, op: int, tid: int, a: int, b: int) -> None:
