@@ -20,6 +20,7 @@ less than the ratio of medians). Several --metric give several figures per run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -35,6 +36,24 @@ def _git(*args: str) -> str:
     return subprocess.run(
         ["git", "-C", ROOT, *args], check=True, capture_output=True, text=True
     ).stdout.strip()
+
+
+@contextlib.contextmanager
+def worktrees(commits: list[str]):
+    """{commit: a temporary worktree of it} (`git worktree add --detach`), removed on the way out."""
+    base = tempfile.mkdtemp(prefix="pdo-commits-")
+    trees: dict = {}
+    try:
+        for c in commits:
+            trees[c] = os.path.join(base, _git("rev-parse", "--short", c))
+            if not os.path.exists(trees[c]):
+                _git("worktree", "add", "--detach", trees[c], c)
+        yield trees
+    finally:
+        for t in set(trees.values()):
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", t])
+        if os.path.isdir(base) and not os.listdir(base):
+            os.rmdir(base)
 
 
 def _run(tree: str, command: list[str], metrics: list) -> list[float]:
@@ -68,24 +87,13 @@ def main() -> int:
         ap.error("give --rounds >= 1 and a command after --")
     metrics = [re.compile(m) for m in (a.metric or [r"([\d,]+(?:\.\d+)?) events/s"])]
     shas = [_git("rev-parse", "--short", c) for c in a.commits]
-    base = tempfile.mkdtemp(prefix="pdo-bench-commits-")
-    trees = {}
-    try:
-        for c, sha in zip(a.commits, shas):
-            trees[c] = os.path.join(base, sha)
-            if not os.path.exists(trees[c]):
-                _git("worktree", "add", "--detach", trees[c], sha)
-        figures: dict = {c: [] for c in a.commits}
+    figures: dict = {c: [] for c in a.commits}
+    with worktrees(a.commits) as trees:
         for r in range(a.rounds):
             for c in a.commits:
                 figures[c].append(_run(trees[c], command, metrics))
                 got = ", ".join(_fmt(x) for x in figures[c][-1])
                 print(f"round {r + 1}/{a.rounds} {c}: {got}", flush=True)
-    finally:
-        for t in set(trees.values()):
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", t])
-        if os.path.isdir(base) and not os.listdir(base):
-            os.rmdir(base)
     print(f"\n{shlex.join(command)}; {a.rounds} interleaved rounds on {os.uname().nodename}")
     for k, metric in enumerate(metrics):
         print(f"  {metric.pattern}:")
