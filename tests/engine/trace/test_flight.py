@@ -115,7 +115,10 @@ def test_a_signalled_run_ends_its_trace_with_reason_signal(tmp_path, sig):
 
     threading.Thread(target=send, daemon=True).start()
     cfg = EngineConfig(mode="thread", device="cpu", dtype="float32")
-    wc = WorkloadConfig(requests=400, arrival="poisson", rate=40.0)
+    # long enough (100 s of arrivals) that the signal ends it even when a loaded machine starves
+    # the sending thread for seconds: a run that ended first would leave a whole trace of
+    # thousands of events, which the `refined` fixture would then model-check
+    wc = WorkloadConfig(requests=4000, arrival="poisson", rate=40.0)
     try:
         with pytest.raises((KeyboardInterrupt, SystemExit)):
             run_prefill(RunSpec(cfg, wc, trace_path=str(path), verify=False))
