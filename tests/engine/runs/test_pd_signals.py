@@ -30,7 +30,14 @@ def _pdo(args: list[str]) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_from_a_terminal,
     )
+
+
+def _ctrl_c_as_from_a_terminal() -> None:
+    """SIGINT at its default in pdo, as a terminal's Ctrl-C finds it: a test run started from a
+    background shell inherits SIGINT ignored, and pdo would keep ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _until_torch_loads(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -105,8 +105,10 @@ def test_a_signalled_run_ends_its_trace_with_reason_signal(tmp_path, sig):
     """SIGINT and SIGTERM (with the handler `pdo run` installs): every event logged, then trace_end
     with reason signal; the check reads it as a run that did not end normally."""
     path = tmp_path / "t.jsonl"
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     exit_on_sigterm()
+    # Python's own Ctrl-C: a test run started from a background shell inherits SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def send():
         while _logged(path) < 40:
@@ -123,7 +125,8 @@ def test_a_signalled_run_ends_its_trace_with_reason_signal(tmp_path, sig):
         with pytest.raises((KeyboardInterrupt, SystemExit)):
             run_prefill(RunSpec(cfg, wc, trace_path=str(path), verify=False))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
     lines = _lines(path)
     end = lines[-1]
     assert end["ev"] == "trace_end" and end["reason"] == "signal", end
