@@ -366,7 +366,7 @@ class _LineCount:
         if size <= self._start:
             return 1
         n = self.at(size)
-        return n - 1 if size and os.pread(self._fd, 1, size - 1) == b"\n" else n
+        return n - 1 if os.pread(self._fd, 1, size - 1) == b"\n" else n
 
 
 def _lines(block: bytes) -> list:

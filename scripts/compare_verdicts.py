@@ -24,6 +24,7 @@ from pathlib import Path
 from bench_commits import worktrees
 
 ROOT = Path(__file__).resolve().parent.parent
+_MODES = ("normal", "overlap", "thread", "ahead")  # the canonical traces among the seeds
 # Run in each commit's tree: `pdo check` of every case, its answers as JSON on stdout.
 _CHILD = r"""
 import contextlib, io, json, os, sys
@@ -58,9 +59,6 @@ def make_cases(folder: Path, traces: list[str], cases: int, seed: int) -> list[s
     for n, data in enumerate(made):
         (folder / f"{n}.jsonl").write_bytes(data)
     return what
-
-
-_MODES = ("normal", "overlap", "thread", "ahead")
 
 
 def answers(tree: str, folder: Path) -> list:
