@@ -3,9 +3,7 @@ counter, slot and request lifecycles, page counts, and the requests a batch's sp
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from .streaming import TEMPLATES, Template, has_fields
+from .streaming import TEMPLATES, Template
 
 _EMPTY: dict = {}
 
@@ -69,7 +67,9 @@ class Lifecycle(Template):
             self.inc, self.dec, self.sent = inc, dec, rule["sent"]
             self.processed = rule["processed"][0]
             self.events = (self.rel, "admit", self.sent, inc, dec, self.processed)
-            self.count = defaultdict(int)  # Req object -> middle chunks in flight
+            # Req object -> its middle chunks in flight, none at 0 (mostly empty: a release then
+            # reads none of its fields)
+            self.count: dict = {}
             # rid -> [whether some of its KV was sent, the batches that admitted it, the seq of
             # its latest release or None]: one entry per request, so that each event looks its
             # request up once (three tables of every request each cost a lookup, mostly a cache
@@ -116,10 +116,13 @@ class Lifecycle(Template):
                 self._admit(e)
             elif ev == processed:
                 done.add(e.batch)
-            elif ev == inc:
-                count[e.obj] += 1
-            elif ev == dec:
-                count[e.obj] -= 1
+            elif ev == inc or ev == dec:
+                obj = e.obj
+                n = count.get(obj, 0) + (1 if ev == inc else -1)
+                if n:
+                    count[obj] = n
+                else:
+                    del count[obj]
         self.checks += checks
 
     def _admit(self, e):
@@ -180,14 +183,11 @@ class PageCount(Template):
     def __init__(self, rule, ctx):
         super().__init__(rule, ctx)
         self.events = tuple(rule["events"])
-        self.typed: dict = {}  # struct type -> whether it has tokens and pages
+        self.sized = _having(self, ("tokens", "pages"))
 
     def on_chunk(self, evs):
-        ps, typed, checks = self.ctx.page_size, self.typed, 0
-        for e in evs:
-            has = typed.get(type(e))
-            if not (has or has is None and has_fields(typed, e, ("tokens", "pages"))):
-                continue
+        ps, checks = self.ctx.page_size, 0
+        for e in evs if self.sized is None else _of(evs, self.sized):
             tokens, pages = e.tokens, e.pages
             if tokens is not None and pages is not None:
                 checks += 1
@@ -211,14 +211,11 @@ class PageAligned(Template):
         # rid -> (ev, tokens, seq) of its latest send with `start` if that covers a partial page,
         # else None
         self.previous: dict = {}
-        self.typed: dict = {}  # struct type -> whether it has start and tokens
+        self.ranged = _having(self, ("start", "tokens"))
 
     def on_chunk(self, evs):
-        ps, previous, typed, checks = self.ctx.page_size, self.previous, self.typed, 0
-        for e in evs:
-            has = typed.get(type(e))
-            if not (has or has is None and has_fields(typed, e, ("start", "tokens"))):
-                continue
+        ps, previous, checks = self.ctx.page_size, self.previous, 0
+        for e in evs if self.ranged is None else _of(evs, self.ranged):
             start, tokens = e.start, e.tokens
             # (type() first: the common case without a call)
             if not (type(start) is int or isinstance(start, int)) or not (
@@ -250,6 +247,17 @@ class PageAligned(Template):
             elif before is not None:
                 previous[rid] = None
         self.checks += checks
+
+
+def _having(t: Template, fields: tuple) -> frozenset | None:
+    """The kinds of `t.events` whose events carry `fields` in the trace's format, or None when
+    they all do (the usual case: no event to filter out)."""
+    kinds = frozenset(ev for ev in t.events if t.ctx.has(ev, *fields))
+    return None if len(kinds) == len(t.events) else kinds
+
+
+def _of(evs: list, kinds: frozenset) -> list:
+    return [e for e in evs if e.ev in kinds]
 
 
 @TEMPLATES.register("in_span")

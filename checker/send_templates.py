@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from operator import attrgetter, itemgetter
 
-from .streaming import TEMPLATES, Template, event_label, has_fields, in_order
+from .streaming import TEMPLATES, Template, event_label, in_order
 
 _EMPTY: dict = {}
 _SECOND = itemgetter(1)
@@ -37,7 +37,8 @@ class ChunkSent(Template):
         self.chunks: dict = {}
         self.tangled: set = set()  # rids some of whose admitted ranges overlap
         self.done_b, self.started_b = set(), set()
-        self.ranged: dict = {}  # the struct types of the sends -> whether they have start, tokens
+        # the kinds of sends without start and tokens in the trace's format: not judged
+        self.unranged = frozenset(k for k in self.sends if not ctx.has(k, "start", "tokens"))
 
     def idle(self, by) -> bool:
         """With no chunk held and no admit of the chunk carrying chunks (a trace without them), a
@@ -51,7 +52,7 @@ class ChunkSent(Template):
     def on_chunk(self, evs):
         done, started, release = self.done, self.started, self.release
         chunks, tangled, done_b, started_b = self.chunks, self.tangled, self.done_b, self.started_b
-        ranged = self.ranged
+        unranged = self.unranged
         checks = 0
         for e in evs:
             ev = e.ev
@@ -74,8 +75,7 @@ class ChunkSent(Template):
                 held = chunks.get(e.rid)
                 if held is None:
                     continue
-                has = ranged.get(type(e))
-                if not (has or has is None and has_fields(ranged, e, ("start", "tokens"))):
+                if unranged and ev in unranged:
                     continue
                 lo, tokens = e.start, e.tokens
                 if type(lo) is not int or type(tokens) is not int:
@@ -91,8 +91,12 @@ class ChunkSent(Template):
                                 break
                             self._send(e, held, lo, lo + tokens)
                             break
-                    else:
-                        self._send(e, held, lo, lo + tokens)
+                    else:  # (a prefix send: mostly tokens no chunk of the request computes)
+                        hi = lo + tokens
+                        for chunk in held:
+                            if chunk[3] < hi and lo < chunk[4]:
+                                self._send(e, held, lo, hi)
+                                break
                 else:
                     self._send(e, held, lo, lo + tokens)
         self.checks += checks

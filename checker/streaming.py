@@ -20,7 +20,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from spec import Rule
+from spec import Rule, load_events
 from spec.registry import Registry
 
 _SEQ, _BATCH, _THREAD, _RIDS = (attrgetter(f) for f in ("seq", "batch", "thread", "rids"))
@@ -85,6 +85,15 @@ class Ctx:
         self.thread_code = self._thread_codes.__getitem__  # name -> code (a new name: the next)
         self._indexed: dict = {}  # ev -> how many of its events _idx holds
         self._dense: object = None
+
+    def has(self, ev: str, *fields: str) -> bool:
+        """Whether events of kind `ev` in this trace's role and version carry every one of
+        `fields` (an optional one absent from an event reads None): a property of the format, not
+        of an event, so that a template asks it once and not per event."""
+        spec = load_events().get(self.header.get("role"), {}).get(ev)
+        if spec is None or spec.get("since", 1) > self.header.get("version", 1):
+            return False
+        return all(f in spec.get("fields", {}) or f in spec.get("optional", {}) for f in fields)
 
     def add(self, ev: str, evs: list) -> None:
         """A chunk's events of a batch-indexed kind `ev` (trace order)."""
@@ -280,11 +289,3 @@ def event_label(e) -> str:
     of the linear checker, or a dict)."""
     b, ev = (e.get("batch"), e["ev"]) if type(e) is dict else (getattr(e, "batch", None), e.ev)
     return f"{ev}({b})" if b is not None else ev
-
-
-def has_fields(cache: dict, e, fields: tuple) -> bool:
-    """Whether events of e's struct type have all of `fields` (absent optional ones read None),
-    kept in `cache` by type: the loops ask `cache.get(type(e))` first, and read the fields as
-    attributes, not with getattr and a default."""
-    got = cache[type(e)] = all(hasattr(e, f) for f in fields)
-    return got
