@@ -43,7 +43,8 @@ class Fifo(Template):
             if not evs:
                 continue
             n += len(evs)
-            batches, seqs = list(map(_BATCH, evs)), list(map(_SEQ, evs))
+            got = self.ctx.columns.get(ev)  # (made by the batch index for its kinds)
+            batches, seqs = got[:2] if got else (list(map(_BATCH, evs)), list(map(_SEQ, evs)))
             prev = self.last.get(ev)
             if (prev is not None and batches[0] <= prev[0]) or not all(
                 map(lt, batches, islice(batches, 1, None))
@@ -349,7 +350,8 @@ class Thread(Template):
             evs = by.get(kind)
             if evs:
                 n += len(evs)
-                threads = set(map(_THREAD, evs))
+                got = self.ctx.columns.get(kind)  # (made by the batch index for its kinds)
+                threads = got[2] if got else set(map(_THREAD, evs))
                 if self.thread is not None and (len(threads) > 1 or self.thread not in threads):
                     ok = False
                 if self.not_thread is not None and self.not_thread in threads:

@@ -102,6 +102,7 @@ def _stream(chunks, active: list[Template], ctx: Ctx, batched: set[str]) -> int:
     for chunk in chunks:
         n += len(chunk)
         by, gathered = _split(chunk, several)
+        ctx.columns.clear()
         for ev in indexed:  # first: a template may read the chunk's own entries
             if ev in by:
                 ctx.add(ev, by[ev])

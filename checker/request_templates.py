@@ -303,23 +303,35 @@ class EachInSpan(Template):
         self.begin, self.end = rule["span"]
         self.events = (self.ev, self.begin, self.end, "admit")
         self.open = {}  # batch -> (thread, seq) of its span's latest begin, until its end
+        self.on = {}  # thread -> the batches whose spans are open on it (an `ev` reads only these)
         self.got = {}  # batch -> rids seen inside its span so far
         self.rids = {}  # batch -> rids (the admit event's list)
 
     def on_chunk(self, evs):
-        begin, end, open_, got, rids = self.begin, self.end, self.open, self.got, self.rids
+        begin, end, open_, on, got, rids = (
+            self.begin,
+            self.end,
+            self.open,
+            self.on,
+            self.got,
+            self.rids,
+        )
         for e in evs:
             ev = e.ev
             if ev == "admit":
                 rids[e.batch] = e.rids
             elif ev == begin:
-                b = e.batch
-                open_[b], got[b] = (e.thread, e.seq), set()
+                b, t = e.batch, e.thread
+                if b in open_:  # begun again: open on the thread of its latest begin only
+                    on[open_[b][0]].remove(b)
+                open_[b], got[b] = (t, e.seq), set()
+                on.setdefault(t, []).append(b)
             elif ev == end:
                 b = e.batch
                 if b not in open_:
                     continue  # an end without its begin: P-fifo and the order rules say so
-                _, s = open_.pop(b)
+                t, s = open_.pop(b)
+                on[t].remove(b)
                 seen = got.pop(b)
                 for rid in rids.get(b, ()):
                     self.checks += 1
@@ -331,7 +343,5 @@ class EachInSpan(Template):
                             e.seq,
                         )
             else:
-                t = e.thread
-                for b, (bt, _) in open_.items():
-                    if bt == t:
-                        got[b].add(e.rid)
+                for b in on.get(e.thread, ()):
+                    got[b].add(e.rid)

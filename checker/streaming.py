@@ -85,6 +85,10 @@ class Ctx:
         self.thread_code = self._thread_codes.__getitem__  # name -> code (a new name: the next)
         self._indexed: dict = {}  # ev -> how many of its events _idx holds
         self._dense: object = None
+        # the chunk's columns of each batch-indexed kind, made by `add` (cleared per chunk): ev ->
+        # (batches, seqs, the set of its threads), for the templates that judge whole columns,
+        # which would otherwise read every event's fields again
+        self.columns: dict = {}
 
     def has(self, ev: str, *fields: str) -> bool:
         """Whether events of kind `ev` in this trace's role and version carry every one of
@@ -102,13 +106,19 @@ class Ctx:
             cols = self._columns[ev] = (array("q"), array("q"), array("q"), [])
         # (batch is a validated int of 64 bits for every kind indexed: spec's `batch = "int"`;
         # fromlist of a list: about half the time of extend from an iterator)
-        cols[0].fromlist(list(map(_BATCH, evs)))
-        cols[1].fromlist(list(map(_SEQ, evs)))
-        threads = list(map(_THREAD, evs))
-        if len(set(threads)) == 1:  # the usual case: one thread runs every event of a kind
+        batches, seqs, threads = (
+            list(map(_BATCH, evs)),
+            list(map(_SEQ, evs)),
+            list(map(_THREAD, evs)),
+        )
+        cols[0].fromlist(batches)
+        cols[1].fromlist(seqs)
+        names = set(threads)
+        if len(names) == 1:  # the usual case: one thread runs every event of a kind
             cols[2].extend(array("q", [self.thread_code(threads[0])]) * len(threads))
         else:
             cols[2].fromlist(list(map(self.thread_code, threads)))
+        self.columns[ev] = (batches, seqs, names)
         if ev == "admit":
             cols[3].extend(map(_RIDS, evs))
         self._dense = None
