@@ -3,6 +3,7 @@ counter, slot and request lifecycles, page counts, and the requests a batch's sp
 
 from __future__ import annotations
 
+from .recent import Generations
 from .streaming import TEMPLATES, Template
 
 _EMPTY: dict = {}
@@ -14,14 +15,21 @@ class Counter(Template):
         super().__init__(rule, ctx)
         self.inc, self.dec, self.owner = rule["inc"], rule["dec"], rule["owner"]
         self.events = (self.inc, self.dec, self.owner)
-        # the objects allocated: rid -> its first, and (rid, obj) for any other (rare), so that
-        # no pair is built per allocation
-        self.owned: dict = {}
+        # the objects allocated: rid -> its first (per generation: checker/recent.py; a counter
+        # event reads the allocations of its chunk or the one before, mostly), and (rid, obj) for
+        # any other (rare), so that no pair is built per allocation
         self.also: set = set()
+        self.owned = Generations(self._merge)
         self.value = {}  # obj -> (value, last seq, rid)
 
+    def _merge(self, old: dict, gen: dict) -> None:
+        for rid, obj in gen.items():
+            if old.setdefault(rid, obj) != obj:
+                self.also.add((rid, obj))
+
     def on_chunk(self, evs):
-        owner, inc, owned, also, value = self.owner, self.inc, self.owned, self.also, self.value
+        owner, inc, also, value = self.owner, self.inc, self.also, self.value
+        owned = self.owned.young
         for e in evs:
             ev, rid, obj = e.ev, e.rid, e.obj
             if ev == owner:
@@ -29,7 +37,11 @@ class Counter(Template):
                     also.add((rid, obj))
                 continue
             self.checks += 1
-            if owned.get(rid) != obj and (rid, obj) not in also:
+            if (
+                owned.get(rid) != obj
+                and (rid, obj) not in also
+                and not self.owned.find(rid, obj.__eq__)
+            ):
                 self.fail(
                     f"{ev} for {rid} on object {obj}, which is not the Req object allocated "
                     f"for {rid}",
@@ -44,6 +56,7 @@ class Counter(Template):
             if e.value < 0:
                 self.fail(f"{ev} for {rid} drove the counter below zero ({e.value})", e.seq)
             value[obj] = (e.value, e.seq, rid)
+        self.owned.age()
 
     def finish(self):
         for obj, (v, s, rid) in self.value.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from operator import attrgetter, itemgetter
 
+from .recent import Generations
 from .streaming import TEMPLATES, Template, event_label, in_order
 
 _EMPTY: dict = {}
@@ -168,6 +169,11 @@ class ChunkSent(Template):
                     self._unsent(rid, chunk, None)
 
 
+def _first_wins(old: dict, gen: dict) -> None:
+    for rid, seq in gen.items():  # (older generations first: the first completion stays)
+        old.setdefault(rid, seq)
+
+
 def _left(chunk: list):
     """The [lo, hi) intervals of an admitted chunk not sent yet."""
     return [(chunk[3], chunk[4])] if chunk[1] is None else chunk[1]
@@ -204,9 +210,11 @@ class Delivered(Template):
         # with `sends`: rid -> [{start (None: a send without one): seq of its first send},
         # {start: seq of its first completion} or None, seq of its first completion (or failed)
         # or None]: one entry per request, so that an event looks its request up once (a table
-        # per fact costs a lookup, mostly a cache miss, per fact). Without: rid -> seq of its
-        # first completion.
+        # per fact costs a lookup, mostly a cache miss, per fact).
         self.reqs: dict = {}
+        # without `sends`: rid -> seq of its first completion, by generation (checker/recent.py: a
+        # consumer reads the completion of its own chunk or the one before, mostly)
+        self.first = Generations(_first_wins)
         # with `sends`: the rids some of whose sends may not be completed (a send was recorded
         # since the last consumer that found them all completed): the only ones finish reads
         self.pending: set = set()
@@ -228,17 +236,23 @@ class Delivered(Template):
             )
         else:  # word the violations, in trace order (recording again changes nothing)
             self._walk(in_order(by, self.events))
+        self.first.age()
 
     def _record_done(self, by) -> bool:
         """Without sends: record the chunk's completions; whether every consumer follows one."""
-        first_done, ok = self.reqs, True
+        first_done, ok = self.first.young, True
         for e in by.get(self.done, ()):
             if e.rid not in first_done:
                 first_done[e.rid] = e.seq
         for e in by.get(self.consumer, ()):
-            if not first_done.get(e.rid, e.seq) < e.seq:
+            if not self._done_before(e.rid, e.seq):
                 ok = False
         return ok
+
+    def _done_before(self, rid, seq) -> bool:
+        """Without sends: whether a completion of `rid` was recorded before `seq`."""
+        first = self.first.young.get(rid)
+        return first is not None and first < seq or self.first.find(rid, seq.__gt__)
 
     def _record(self, by) -> bool:
         """Record the chunk's sends and completions; whether no judgement of it fails (False also
@@ -308,14 +322,14 @@ class Delivered(Template):
         """Record and judge `evs` (in trace order) one by one."""
         done, failed, consumer = self.done, self.failed, self.consumer
         if not self.sends:
-            first_done = self.reqs
+            first_done = self.first.young
             for e in evs:
                 rid, seq = e.rid, e.seq
                 if e.ev == done or e.ev == failed:  # a failed transfer is over too
                     first_done.setdefault(rid, seq)
                 else:
                     self.checks += 1
-                    if not first_done.get(rid, seq) < seq:
+                    if not self._done_before(rid, seq):
                         self.fail(f"{event_label(e)} for {rid} before any {done} of {rid}", seq)
             return
         for e in evs:
