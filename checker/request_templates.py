@@ -23,9 +23,11 @@ class Counter(Template):
         self.value = {}  # obj -> (value, last seq, rid)
 
     def _merge(self, old: dict, gen: dict) -> None:
-        for rid, obj in gen.items():
-            if old.setdefault(rid, obj) != obj:
-                self.also.add((rid, obj))
+        kept = list(map(old.setdefault, gen, gen.values()))  # (in C)
+        if kept != list(gen.values()):  # another object of a rid allocated before (rare)
+            self.also.update(
+                (rid, obj) for rid, obj, was in zip(gen, gen.values(), kept) if was != obj
+            )
 
     def on_chunk(self, evs):
         owner, inc, also, value = self.owner, self.inc, self.also, self.value

@@ -85,6 +85,12 @@ _COUNTER_STEP = st.tuples(
 @example([("chunk_inc", "r0", "", 1), ("alloc", "r0", "", 0), ("chunk_dec", "r0", "", 0)], [])
 # an allocation of a request allocated in an earlier chunk, as another object
 @example([("alloc", "r0", "", 0), ("alloc", "r0", "x", 0), ("chunk_inc", "r0", "x", 1)], [1])
+# ... and the two allocations merged into one table (checker/recent.py) by the misses before
+@example(
+    [("alloc", "r0", "", 0), ("alloc", "r0", "x", 0)]
+    + [("chunk_inc", "r1", "", 1), ("chunk_inc", "r1", "", 2), ("chunk_inc", "r0", "x", 1)],
+    [1, 2],
+)
 def test_chunk_counter_in_chunks(steps, cuts):
     events = [
         {"ev": ev, "seq": i, "t_ns": 0, "thread": "s", "rid": rid, "obj": f"o{rid}{o}"}
