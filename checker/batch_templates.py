@@ -276,9 +276,14 @@ class Within(Template):
         self.rids: list = []
 
     def on_chunk(self, evs):
-        self.seqs.extend(map(_SEQ, evs))
-        self.threads.extend(map(self.ctx.thread_code, map(_THREAD, evs)))
-        self.batches.extend(map(_BATCH, evs))
+        # (fromlist of a list: about half the time of extend from an iterator)
+        self.seqs.fromlist(list(map(_SEQ, evs)))
+        threads = list(map(_THREAD, evs))
+        if len(set(threads)) == 1:  # the usual case: one thread logs every one of them
+            self.threads.extend(array("q", [self.ctx.thread_code(threads[0])]) * len(threads))
+        else:
+            self.threads.fromlist(list(map(self.ctx.thread_code, threads)))
+        self.batches.fromlist(list(map(_BATCH, evs)))
         try:
             rids = list(map(_RID, evs))
         except AttributeError:  # a kind without `rid`
