@@ -278,11 +278,7 @@ class Within(Template):
     def on_chunk(self, evs):
         # (fromlist of a list: about half the time of extend from an iterator)
         self.seqs.fromlist(list(map(_SEQ, evs)))
-        threads = list(map(_THREAD, evs))
-        if len(set(threads)) == 1:  # the usual case: one thread logs every one of them
-            self.threads.extend(array("q", [self.ctx.thread_code(threads[0])]) * len(threads))
-        else:
-            self.threads.fromlist(list(map(self.ctx.thread_code, threads)))
+        self.threads.extend(self.ctx.thread_column(list(map(_THREAD, evs))))
         self.batches.fromlist(list(map(_BATCH, evs)))
         try:
             rids = list(map(_RID, evs))

@@ -99,6 +99,13 @@ class Ctx:
             return False
         return all(f in spec.get("fields", {}) or f in spec.get("optional", {}) for f in fields)
 
+    def thread_column(self, threads: list, names: set | None = None) -> array:
+        """The codes of `threads` (thread names; `names`, their set, if known) as machine ints."""
+        names = set(threads) if names is None else names
+        if len(names) == 1:  # the usual case: one thread runs every event of a kind
+            return array("q", [self.thread_code(threads[0])]) * len(threads)
+        return array("q", list(map(self.thread_code, threads)))
+
     def add(self, ev: str, evs: list) -> None:
         """A chunk's events of a batch-indexed kind `ev` (trace order)."""
         cols = self._columns.get(ev)
@@ -114,10 +121,7 @@ class Ctx:
         cols[0].fromlist(batches)
         cols[1].fromlist(seqs)
         names = set(threads)
-        if len(names) == 1:  # the usual case: one thread runs every event of a kind
-            cols[2].extend(array("q", [self.thread_code(threads[0])]) * len(threads))
-        else:
-            cols[2].fromlist(list(map(self.thread_code, threads)))
+        cols[2].extend(self.thread_column(threads, names))
         self.columns[ev] = (batches, seqs, names)
         if ev == "admit":
             cols[3].extend(map(_RIDS, evs))
