@@ -84,8 +84,8 @@ class Clocks:
         tag = header.get("hb")
         if not isinstance(tag, str):
             raise NoClocks(
-                f"{path}: header has no 'hb' field: no happens-before clocks (pdo run writes "
-                "them unless run with --no-hb; the SGLang adapter cannot)"
+                f"{path}: header has no 'hb' field: no happens-before clocks (pdo run and the "
+                "SGLang adapter write them unless run with --no-hb or PDO_HB=0)"
             )
         self.events: list[dict] = []
         self.keys, self.own, self.vcs = [], [], []

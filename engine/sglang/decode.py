@@ -33,12 +33,13 @@ import time
 
 from engine import sync
 from engine.sglang import hooks
+from engine.sync import hb
 
 _local = threading.local()  # .query: (qid, "prefetch") while a prefetched query runs
 _qids = itertools.count()
 _futures: dict[
     int, dict
-] = {}  # id(Future) -> {"future", "addr", "rooms", "qid", "t_submit", "t_end"}
+] = {}  # id(Future) -> {"future", "addr", "rooms", "qid", "t_submit", "t_end", "end"}
 _resolving: list[dict] = []  # per active _resolve_pending_reqs call: what it consumed, per address
 _iters: dict[int, int] = {}  # id(scheduler) -> decode iterations seen
 
@@ -106,6 +107,8 @@ def _receiver_classes() -> list:
 def hook_receiver(cls) -> None:
     """Log receiver_init at `cls.init` (a receiver class of a release before 0.5.22, where the prealloc
     queue calls the receiver's init directly); a backend class defined later is hooked the same way."""
+    if not hooks.is_installed():
+        return  # the adapter is off: nothing is hooked
     if hooks.attached.get("DecodePreallocQueue._init_receiver") == "attached":
         return  # the queue's own _init_receiver logs it
     if f"{cls.__qualname__}.init" not in hooks.attached:
@@ -269,12 +272,18 @@ class _ObservedExecutor:
         qid = next(_qids)
         sink.emit("prefetch_submit", addr=addr, rooms=rooms, qid=qid)
 
+        # The query's hand-offs: the submit happens before it runs, its end before the result
+        # is taken (_future_result), so its events are ordered as the executor orders them.
+        start, end = hb.snapshot(), object()
+
         def run():
+            hb.recv(start)
             _local.query = qid
             try:
                 return fn(*args, **kwargs)
             finally:
                 _local.query = None
+                hb.send(end)
 
         record = {
             "addr": addr,
@@ -282,6 +291,7 @@ class _ObservedExecutor:
             "qid": qid,
             "t_submit": time.monotonic_ns(),
             "t_end": None,
+            "end": end,
         }
         future = self._target().submit(run)
         record["future"] = future
@@ -351,7 +361,16 @@ def _future_cancel(sink, wrapped, future, args, kwargs):
 
 def _future_result(sink, wrapped, future, args, kwargs):
     record = _record(future)
-    if record is None or not _resolving or threading.get_ident() != _resolving[-1]["thread"]:
+    if record is None:
+        return wrapped(*args, **kwargs)
+    try:
+        return _result(wrapped, future, record, args, kwargs)
+    finally:  # whatever it returns or raises, the query's end is seen
+        hb.recv(record["end"])
+
+
+def _result(wrapped, future, record, args, kwargs):
+    if not _resolving or threading.get_ident() != _resolving[-1]["thread"]:
         return wrapped(*args, **kwargs)
     if sync.CONTROLLER is not None and sync.CONTROLLER.manages_current():
         sync.CONTROLLER.block_until(future.done, "prefetch.result")

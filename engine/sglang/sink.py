@@ -4,9 +4,12 @@
 A real SGLang server can die at any moment (that is when its trace matters): a SIGKILL leaves the
 recorder's log (`<trace>.pdolog`) whole, which `pdo check` reads. The header needs the role, the
 loop mode and the page size, known only once a scheduler loop starts: the log is in memory until
-`begin`, which logs the header and moves the log to its file. SGLang's threads hand work over with
-its own primitives, not engine/sync/__init__.py's, so no happens-before edge is logged and the
-header has no `hb`.
+`begin`, which logs the header and moves the log to its file.
+
+The happens-before hand-offs (engine/sync/hb.py) are logged, as `pdo run` logs them, unless PDO_HB=0:
+the threads that log events are the scheduler's and the prefetch executor's, and the adapter logs
+the executor's hand-offs (engine/sglang/decode.py: a query's submit before it runs, its end before
+its result is taken), so `pdo check --predict` reads these traces too.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ class LoopExit(ControlFlow):
 
 class TraceSink(Tracer):
     def __init__(self, path: str):
-        super().__init__(clocks=False)  # SGLang hands work over with its own primitives
-        self.header = {"format": FORMAT}  # until `begin`
+        super().__init__()
+        self._hb = {"hb": self.header["hb"]} if "hb" in self.header else {}  # hb.ENABLED
+        self.header = {"format": FORMAT, **self._hb}  # until `begin`
         self.path = path
         self._scheduler_ident: int | None = None
         self._loop_end: str | None = None  # how the traced scheduler loop ended, once it has
@@ -57,6 +61,7 @@ class TraceSink(Tracer):
                 "role": role,
                 "mode": mode,
                 "page_size": page_size,
+                **self._hb,
                 **extra,
             }
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

@@ -210,3 +210,32 @@ def test_cancels_record_what_future_cancel_returned(sgl, tmp_path):
     events = [json.loads(line) for line in open(path)][1:]
     cancels = [(e["qid"], e["stopped"]) for e in events if e["ev"] == "prefetch_cancel"]
     assert cancels == [(900, False), (901, True)]
+
+
+def test_predict_reads_fuzzed_traces_and_needs_their_edges(sgl, tmp_path):
+    """The adapter logs the prefetch executor's hand-offs (a query's submit before it runs, its end
+    before its result is taken): on schedules where the queries run on the pool's threads,
+    `pdo check --predict` reads every trace and predicts nothing against SGLang's real code.
+    Without those edges the same schedules' clocks leave a query's end unordered with its
+    consumption, and the analysis predicts violations no run can show."""
+    from checker import predict
+
+    name = "decode-arrivals/overlap"
+
+    def predicted(folder):
+        out, run = [], dict(decode_scenarios.scenarios(sgl))[name]
+        for seed in (None, 0, 1, 2):  # the real pool, then three fuzzed schedules
+            r = driver.run_scenario(sgl, name, run, str(folder), fuzz_seed=seed)
+            assert r["error"] is None and driver.met(r), (r["outcome"], r["rules"])
+            out.append(predict.predict_file(r["trace"]))
+        return out
+
+    with_edges = predicted(tmp_path)
+    assert all(r.header.get("hb") for r in with_edges)
+    assert any(r.candidates for r in with_edges)  # the pool's events are concurrent with some
+    assert all(r.ok for r in with_edges), [p.message for r in with_edges for p in r.predictions]
+    no_edges = types.SimpleNamespace(snapshot=object, send=lambda _: None, recv=lambda _: None)
+    (tmp_path / "cut").mkdir()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(decode, "hb", no_edges)
+        assert any(not r.ok for r in predicted(tmp_path / "cut"))
