@@ -1,23 +1,71 @@
-"""Where the tracing overhead goes: the engine untraced, traced in memory (the trace written after
-the run), and traced with the trace streamed (the flight recorder's log in a file), in rotating
+"""Where the tracing overhead goes: the engine untraced, and traced in several ways, in rotating
 order within each round (drift of a shared machine hits all arms alike); the geometric mean of each
 traced arm's ratio to the untraced run of its round, with a 95% interval (docs/benchmarks.md).
 
     PYTHONPATH=. .venv/bin/python scripts/trace_arms.py --rounds 150 [--arms off,mem,stream]
+
+The arms (ARMS): `mem`, the trace kept in memory and written after the run; `stream`, the flight
+recorder's log in a file, as `pdo run --trace`; `nohb`, the same without the happens-before
+hand-offs; `edges`, the hand-offs alone (every event a schedule point that logs nothing); `floor`,
+the least a log call can do (a slot from a counter, the clock, one `struct.pack_into` of four words
+into a fixed ring), per event, without the hand-offs: what one record per event costs at best.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
+import mmap
 import os
 import statistics
+import struct
 import tempfile
+import time
 
 from engine.runs.prefill_run import run_prefill
 from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
 from engine.trace.tracer import NullTracer, Tracer
+
+
+class _EdgesOnly(Tracer):
+    """The hand-offs logged, the events not (each still a schedule point)."""
+
+    def _logger(self, ev, names):
+        return NullTracer._logger(self, ev, names)
+
+
+class _Floor(NullTracer):
+    """One record per event, as little as a log call can do in Python: no conversion of its values,
+    no thread, no hand-offs."""
+
+    _ring = memoryview(mmap.mmap(-1, 4096 * 96))
+
+    def __init__(self):
+        super().__init__()
+        self._slots = itertools.count().__next__  # one for all the events, as the recorder's
+
+    def _logger(self, ev, names):
+        nxt, now, ring, pack = self._slots, time.monotonic_ns, self._ring, _FOUR
+
+        def log(*values):
+            i = nxt()
+            pack(ring, (i & 4095) * 96, 16, now(), len(values), i)
+
+        return log
+
+
+_FOUR = struct.Struct("<qqqq").pack_into
+# arm -> (its tracer, whether its trace goes to a file)
+ARMS = {
+    "off": (NullTracer, False),
+    "mem": (Tracer, False),
+    "stream": (Tracer, True),
+    "nohb": (lambda: Tracer(clocks=False), True),
+    "edges": (lambda: _EdgesOnly(clocks=True), True),
+    "floor": (_Floor, False),
+}
 
 
 def main() -> None:
@@ -28,14 +76,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     a = ap.parse_args()
     arms = a.arms.split(",")
+    if "off" not in arms or not set(arms) <= set(ARMS):
+        ap.error(f"--arms: 'off' and any of {', '.join(ARMS)}")
     cfg = EngineConfig(mode=a.mode, launch_cost_us=0.0)
     wc = WorkloadConfig(requests=a.requests)
     run_prefill(RunSpec(cfg, WorkloadConfig(requests=20), verify=False))  # warm-up
     path = os.path.join(tempfile.mkdtemp(prefix="pdo-arms-"), "t.jsonl")
 
     def run(arm: str) -> float:
-        tracer = NullTracer() if arm == "off" else Tracer()
-        where = path if arm == "stream" else None
+        make, to_file = ARMS[arm]
+        tracer, where = make(), path if to_file else None
         return run_prefill(RunSpec(cfg, wc, trace_path=where, verify=False), tracer=tracer).summary[
             "wall_s"
         ]
