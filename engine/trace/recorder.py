@@ -59,7 +59,7 @@ class Recorder:
         self.path: str | None = None
         self._fd = -1
         self._segs: list = []  # memoryviews of the segments' mmaps
-        self._lock = threading.Lock()  # mapping a segment
+        self._lock = threading.Lock()  # naming an object, mapping a segment
         self._slots = itertools.count(1)
         # the log's bound, in whole segments: past it nothing more is logged (`_full`)
         self._max_segs = max(1, (max_bytes() if limit is None else limit) // _SEG_BYTES)
@@ -75,13 +75,11 @@ class Recorder:
         self._layouts = itertools.count(tl.FIRST_LAYOUT)
         self._strs: dict[str, int] = {}
         self._objs: dict[int, int] = {}  # id(object) -> -N, N its number (name oN)
-        self._kept: list = []  # the objects named, kept alive
-        self._names = itertools.count(1)  # an object's number
+        self._kept: list = []  # the objects named, in order, kept alive
         self._stamps: dict[int, object] = {}  # late digests not logged yet: id -> stamp
         self._reader = tl.LogReader(stamps=self._stamps)
         self._consts: dict = {}  # (class, value) -> definition id: None, bools, numbers
         self._emitters: dict = {}  # (ev, field names) -> the logger of an event not declared
-        self._me = weakref.ref(self)
         self.ended = False
         self.hand_offs = self._hand_offs()
         self.set_header(header)
@@ -196,29 +194,29 @@ class Recorder:
         """The definition id that stands for a value logged that is not an int (nor one of 64
         bits): a string, a late digest, a JSON value, else an object's identity."""
         c = v.__class__
-        kind = _KINDS.get(c) or _KINDS.setdefault(c, _kind(c))
-        if kind is _OBJ:
-            return self._obj(v)
-        if kind is _STR:
+        if c is str:
             return self.string(v)
-        if kind is _STAMP:
+        if hasattr(c, "trace_value"):
             return self._stamp(v)
-        if kind is _SCALAR:  # one definition per value
+        if v is None or c in (int, float, bool):  # scalars: one definition per value
             did = self._consts.get((c, v))
             if did is None:
                 did = self._consts[(c, v)] = self._define(tl.D_JSON, dumps(v))
             return did
-        return self._define(tl.D_JSON, dumps(v))
+        if issubclass(c, (int, float, str, list, tuple, dict, enum.Enum)):
+            return self._define(tl.D_JSON, dumps(v))
+        return self._obj(v)
 
     def _obj(self, x) -> int:
         """-N for an object named oN, named now if it is new (no definition: a negative id is an
-        object's, spec/tracelog.py); kept alive, so its id() is never another object's. Two threads
-        naming one new object at once agree on the name (setdefault is atomic), and the number the
-        loser drew is never used."""
+        object's, spec/tracelog.py); kept alive, so its id() is never another object's."""
         ref = self._objs.get(id(x))
         if ref is None:
-            self._kept.append(x)
-            ref = self._objs.setdefault(id(x), -next(self._names))
+            with self._lock:
+                ref = self._objs.get(id(x))
+                if ref is None:
+                    self._kept.append(x)
+                    ref = self._objs[id(x)] = -len(self._kept)
         return ref
 
     def obj(self, x) -> str:
@@ -228,7 +226,8 @@ class Recorder:
         """A late digest (engine.trace.digest.DigestStamp): its value if known, else an id that a
         DIGEST record resolves when the stamp is computed (or at the end)."""
         sid = self._define(tl.D_STAMP, b"")
-        value = stamp.subscribe(functools.partial(_digest, self._me, sid))
+        me = weakref.ref(self)  # a stamp never resolved keeps no recorder alive
+        value = stamp.subscribe(lambda v: me() is not None and me()._digest(sid, v))
         if value is not None:
             return self.string(value)
         self._stamps[sid] = stamp
@@ -432,28 +431,6 @@ class Recorder:
             os.close(self._fd)
             os.unlink(self.path)
             self._fd = -1
-
-
-_OBJ, _STR, _STAMP, _SCALAR, _JSON = "obj", "str", "stamp", "scalar", "json"
-_KINDS: dict[type, str] = {}  # a value's class -> how it is logged (`_kind`)
-
-
-def _kind(c: type) -> str:
-    if c is str:
-        return _STR
-    if hasattr(c, "trace_value"):  # a late digest
-        return _STAMP
-    if c in (type(None), int, float, bool):
-        return _SCALAR
-    return _JSON if issubclass(c, (int, float, str, list, tuple, dict, enum.Enum)) else _OBJ
-
-
-def _digest(me: weakref.ref, sid: int, value: str) -> None:
-    """A late digest computed: logged, if its recorder is still there (a stamp never resolved keeps
-    no recorder alive)."""
-    rec = me()
-    if rec is not None:
-        rec._digest(sid, value)
 
 
 def arity_error(ev: str, names: tuple[str, ...], values: tuple) -> TypeError:
