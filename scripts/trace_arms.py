@@ -1,6 +1,7 @@
 """Where the tracing overhead goes: the engine untraced, and traced in several ways, in rotating
 order within each round (drift of a shared machine hits all arms alike); the geometric mean of each
-traced arm's ratio to the untraced run of its round, with a 95% interval (docs/benchmarks.md).
+traced arm's ratio to the untraced run of its round (or to the `--base` arm), with a 95% interval
+(docs/benchmarks.md).
 
     PYTHONPATH=. .venv/bin/python scripts/trace_arms.py --rounds 150 [--arms off,mem,stream]
 
@@ -8,7 +9,8 @@ The arms (ARMS): `mem`, the trace kept in memory and written after the run; `str
 recorder's log in a file, as `pdo run --trace`; `nohb`, the same without the happens-before
 hand-offs; `edges`, the hand-offs alone (every event a schedule point that logs nothing); `floor`,
 the least a log call can do (a slot from a counter, the clock, one `struct.pack_into` of four words
-into a fixed ring), per event, without the hand-offs: what one record per event costs at best.
+into a fixed ring), per event, without the hand-offs: what one record per event costs at best;
+`floor-hb`, the floor with one such record per hand-off too.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import statistics
 import struct
 import tempfile
 import time
+import weakref
 
 from engine.runs.prefill_run import run_prefill
 from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
+from engine.sync import hb
 from engine.trace.tracer import NullTracer, Tracer
 
 
@@ -56,6 +60,22 @@ class _Floor(NullTracer):
         return log
 
 
+class _FloorHandOffs(_Floor):
+    """The floor, and one such record per hand-off too (engine/sync/hb.py), none skipped."""
+
+    def __init__(self):
+        super().__init__()
+        nxt, ring, pack = self._slots, self._ring, _FOUR
+
+        def edge(*channels):
+            i = nxt()
+            pack(ring, (i & 4095) * 96, 3, channels[0], len(channels), i)
+
+        self._edges = hb.HandOffs(edge, edge, edge)
+        hb.attach(self._edges)
+        weakref.finalize(self, hb.detach, self._edges)
+
+
 _FOUR = struct.Struct("<qqqq").pack_into
 # arm -> (its tracer, whether its trace goes to a file)
 ARMS = {
@@ -65,6 +85,7 @@ ARMS = {
     "nohb": (lambda: Tracer(clocks=False), True),
     "edges": (lambda: _EdgesOnly(clocks=True), True),
     "floor": (_Floor, False),
+    "floor-hb": (_FloorHandOffs, False),
 }
 
 
@@ -74,10 +95,11 @@ def main() -> None:
     ap.add_argument("--arms", default="off,mem,stream")
     ap.add_argument("--mode", default="ahead")
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--base", default="off", help="the arm the others are measured against")
     a = ap.parse_args()
     arms = a.arms.split(",")
-    if "off" not in arms or not set(arms) <= set(ARMS):
-        ap.error(f"--arms: 'off' and any of {', '.join(ARMS)}")
+    if a.base not in arms or not set(arms) <= set(ARMS):
+        ap.error(f"--arms: --base ({a.base}) and any of {', '.join(ARMS)}")
     cfg = EngineConfig(mode=a.mode, launch_cost_us=0.0)
     wc = WorkloadConfig(requests=a.requests)
     run_prefill(RunSpec(cfg, WorkloadConfig(requests=20), verify=False))  # warm-up
@@ -90,17 +112,17 @@ def main() -> None:
             "wall_s"
         ]
 
-    logs: dict = {arm: [] for arm in arms if arm != "off"}
+    logs: dict = {arm: [] for arm in arms if arm != a.base}
     for r in range(a.rounds):
         k = r % len(arms)
         wall = {arm: run(arm) for arm in arms[k:] + arms[:k]}
         for arm, xs in logs.items():
-            xs.append(math.log(wall[arm] / wall["off"]))
+            xs.append(math.log(wall[arm] / wall[a.base]))
     for arm, xs in logs.items():
         mu, se = statistics.mean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
         lo, hi = math.exp(mu - 1.96 * se), math.exp(mu + 1.96 * se)
         print(
-            f"{arm}/off: geometric mean {math.exp(mu):.4f} [{lo:.4f}, {hi:.4f}], {len(xs)} rounds"
+            f"{arm}/{a.base}: geometric mean {math.exp(mu):.4f} [{lo:.4f}, {hi:.4f}], {len(xs)} rounds"
         )
 
 

@@ -14,6 +14,7 @@ import trace_arms  # noqa: E402 - the script, from its folder
 from engine.runs.prefill_run import run_prefill  # noqa: E402
 from engine.runs.spec import RunSpec, WorkloadConfig  # noqa: E402
 from engine.runtime.config import EngineConfig  # noqa: E402
+from engine.sync import hb  # noqa: E402
 
 
 def _run(arm: str, tmp_path) -> tuple[object, str | None]:
@@ -37,6 +38,11 @@ def test_each_arm_logs_what_it_says(tmp_path):
     floor, _ = _run("floor", tmp_path)
     checks = [struct.unpack_from("<q", trace_arms._Floor._ring, i * 96 + 24)[0] for i in range(50)]
     assert checks == list(range(50))  # one record per event, in slot order
+    floor_hb, _ = _run("floor-hb", tmp_path)
+    codes = {struct.unpack_from("<q", trace_arms._Floor._ring, i * 96)[0] for i in range(200)}
+    assert codes == {16, 3}  # events and hand-offs
+    del floor_hb
+    assert not hb.ON  # the hand-offs are detached with the tracer
 
 
 def test_the_script_reports_every_traced_arm(monkeypatch, capsys):
