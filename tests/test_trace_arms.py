@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import struct
 import sys
 from pathlib import Path
@@ -41,8 +42,11 @@ def test_each_arm_logs_what_it_says(tmp_path):
     floor_hb, _ = _run("floor-hb", tmp_path)
     codes = {struct.unpack_from("<q", trace_arms._Floor._ring, i * 96)[0] for i in range(200)}
     assert codes == {16, 3}  # events and hand-offs
+    edges = floor_hb._edges
+    assert edges in hb._sinks
     del floor_hb
-    assert not hb.ON  # the hand-offs are detached with the tracer
+    gc.collect()
+    assert edges not in hb._sinks  # detached with its tracer
 
 
 def test_the_script_reports_every_traced_arm(monkeypatch, capsys):
