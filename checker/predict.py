@@ -68,10 +68,17 @@ class PredictResult:
     predictions: list[Prediction] = field(default_factory=list)
     searched: list[str] = field(default_factory=list)  # the rules whose pairs were searched
     unsearched: list[tuple[str, str]] = field(default_factory=list)  # (rule, why not)
+    isolated: list[str] = field(default_factory=list)  # Clocks.isolated
+    skipped: int = 0  # unordered pairs not searched: an event of an isolated thread in each
 
     @property
     def ok(self) -> bool:
         return not self.predictions
+
+    @property
+    def complete(self) -> bool:
+        """Every unordered pair searched: no verdict of "no predicted violation" otherwise."""
+        return not self.skipped
 
 
 class Clocks:
@@ -113,6 +120,7 @@ class Clocks:
             self.keys.append(k)
             self.own.append(vc[k])
             self.vcs.append(vc)
+        self.isolated = _isolated(tag, last)
 
     def before(self, i: int, j: int) -> bool:
         """Event i happened before event j (i != j)."""
@@ -131,6 +139,16 @@ class Clocks:
             *range(j + 1, len(ev)),
         ]
         return [{**ev[x], "seq": n + 1} for n, x in enumerate(order)], len(moved)
+
+
+def _isolated(tag: str, last: dict) -> set[str]:
+    """The threads, of two or more, whose clock never met another's: no hand-off logged from them
+    or to them. The clocks leave their events unordered against every other thread's, the orders
+    their program forced included, so a reordering built from them could be one no run allows."""
+    if len(last) < 2:
+        return set()
+    met = {k for vc in last.values() if len(vc) > 1 for k in vc}
+    return {th for th in last if tag + th not in met}
 
 
 def _index(events: list[dict]) -> dict:
@@ -246,7 +264,7 @@ def predict_file(path: str, *, rules: list[Rule] | None = None) -> PredictResult
     every = rules if rules is not None else load_rules()
     rules = [r for r in every if r.role == role and r.applies(mode, header)]
     idx = _index(events)
-    result = PredictResult(path, header, len(events), 0)
+    result = PredictResult(path, header, len(events), 0, isolated=sorted(clocks.isolated))
     cross = [r for r in every if r.role == "cross"] if "pd_run" in header else []
     for rule in [*rules, *cross]:
         if rule.kind in UNSEARCHED_WHY or rule.role == "cross":
@@ -255,6 +273,9 @@ def predict_file(path: str, *, rules: list[Rule] | None = None) -> PredictResult
         result.searched.append(rule.id)
         groups: dict = defaultdict(list)
         for i, j in _pairs(rule, events, idx, clocks):
+            if events[i]["thread"] in clocks.isolated or events[j]["thread"] in clocks.isolated:
+                result.skipped += 1
+                continue
             a, b = events[i], events[j]
             off = b["batch"] - a["batch"] if "batch" in a and "batch" in b else None
             groups[(a["ev"], b["ev"], off)].append((i, j))
@@ -288,6 +309,13 @@ def text_report(r: PredictResult) -> str:
         head
         + (": no predicted violation" if r.ok else f": {len(r.predictions)} predicted violation(s)")
     ]
+    if r.skipped:
+        lines.append(
+            f"  INCOMPLETE: {r.skipped} unordered pair(s) not searched: thread(s) "
+            f"{', '.join(r.isolated)} logged events but no hand-off with any other thread, so the "
+            "clocks cannot tell which of their orders the program forced (a hand-off the tracer "
+            "does not log?)"
+        )
     lines.append(
         f"  searched {len(r.searched)} rule(s); not searched:" + ("" if r.unsearched else " none")
     )
@@ -312,6 +340,9 @@ def json_report(r: PredictResult) -> dict:
         "events": r.events,
         "candidates": r.candidates,
         "ok": r.ok,
+        "complete": r.complete,
+        "isolated": r.isolated,
+        "skipped": r.skipped,
         "searched": r.searched,
         "unsearched": [{"rule": rule, "why": why} for rule, why in r.unsearched],
         "predictions": [

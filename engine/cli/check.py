@@ -97,6 +97,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if any(not p["ok"] for p, _ in predicted) or any(m.judged and not m.ok for m in models):
         return exits.FAILED
     code = verdict(results)  # a truncated trace is never a pass
+    if code == exits.OK and any(not p["complete"] for p, _ in predicted):
+        return exits.INCOMPLETE  # pairs the clocks cannot judge: never a pass
     if code == exits.OK and any(not m.complete for m in models):
         return exits.INCOMPLETE  # a model not judged: never a pass
     return code

@@ -253,3 +253,43 @@ def test_a_clean_pd_run_predicts_nothing(tmp_path, clocks):
         assert check_file(path).ok
         r = predict_file(path)
         assert r.header.get("hb") and r.ok, [(p.rule.id, p.message) for p in r.predictions]
+
+
+def _isolate(src, dst, thread):
+    """The trace as if no hand-off to or from `thread` had been logged: its clocks count its own
+    events alone, and no other thread's clock has its component."""
+    lines = open(src).read().splitlines()
+    head = json.loads(lines[0])
+    key, seen = head["hb"] + thread, set()
+    with open(dst, "w") as f:
+        f.write(lines[0] + "\n")
+        for line in lines[1:]:
+            e = json.loads(line)
+            vc = e.get("vc")
+            if e.get("thread") == thread:
+                n = vc if isinstance(vc, int) else vc[key]
+                e["vc"] = n if thread in seen else {key: n}
+                seen.add(thread)
+            elif isinstance(vc, dict):
+                vc.pop(key, None)
+            f.write(json.dumps(e) + "\n")
+    return str(dst)
+
+
+def test_a_thread_with_no_hand_off_is_named_and_its_pairs_are_not_judged(tmp_path, clocks, capsys):
+    """A thread whose hand-offs the tracer missed altogether: its events look concurrent with every
+    other thread's, orders its program forced included. Its pairs are not searched, and the
+    verdict is INCOMPLETE, not a pass nor a prediction."""
+    clean = _trace(tmp_path, "ahead")
+    r = predict_file(clean)
+    assert r.complete and r.isolated == []
+    cut = _isolate(clean, tmp_path / "cut.jsonl", "forward")
+    r = predict_file(cut)
+    assert r.isolated == ["forward"] and r.skipped > 0 and not r.complete
+    assert r.ok  # nothing predicted from the pairs it cannot judge
+    assert pdo(["check", "--predict", cut]) == 3
+    out = capsys.readouterr().out
+    assert "INCOMPLETE" in out and "forward" in out
+    assert pdo(["check", "--predict", "--json", cut]) == 3
+    report = json.loads(capsys.readouterr().out)[0]["predict"]
+    assert report["isolated"] == ["forward"] and not report["complete"]
