@@ -59,7 +59,7 @@ class Recorder:
         self.path: str | None = None
         self._fd = -1
         self._segs: list = []  # memoryviews of the segments' mmaps
-        self._lock = threading.Lock()  # naming an object, mapping a segment
+        self._lock = threading.Lock()  # mapping a segment
         self._slots = itertools.count(1)
         # the log's bound, in whole segments: past it nothing more is logged (`_full`)
         self._max_segs = max(1, (max_bytes() if limit is None else limit) // _SEG_BYTES)
@@ -75,11 +75,15 @@ class Recorder:
         self._layouts = itertools.count(tl.FIRST_LAYOUT)
         self._strs: dict[str, int] = {}
         self._objs: dict[int, int] = {}  # id(object) -> -N, N its number (name oN)
-        self._kept: list = []  # the objects named, in order, kept alive
+        self._kept: list = []  # the objects named, kept alive
+        self._names = itertools.count(1)  # an object's number
+        self._proxy = weakref.proxy(self)
+        self._new_string, self._new_obj = self._first_seen()
         self._stamps: dict[int, object] = {}  # late digests not logged yet: id -> stamp
         self._reader = tl.LogReader(stamps=self._stamps)
         self._consts: dict = {}  # (class, value) -> definition id: None, bools, numbers
         self._emitters: dict = {}  # (ev, field names) -> the logger of an event not declared
+        self._me = weakref.ref(self)
         self.ended = False
         self.hand_offs = self._hand_offs()
         self.set_header(header)
@@ -180,44 +184,58 @@ class Recorder:
         return self._local.t32 >> 32
 
     def string(self, s: str) -> int:
-        """A string's id: its bytes themselves when they fit in 7 (a rid: no record), else its
-        definition's."""
-        did = self._strs.get(s)
-        if did is None:
+        return self._strs.get(s) or self._new_string(s)
+
+    def _first_seen(self):
+        """The ids of a value seen for the first time where a string or an object goes: closures
+        over the tables, so that a log call reaches them in one call (they keep no recorder
+        alive). A string's id is its bytes themselves when they fit in 7 (a rid: no record), else
+        its definition's; an object's, -N for the name oN (see `_obj`)."""
+        strs, objs, kept, names, me = self._strs, self._objs, self._kept, self._names, self._proxy
+
+        def new_string(s) -> int:
+            if s.__class__ is not str:
+                return me.value(s)
             b = s.encode("utf-8", "surrogatepass")
             short = len(b) <= 7 and b"\0" not in b
-            did = tl.INLINE | int.from_bytes(b, "little") if short else self._define(tl.D_STR, b)
-            self._strs[s] = did
-        return did
+            did = strs[s] = (
+                tl.INLINE | int.from_bytes(b, "little") if short else me._define(tl.D_STR, b)
+            )
+            return did
+
+        def new_obj(x) -> int:
+            c = x.__class__
+            if (_KINDS.get(c) or _KINDS.setdefault(c, _kind(c))) is not _OBJ:
+                return me.value(x)
+            kept.append(x)
+            return objs.setdefault(id(x), -next(names))
+
+        return new_string, new_obj
 
     def value(self, v) -> int:
         """The definition id that stands for a value logged that is not an int (nor one of 64
         bits): a string, a late digest, a JSON value, else an object's identity."""
         c = v.__class__
-        if c is str:
+        kind = _KINDS.get(c) or _KINDS.setdefault(c, _kind(c))
+        if kind is _OBJ:
+            return self._obj(v)
+        if kind is _STR:
             return self.string(v)
-        if hasattr(c, "trace_value"):
+        if kind is _STAMP:
             return self._stamp(v)
-        if v is None or c in (int, float, bool):  # scalars: one definition per value
+        if kind is _SCALAR:  # one definition per value
             did = self._consts.get((c, v))
             if did is None:
                 did = self._consts[(c, v)] = self._define(tl.D_JSON, dumps(v))
             return did
-        if issubclass(c, (int, float, str, list, tuple, dict, enum.Enum)):
-            return self._define(tl.D_JSON, dumps(v))
-        return self._obj(v)
+        return self._define(tl.D_JSON, dumps(v))
 
     def _obj(self, x) -> int:
         """-N for an object named oN, named now if it is new (no definition: a negative id is an
-        object's, spec/tracelog.py); kept alive, so its id() is never another object's."""
-        ref = self._objs.get(id(x))
-        if ref is None:
-            with self._lock:
-                ref = self._objs.get(id(x))
-                if ref is None:
-                    self._kept.append(x)
-                    ref = self._objs[id(x)] = -len(self._kept)
-        return ref
+        object's, spec/tracelog.py); kept alive, so its id() is never another object's. Two threads
+        naming one new object at once agree on the name (setdefault is atomic), and the number the
+        loser drew is never used."""
+        return self._objs.get(id(x)) or self._new_obj(x)
 
     def obj(self, x) -> str:
         return f"o{-self._obj(x)}"
@@ -226,8 +244,7 @@ class Recorder:
         """A late digest (engine.trace.digest.DigestStamp): its value if known, else an id that a
         DIGEST record resolves when the stamp is computed (or at the end)."""
         sid = self._define(tl.D_STAMP, b"")
-        me = weakref.ref(self)  # a stamp never resolved keeps no recorder alive
-        value = stamp.subscribe(lambda v: me() is not None and me()._digest(sid, v))
+        value = stamp.subscribe(functools.partial(_digest, self._me, sid))
         if value is not None:
             return self.string(value)
         self._stamps[sid] = stamp
@@ -260,11 +277,11 @@ class Recorder:
         mask = sum(1 << j for j, name in enumerate(names) if name not in tl.INT_FIELDS)
         head = self._layout(ev, names) | mask << 16
         conv = "".join(  # an object seen before, a string seen before, else a definition made
-            f"        _w{j} = _oget(_id({x})) or _value({x})\n"
+            f"        _w{j} = _oget(_id({x})) or _newobj({x})\n"
             if x == "obj"
             else f"        _w{j} = _value({x})\n"
             if x in tl.JSON_FIELDS
-            else f"        _w{j} = _sget({x}) or _value({x})\n"
+            else f"        _w{j} = _sget({x}) or _newstr({x})\n"
             for j, x in enumerate(names)
             if mask >> j & 1
         )
@@ -306,6 +323,8 @@ class Recorder:
             "_sget": self._strs.get,
             "_oget": self._objs.get,
             "_value": lambda v: me.value(v),
+            "_newstr": self._new_string,
+            "_newobj": self._new_obj,
             "_cur": self.cur,
             "_nxt": self._slots.__next__,
             "_grow": lambda i: me._grow(i),
@@ -431,6 +450,28 @@ class Recorder:
             os.close(self._fd)
             os.unlink(self.path)
             self._fd = -1
+
+
+_OBJ, _STR, _STAMP, _SCALAR, _JSON = "obj", "str", "stamp", "scalar", "json"
+_KINDS: dict[type, str] = {}  # a value's class -> how it is logged (`_kind`)
+
+
+def _kind(c: type) -> str:
+    if c is str:
+        return _STR
+    if hasattr(c, "trace_value"):  # a late digest
+        return _STAMP
+    if c in (type(None), int, float, bool):
+        return _SCALAR
+    return _JSON if issubclass(c, (int, float, str, list, tuple, dict, enum.Enum)) else _OBJ
+
+
+def _digest(me: weakref.ref, sid: int, value: str) -> None:
+    """A late digest computed: logged, if its recorder is still there (a stamp never resolved keeps
+    no recorder alive)."""
+    rec = me()
+    if rec is not None:
+        rec._digest(sid, value)
 
 
 def arity_error(ev: str, names: tuple[str, ...], values: tuple) -> TypeError:
