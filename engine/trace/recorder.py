@@ -366,48 +366,31 @@ class Recorder:
 
     def _hand_offs(self) -> hb.HandOffs:
         """The log calls of the calling thread's happens-before hand-offs (engine/sync/hb.py calls
-        them): as lean as an event's, with no time (the reader orders edges by slot). A receive
-        that can raise no clock is not logged (a third of a run's hand-offs: a queue's consumer
-        that takes two items joined both senders' clocks at the first): nothing was sent on its
-        channel since this thread last received there (`sent`: a channel's last send, by slot;
-        `seen`: what the thread last received), or ever."""
+        them): as lean as an event's, with no time (the reader orders edges by slot). Every
+        receive is logged, also one that can raise no clock: telling which those are (a table of
+        each channel's last send, and of each thread's last receive) cost more inside a run than
+        the records it saved."""
         local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
-        code, slot, me, sent = tl.R_EDGE, tl.SLOT, weakref.proxy(self), {}
-        SEND, RECV = tl.SEND, tl.RECV  # noqa: N806 - constants, as locals
+        code, slot, me = tl.R_EDGE, tl.SLOT, weakref.proxy(self)
 
-        def send(a: int) -> None:
-            try:
-                tno = local.tno
-            except AttributeError:
-                tno = me._tno()
-            seg = cur[0]
-            i = nxt()
-            if i >= seg[1]:
-                seg = me._grow(i)
-            pack(seg[0], (i - seg[2]) * slot, code, SEND, tno, 0, a, 0, i)
-            sent[a] = i
+        def edge(op: int):
+            def log(a: int) -> None:
+                try:
+                    tno = local.tno
+                except AttributeError:
+                    tno = me._tno()
+                seg = cur[0]
+                i = nxt()
+                if i >= seg[1]:
+                    seg = me._grow(i)
+                pack(seg[0], (i - seg[2]) * slot, code, op, tno, 0, a, 0, i)
 
-        def recv(a: int) -> None:
-            v = sent.get(a)
-            if v is None:
-                return
-            try:
-                tno, seen = local.tno, local.seen
-            except AttributeError:
-                tno, seen = me._tno(), local.__dict__.setdefault("seen", {})
-            if seen.get(a) == v:
-                return
-            seen[a] = v
-            seg = cur[0]
-            i = nxt()
-            if i >= seg[1]:
-                seg = me._grow(i)
-            pack(seg[0], (i - seg[2]) * slot, code, RECV, tno, 0, a, 0, i)
+            return log
 
         def relay(a: int, b: int) -> None:
-            sent[b] = me._put(tl.EDGE, code, tl.RELAY, me._tno(), 0, a, b)
+            me._put(tl.EDGE, code, tl.RELAY, me._tno(), 0, a, b)
 
-        return hb.HandOffs(send, recv, relay)  # RECV_SEND: read, no longer written
+        return hb.HandOffs(edge(tl.SEND), edge(tl.RECV), relay)  # RECV_SEND: read, not written
 
     # -- reading back
 
