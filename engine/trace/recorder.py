@@ -204,8 +204,7 @@ class Recorder:
             return did
 
         def new_obj(x) -> int:
-            c = x.__class__
-            if (_KINDS.get(c) or _KINDS.setdefault(c, _kind(c))) is not _OBJ:
+            if _kind(x.__class__) is not _OBJ:
                 return me.value(x)
             kept.append(x)
             return objs.setdefault(id(x), -next(names))
@@ -216,7 +215,7 @@ class Recorder:
         """The definition id that stands for a value logged that is not an int (nor one of 64
         bits): a string, a late digest, a JSON value, else an object's identity."""
         c = v.__class__
-        kind = _KINDS.get(c) or _KINDS.setdefault(c, _kind(c))
+        kind = _kind(c)
         if kind is _OBJ:
             return self._obj(v)
         if kind is _STR:
@@ -263,7 +262,7 @@ class Recorder:
         definition's id, looked up inline for a string or an object already defined. A call with
         too many or too few values raises Python's TypeError, named after the event: "event
         alloc(rid, obj, slot)() missing 1 required positional argument: 'slot'"."""
-        n, me = len(names), weakref.proxy(self)  # the log call keeps no recorder alive: no cycle
+        n, me = len(names), self._proxy  # the log call keeps no recorder alive: no cycle
         plain = all(x.isidentifier() and x[0] != "_" and not iskeyword(x) for x in names)
         if n > tl.MAX_FIELDS or not plain:  # not parameters: one JSON value holds them all
             star = self._layout(ev, ("*",))
@@ -371,7 +370,7 @@ class Recorder:
         each channel's last send, and of each thread's last receive) cost more inside a run than
         the records it saved."""
         local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
-        code, slot, me = tl.R_EDGE, tl.SLOT, weakref.proxy(self)
+        code, slot, me = tl.R_EDGE, tl.SLOT, self._proxy
 
         def edge(op: int):
             def log(a: int) -> None:
@@ -436,10 +435,11 @@ class Recorder:
 
 
 _OBJ, _STR, _STAMP, _SCALAR, _JSON = "obj", "str", "stamp", "scalar", "json"
-_KINDS: dict[type, str] = {}  # a value's class -> how it is logged (`_kind`)
 
 
+@functools.cache  # a value's class picks its way once
 def _kind(c: type) -> str:
+    """How a value of class `c` is logged."""
     if c is str:
         return _STR
     if hasattr(c, "trace_value"):  # a late digest
