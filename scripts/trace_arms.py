@@ -61,17 +61,22 @@ class _Floor(NullTracer):
 
 
 class _FloorHandOffs(_Floor):
-    """The floor, and one such record per hand-off too (engine/sync/hb.py), none skipped."""
+    """The floor, and one such record per hand-off the hooks log too (engine/sync/hb.py)."""
 
     def __init__(self):
         super().__init__()
         nxt, ring, pack = self._slots, self._ring, _FOUR
 
-        def edge(*channels):
-            i = nxt()
-            pack(ring, (i & 4095) * 96, 3, channels[0], len(channels), i)
+        def edge(obj):
+            if obj is not None:
+                i = nxt()
+                pack(ring, (i & 4095) * 96, 3, id(obj), 1, i)
 
-        self._edges = hb.HandOffs(edge, edge, edge)
+        def edges(a, b):
+            edge(a)
+            edge(b)
+
+        self._edges = hb.HandOffs(edge, edge, edges, edges)
         hb.attach(self._edges)
         weakref.finalize(self, hb.detach, self._edges)
 

@@ -8,7 +8,6 @@ receiver. The in-process `KVReceiverStore` keeps what arrived per bootstrap room
 
 from __future__ import annotations
 
-import queue
 import threading
 from dataclasses import dataclass, field
 
@@ -62,7 +61,7 @@ class TransferEngine:
         self.mutants = mutants  # the run's (engine/runtime/inject.py); its senders read them too
         self.receiver = receiver
         self.device = device
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q = sync.Inbox()
         self.error: BaseException | None = None
         self._gather = device_ops.ops()["gather_kv"] if pool.k.device.type == "cpu" else None
         # called on this thread with (req, start, tokens) once a chunk's KV is in the receiver's
@@ -72,7 +71,7 @@ class TransferEngine:
 
     def _run(self):
         while True:
-            item = sync.q_get(self._q, "transfer.idle")
+            item = self._q.get("transfer.idle")
             if item is None:
                 return
             sender, req, idx, start, pages, ready, last, meta = item
@@ -93,9 +92,7 @@ class TransferEngine:
                 sender._done()
 
     def enqueue(self, *item) -> None:
-        if hb.ON:  # the sender's work happens before the transfer thread takes the item
-            hb.send(self._q)
-        self._q.put(item)
+        self._q.put(item)  # the sender's work happens before the transfer thread takes the item
 
     def close(self):
         """Stop after the chunks queued so far are delivered (and logged)."""

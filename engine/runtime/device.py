@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import threading
 
 import torch
@@ -33,25 +32,27 @@ DEVICE_THREADS = int(os.environ.get("PDO_DEVICE_THREADS", "1") or 0)
 
 
 class CpuEvent:
-    def __init__(self):
-        self._done = threading.Event()
-        self._recorded = False
+    """Recorded once, on `stream`, when made: it completes when the stream gets there. A thread
+    that sees it complete (`query`, `synchronize`) receives its completion's hand-off the first
+    time only: there is one send to receive (the stream's set), so a second receive adds no order."""
 
-    def record(self, stream: "CpuStream") -> "CpuEvent":
-        self._recorded = True
-        self._done.clear()
+    def __init__(self, stream: "CpuStream"):
+        self._done = threading.Event()
+        self._received = None  # the last thread that received the completion
         stream._put(self)  # the stream sets it when it gets there
-        return self
 
     def query(self) -> bool:
-        done = (not self._recorded) or self._done.is_set()
-        if done and hb.ON:
+        if not self._done.is_set():
+            return False
+        if hb.ON and self._received != threading.get_ident():
+            self._received = threading.get_ident()
             hb.recv(self._done)
-        return done
+        return True
 
     def synchronize(self) -> None:
-        if self._recorded:
+        if self._received != threading.get_ident():
             sync.ev_wait(self._done, "event.synchronize")
+            self._received = threading.get_ident()
 
 
 class _Wait:
@@ -70,7 +71,7 @@ class CpuStream:
 
     def __init__(self, name: str, on_error=None):
         self.name = name
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q = sync.Inbox()
         self._error: BaseException | None = None
         self._thread = sync.start_thread(self._run, f"stream:{name}")
 
@@ -78,7 +79,7 @@ class CpuStream:
         if DEVICE_THREADS > 0:
             torch.set_num_threads(DEVICE_THREADS)
         while True:
-            item = sync.q_get(self._q, "stream.idle")
+            item = self._q.get("stream.idle")
             if item is None:
                 return
             if isinstance(item, CpuEvent):
@@ -93,19 +94,16 @@ class CpuStream:
                     self._error = exc
 
     def _put(self, item) -> None:
-        if hb.ON:  # what the launching thread did happens before the stream runs the item
-            hb.send(self._q)
-        self._q.put(item)
+        self._q.put(item)  # what the launching thread did happens before the stream runs the item
 
     def launch(self, fn, *args) -> None:
         self._put((lambda: fn(*args)) if args else fn)
 
     def wait_event(self, event: CpuEvent) -> None:
-        if event._recorded:
-            self._put(_Wait(event))
+        self._put(_Wait(event))
 
     def record_event(self) -> CpuEvent:
-        return CpuEvent().record(self)
+        return CpuEvent(self)
 
     def synchronize(self) -> None:
         self.record_event().synchronize()

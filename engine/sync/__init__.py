@@ -12,6 +12,7 @@ schedule replays the same way every time.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import random
@@ -124,6 +125,35 @@ def q_put(q, item, label: str) -> None:
         if not c.aborted:
             return q.put_nowait(item)
     q.put(item)
+
+
+class Inbox:
+    """A queue with one consumer thread (a CPU stream's, the transfer thread's). A put's hand-off
+    is a send; a get's receive is logged only if something was sent since the consumer's last
+    one: a receive joins every send before it, so one after puts already joined adds no order,
+    and most gets come in runs after a run of puts. Each send is numbered (atomically: several
+    threads put) after it is logged, so a number the consumer has seen was logged before its last
+    receive."""
+
+    def __init__(self):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._numbers = itertools.count(1).__next__
+        self._sent = self._seen = 0  # the last send's number; the last one received
+
+    def put(self, item) -> None:
+        if hb.ON:
+            hb.send(self)
+            self._sent = self._numbers()
+        self._q.put(item)
+
+    def get(self, label: str):
+        item = _q_get(self._q, label)
+        if hb.ON:
+            sent = self._sent
+            if sent != self._seen:
+                self._seen = sent
+                hb.recv(self)
+        return item
 
 
 def ev_wait(ev: threading.Event, label: str) -> None:

@@ -16,7 +16,7 @@ is one the engine really allows (the analysis can miss some, never invent one).
 
 On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
 only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. A
-hand-off goes straight to the recorder's log call of its kind (`_send`, `_recv`, `_relay`).
+hand-off is one call, straight to the recorder's log call of its kind (`HandOffs`).
 """
 
 from __future__ import annotations
@@ -31,18 +31,35 @@ TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
 
 
 class HandOffs(NamedTuple):
-    """A recorder's log calls of the hand-offs, each on channel ids (Recorder.hand_offs)."""
+    """A recorder's log calls of the hand-offs, each on the objects that carry them (a channel is
+    an object's id(); None: no hand-off). What the hooks call, as this module's `send`, `recv`,
+    `recv_send` and `relay`:
 
-    send: Callable[[int], None]
-    recv: Callable[[int], None]
-    relay: Callable[[int, int], None]
+    - send(obj): what the calling thread did so far happens before whatever a `recv` on `obj`
+      does next;
+    - recv(obj): join every clock sent to `obj` so far;
+    - recv_send(a, b): `recv(a)`, then `send(b)` (a queue's get and the room it makes, a put and
+      the room it took);
+    - relay(src, dst): whatever a `recv` on `dst` does next happens after everything sent to `src`
+      so far (a CUDA event recorded on a stream, `src`, completes after all that was launched
+      there before)."""
+
+    send: Callable[[object], None]
+    recv: Callable[[object], None]
+    recv_send: Callable[[object, object], None]
+    relay: Callable[[object, object], None]
+
+
+def _nothing(*_) -> None:
+    return None
 
 
 _sinks: tuple = ()  # the attached recorders' HandOffs
-_none = HandOffs(*[lambda *_: None] * 3)  # no recorder attached
-_all = HandOffs(*(lambda *x, k=k: [s[k](*x) for s in _sinks] for k in range(3)))  # several traces
-# what the hooks call: _none's, _all's, or the one recorder's own (globals: the cheapest lookup)
-_send, _recv, _relay = _none
+_none = HandOffs(_nothing, _nothing, _nothing, _nothing)  # no recorder attached
+_all = HandOffs(*(lambda *x, k=k: [s[k](*x) for s in _sinks] for k in range(4)))  # several traces
+# What the hooks call (HandOffs): the one recorder's own log calls, _all's, or _none's. Module
+# globals rebound on attach: a hand-off is one call, to the recorder's.
+send, recv, recv_send, relay = _none
 
 
 def enable(on: bool = True) -> None:
@@ -62,36 +79,9 @@ def detach(log: HandOffs) -> None:
 
 
 def _set(sinks: tuple) -> None:
-    global _sinks, ON, _send, _recv, _relay
+    global _sinks, ON, send, recv, recv_send, relay
     _sinks, ON = sinks, bool(sinks)
-    _send, _recv, _relay = sinks[0] if len(sinks) == 1 else _all if sinks else _none
-
-
-def send(obj) -> None:
-    """What the calling thread did so far happens before whatever a `recv` on `obj` does next."""
-    if obj is not None:
-        _send(id(obj))
-
-
-def recv(obj) -> None:
-    """Join every clock sent to `obj` so far."""
-    if obj is not None:
-        _recv(id(obj))
-
-
-def recv_send(a, b) -> None:
-    """`recv(a)`, then `send(b)` (a queue's get and the room it makes, a put and the room it took)."""
-    if a is not None:
-        _recv(id(a))
-    if b is not None:
-        _send(id(b))
-
-
-def relay(src, dst) -> None:
-    """Whatever a `recv` on `dst` does next happens after everything sent to `src` so far: a CUDA
-    event recorded on a stream (`src`) completes after all that was launched there before."""
-    if src is not None and dst is not None:
-        _relay(id(src), id(dst))
+    send, recv, recv_send, relay = sinks[0] if len(sinks) == 1 else _all if sinks else _none
 
 
 def snapshot() -> object:

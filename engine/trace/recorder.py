@@ -365,15 +365,15 @@ class Recorder:
 
     def _hand_offs(self) -> hb.HandOffs:
         """The log calls of the calling thread's happens-before hand-offs (engine/sync/hb.py calls
-        them): as lean as an event's, with no time (the reader orders edges by slot). Every
-        receive is logged, also one that can raise no clock: telling which those are (a table of
-        each channel's last send, and of each thread's last receive) cost more inside a run than
-        the records it saved."""
+        them, on the objects that carry them): as lean as an event's, with no time (the reader
+        orders edges by slot). A channel is the object's id()."""
         local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
         code, slot, me = tl.R_EDGE, tl.SLOT, self._proxy
 
         def edge(op: int):
-            def log(a: int) -> None:
+            def log(obj) -> None:
+                if obj is None:
+                    return
                 try:
                     tno = local.tno
                 except AttributeError:
@@ -382,14 +382,21 @@ class Recorder:
                 i = nxt()
                 if i >= seg[1]:
                     seg = me._grow(i)
-                pack(seg[0], (i - seg[2]) * slot, code, op, tno, 0, a, 0, i)
+                pack(seg[0], (i - seg[2]) * slot, code, op, tno, 0, id(obj), 0, i)
 
             return log
 
-        def relay(a: int, b: int) -> None:
-            me._put(tl.EDGE, code, tl.RELAY, me._tno(), 0, a, b)
+        send, recv = edge(tl.SEND), edge(tl.RECV)
 
-        return hb.HandOffs(edge(tl.SEND), edge(tl.RECV), relay)  # RECV_SEND: read, not written
+        def recv_send(a, b) -> None:  # RECV_SEND: read, not written
+            recv(a)
+            send(b)
+
+        def relay(src, dst) -> None:
+            if src is not None and dst is not None:
+                me._put(tl.EDGE, code, tl.RELAY, me._tno(), 0, id(src), id(dst))
+
+        return hb.HandOffs(send, recv, recv_send, relay)
 
     # -- reading back
 

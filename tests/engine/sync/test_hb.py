@@ -9,6 +9,8 @@ import threading
 import pytest
 
 from checker.predict import Clocks
+from engine import sync
+from engine.runtime.device import CpuStream
 from engine.sync import hb
 from engine.trace.tracer import Tracer
 
@@ -19,7 +21,7 @@ def tr(monkeypatch):
     t = Tracer({"role": "prefill"})
     t.obj(t)  # the log, and its hand-offs, start now
     yield t
-    hb.detach(t.rec)
+    hb.detach(t.rec.hand_offs)
 
 
 def _in_thread(name: str, fn):
@@ -149,3 +151,75 @@ def test_each_open_trace_logs_the_hand_offs_and_a_closed_one_no_more(tmp_path, m
     hb.send(q)
     assert (one.rec._peek(), two.rec._peek()) == (n1 + 1, n2)
     one.close()
+
+
+class _Counted:
+    """The hand-offs the hooks make, counted by kind (a recorder attached beside them)."""
+
+    def __init__(self):
+        self.n = {"send": 0, "recv": 0}
+
+        def count(kind):
+            return lambda obj: self.n.__setitem__(kind, self.n[kind] + (obj is not None))
+
+        self.log = hb.HandOffs(count("send"), count("recv"), hb._nothing, hb._nothing)
+
+
+@pytest.fixture
+def counted(tr):
+    c = _Counted()
+    hb.attach(c.log)
+    yield c
+    hb.detach(c.log)
+
+
+def test_an_inbox_receives_only_what_was_sent_since_its_last_receive(tr, counted):
+    """Three puts, then three gets: one receive joins all three sends, and the consumer's events
+    are after every put's; a later put is received again."""
+    box = sync.Inbox()
+    a, b = tr.header["hb"] + "a", tr.header["hb"] + "b"
+    first, more = threading.Event(), threading.Event()
+
+    def consumer():
+        for _ in range(3):
+            box.get("test")
+            tr.emit("y")
+        first.set()
+        more.wait()
+        box.get("test")
+        tr.emit("y")
+
+    t = threading.Thread(target=consumer, name="b")
+
+    def producer():
+        for _ in range(3):
+            tr.emit("x")
+            box.put(1)
+        t.start()
+        first.wait()
+
+    _in_thread("a", producer)
+    assert counted.n == {"send": 3, "recv": 1}
+    _in_thread("a2", lambda: (tr.emit("x"), box.put(1), more.set()))
+    t.join()
+    assert counted.n == {"send": 4, "recv": 2}
+    a2 = tr.header["hb"] + "a2"
+    assert _vcs(tr, "b") == [{a: 3, b: 1}, 2, 3, {a2: 1, b: 4}]
+
+
+def test_a_cpu_event_is_received_once_per_thread(tr, counted):
+    """A completed event's one send (the stream's set) is received by the first query or wait of
+    each thread; a later one would join nothing new and is not logged."""
+    stream = CpuStream("s")
+    try:
+        started = counted.n["recv"]  # the stream thread's start
+        event = stream.record_event()
+        event.synchronize()
+        for _ in range(3):
+            assert event.query()
+        event.synchronize()
+        assert counted.n["recv"] - started == 2  # the stream's get of the event, this thread's
+        _in_thread("other", lambda: (event.query(), event.query()))
+        assert counted.n["recv"] - started == 3
+    finally:
+        stream.close()
