@@ -240,6 +240,8 @@ class DigestStamp:
                     and _stamp(batch, self.sampling)[0] == key
                 ):
                     meta = _shared_meta(key)
+                    if base.on_value is not None or self.on_value is not None:
+                        meta = _shared_digest(meta)  # a trace waits for it: once for both
                     base._resolved(meta, None, False)
                     self._resolved(meta, None, False)
                     return
