@@ -34,16 +34,12 @@ def materialize(path: str) -> str:
         os.close(fd)
         lines, whole = tracelog.write_jsonl(r, out)
     d = r.damage
-    print(
-        f"note: {log}: the run left only its binary log; {lines - 1} line(s) made from it"
-        + ("" if whole else " (no trace_end: truncated)")
-        + (f"; {d.torn} torn record(s) dropped" if d.torn else "")
-        + (f"; {d.holes} slot(s) taken but never written" if d.holes else "")
-        + (
-            f"; the last {d.unresolved} event(s) dropped: a digest never computed"
-            if d.unresolved
-            else ""
-        ),
-        file=sys.stderr,
-    )
+    lost = {
+        f"{d.torn} torn record(s) dropped": d.torn,
+        f"{d.holes} slot(s) taken but never written": d.holes,
+        f"the last {d.unresolved} event(s) dropped: a digest never computed": d.unresolved,
+    }
+    head = f"note: {log}: the run left only its binary log; {lines - 1} line(s) made from it"
+    head += "" if whole else " (no trace_end: truncated)"
+    print("; ".join([head, *(note for note, n in lost.items() if n)]), file=sys.stderr)
     return out

@@ -4,6 +4,7 @@ traced arm's ratio to the untraced run of its round (or to the `--base` arm), wi
 (docs/benchmarks.md).
 
     PYTHONPATH=. .venv/bin/python scripts/trace_arms.py --rounds 150 [--arms off,mem,stream]
+        [--gil-free-device MS]   # at a GPU's pace: the forward a GIL-free wait (engine/bench/what_if.py)
 
 The arms (ARMS): `mem`, the trace kept in memory and written after the run; `stream`, the flight
 recorder's log in a file, as `pdo run --trace`; `nohb`, the same without the happens-before
@@ -16,6 +17,7 @@ into a fixed ring), per event, without the hand-offs: what one record per event 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import mmap
@@ -26,6 +28,7 @@ import tempfile
 import time
 import weakref
 
+from engine.bench.what_if import gil_free_device, print_what_if
 from engine.runs.prefill_run import run_prefill
 from engine.runs.spec import RunSpec, WorkloadConfig
 from engine.runtime.config import EngineConfig
@@ -101,6 +104,9 @@ def main() -> None:
     ap.add_argument("--mode", default="ahead")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--base", default="off", help="the arm the others are measured against")
+    ap.add_argument(
+        "--gil-free-device", type=float, metavar="MS", help="the forward a GIL-free wait (what-if)"
+    )
     a = ap.parse_args()
     arms = a.arms.split(",")
     if a.base not in arms or not set(arms) <= set(ARMS):
@@ -118,17 +124,27 @@ def main() -> None:
         ]
 
     logs: dict = {arm: [] for arm in arms if arm != a.base}
-    for r in range(a.rounds):
-        k = r % len(arms)
-        wall = {arm: run(arm) for arm in arms[k:] + arms[:k]}
-        for arm, xs in logs.items():
-            xs.append(math.log(wall[arm] / wall[a.base]))
+    what_if = (
+        gil_free_device(a.gil_free_device, cfg.max_batch_tokens) if a.gil_free_device else None
+    )
+    with what_if or contextlib.nullcontext():
+        _rounds(a, arms, run, logs)
+    print_what_if(a.gil_free_device)
     for arm, xs in logs.items():
         mu, se = statistics.mean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
         lo, hi = math.exp(mu - 1.96 * se), math.exp(mu + 1.96 * se)
         print(
             f"{arm}/{a.base}: geometric mean {math.exp(mu):.4f} [{lo:.4f}, {hi:.4f}], {len(xs)} rounds"
         )
+
+
+def _rounds(a, arms: list[str], run, logs: dict) -> None:
+    """The arms in rotating order, round after round: each traced arm's log ratio to the base."""
+    for r in range(a.rounds):
+        k = r % len(arms)
+        wall = {arm: run(arm) for arm in arms[k:] + arms[:k]}
+        for arm, xs in logs.items():
+            xs.append(math.log(wall[arm] / wall[a.base]))
 
 
 if __name__ == "__main__":

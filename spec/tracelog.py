@@ -2,8 +2,7 @@
 
 One source of truth for the writer (engine/trace/recorder.py) and the readers (the engine at the
 run's end, `pdo check` and `pdo trace` when only the log is left): docs/trace-format.md, "Binary
-log", describes the same layout, record by record. Standard library only (orjson where it is
-installed), so both sides may import it.
+log", describes the same layout, record by record.
 
 The log is a file of fixed-size slots (`SLOT` bytes), mapped into memory segment by segment
 (`SEGMENT_SLOTS` slots each; the file grows by whole segments). Slot 0 is the file head; slot
@@ -24,6 +23,8 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
+
+import orjson
 
 from spec.errors import BadInput, InternalError
 
@@ -129,10 +130,9 @@ class LogReader:
     _tail_zero: int = 0  # zero slots seen since the last record
 
     def feed(self, buf, end: int, *, live: bool = False, base: int = 0) -> bool:
-        """Read slots [self.slots, end) of `buf`, which holds slot `base` at offset 0. Zero slots
-        followed by a record are holes; zero slots at the end are free space. `live`: the log is
-        being written (the engine reads its own): stop at the first slot not complete yet, and
-        return False."""
+        """Read slots [self.slots, end) of `buf` (slot `base` at offset 0). Zero slots before a
+        record are holes, at the end free space. `live` (the engine reading its own log): stop at
+        the first slot not complete yet, and return False."""
         unpack_w0, unpack_check = WORD0.unpack_from, CHECK.unpack_from
         for i in range(self.slots, end):
             off = (i - base) * SLOT
@@ -228,9 +228,8 @@ class LogReader:
     # -- happens-before, offline (engine/sync/hb.py logs the edges)
 
     def _tick(self, tid: int, thread: str):
-        """The event's `vc` as engine/sync/hb.py's format 4 writes it: the whole clock at the thread's
-        first event, else its own count alone, or with the components a join raised since its
-        previous event."""
+        """The event's `vc` in format 4: the whole clock at the thread's first event, else its own
+        count alone, or with what a join raised since its previous event."""
         c = self._clock.setdefault(tid, {})
         k = self._hb + thread
         n = c[k] = c.get(k, 0) + 1
@@ -336,8 +335,7 @@ class NotJSON(InternalError, TypeError):
 
 
 def _plain(x):
-    """The JSON of what orjson passes through (and the standard library's encoder does not take):
-    subclasses as their base, an enum as its value."""
+    """The JSON of what orjson passes through: subclasses as their base, an enum as its value."""
     if isinstance(x, enum.Enum):
         return x.value
     if isinstance(x, str):
@@ -348,30 +346,19 @@ def _plain(x):
     raise NotJSON(f"a value that is not JSON: {type(x).__name__}")
 
 
-def _stdlib_dumps(x) -> bytes:
-    return json.dumps(x, separators=(",", ":"), default=_plain).encode()
-
-
-try:  # orjson's compact JSON where it is installed (the engine's), looked up once
-    import orjson
-
-    def dumps(x) -> bytes:
-        try:
-            return orjson.dumps(x, default=_plain, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
-        except TypeError as err:
-            if isinstance(err.__cause__, NotJSON):
-                raise err.__cause__ from None
-            return _stdlib_dumps(x)  # what orjson refuses: a lone surrogate, an int over 64 bits
-
-except ImportError:
-    dumps = _stdlib_dumps
+def dumps(x) -> bytes:
+    """Compact JSON: orjson's, else (a lone surrogate, an int over 64 bits) the standard library's."""
+    try:
+        return orjson.dumps(x, default=_plain, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except TypeError as err:
+        if isinstance(err.__cause__, NotJSON):
+            raise err.__cause__ from None
+        return json.dumps(x, separators=(",", ":"), default=_plain).encode()
 
 
 def write_jsonl(r: LogReader, path: str) -> tuple[int, bool]:
-    """The pdo-trace of a read log (header, events, and trace_end when the run ended) written to
-    `path` whole: under a temporary name, then renamed, so that a trace file that exists is
-    complete. Its number of lines, and whether the run ended (an END record, nothing torn or
-    missing)."""
+    """The pdo-trace of a read log (trace_end if the run ended) written to `path` whole (a
+    temporary file renamed): its number of lines, and whether the run ended, nothing missing."""
     events = r.finish(final=True)
     lines = [dumps(r.header), *map(dumps, events)]
     whole = r.end is not None and not (r.damage.torn or r.damage.holes or r.damage.unresolved)

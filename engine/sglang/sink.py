@@ -1,15 +1,10 @@
 """Where the adapter's events go: one pdo-trace per scheduler, logged by the flight recorder
-(engine/trace/recorder.py) as they happen.
+(engine/trace/recorder.py) as they happen, so a SIGKILL leaves its log (`<trace>.pdolog`) whole
+for `pdo check`. The header needs the role, loop mode and page size, known once a scheduler loop
+starts: the log is in memory until `begin` logs the header and moves it to its file.
 
-A real SGLang server can die at any moment (that is when its trace matters): a SIGKILL leaves the
-recorder's log (`<trace>.pdolog`) whole, which `pdo check` reads. The header needs the role, the
-loop mode and the page size, known only once a scheduler loop starts: the log is in memory until
-`begin`, which logs the header and moves the log to its file.
-
-The happens-before hand-offs (engine/sync/hb.py) are logged, as `pdo run` logs them, unless PDO_HB=0:
-the threads that log events are the scheduler's and the prefetch executor's, and the adapter logs
-the executor's hand-offs (engine/sglang/decode.py: a query's submit before it runs, its end before
-its result is taken), so `pdo check --predict` reads these traces too.
+The hand-offs (engine/sync/hb.py) are logged unless PDO_HB=0: the adapter logs the prefetch
+executor's (engine/sglang/decode.py), so `pdo check --predict` reads these traces too.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@ through it so far, also what was sent after the item it took, and an id() reused
 joins what the dead one carried: both only add orders, so a reordering predicted from these clocks
 is one the engine really allows (the analysis can miss some, never invent one).
 
-On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). `ON` is what the hooks test: true
-only while a recorder logs the edges, so an untraced run pays one attribute test per hand-off. A
-hand-off is one call, straight to the recorder's log call of its kind (`HandOffs`).
+On by default (`pdo run --no-hb`, or PDO_HB=0, leaves them out). The hooks test `ON`, true only
+while a recorder logs the edges, then make one call: the recorder's (`HandOffs`).
 """
 
 from __future__ import annotations
@@ -31,18 +30,12 @@ TAG = "t1/"  # the header's `hb`: the prefix of the events' clock components
 
 
 class HandOffs(NamedTuple):
-    """A recorder's log calls of the hand-offs, each on the objects that carry them (a channel is
-    an object's id(); None: no hand-off). What the hooks call, as this module's `send`, `recv`,
-    `recv_send` and `relay`:
-
-    - send(obj): what the calling thread did so far happens before whatever a `recv` on `obj`
-      does next;
-    - recv(obj): join every clock sent to `obj` so far;
-    - recv_send(a, b): `recv(a)`, then `send(b)` (a queue's get and the room it makes, a put and
-      the room it took);
-    - relay(src, dst): whatever a `recv` on `dst` does next happens after everything sent to `src`
-      so far (a CUDA event recorded on a stream, `src`, completes after all that was launched
-      there before)."""
+    """A recorder's log calls of the hand-offs, on the objects that carry them (None: none), which
+    the hooks call as this module's functions. send(obj): what the calling thread did so far
+    happens before whatever a `recv` on `obj` does next; recv(obj): join every clock sent to `obj`
+    so far; recv_send(a, b): both (a queue's get and the room it makes); relay(src, dst): a `recv`
+    on `dst` happens after everything sent to `src` so far (a CUDA event recorded on stream
+    `src` completes after all launched there before)."""
 
     send: Callable[[object], None]
     recv: Callable[[object], None]
@@ -50,15 +43,10 @@ class HandOffs(NamedTuple):
     relay: Callable[[object, object], None]
 
 
-def _nothing(*_) -> None:
-    return None
-
-
 _sinks: tuple = ()  # the attached recorders' HandOffs
-_none = HandOffs(_nothing, _nothing, _nothing, _nothing)  # no recorder attached
+_none = HandOffs(*[lambda *_: None] * 4)  # no recorder attached
 _all = HandOffs(*(lambda *x, k=k: [s[k](*x) for s in _sinks] for k in range(4)))  # several traces
-# What the hooks call (HandOffs): the one recorder's own log calls, _all's, or _none's. Module
-# globals rebound on attach: a hand-off is one call, to the recorder's.
+# what the hooks call: the one recorder's log calls, _all's or _none's (rebound by _set)
 send, recv, recv_send, relay = _none
 
 

@@ -1,18 +1,15 @@
 """The flight recorder: each trace event one fixed-size binary record, written by the thread that
 logs it into a memory-mapped log (layout: spec/tracelog.py, docs/trace-format.md "Binary log").
 
-Logging an event is the only work the run does for its trace: no writer thread, no helper process,
-no reader to lag behind; nothing is waited for. A declared event's log call
-(`logger`, generated per event kind) takes a slot index from one `itertools.count` (atomic under
-the GIL: no lock, which a thread could stall on while its holder waits for the GIL) and fills the
-slot with one `struct.pack_into`. Its values go in as 64-bit integers: an int as itself, anything
-else as the id of a definition, logged once (a string, an object's identity o1, o2, ...: in the
-order first seen; a late digest; a JSON value), flagged in the record's mask.
+Logging is the only work the run does for its trace: no writer thread, no helper process, nothing
+waited for. A log call (`logger`, generated per event kind) takes a slot from one `itertools.count`
+(atomic under the GIL: no lock, whose holder could stall waiting for the GIL) and fills it with one
+`struct.pack_into`: an int as itself, any other value as the id of a definition logged once (a
+string, an object's identity oN in the order first seen, a late digest, a JSON value).
 
-Without a file (a tracer that does not stream: tests, the fuzz harness) the log is anonymous
-memory (`to_file`). It grows by segments, mapped as they are needed and kept until the recorder is
-dropped, up to a bound (PDO_TRACE_MAX_MB): past it nothing more is logged and the trace reads as
-truncated (`_full`). A killed process's log is read by `pdo check` and `pdo trace` (checker/trace_log.py).
+The log is anonymous memory until `to_file`; it grows by segments, kept until the recorder is
+dropped, up to PDO_TRACE_MAX_MB, past which the trace reads as truncated (`_full`). A killed
+process's log is read by `pdo check` and `pdo trace` (checker/trace_log.py).
 """
 
 from __future__ import annotations
@@ -66,9 +63,8 @@ class Recorder:
         self.full = 0  # records not logged, the bound reached
         self.cur: list = [None]  # the last segment: (buffer, first slot past it, its first slot)
         tl.HEAD.pack_into(self._segment(0), 0, tl.MAGIC, tl.VERSION, tl.SLOT)
-        # .tno: the thread's number in this log, given at its first record; .t32: tno << 32, set
-        # once its name is logged, at its first event (a thread renamed before it, the run's
-        # main thread becoming "scheduler", is named as it is then)
+        # .tno: the thread's number in this log, at its first record; .t32: tno << 32, once its
+        # name is logged at its first event (as it is named then: the main thread "scheduler")
         self._local = threading.local()
         self._tnos = itertools.count(1)
         self._ids = itertools.count(1)
@@ -96,9 +92,8 @@ class Recorder:
 
     def _segment(self, k: int) -> memoryview:
         """Segment k, mapped now: the last one (`cur`)."""
-        # Populated for writing now: a first write to each page would fault, which costs more per
-        # record than the write itself on a virtual machine; a file's pages also need their blocks
-        # (fallocate), else that fault reserves them one page at a time.
+        # Populated now: a first write to a page would fault, dearer than the record on a VM; a
+        # file's blocks reserved at once (fallocate), not one page per fault.
         if self._fd >= 0:
             try:
                 os.posix_fallocate(self._fd, k * _SEG_BYTES, _SEG_BYTES)
@@ -126,8 +121,7 @@ class Recorder:
         return self._segs[k], (k + 1) * tl.SEGMENT_SLOTS, k * tl.SEGMENT_SLOTS
 
     def _full(self, i: int):
-        """Slot i is past the log's bound: its record, END's too, goes to a scratch slot never read,
-        so the trace reads as truncated (`pdo check`: a verdict of its own, never a pass)."""
+        """Slot i is past the bound: its record (END's too) goes to a scratch slot: truncated."""
         if not self.full:
             size = f"{self._max_segs * _SEG_BYTES >> 10:,} KiB, PDO_TRACE_MAX_MB"
             print(f"pdo: the trace log is full ({size}): the rest is not traced", file=sys.stderr)
@@ -144,9 +138,8 @@ class Recorder:
         return i
 
     def to_file(self, trace: str) -> None:
-        """Keep the log beside `trace` (`<trace>.pdolog`, created anew) from now on: what is logged
-        so far is copied, and an earlier run's `trace` removed. Called before the run's threads
-        start logging."""
+        """Keep the log in `<trace>.pdolog` (created anew) from now on, what is logged so far copied
+        and an earlier run's `trace` removed; before the run's threads start logging."""
         with contextlib.suppress(FileNotFoundError):  # not this run's trace
             os.remove(trace)
         path = trace + tl.SUFFIX
@@ -161,8 +154,8 @@ class Recorder:
     # -- definitions
 
     def _define(self, kind: int, data: bytes, did: int | None = None) -> int:
-        """Log a definition (DEF, then DEF_MORE slots for the rest; it belongs to no thread) and
-        return its id. Its users learn the id after this returns, so their records come after it."""
+        """Log a definition (DEF, then DEF_MORE slots; no thread's) and return its id, which its
+        users learn after it is logged."""
         did = next(self._ids) if did is None else did
         self._put(tl.DEF, tl.R_DEF, kind, 0, did, len(data), data[:64])
         for at in range(64, len(data), 72):
@@ -187,10 +180,8 @@ class Recorder:
         return self._strs.get(s) or self._new_string(s)
 
     def _first_seen(self):
-        """The ids of a value seen for the first time where a string or an object goes: closures
-        over the tables, so that a log call reaches them in one call (they keep no recorder
-        alive). A string's id is its bytes themselves when they fit in 7 (a rid: no record), else
-        its definition's; an object's, -N for the name oN (see `_obj`)."""
+        """The ids of a string or object seen first: closures over the tables, reached in one call.
+        A string's id is its bytes when they fit in 7 (no record), else its definition's."""
         strs, objs, kept, names, me = self._strs, self._objs, self._kept, self._names, self._proxy
 
         def new_string(s) -> int:
@@ -212,8 +203,8 @@ class Recorder:
         return new_string, new_obj
 
     def value(self, v) -> int:
-        """The definition id that stands for a value logged that is not an int (nor one of 64
-        bits): a string, a late digest, a JSON value, else an object's identity."""
+        """The id that stands for a value not an int of 64 bits: a string, a late digest, a JSON
+        value, else an object's identity."""
         c = v.__class__
         kind = _kind(c)
         if kind is _OBJ:
@@ -230,18 +221,15 @@ class Recorder:
         return self._define(tl.D_JSON, dumps(v))
 
     def _obj(self, x) -> int:
-        """-N for an object named oN, named now if it is new (no definition: a negative id is an
-        object's, spec/tracelog.py); kept alive, so its id() is never another object's. Two threads
-        naming one new object at once agree on the name (setdefault is atomic), and the number the
-        loser drew is never used."""
+        """-N for an object named oN (no definition), named now if new and kept alive, so its id()
+        is never another's; two threads naming it at once agree (setdefault is atomic)."""
         return self._objs.get(id(x)) or self._new_obj(x)
 
     def obj(self, x) -> str:
         return f"o{-self._obj(x)}"
 
     def _stamp(self, stamp) -> int:
-        """A late digest (engine.trace.digest.DigestStamp): its value if known, else an id that a
-        DIGEST record resolves when the stamp is computed (or at the end)."""
+        """A late digest (DigestStamp): its value if known, else an id a later DIGEST resolves."""
         sid = self._define(tl.D_STAMP, b"")
         value = stamp.subscribe(functools.partial(_digest, self._me, sid))
         if value is not None:
@@ -256,12 +244,8 @@ class Recorder:
     # -- records
 
     def logger(self, ev: str, names: tuple[str, ...]):
-        """The log call of an event, one value per name, in order. Generated for its fields, which
-        are its parameters: a value of an int field (tl.INT_FIELDS) is stored as it is (pack_into
-        refuses anything else: the event then takes the general way, `_general`), any other's as a
-        definition's id, looked up inline for a string or an object already defined. A call with
-        too many or too few values raises Python's TypeError, named after the event: "event
-        alloc(rid, obj, slot)() missing 1 required positional argument: 'slot'"."""
+        """The log call of an event, its fields its parameters: an int field's value stored as it
+        is (else pack_into refuses it: `_general`), any other's as a definition's id."""
         n, me = len(names), self._proxy  # the log call keeps no recorder alive: no cycle
         plain = all(x.isidentifier() and x[0] != "_" and not iskeyword(x) for x in names)
         if n > tl.MAX_FIELDS or not plain:  # not parameters: one JSON value holds them all
@@ -342,9 +326,8 @@ class Recorder:
         return self._define(tl.D_LAYOUT, dumps([ev, list(names)]), next(self._layouts))
 
     def _general(self, head: int, values: tuple) -> None:
-        """An event whose values do not all fit its fields' kinds (an int field that holds None,
-        an int over 64 bits, a list where strings go): each value an int of 64 bits as it is, any
-        other as a definition's id, with the record's own mask."""
+        """An event whose values do not fit its fields' kinds (None or an int over 64 bits in an int
+        field, a list where a string goes): with the record's own mask."""
         m, words = 0, []
         for j, v in enumerate(values):
             if v.__class__ is int and -(1 << 63) <= v < 1 << 63:
@@ -364,9 +347,8 @@ class Recorder:
         log(*fields.values())
 
     def _hand_offs(self) -> hb.HandOffs:
-        """The log calls of the calling thread's happens-before hand-offs (engine/sync/hb.py calls
-        them, on the objects that carry them): as lean as an event's, with no time (the reader
-        orders edges by slot). A channel is the object's id()."""
+        """The log calls of the hand-offs (engine/sync/hb.py): as lean as an event's, with no time
+        (the reader orders edges by slot); a channel is the object's id()."""
         local, cur, nxt, pack = self._local, self.cur, self._slots.__next__, tl.EDGE.pack_into
         code, slot, me = tl.R_EDGE, tl.SLOT, self._proxy
 
@@ -401,8 +383,8 @@ class Recorder:
     # -- reading back
 
     def read(self, *, final: bool = False) -> tl.LogReader:
-        """The events logged so far (read incrementally: each call reads what was added since).
-        Not `final`: a slot still being written stops the read there."""
+        """The events logged so far, read on from the last call's end (not `final`: to the first
+        slot still being written)."""
         r, size = self._reader, tl.SEGMENT_SLOTS
         upto = min(self._peek(), len(self._segs) * size)
         while r.slots < upto:
@@ -416,16 +398,15 @@ class Recorder:
         return self._slots.__reduce__()[1][0]
 
     def write_jsonl(self, out: str, reason: str | None, fields: dict) -> None:
-        """The trace's JSON Lines, made from the log, written to `out` whole (tl.write_jsonl), after
-        the END record (`reason`, `fields`; the late digests still pending computed first) unless
-        the log has one or `reason` is None (a log cut short, as a killed process leaves it)."""
+        """The trace's JSON Lines, made from the log, written to `out` whole, after the END record
+        (`reason`, `fields`; pending late digests computed first) unless the log has one or
+        `reason` is None (a log cut short, as a killed process leaves it)."""
         if reason is not None and not self.ended:
             for sid, stamp in list(self._stamps.items()):
                 self._digest(sid, stamp.trace_value())
             did = self._define(tl.D_JSON, dumps(fields)) if fields else 0
             why = self.string(reason)
-            # the thread's name a definition even when short: END's field (32 bits) cannot hold
-            # an inline string (a role closed by its thread "decode" under the controller)
+            # a definition even when short: END's 32-bit field holds no inline string
             name = threading.current_thread().name.encode("utf-8", "surrogatepass")
             tid = self._define(tl.D_STR, name)
             self._put(tl.END, tl.R_END, 0, tid, monotonic_ns(), why, did)  # after what it names
@@ -433,8 +414,7 @@ class Recorder:
         tl.write_jsonl(self.read(final=True), out)
 
     def remove_file(self) -> None:
-        """The log's file is removed (its JSON Lines are written); the log stays readable here, in
-        its mapped pages, until the recorder is dropped."""
+        """Remove the log's file (its JSON Lines are written); its pages stay readable here."""
         if self._fd >= 0:
             os.close(self._fd)
             os.unlink(self.path)
@@ -457,8 +437,7 @@ def _kind(c: type) -> str:
 
 
 def _digest(me: weakref.ref, sid: int, value: str) -> None:
-    """A late digest computed: logged, if its recorder is still there (a stamp never resolved keeps
-    no recorder alive)."""
+    """A late digest computed: logged if its recorder is still there (a stamp keeps none alive)."""
     rec = me()
     if rec is not None:
         rec._digest(sid, value)

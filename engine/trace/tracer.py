@@ -1,18 +1,14 @@
 """The tracer: one JSON object per event, a header first (format: docs/trace-format.md).
 
-Tracing on must not distort the overlap it measures, so logging an event does as little as it can
-on the engine's threads (a disabled tracer is a no-op method): one fixed-size binary record, filled
-by the logging thread itself in a memory-mapped log (engine/trace/recorder.py, the flight
-recorder). An event's position in the log is its `seq`, the global order in which events were
-logged. `t_ns` is read just before the record is written, so across threads it may trail the
-previous event's by a thread switch; timelines use it, the checker orders by `seq`.
+Tracing must not distort the overlap it measures: logging an event is one binary record, filled by
+the logging thread in a memory-mapped log (engine/trace/recorder.py); a disabled tracer does
+nothing. An event's position in the log is its `seq`, the global order of logging; `t_ns`, read
+just before the record is written, may trail the previous event's by a thread switch (timelines
+use it, the checker orders by `seq`). Hot paths log declared events (`events_for`): field names
+given once, values passed positionally, cheaper than `emit`'s keyword dict.
 
-Hot paths log through declared events (`events_for`): the event's field names are given once, and
-a call passes the values positionally: cheaper than `emit`, which builds a keyword dict per call,
-and the engine logs an event at every ordering point (docs/benchmarks.md has the costs).
-
-Every event logged (by `emit` or a declared event) is also a schedule point: a controller
-(checker/fuzz/) may block the calling thread there to choose which thread runs next.
+Every event logged is also a schedule point, where a controller (checker/fuzz/) may block the
+calling thread to choose which thread runs next.
 """
 
 from __future__ import annotations
@@ -63,10 +59,8 @@ class Tracer:
         (self._rec or self.rec).emit(ev, fields)  # a schedule point, as any event's log call
 
     def events_for(self, **kinds: tuple[str, ...]) -> types.SimpleNamespace:
-        """Declared events for a hot path: `log = tracer.events_for(kv_send=("rid", "obj", "tokens",
-        "pages"))`, then `log.kv_send(req.rid, req, tokens, pages)` logs what `emit("kv_send", rid=...,
-        obj=..., ...)` would, at less cost; a call with too many or too few values raises TypeError
-        where it is made."""
+        """Declared events for a hot path: after `log = tracer.events_for(kv_send=("rid", "obj",
+        "tokens", "pages"))`, `log.kv_send(req.rid, req, tokens, pages)` logs what `emit` would."""
         self.declared.update({ev: tuple(names) for ev, names in kinds.items()})
         return types.SimpleNamespace(**{ev: self._logger(ev, tuple(n)) for ev, n in kinds.items()})
 
@@ -87,14 +81,12 @@ class Tracer:
 
     @property
     def logged(self) -> int:
-        """How many records were logged, events and others: a cheap sign of progress (the
-        watchdog's), which reads nothing."""
+        """How many records were logged: the watchdog's sign of progress, which reads nothing."""
         return 0 if self._rec is None else self._rec._peek() - 1
 
     def names_and_fields(self, start: int = 0) -> list[tuple[str, dict]]:
-        """(ev, fields) of the events from index `start` on, as logged: late digests not
-        computed (a progress monitor reads these while the run goes on: computing a pending
-        digest early would hash it before the forward's stamp can be checked after its launch)."""
+        """(ev, fields) of the events from index `start` on, late digests not computed (a progress
+        monitor's: hashing one early would precede the forward's check after its launch)."""
         skip, r = ("seq", "t_ns", "thread", "ev", "vc"), self._read()
         return [
             (e["ev"], {k: r.late(v) if k == "digest" else v for k, v in e.items() if k not in skip})
@@ -103,16 +95,15 @@ class Tracer:
 
     @property
     def events(self) -> list[dict]:
-        """Every event so far as a dict (seq, t_ns, thread, ev, then its fields), in seq order, late
-        digests computed now. Safe to read while the run goes on."""
+        """Every event so far as a dict (seq, t_ns, thread, ev, its fields), late digests computed
+        now. Safe to read while the run goes on."""
         if self._rec is None:
             return []
         with self._lock:
             return self._rec.read().finish(final=False)
 
     def write(self, path: str, *, extra_header: dict | None = None, reason: str = "normal") -> None:
-        """The whole trace at once, ended by `trace_end` (a tracer that streams has its file
-        already: `close`)."""
+        """The whole trace at once, ended by `trace_end` (a streamed one: `close`)."""
         rec = self.rec
         if extra_header:
             self.header.update(extra_header)
@@ -121,9 +112,8 @@ class Tracer:
         rec.write_jsonl(path, reason, self.end_fields)
 
     def stream(self, path: str, *, extra_header: dict | None = None) -> None:
-        """Log to a file beside `path` (`<path>.pdolog`) as the run goes on; `close` writes the
-        trace to `path`, which an exit that skips it (an uncaught exception, sys.exit) still runs
-        (atexit). Under a schedule controller the log stays in memory: `close` writes the file."""
+        """Log into `<path>.pdolog` as the run goes on (under a schedule controller, in memory);
+        `close`, run at exit if nothing else does, writes the trace to `path`."""
         self.header.update(extra_header or {})
         if self._rec is not None:  # made before the header was complete: it is logged again
             self._rec.set_header(self.header)
@@ -134,9 +124,8 @@ class Tracer:
         atexit.register(self.close, "exit")
 
     def close(self, reason: str = "normal", *, end: bool = True) -> None:
-        """End a streamed trace: `trace_end` with `reason` (normal, exception, signal, watchdog,
-        exit; none if not `end`: as a killed process leaves its file, read as truncated), then the
-        JSON Lines from the log. Once: a later call does nothing."""
+        """End a streamed trace, once: `trace_end` with `reason` (none if not `end`: read as
+        truncated, as a killed process's), then the JSON Lines from the log."""
         with self._lock:  # the watchdog's thread and the run's end may both close
             if self.end_reason is not None or self._path is None:
                 return
@@ -148,10 +137,9 @@ class Tracer:
         rec.remove_file()
 
     def obj(self, x) -> str:
-        """The trace identity of a Python object: o1, o2, ... in order of first naming, stable within
-        a run, so a copy of a request shows up as a new identity; under a schedule controller the
-        order is the schedule's, so a replay names alike. Emitting the object itself as the `obj`
-        field names it the same way. The tracer keeps the object alive: identity is exact."""
+        """An object's trace identity, as logging it in a field names it: o1, o2, ... in order of
+        first naming (a copy of a request is a new one; a replay names alike), the object kept
+        alive, so identity is exact."""
         return (self._rec or self.rec).obj(x)
 
 

@@ -162,7 +162,7 @@ class _Counted:
         def count(kind):
             return lambda obj: self.n.__setitem__(kind, self.n[kind] + (obj is not None))
 
-        self.log = hb.HandOffs(count("send"), count("recv"), hb._nothing, hb._nothing)
+        self.log = hb.HandOffs(count("send"), count("recv"), *hb._none[2:])
 
 
 @pytest.fixture
